@@ -1,0 +1,1 @@
+//! Fetching source bodies.
