@@ -3,11 +3,17 @@
 //! ones that work.
 //!
 //! - [`proxy`]: proxy identity, schemes, anonymity, statuses, countries
-//! - [`harvest`]: fetch sources with limits and parse text, HTML and JSON lists
 //! - [`config`]: raw TOML → validated [`config::Config`]
-//! - [`store`]: SQLite (WAL): migrations, upserts, queries, source records
-//! - [`export`]: stored proxies as txt, json or csv
+//! - [`harvest`]: fetch sources with limits; parse text, HTML and JSON lists
+//! - [`store`]: SQLite (WAL): migrations, batched upserts, queries
+//! - [`export`]: stored proxies as txt, json or csv, written atomically
+//! - [`tls`]: the one shared rustls client configuration
 //! - [`cli`]: the clap command tree and each command's output
 
+pub mod cli;
+pub mod config;
+pub mod export;
 pub mod harvest;
 pub mod proxy;
+pub mod store;
+pub mod tls;

@@ -102,8 +102,7 @@ impl Anonymity {
         if w.is_empty() {
             return None;
         }
-        if w.contains("elite") || w.contains("high") || w == "hia" || w == "level1" || w == "l1"
-        {
+        if w.contains("elite") || w.contains("high") || w == "hia" || w == "level1" || w == "l1" {
             Some(Anonymity::Elite)
         } else if w.contains("transparent")
             || w == "noa"
@@ -195,7 +194,10 @@ impl Country {
     pub fn parse(s: &str) -> Option<Country> {
         let b = s.trim().as_bytes();
         if b.len() == 2 && b[0].is_ascii_alphabetic() && b[1].is_ascii_alphabetic() {
-            Some(Country([b[0].to_ascii_uppercase(), b[1].to_ascii_uppercase()]))
+            Some(Country([
+                b[0].to_ascii_uppercase(),
+                b[1].to_ascii_uppercase(),
+            ]))
         } else {
             None
         }
@@ -300,8 +302,8 @@ impl Proxy {
             }
             None => (None, rest),
         };
-        let (host, port) = split_host_port(hostport)
-            .ok_or_else(|| format!("{s:?} is not scheme://host:port"))?;
+        let (host, port) =
+            split_host_port(hostport).ok_or_else(|| format!("{s:?} is not scheme://host:port"))?;
         let port = parse_port(port).ok_or_else(|| format!("{s:?} has an invalid port"))?;
         let host = parse_host(host).ok_or_else(|| format!("{s:?} has an invalid address"))?;
         Ok(Proxy {
@@ -499,7 +501,10 @@ mod tests {
         assert_eq!(p.scheme, Scheme::Socks5);
         assert_eq!(p.port, 1080);
         let a = p.auth.as_ref().unwrap();
-        assert_eq!((a.username.as_str(), a.password.as_str()), ("us@er", "p:ss"));
+        assert_eq!(
+            (a.username.as_str(), a.password.as_str()),
+            ("us@er", "p:ss")
+        );
         assert_eq!(p.to_string(), "socks5://us%40er:p%3Ass@[2001:db8::1]:1080");
         assert_eq!(Proxy::parse_url(&p.to_string()).unwrap(), p);
         assert!(Proxy::parse_url("1.2.3.4:80").is_err());
@@ -514,8 +519,14 @@ mod tests {
         assert_eq!(Scheme::from_loose("SOCKS5"), Some(Scheme::Socks5));
         assert_eq!(Scheme::from_loose("ftp"), None);
         assert_eq!(Anonymity::from_loose("elite proxy"), Some(Anonymity::Elite));
-        assert_eq!(Anonymity::from_loose("High Anonymous"), Some(Anonymity::Elite));
-        assert_eq!(Anonymity::from_loose("anonymous"), Some(Anonymity::Anonymous));
+        assert_eq!(
+            Anonymity::from_loose("High Anonymous"),
+            Some(Anonymity::Elite)
+        );
+        assert_eq!(
+            Anonymity::from_loose("anonymous"),
+            Some(Anonymity::Anonymous)
+        );
         assert_eq!(Anonymity::from_loose("NOA"), Some(Anonymity::Transparent));
         assert_eq!(Anonymity::from_loose("?"), None);
         assert_eq!(Country::parse(" us ").unwrap().as_str(), "US");

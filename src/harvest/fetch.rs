@@ -1,1 +1,304 @@
-//! Fetching source bodies.
+//! Fetching source bodies with limits: one shared HTTP client (never a
+//! system proxy), separate connect and total timeouts, a body-size cap that
+//! stops reading, at most five redirects, and retries with backoff for
+//! transient failures that honour `Retry-After`. Local files get the same
+//! size cap.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use reqwest::StatusCode;
+use reqwest::header::{HeaderName, HeaderValue, RETRY_AFTER};
+use tokio::io::AsyncReadExt;
+
+use crate::config::HarvestConfig;
+
+/// The longest `Retry-After` honoured; a source asking for more is treated
+/// as failing this round rather than stalling the harvest.
+const MAX_RETRY_AFTER: Duration = Duration::from_secs(60);
+
+/// A fetched body, decoded lossily as UTF-8 (lists are ASCII; stray bytes
+/// must not reject the whole source).
+#[derive(Debug)]
+pub struct Fetched {
+    /// The final HTTP status (`None` for files).
+    pub status: Option<u16>,
+    /// The body.
+    pub body: String,
+}
+
+/// Why a fetch failed, with the last HTTP status seen if any.
+#[derive(Debug, thiserror::Error)]
+#[error("{kind}")]
+pub struct FetchError {
+    /// The last HTTP status received.
+    pub status: Option<u16>,
+    /// What went wrong.
+    pub kind: FetchErrorKind,
+}
+
+/// What went wrong with a fetch; the messages are what users see per source.
+#[derive(Debug, thiserror::Error)]
+pub enum FetchErrorKind {
+    /// A non-success status (after retries, for retryable ones).
+    #[error("HTTP {0}")]
+    Status(StatusCode),
+    /// The body exceeded the limit.
+    #[error("body larger than the {0} limit (harvest.max_body)")]
+    TooLarge(String),
+    /// Connecting took too long.
+    #[error("connect timed out")]
+    ConnectTimeout,
+    /// The whole fetch took too long.
+    #[error("timed out")]
+    Timeout,
+    /// Any other network or protocol failure.
+    #[error("{0}")]
+    Network(String),
+    /// A local file could not be read.
+    #[error("cannot read {path}: {error}")]
+    File {
+        /// The file.
+        path: String,
+        /// What the OS said.
+        error: std::io::Error,
+    },
+    /// The client could not be built.
+    #[error("cannot build HTTP client: {0}")]
+    Client(String),
+}
+
+/// The shared fetcher: cheap to clone.
+#[derive(Clone, Debug)]
+pub struct Fetcher {
+    client: reqwest::Client,
+    max_body: u64,
+    retries: u32,
+    retry_backoff: Duration,
+}
+
+impl Fetcher {
+    /// Builds the one client every source fetch uses.
+    pub fn new(cfg: &HarvestConfig) -> Result<Fetcher, FetchError> {
+        let tls = crate::tls::client_config();
+        let client = reqwest::Client::builder()
+            .tls_backend_preconfigured(Arc::unwrap_or_clone(tls))
+            .user_agent(cfg.user_agent.clone())
+            .connect_timeout(cfg.connect_timeout)
+            .timeout(cfg.timeout)
+            .redirect(reqwest::redirect::Policy::limited(5))
+            // Sources are fetched directly: a system HTTP_PROXY must not
+            // silently route them elsewhere.
+            .no_proxy()
+            .build()
+            .map_err(|e| FetchError {
+                status: None,
+                kind: FetchErrorKind::Client(error_chain(&e)),
+            })?;
+        Ok(Fetcher {
+            client,
+            max_body: cfg.max_body,
+            retries: cfg.retries,
+            retry_backoff: cfg.retry_backoff,
+        })
+    }
+
+    /// Reads a local file, refusing one larger than the body limit.
+    pub async fn fetch_file(&self, path: &Path) -> Result<Fetched, FetchError> {
+        let file_err = |error| FetchError {
+            status: None,
+            kind: FetchErrorKind::File {
+                path: path.display().to_string(),
+                error,
+            },
+        };
+        let file = tokio::fs::File::open(path).await.map_err(file_err)?;
+        let mut buf = Vec::new();
+        // Read one byte past the limit to tell "exactly at" from "over".
+        file.take(self.max_body + 1)
+            .read_to_end(&mut buf)
+            .await
+            .map_err(file_err)?;
+        if buf.len() as u64 > self.max_body {
+            return Err(FetchError {
+                status: None,
+                kind: FetchErrorKind::TooLarge(self.limit_text()),
+            });
+        }
+        Ok(Fetched {
+            status: None,
+            body: into_text(buf),
+        })
+    }
+
+    /// GETs `url` with retries for timeouts, connection errors, 429 and 5xx.
+    pub async fn fetch_url(
+        &self,
+        url: &str,
+        headers: &[(HeaderName, HeaderValue)],
+    ) -> Result<Fetched, FetchError> {
+        let mut attempt = 0;
+        loop {
+            let (result, retry_after) = self.attempt(url, headers).await;
+            let err = match result {
+                Ok(f) => return Ok(f),
+                Err(e) => e,
+            };
+            let transient = match &err.kind {
+                FetchErrorKind::Status(s) => {
+                    s.is_server_error() || *s == StatusCode::TOO_MANY_REQUESTS
+                }
+                FetchErrorKind::ConnectTimeout
+                | FetchErrorKind::Timeout
+                | FetchErrorKind::Network(_) => true,
+                _ => false,
+            };
+            if !transient || attempt >= self.retries {
+                return Err(err);
+            }
+            let backoff = self.retry_backoff.saturating_mul(1 << attempt.min(16));
+            let wait = match retry_after {
+                Some(ra) if ra > MAX_RETRY_AFTER => return Err(err),
+                Some(ra) => ra,
+                None => backoff,
+            };
+            tracing::debug!(url, error = %err, attempt, wait_ms = wait.as_millis() as u64, "retrying source");
+            tokio::time::sleep(wait).await;
+            attempt += 1;
+        }
+    }
+
+    /// One request. Returns the `Retry-After` delay alongside a failure.
+    async fn attempt(
+        &self,
+        url: &str,
+        headers: &[(HeaderName, HeaderValue)],
+    ) -> (Result<Fetched, FetchError>, Option<Duration>) {
+        let mut req = self.client.get(url);
+        for (n, v) in headers {
+            req = req.header(n.clone(), v.clone());
+        }
+        let mut resp = match req.send().await {
+            Ok(r) => r,
+            Err(e) => return (Err(request_error(None, &e)), None),
+        };
+        let status = resp.status();
+        let code = Some(status.as_u16());
+        if !status.is_success() {
+            let retry_after = resp
+                .headers()
+                .get(RETRY_AFTER)
+                .and_then(|v| v.to_str().ok())
+                .and_then(parse_retry_after);
+            return (
+                Err(FetchError {
+                    status: code,
+                    kind: FetchErrorKind::Status(status),
+                }),
+                retry_after,
+            );
+        }
+        let too_large = || FetchError {
+            status: code,
+            kind: FetchErrorKind::TooLarge(self.limit_text()),
+        };
+        // The declared length is only trusted to refuse early; compressed or
+        // lying bodies are still counted as they are read.
+        if resp.content_length().is_some_and(|n| n > self.max_body) {
+            return (Err(too_large()), None);
+        }
+        let mut buf: Vec<u8> = Vec::new();
+        loop {
+            match resp.chunk().await {
+                Ok(Some(chunk)) => {
+                    if (buf.len() + chunk.len()) as u64 > self.max_body {
+                        return (Err(too_large()), None);
+                    }
+                    buf.extend_from_slice(&chunk);
+                }
+                Ok(None) => break,
+                Err(e) => return (Err(request_error(code, &e)), None),
+            }
+        }
+        (
+            Ok(Fetched {
+                status: code,
+                body: into_text(buf),
+            }),
+            None,
+        )
+    }
+
+    fn limit_text(&self) -> String {
+        bytesize::ByteSize(self.max_body)
+            .display()
+            .iec()
+            .to_string()
+    }
+}
+
+/// Lossy UTF-8 without copying when the bytes are already valid.
+fn into_text(buf: Vec<u8>) -> String {
+    match String::from_utf8(buf) {
+        Ok(s) => s,
+        Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+    }
+}
+
+fn request_error(status: Option<u16>, e: &reqwest::Error) -> FetchError {
+    let kind = if e.is_timeout() {
+        if e.is_connect() {
+            FetchErrorKind::ConnectTimeout
+        } else {
+            FetchErrorKind::Timeout
+        }
+    } else if e.is_redirect() {
+        FetchErrorKind::Network("too many redirects (at most 5 are followed)".into())
+    } else {
+        FetchErrorKind::Network(error_chain(e))
+    };
+    FetchError { status, kind }
+}
+
+/// reqwest's top-level message is often just "error sending request"; the
+/// cause chain says what actually happened (refused, DNS, TLS, …).
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut msg = e.to_string();
+    let mut src = e.source();
+    while let Some(s) = src {
+        let part = s.to_string();
+        if !msg.contains(&part) {
+            msg.push_str(": ");
+            msg.push_str(&part);
+        }
+        src = s.source();
+    }
+    msg
+}
+
+/// `Retry-After` as seconds or an HTTP date.
+fn parse_retry_after(v: &str) -> Option<Duration> {
+    let v = v.trim();
+    if let Ok(secs) = v.parse::<u64>() {
+        return Some(Duration::from_secs(secs));
+    }
+    let when = chrono::DateTime::parse_from_rfc2822(v).ok()?;
+    let delta = when.with_timezone(&chrono::Utc) - chrono::Utc::now();
+    Some(delta.to_std().unwrap_or(Duration::ZERO))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_after_forms() {
+        assert_eq!(parse_retry_after("3"), Some(Duration::from_secs(3)));
+        assert_eq!(
+            parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT"),
+            Some(Duration::ZERO)
+        );
+        assert_eq!(parse_retry_after("soon"), None);
+    }
+}

@@ -9,7 +9,7 @@ pub mod text;
 
 mod run;
 
-pub use run::{HarvestReport, SourceReport, harvest_all};
+pub use run::{HarvestError, HarvestReport, SourceReport, harvest_all};
 
 use std::collections::HashSet;
 use std::net::IpAddr;

@@ -1,8 +1,258 @@
-//! The harvest round.
+//! One harvest round: every enabled source fetched with bounded
+//! concurrency, parsed off the async runtime, and written to the store in
+//! one transaction per source. One broken source never fails the others.
 
-/// Placeholder.
-pub struct HarvestReport;
-/// Placeholder.
-pub struct SourceReport;
-/// Placeholder.
-pub fn harvest_all() {}
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+
+use super::fetch::{Fetched, Fetcher};
+use super::{Candidates, html, json, text};
+use crate::config::{Config, SourceConfig, SourceFormat, SourceLocation};
+use crate::store::{SourceRun, Store, StoreError, now_ms};
+
+/// What happened to one source.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SourceReport {
+    /// The source's name.
+    pub name: String,
+    /// Distinct proxies it listed.
+    pub found: usize,
+    /// Of those, proxies the store had never seen.
+    pub new: usize,
+    /// The last HTTP status, for URL sources.
+    pub http_status: Option<u16>,
+    /// Pages fetched.
+    pub pages: u32,
+    /// Fetch, parse and store time.
+    pub duration: Duration,
+    /// True when `max_per_source` cut the list short.
+    pub truncated: bool,
+    /// Why the source failed, if it did.
+    pub error: Option<String>,
+}
+
+impl SourceReport {
+    /// A source "worked" when it produced proxies or failed in no way.
+    pub fn worked(&self) -> bool {
+        self.error.is_none() || self.found > 0
+    }
+}
+
+/// What a whole round did.
+#[derive(Clone, Debug)]
+pub struct HarvestReport {
+    /// Per source, in config order.
+    pub sources: Vec<SourceReport>,
+    /// Distinct proxies listed by any source this round.
+    pub distinct: i64,
+    /// Proxies new to the store.
+    pub new: usize,
+    /// Wall time of the round.
+    pub elapsed: Duration,
+}
+
+impl HarvestReport {
+    /// True when at least one source worked.
+    pub fn any_worked(&self) -> bool {
+        self.sources.iter().any(SourceReport::worked)
+    }
+}
+
+/// Why a round could not run at all (a single source failing is not this).
+#[derive(Debug, thiserror::Error)]
+pub enum HarvestError {
+    /// No source is enabled in the config.
+    #[error("no enabled sources in the config")]
+    NoSources,
+    /// The HTTP client could not be built.
+    #[error(transparent)]
+    Fetch(#[from] super::fetch::FetchError),
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// Harvests every enabled source once into `store`.
+pub async fn harvest_all(config: &Config, store: &Store) -> Result<HarvestReport, HarvestError> {
+    let sources: Vec<&SourceConfig> = config.sources.iter().filter(|s| s.enabled).collect();
+    if sources.is_empty() {
+        return Err(HarvestError::NoSources);
+    }
+    let fetcher = Fetcher::new(&config.harvest)?;
+    let started = Instant::now();
+    let round_start = now_ms();
+    let limit = config.harvest.max_per_source;
+    let mut reports: Vec<(usize, SourceReport)> = futures::stream::iter(sources.iter().enumerate())
+        .map(|(i, src)| {
+            let fetcher = fetcher.clone();
+            async move { (i, harvest_source(&fetcher, store, src, limit).await) }
+        })
+        .buffer_unordered(config.harvest.concurrency)
+        .collect()
+        .await;
+    reports.sort_by_key(|(i, _)| *i);
+    let sources: Vec<SourceReport> = reports.into_iter().map(|(_, r)| r).collect();
+    let distinct = store.run(move |s| s.count_seen_since(round_start)).await?;
+    let new = sources.iter().map(|s| s.new).sum();
+    let report = HarvestReport {
+        sources,
+        distinct,
+        new,
+        elapsed: started.elapsed(),
+    };
+    let failed = report.sources.iter().filter(|s| !s.worked()).count();
+    tracing::info!(
+        sources = report.sources.len(),
+        failed,
+        distinct = report.distinct,
+        new = report.new,
+        elapsed_ms = report.elapsed.as_millis() as u64,
+        "harvest finished"
+    );
+    Ok(report)
+}
+
+/// Fetches, parses and stores one source; every failure ends up in the
+/// report and the source's row, never as an error of the round.
+async fn harvest_source(
+    fetcher: &Fetcher,
+    store: &Store,
+    src: &SourceConfig,
+    limit: usize,
+) -> SourceReport {
+    let started = Instant::now();
+    let started_at = now_ms();
+    let mut candidates = Candidates::new(limit);
+    let mut http_status = None;
+    let mut error = None;
+    let mut pages = 0;
+    let page_count = src.pages.unwrap_or(1);
+    for page in 1..=page_count {
+        let fetched = match &src.location {
+            SourceLocation::File(path) => fetcher.fetch_file(path).await,
+            SourceLocation::Http(url) => {
+                let url = url.replace("{page}", &page.to_string());
+                fetcher.fetch_url(&url, &src.headers).await
+            }
+        };
+        pages = page;
+        let Fetched { status, body } = match fetched {
+            Ok(f) => f,
+            Err(e) => {
+                http_status = e.status.or(http_status);
+                error = Some(if page_count > 1 {
+                    format!("page {page}: {e}")
+                } else {
+                    e.to_string()
+                });
+                break;
+            }
+        };
+        http_status = status;
+        let before = candidates.len();
+        let parsed = parse_off_runtime(src.format.clone(), src.scheme, body, candidates).await;
+        candidates = match parsed {
+            Ok(c) => c,
+            Err((c, e)) => {
+                error = Some(if page_count > 1 {
+                    format!("page {page}: {e}")
+                } else {
+                    e
+                });
+                c
+            }
+        };
+        if error.is_some() || candidates.truncated() {
+            break;
+        }
+        // Paged APIs answer past their end with an empty page.
+        if candidates.len() == before {
+            if page == 1 {
+                error = Some(format!(
+                    "no proxies found in the {} body",
+                    src.format.name()
+                ));
+            }
+            break;
+        }
+    }
+    if candidates.truncated() {
+        tracing::warn!(
+            source = %src.name,
+            kept = candidates.len(),
+            "source lists more than harvest.max_per_source proxies; the rest were dropped"
+        );
+    }
+    let truncated = candidates.truncated();
+    let items = candidates.into_vec();
+    let run = SourceRun {
+        name: src.name.clone(),
+        url: src.url.clone(),
+        format: src.format.name().to_owned(),
+        started_at,
+        http_status,
+        duration_ms: started.elapsed().as_millis() as i64,
+        error: error.clone(),
+    };
+    let stored = store.run(move |s| s.record_source_run(&run, &items)).await;
+    let (found, new) = match stored {
+        Ok(c) => (c.found, c.new),
+        Err(e) => {
+            error = Some(format!("cannot store results: {e}"));
+            (0, 0)
+        }
+    };
+    match &error {
+        Some(e) => tracing::warn!(source = %src.name, found, error = %e, "source failed"),
+        None => tracing::debug!(source = %src.name, found, new, "source harvested"),
+    }
+    SourceReport {
+        name: src.name.clone(),
+        found,
+        new,
+        http_status,
+        pages,
+        duration: started.elapsed(),
+        truncated,
+        error,
+    }
+}
+
+/// Parsing a 10 MiB body is CPU work; it runs on the blocking pool so the
+/// runtime keeps serving other sources.
+async fn parse_off_runtime(
+    format: SourceFormat,
+    scheme: super::SourceScheme,
+    body: String,
+    mut out: Candidates,
+) -> Result<Candidates, (Candidates, String)> {
+    let joined = tokio::task::spawn_blocking(move || {
+        let result = match &format {
+            SourceFormat::Text => {
+                text::parse(&body, scheme, &mut out);
+                Ok(())
+            }
+            SourceFormat::Html(opts) => {
+                html::parse(&body, opts, scheme, &mut out);
+                Ok(())
+            }
+            SourceFormat::Json(opts) => {
+                json::parse(&body, opts, scheme, &mut out).map_err(|e| e.to_string())
+            }
+        };
+        match result {
+            Ok(()) => Ok(out),
+            Err(e) => Err((out, e)),
+        }
+    })
+    .await;
+    match joined {
+        Ok(r) => r,
+        // A parser panic is a bug, but it must not take the harvest down.
+        Err(e) => Err((
+            Candidates::new(0),
+            format!("parser failed unexpectedly: {e}"),
+        )),
+    }
+}

@@ -1,0 +1,306 @@
+//! The command tree and what each command prints. Commands return an exit
+//! code; errors carry context for the user and are printed by `main`.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{Context, bail};
+use clap::{Args, Parser, Subcommand};
+
+use crate::config::{self, Config, ConfigOrigin};
+use crate::export::{self, Format};
+use crate::harvest::{self, HarvestReport};
+use crate::proxy::{Country, Scheme, Status};
+use crate::store::{ProxyFilter, Stats, Store, rfc3339};
+
+/// Keeps a pool of working free proxies.
+#[derive(Debug, Parser)]
+#[command(name = "proxywarden", version, about)]
+pub struct Cli {
+    /// Config file (else $PROXYWARDEN_CONFIG, else ./proxywarden.toml, else
+    /// built-in defaults).
+    #[arg(short, long, global = true, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// More log output on stderr (-v info, -vv debug); RUST_LOG overrides.
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    pub verbose: u8,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Fetch every enabled source once and store what they list.
+    Harvest(HarvestArgs),
+    /// Counts by status, scheme, country and source.
+    Stats(StatsArgs),
+    /// Write the stored proxies as txt, json or csv.
+    Export(ExportArgs),
+    /// Validate a config file or print the example.
+    #[command(subcommand)]
+    Config(ConfigCommand),
+}
+
+/// `harvest` options.
+#[derive(Debug, Args)]
+pub struct HarvestArgs {
+    /// Only these sources (by name; repeatable).
+    #[arg(long = "source", value_name = "NAME")]
+    pub sources: Vec<String>,
+}
+
+/// `stats` options.
+#[derive(Debug, Args)]
+pub struct StatsArgs {
+    /// Print JSON instead of tables.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Which statuses to export.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum StatusFilter {
+    /// Passed the last check.
+    Alive,
+    /// Failed the last check.
+    Dead,
+    /// Never checked.
+    Unknown,
+    /// Everything stored.
+    All,
+}
+
+/// `export` options.
+#[derive(Debug, Args)]
+pub struct ExportArgs {
+    /// Which proxies.
+    #[arg(long, value_enum, default_value = "alive")]
+    pub status: StatusFilter,
+    /// Output format.
+    #[arg(long, value_enum, default_value = "txt")]
+    pub format: Format,
+    /// Write to this file (atomically) instead of stdout.
+    #[arg(short, long, value_name = "FILE")]
+    pub output: Option<PathBuf>,
+    /// Only these countries (comma-separated ISO codes).
+    #[arg(long, value_delimiter = ',', value_parser = parse_country)]
+    pub country: Vec<Country>,
+    /// Only these schemes (comma-separated: http, socks4, socks5).
+    #[arg(long, value_delimiter = ',', value_parser = parse_scheme)]
+    pub scheme: Vec<Scheme>,
+}
+
+/// `config` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum ConfigCommand {
+    /// Validate the config (from -c, the environment or ./proxywarden.toml)
+    /// and name every problem.
+    Check,
+    /// Print the fully commented example config.
+    Example,
+}
+
+fn parse_country(s: &str) -> Result<Country, String> {
+    Country::parse(s).ok_or_else(|| format!("{s:?} is not a two-letter country code"))
+}
+
+fn parse_scheme(s: &str) -> Result<Scheme, String> {
+    s.trim().to_ascii_lowercase().parse()
+}
+
+/// Runs a parsed command line.
+pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        Command::Config(ConfigCommand::Example) => {
+            print!("{}", config::EXAMPLE);
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Config(ConfigCommand::Check) => {
+            let (config, origin) = Config::discover(cli.config.as_deref())?;
+            let enabled = config.sources.iter().filter(|s| s.enabled).count();
+            println!(
+                "{origin}: ok ({} sources, {enabled} enabled; database {})",
+                config.sources.len(),
+                config.database.path.display()
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Harvest(args) => {
+            let (mut config, origin) = load(cli.config.as_deref())?;
+            if !args.sources.is_empty() {
+                for name in &args.sources {
+                    if !config.sources.iter().any(|s| &s.name == name) {
+                        bail!("no source named {name:?} in {origin}");
+                    }
+                }
+                config.sources.retain(|s| args.sources.contains(&s.name));
+                for s in &mut config.sources {
+                    s.enabled = true;
+                }
+            }
+            let store = open_store(&config)?;
+            let report = harvest::harvest_all(&config, &store).await?;
+            print_harvest(&report, &mut std::io::stdout().lock())?;
+            if report.any_worked() {
+                Ok(ExitCode::SUCCESS)
+            } else {
+                eprintln!(
+                    "error: all {} sources failed; nothing was harvested",
+                    report.sources.len()
+                );
+                Ok(ExitCode::from(1))
+            }
+        }
+        Command::Stats(args) => {
+            let (config, _) = load(cli.config.as_deref())?;
+            let store = open_store(&config)?;
+            let stats = store.stats()?;
+            let mut out = std::io::stdout().lock();
+            if args.json {
+                serde_json::to_writer_pretty(&mut out, &stats)?;
+                writeln!(out)?;
+            } else {
+                print_stats(&stats, &mut out)?;
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Export(args) => {
+            let (config, _) = load(cli.config.as_deref())?;
+            let store = open_store(&config)?;
+            let filter = ProxyFilter {
+                status: match args.status {
+                    StatusFilter::Alive => Some(Status::Alive),
+                    StatusFilter::Dead => Some(Status::Dead),
+                    StatusFilter::Unknown => Some(Status::Unknown),
+                    StatusFilter::All => None,
+                },
+                countries: args.country,
+                schemes: args.scheme,
+            };
+            let records = store.list_proxies(&filter)?;
+            match &args.output {
+                Some(path) => {
+                    export::write_file(&records, args.format, path)
+                        .with_context(|| format!("cannot write {}", path.display()))?;
+                    eprintln!("wrote {} proxies to {}", records.len(), path.display());
+                }
+                None => export::write(&records, args.format, std::io::stdout().lock())
+                    .or_else(ignore_broken_pipe)?,
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+/// `export | head` closing the pipe early is not an error.
+fn ignore_broken_pipe(e: std::io::Error) -> std::io::Result<()> {
+    if e.kind() == std::io::ErrorKind::BrokenPipe {
+        Ok(())
+    } else {
+        Err(e)
+    }
+}
+
+fn load(explicit: Option<&Path>) -> anyhow::Result<(Config, ConfigOrigin)> {
+    Ok(Config::discover(explicit)?)
+}
+
+fn open_store(config: &Config) -> anyhow::Result<Store> {
+    Ok(Store::open(&config.database.path)?)
+}
+
+/// One line per source and a total.
+pub fn print_harvest(report: &HarvestReport, out: &mut impl Write) -> std::io::Result<()> {
+    let width = report
+        .sources
+        .iter()
+        .map(|s| s.name.len())
+        .max()
+        .unwrap_or(6)
+        .max(6);
+    writeln!(
+        out,
+        "{:<width$}  {:>7}  {:>7}  {:>6}  {:>7}  ERROR",
+        "SOURCE", "FOUND", "NEW", "HTTP", "TIME"
+    )?;
+    for s in &report.sources {
+        let mut error = s.error.clone().unwrap_or_default();
+        if s.truncated {
+            if !error.is_empty() {
+                error.push_str("; ");
+            }
+            error.push_str("truncated at harvest.max_per_source");
+        }
+        writeln!(
+            out,
+            "{:<width$}  {:>7}  {:>7}  {:>6}  {:>6.1}s  {}",
+            s.name,
+            s.found,
+            s.new,
+            s.http_status.map_or("-".to_string(), |c| c.to_string()),
+            s.duration.as_secs_f64(),
+            error
+        )?;
+    }
+    let failed = report.sources.iter().filter(|s| !s.worked()).count();
+    writeln!(
+        out,
+        "total: {} sources ({} ok, {failed} failed), {} distinct proxies, {} new, in {:.1}s",
+        report.sources.len(),
+        report.sources.len() - failed,
+        report.distinct,
+        report.new,
+        report.elapsed.as_secs_f64()
+    )
+}
+
+/// Human-readable tables of [`Stats`].
+pub fn print_stats(stats: &Stats, out: &mut impl Write) -> std::io::Result<()> {
+    writeln!(out, "proxies: {}", stats.total)?;
+    let section = |out: &mut dyn Write,
+                   title: &str,
+                   map: &std::collections::BTreeMap<String, i64>|
+     -> std::io::Result<()> {
+        writeln!(out, "\n{title}")?;
+        let mut rows: Vec<(&String, &i64)> = map.iter().collect();
+        rows.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+        for (k, v) in rows {
+            writeln!(out, "  {k:<16} {v:>9}")?;
+        }
+        Ok(())
+    };
+    section(out, "by status", &stats.by_status)?;
+    section(out, "by scheme", &stats.by_scheme)?;
+    if !stats.by_reason.is_empty() {
+        section(out, "dead by reason", &stats.by_reason)?;
+    }
+    section(out, "by country", &stats.by_country)?;
+    writeln!(out, "\nby source")?;
+    let width = stats
+        .sources
+        .iter()
+        .map(|s| s.name.len())
+        .max()
+        .unwrap_or(6)
+        .max(6);
+    writeln!(
+        out,
+        "  {:<width$}  {:>8}  {:>7}  {:<24}  LAST ERROR",
+        "SOURCE", "PROXIES", "ALIVE", "LAST FETCH"
+    )?;
+    for s in &stats.sources {
+        writeln!(
+            out,
+            "  {:<width$}  {:>8}  {:>7}  {:<24}  {}",
+            s.name,
+            s.proxies,
+            s.alive,
+            s.last_fetch_at.map(rfc3339).unwrap_or_else(|| "-".into()),
+            s.last_error.as_deref().unwrap_or("")
+        )?;
+    }
+    Ok(())
+}

@@ -1,0 +1,188 @@
+//! Exporting proxies as `txt` (one URL per line), `json` (an array of
+//! objects) or `csv` (the same fields with a header row), and writing files
+//! atomically so a reader never sees half a list.
+
+use std::io::{self, Write};
+use std::path::Path;
+
+use serde::Serialize;
+
+use crate::store::{ProxyRecord, rfc3339};
+
+/// An export format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    /// `scheme://[user:pass@]host:port` per line.
+    Txt,
+    /// A JSON array of objects.
+    Json,
+    /// CSV with a header row.
+    Csv,
+}
+
+/// One exported proxy: every field a user filters or sorts on, times as
+/// RFC 3339, `null` where unknown.
+#[derive(Clone, Debug, Serialize)]
+pub struct ExportRow {
+    /// Store id.
+    pub id: i64,
+    /// `scheme://[user:pass@]host:port`.
+    pub url: String,
+    /// `http`, `socks4` or `socks5`.
+    pub scheme: &'static str,
+    /// Address.
+    pub host: String,
+    /// Port.
+    pub port: u16,
+    /// Username, if the proxy needs one.
+    pub username: Option<String>,
+    /// Password, if the proxy needs one.
+    pub password: Option<String>,
+    /// `unknown`, `alive` or `dead`.
+    pub status: &'static str,
+    /// Country code.
+    pub country: Option<String>,
+    /// `source` or `geoip`.
+    pub country_source: Option<String>,
+    /// Checked anonymity.
+    pub anonymity: Option<&'static str>,
+    /// Checked HTTPS support.
+    pub https: Option<bool>,
+    /// Latency of the last passed check.
+    pub latency_ms: Option<i64>,
+    /// Exit address seen by the judge.
+    pub exit_ip: Option<String>,
+    /// Last check.
+    pub last_checked: Option<String>,
+    /// Last passed check.
+    pub last_alive: Option<String>,
+    /// First listed.
+    pub first_seen: String,
+    /// Last listed.
+    pub last_seen: String,
+    /// Reason of the last failure.
+    pub reason: Option<String>,
+    /// Anonymity a source claims.
+    pub source_anonymity: Option<&'static str>,
+    /// HTTPS support a source claims.
+    pub source_https: Option<bool>,
+    /// Checks run.
+    pub checks_total: i64,
+    /// Checks passed.
+    pub checks_ok: i64,
+    /// Sources listing it.
+    pub sources: Vec<String>,
+}
+
+/// The CSV columns, in order: every field of [`ExportRow`].
+pub const CSV_COLUMNS: [&str; 24] = [
+    "id",
+    "url",
+    "scheme",
+    "host",
+    "port",
+    "username",
+    "password",
+    "status",
+    "country",
+    "country_source",
+    "anonymity",
+    "https",
+    "latency_ms",
+    "exit_ip",
+    "last_checked",
+    "last_alive",
+    "first_seen",
+    "last_seen",
+    "reason",
+    "source_anonymity",
+    "source_https",
+    "checks_total",
+    "checks_ok",
+    "sources",
+];
+
+impl From<&ProxyRecord> for ExportRow {
+    fn from(r: &ProxyRecord) -> ExportRow {
+        let auth = r.proxy.auth.as_ref();
+        ExportRow {
+            id: r.id,
+            url: r.proxy.to_string(),
+            scheme: r.proxy.scheme.as_str(),
+            host: r.proxy.host.to_string(),
+            port: r.proxy.port,
+            username: auth.map(|a| a.username.clone()),
+            password: auth.map(|a| a.password.clone()),
+            status: r.status.as_str(),
+            country: r.country.clone(),
+            country_source: r.country_source.clone(),
+            anonymity: r.anonymity.map(|a| a.as_str()),
+            https: r.https,
+            latency_ms: r.latency_ms,
+            exit_ip: r.exit_ip.clone(),
+            last_checked: r.last_checked.map(rfc3339),
+            last_alive: r.last_alive.map(rfc3339),
+            first_seen: rfc3339(r.first_seen),
+            last_seen: rfc3339(r.last_seen),
+            reason: r.reason.clone(),
+            source_anonymity: r.hint_anonymity.map(|a| a.as_str()),
+            source_https: r.hint_https,
+            checks_total: r.checks_total,
+            checks_ok: r.checks_ok,
+            sources: r.sources.clone(),
+        }
+    }
+}
+
+/// Writes `records` in `format` to `w`.
+pub fn write(records: &[ProxyRecord], format: Format, w: impl Write) -> io::Result<()> {
+    let mut w = io::BufWriter::new(w);
+    match format {
+        Format::Txt => {
+            for r in records {
+                writeln!(w, "{}", r.proxy)?;
+            }
+        }
+        Format::Json => {
+            let rows: Vec<ExportRow> = records.iter().map(ExportRow::from).collect();
+            serde_json::to_writer_pretty(&mut w, &rows)?;
+            writeln!(w)?;
+        }
+        Format::Csv => {
+            let mut csv = csv::Writer::from_writer(&mut w);
+            csv.write_record(CSV_COLUMNS)?;
+            for r in records {
+                let row = serde_json::to_value(ExportRow::from(r))?;
+                let cells = CSV_COLUMNS.iter().map(|c| match &row[*c] {
+                    serde_json::Value::Null => String::new(),
+                    serde_json::Value::String(s) => s.clone(),
+                    serde_json::Value::Array(a) => a
+                        .iter()
+                        .filter_map(|v| v.as_str())
+                        .collect::<Vec<_>>()
+                        .join(";"),
+                    other => other.to_string(),
+                });
+                csv.write_record(cells)?;
+            }
+            csv.flush()?;
+        }
+    }
+    w.flush()
+}
+
+/// Writes `records` to `path` through a temporary file in the same
+/// directory and a rename, so the file is either the old or the new list.
+pub fn write_file(records: &[ProxyRecord], format: Format, path: &Path) -> io::Result<()> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let mut tmp = tempfile::Builder::new()
+        .prefix(".proxywarden-export")
+        .tempfile_in(dir)?;
+    write(records, format, tmp.as_file_mut())?;
+    tmp.as_file().sync_all()?;
+    tmp.persist(path).map_err(|e| e.error)?;
+    Ok(())
+}

@@ -1,0 +1,42 @@
+//! Numbered schema migrations, embedded in the binary and applied in order
+//! at start-up. `PRAGMA user_version` records how many have been applied.
+
+use std::path::Path;
+
+use rusqlite::Connection;
+
+use super::StoreError;
+
+/// Every migration, in order; the version after applying `MIGRATIONS[i]` is
+/// `i + 1`. Never edit an applied migration: add a new file.
+const MIGRATIONS: &[&str] = &[include_str!("../../migrations/0001_init.sql")];
+
+/// The schema version this binary writes.
+pub const LATEST: i64 = MIGRATIONS.len() as i64;
+
+/// Brings the database up to [`LATEST`], one transaction per migration.
+pub fn apply(conn: &mut Connection, path: &Path) -> Result<(), StoreError> {
+    let current: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+    if current > LATEST {
+        return Err(StoreError::TooNew {
+            path: path.to_path_buf(),
+            found: current,
+            supported: LATEST,
+        });
+    }
+    for (i, sql) in MIGRATIONS.iter().enumerate().skip(current as usize) {
+        let version = i as i64 + 1;
+        let migrate_err = |source| StoreError::Migrate {
+            path: path.to_path_buf(),
+            version,
+            source,
+        };
+        let tx = conn.transaction().map_err(migrate_err)?;
+        tx.execute_batch(sql).map_err(migrate_err)?;
+        tx.pragma_update(None, "user_version", version)
+            .map_err(migrate_err)?;
+        tx.commit().map_err(migrate_err)?;
+        tracing::info!(path = %path.display(), version, "applied database migration");
+    }
+    Ok(())
+}

@@ -1,0 +1,473 @@
+//! What the store reads and writes: a source run with its candidates (one
+//! transaction), proxy listings with filters, and counts for `stats`.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use rusqlite::{OptionalExtension, Row, params};
+use serde::Serialize;
+
+use super::{Store, StoreError};
+use crate::harvest::Candidate;
+use crate::proxy::{Anonymity, Country, Credentials, Proxy, Scheme, Status};
+
+/// What happened when one source was fetched.
+#[derive(Clone, Debug)]
+pub struct SourceRun {
+    /// The source's configured name.
+    pub name: String,
+    /// Its URL as configured.
+    pub url: String,
+    /// Its format name.
+    pub format: String,
+    /// When the fetch started (unix ms); also the `last_seen` of what it found.
+    pub started_at: i64,
+    /// The last HTTP status received, if any.
+    pub http_status: Option<u16>,
+    /// How long fetching and parsing took.
+    pub duration_ms: i64,
+    /// Why the source failed, if it did.
+    pub error: Option<String>,
+}
+
+/// How a batch of candidates landed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UpsertCounts {
+    /// Distinct candidates written.
+    pub found: usize,
+    /// Of those, proxies the store had never seen.
+    pub new: usize,
+}
+
+/// Which proxies a listing returns. Empty lists mean "any".
+#[derive(Clone, Debug, Default)]
+pub struct ProxyFilter {
+    /// `None` for every status.
+    pub status: Option<Status>,
+    /// Any of these countries.
+    pub countries: Vec<Country>,
+    /// Any of these schemes.
+    pub schemes: Vec<Scheme>,
+}
+
+/// Everything stored about one proxy.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ProxyRecord {
+    /// Row id, stable for the life of the proxy.
+    pub id: i64,
+    /// Identity and credentials.
+    pub proxy: Proxy,
+    /// True while the scheme awaits detection.
+    pub scheme_detect: bool,
+    /// Last verdict.
+    pub status: Status,
+    /// Country code (from a source hint or GeoIP).
+    pub country: Option<String>,
+    /// Where the country came from: `source` or `geoip`.
+    pub country_source: Option<String>,
+    /// Checked anonymity.
+    pub anonymity: Option<Anonymity>,
+    /// Checked HTTPS (CONNECT) support.
+    pub https: Option<bool>,
+    /// Latency of the last passed check.
+    pub latency_ms: Option<i64>,
+    /// The address the judge saw.
+    pub exit_ip: Option<String>,
+    /// Last check (unix ms).
+    pub last_checked: Option<i64>,
+    /// Last passed check (unix ms).
+    pub last_alive: Option<i64>,
+    /// First listed by a source (unix ms).
+    pub first_seen: i64,
+    /// Last listed by a source (unix ms).
+    pub last_seen: i64,
+    /// Reason of the last failure.
+    pub reason: Option<String>,
+    /// Anonymity claimed by a source.
+    pub hint_anonymity: Option<Anonymity>,
+    /// HTTPS support claimed by a source.
+    pub hint_https: Option<bool>,
+    /// Checks run.
+    pub checks_total: i64,
+    /// Checks passed.
+    pub checks_ok: i64,
+    /// Failures since the last pass.
+    pub consecutive_failures: i64,
+    /// When the proxy is due for a check (unix ms).
+    pub next_check_at: i64,
+    /// Names of the sources that list it.
+    pub sources: Vec<String>,
+}
+
+/// A source's row: the record of its last fetch.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct SourceRecord {
+    /// Configured name.
+    pub name: String,
+    /// URL as configured.
+    pub url: String,
+    /// Format name.
+    pub format: String,
+    /// Last fetch (unix ms).
+    pub last_fetch_at: Option<i64>,
+    /// Last fetch without error (unix ms).
+    pub last_ok_at: Option<i64>,
+    /// Last HTTP status.
+    pub last_http_status: Option<i64>,
+    /// Duration of the last fetch.
+    pub last_duration_ms: Option<i64>,
+    /// Proxies found by the last fetch.
+    pub last_found: Option<i64>,
+    /// Of those, new to the store.
+    pub last_new: Option<i64>,
+    /// Error of the last fetch.
+    pub last_error: Option<String>,
+    /// Fetches recorded.
+    pub fetches_total: i64,
+    /// Fetches that failed.
+    pub fetches_failed: i64,
+    /// Proxies currently linked to the source.
+    pub proxies: i64,
+    /// Of those, alive.
+    pub alive: i64,
+}
+
+/// Counts for `stats`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Stats {
+    /// All stored proxies.
+    pub total: i64,
+    /// By status name.
+    pub by_status: BTreeMap<String, i64>,
+    /// By scheme name.
+    pub by_scheme: BTreeMap<String, i64>,
+    /// By country code (`unknown` when none).
+    pub by_country: BTreeMap<String, i64>,
+    /// By failure reason of dead proxies.
+    pub by_reason: BTreeMap<String, i64>,
+    /// Per source.
+    pub sources: Vec<SourceRecord>,
+}
+
+const PROXY_COLUMNS: &str = "p.id, p.scheme, p.host, p.port, p.username, p.password, \
+    p.scheme_detect, p.status, p.country, p.country_source, p.anonymity, p.https, \
+    p.latency_ms, p.exit_ip, p.last_checked, p.last_alive, p.first_seen, p.last_seen, \
+    p.last_reason, p.hint_anonymity, p.hint_https, p.checks_total, p.checks_ok, \
+    p.consecutive_failures, p.next_check_at, \
+    (SELECT group_concat(s.name, char(10)) FROM proxy_sources ps \
+       JOIN sources s ON s.id = ps.source_id WHERE ps.proxy_id = p.id)";
+
+/// Turns a text column into an enum, reporting bad values as conversion
+/// errors rather than panicking (the database may have been edited by hand).
+fn parse_col<T: std::str::FromStr<Err = String>>(
+    row: &Row,
+    idx: usize,
+) -> rusqlite::Result<Option<T>> {
+    let v: Option<String> = row.get(idx)?;
+    v.map(|s| {
+        s.parse::<T>().map_err(|e| {
+            rusqlite::Error::FromSqlConversionFailure(idx, rusqlite::types::Type::Text, e.into())
+        })
+    })
+    .transpose()
+}
+
+fn proxy_from_row(row: &Row) -> rusqlite::Result<ProxyRecord> {
+    let host: String = row.get(2)?;
+    let host: IpAddr = host.parse().map_err(|e: std::net::AddrParseError| {
+        rusqlite::Error::FromSqlConversionFailure(2, rusqlite::types::Type::Text, e.into())
+    })?;
+    let username: String = row.get(4)?;
+    let password: Option<String> = row.get(5)?;
+    let auth = (!username.is_empty()).then(|| Credentials {
+        username,
+        password: password.unwrap_or_default(),
+    });
+    let sources: Option<String> = row.get(25)?;
+    Ok(ProxyRecord {
+        id: row.get(0)?,
+        proxy: Proxy {
+            scheme: parse_col(row, 1)?.unwrap_or(Scheme::Http),
+            host,
+            port: row.get(3)?,
+            auth,
+        },
+        scheme_detect: row.get(6)?,
+        status: parse_col(row, 7)?.unwrap_or(Status::Unknown),
+        country: row.get(8)?,
+        country_source: row.get(9)?,
+        anonymity: parse_col(row, 10)?,
+        https: row.get(11)?,
+        latency_ms: row.get(12)?,
+        exit_ip: row.get(13)?,
+        last_checked: row.get(14)?,
+        last_alive: row.get(15)?,
+        first_seen: row.get(16)?,
+        last_seen: row.get(17)?,
+        reason: row.get(18)?,
+        hint_anonymity: parse_col(row, 19)?,
+        hint_https: row.get(20)?,
+        checks_total: row.get(21)?,
+        checks_ok: row.get(22)?,
+        consecutive_failures: row.get(23)?,
+        next_check_at: row.get(24)?,
+        sources: sources
+            .map(|s| {
+                let mut v: Vec<String> = s.split('\n').map(str::to_owned).collect();
+                v.sort();
+                v
+            })
+            .unwrap_or_default(),
+    })
+}
+
+impl Store {
+    /// Records one source fetch and writes its candidates, all in one
+    /// transaction. New proxies start `unknown` and due at once; known ones
+    /// keep their checked facts and get `last_seen`, the source link and
+    /// the source's hints updated.
+    pub fn record_source_run(
+        &self,
+        run: &SourceRun,
+        candidates: &[Candidate],
+    ) -> Result<UpsertCounts, StoreError> {
+        let mut conn = self.lock();
+        let tx = conn.transaction()?;
+        let now = run.started_at;
+        let source_id: i64 = tx.query_row(
+            "INSERT INTO sources (name, url, format) VALUES (?1, ?2, ?3)
+             ON CONFLICT (name) DO UPDATE SET url = excluded.url, format = excluded.format
+             RETURNING id",
+            params![run.name, run.url, run.format],
+            |r| r.get(0),
+        )?;
+        let mut counts = UpsertCounts::default();
+        {
+            let mut find = tx.prepare_cached(
+                "SELECT id FROM proxies WHERE scheme = ?1 AND host = ?2 AND port = ?3 AND username = ?4",
+            )?;
+            let mut insert = tx.prepare_cached(
+                "INSERT INTO proxies (scheme, host, port, username, password, scheme_detect,
+                     country, country_source, hint_anonymity, hint_https,
+                     first_seen, last_seen, next_check_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, CASE WHEN ?7 IS NULL THEN NULL ELSE 'source' END,
+                     ?8, ?9, ?10, ?10, ?10)",
+            )?;
+            // A GeoIP country is what the exit address really is; a source's
+            // claim never overrides it.
+            let mut update = tx.prepare_cached(
+                "UPDATE proxies SET
+                     last_seen = max(last_seen, ?2),
+                     password = coalesce(?3, password),
+                     scheme_detect = min(scheme_detect, ?4),
+                     country = CASE WHEN country_source = 'geoip' OR ?5 IS NULL
+                                    THEN country ELSE ?5 END,
+                     country_source = CASE WHEN country_source = 'geoip' OR ?5 IS NULL
+                                    THEN country_source ELSE 'source' END,
+                     hint_anonymity = coalesce(?6, hint_anonymity),
+                     hint_https = coalesce(?7, hint_https)
+                 WHERE id = ?1",
+            )?;
+            let mut link = tx.prepare_cached(
+                "INSERT INTO proxy_sources (proxy_id, source_id, first_seen, last_seen)
+                 VALUES (?1, ?2, ?3, ?3)
+                 ON CONFLICT (proxy_id, source_id) DO UPDATE SET last_seen = excluded.last_seen",
+            )?;
+            for c in candidates {
+                let p = &c.proxy;
+                let host = p.host.to_string();
+                let password = p.auth.as_ref().map(|a| a.password.as_str());
+                let country = c.hints.country.map(|c| c.as_str().to_owned());
+                let anonymity = c.hints.anonymity.map(Anonymity::as_str);
+                let id: Option<i64> = find
+                    .query_row(
+                        params![p.scheme.as_str(), host, p.port, p.username()],
+                        |r| r.get(0),
+                    )
+                    .optional()?;
+                let id = match id {
+                    Some(id) => {
+                        update.execute(params![
+                            id,
+                            now,
+                            password,
+                            c.detect,
+                            country,
+                            anonymity,
+                            c.hints.https
+                        ])?;
+                        id
+                    }
+                    None => {
+                        insert.execute(params![
+                            p.scheme.as_str(),
+                            host,
+                            p.port,
+                            p.username(),
+                            password,
+                            c.detect,
+                            country,
+                            anonymity,
+                            c.hints.https,
+                            now
+                        ])?;
+                        counts.new += 1;
+                        tx.last_insert_rowid()
+                    }
+                };
+                link.execute(params![id, source_id, now])?;
+                counts.found += 1;
+            }
+        }
+        let finished = now + run.duration_ms;
+        tx.execute(
+            "UPDATE sources SET
+                 last_fetch_at = ?2,
+                 last_ok_at = CASE WHEN ?7 IS NULL THEN ?2 ELSE last_ok_at END,
+                 last_http_status = ?3,
+                 last_duration_ms = ?4,
+                 last_found = ?5,
+                 last_new = ?6,
+                 last_error = ?7,
+                 fetches_total = fetches_total + 1,
+                 fetches_failed = fetches_failed + (?7 IS NOT NULL)
+             WHERE id = ?1",
+            params![
+                source_id,
+                finished,
+                run.http_status,
+                run.duration_ms,
+                counts.found as i64,
+                counts.new as i64,
+                run.error
+            ],
+        )?;
+        tx.commit()?;
+        Ok(counts)
+    }
+
+    /// Proxies matching `filter`, ordered by id.
+    pub fn list_proxies(&self, filter: &ProxyFilter) -> Result<Vec<ProxyRecord>, StoreError> {
+        let mut sql = format!("SELECT {PROXY_COLUMNS} FROM proxies p WHERE 1 = 1");
+        let mut args: Vec<String> = Vec::new();
+        if let Some(s) = filter.status {
+            args.push(s.as_str().to_owned());
+            sql.push_str(&format!(" AND p.status = ?{}", args.len()));
+        }
+        for (column, values) in [
+            (
+                "p.country",
+                filter
+                    .countries
+                    .iter()
+                    .map(|c| c.as_str().to_owned())
+                    .collect::<Vec<_>>(),
+            ),
+            (
+                "p.scheme",
+                filter
+                    .schemes
+                    .iter()
+                    .map(|s| s.as_str().to_owned())
+                    .collect(),
+            ),
+        ] {
+            if values.is_empty() {
+                continue;
+            }
+            let mut marks = Vec::new();
+            for v in values {
+                args.push(v);
+                marks.push(format!("?{}", args.len()));
+            }
+            sql.push_str(&format!(" AND {column} IN ({})", marks.join(", ")));
+        }
+        sql.push_str(" ORDER BY p.id");
+        let conn = self.lock();
+        let mut stmt = conn.prepare(&sql)?;
+        let rows = stmt.query_map(rusqlite::params_from_iter(args.iter()), proxy_from_row)?;
+        Ok(rows.collect::<Result<Vec<_>, _>>()?)
+    }
+
+    /// Every source's record with its proxy counts, by name.
+    pub fn list_sources(&self) -> Result<Vec<SourceRecord>, StoreError> {
+        let conn = self.lock();
+        let mut stmt = conn.prepare(
+            "SELECT s.name, s.url, s.format, s.last_fetch_at, s.last_ok_at, s.last_http_status,
+                    s.last_duration_ms, s.last_found, s.last_new, s.last_error,
+                    s.fetches_total, s.fetches_failed,
+                    (SELECT count(*) FROM proxy_sources ps WHERE ps.source_id = s.id),
+                    (SELECT count(*) FROM proxy_sources ps JOIN proxies p ON p.id = ps.proxy_id
+                      WHERE ps.source_id = s.id AND p.status = 'alive')
+             FROM sources s ORDER BY s.name",
+        )?;
+        let rows = stmt.query_map([], |r| {
+            Ok(SourceRecord {
+                name: r.get(0)?,
+                url: r.get(1)?,
+                format: r.get(2)?,
+                last_fetch_at: r.get(3)?,
+                last_ok_at: r.get(4)?,
+                last_http_status: r.get(5)?,
+                last_duration_ms: r.get(6)?,
+                last_found: r.get(7)?,
+                last_new: r.get(8)?,
+                last_error: r.get(9)?,
+                fetches_total: r.get(10)?,
+                fetches_failed: r.get(11)?,
+                proxies: r.get(12)?,
+                alive: r.get(13)?,
+            })
+        })?;
+        Ok(rows.collect::<Result<Vec<_>, _>>()?)
+    }
+
+    /// How many distinct proxies were listed at or after `since` (unix ms).
+    pub fn count_seen_since(&self, since: i64) -> Result<i64, StoreError> {
+        Ok(self.lock().query_row(
+            "SELECT count(*) FROM proxies WHERE last_seen >= ?1",
+            [since],
+            |r| r.get(0),
+        )?)
+    }
+
+    /// Counts by status, scheme, country, failure reason and source.
+    pub fn stats(&self) -> Result<Stats, StoreError> {
+        let mut stats = Stats {
+            sources: self.list_sources()?,
+            ..Stats::default()
+        };
+        let conn = self.lock();
+        stats.total = conn.query_row("SELECT count(*) FROM proxies", [], |r| r.get(0))?;
+        for (sql, map) in [
+            (
+                "SELECT status, count(*) FROM proxies GROUP BY 1",
+                &mut stats.by_status,
+            ),
+            (
+                "SELECT scheme, count(*) FROM proxies GROUP BY 1",
+                &mut stats.by_scheme,
+            ),
+            (
+                "SELECT coalesce(country, 'unknown'), count(*) FROM proxies GROUP BY 1",
+                &mut stats.by_country,
+            ),
+            (
+                "SELECT last_reason, count(*) FROM proxies
+                  WHERE status = 'dead' AND last_reason IS NOT NULL GROUP BY 1",
+                &mut stats.by_reason,
+            ),
+        ] {
+            let mut stmt = conn.prepare(sql)?;
+            let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))?;
+            for row in rows {
+                let (k, v) = row?;
+                map.insert(k, v);
+            }
+        }
+        for s in [Status::Unknown, Status::Alive, Status::Dead] {
+            stats.by_status.entry(s.as_str().to_owned()).or_insert(0);
+        }
+        Ok(stats)
+    }
+}
