@@ -1,0 +1,324 @@
+//! The `proxywarden` binary as a user runs it: config discovery and
+//! validation, `harvest` output and exit status, `stats`, and `export` in
+//! every format.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::process::Output;
+
+use common::{Behavior, FakeSite, config_toml, write_config};
+
+async fn proxywarden(dir: &Path, args: &[&str]) -> Output {
+    tokio::process::Command::new(env!("CARGO_BIN_EXE_proxywarden"))
+        .args(args)
+        .current_dir(dir)
+        .env_remove("PROXYWARDEN_CONFIG")
+        .env_remove("RUST_LOG")
+        .output()
+        .await
+        .unwrap()
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[tokio::test]
+async fn config_example_is_valid_and_config_check_names_every_problem() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = proxywarden(dir.path(), &["config", "example"]).await;
+    assert!(out.status.success());
+    let example = stdout(&out);
+    assert!(example.contains("[[sources]]"));
+    std::fs::write(dir.path().join("example.toml"), &example).unwrap();
+    let out = proxywarden(dir.path(), &["config", "check", "-c", "example.toml"]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stdout(&out).contains("example.toml: ok"));
+
+    std::fs::write(
+        dir.path().join("bad.toml"),
+        "[harvest]\ntimeout = 5\nmax_per_source = -1\n[api]\nlisten = \"nowhere\"\ntokn = \"x\"\n",
+    )
+    .unwrap();
+    let out = proxywarden(dir.path(), &["config", "check", "-c", "bad.toml"]).await;
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    for needle in [
+        "bad.toml: 4 problems",
+        "harvest.timeout: expected a string, found integer",
+        "harvest.max_per_source: must be between 1 and 10000000, found -1",
+        "api.listen: expected an address",
+        "api.tokn: unknown key",
+    ] {
+        assert!(err.contains(needle), "{needle:?} not in {err}");
+    }
+
+    let out = proxywarden(dir.path(), &["config", "check", "-c", "missing.toml"]).await;
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("missing.toml: 1 problem"));
+    assert!(stderr(&out).contains("cannot read the file"));
+
+    std::fs::write(dir.path().join("broken.toml"), "[harvest\n").unwrap();
+    let out = proxywarden(dir.path(), &["config", "check", "-c", "broken.toml"]).await;
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("not valid TOML"), "{}", stderr(&out));
+}
+
+#[tokio::test]
+async fn config_is_found_in_the_environment_then_the_working_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    // No file anywhere: built-in defaults.
+    let out = proxywarden(dir.path(), &["config", "check"]).await;
+    assert!(out.status.success());
+    assert!(
+        stdout(&out).starts_with("built-in defaults: ok"),
+        "{}",
+        stdout(&out)
+    );
+
+    write_config(dir.path(), "[database]\npath = \"here.db\"\n");
+    let out = proxywarden(dir.path(), &["config", "check"]).await;
+    assert!(
+        stdout(&out).contains("proxywarden.toml: ok"),
+        "{}",
+        stdout(&out)
+    );
+    assert!(stdout(&out).contains("database here.db"));
+
+    std::fs::write(
+        dir.path().join("env.toml"),
+        "[database]\npath = \"env.db\"\n",
+    )
+    .unwrap();
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_proxywarden"))
+        .args(["config", "check"])
+        .current_dir(dir.path())
+        .env("PROXYWARDEN_CONFIG", "env.toml")
+        .output()
+        .await
+        .unwrap();
+    assert!(stdout(&out).contains("env.toml: ok"), "{}", stdout(&out));
+    assert!(stdout(&out).contains("database env.db"));
+}
+
+#[tokio::test]
+async fn harvest_prints_a_line_per_source_and_export_round_trips() {
+    let dir = tempfile::tempdir().unwrap();
+    let site = FakeSite::start(vec![
+        ("/a.txt", Behavior::ok("1.2.3.4:8080\n5.6.7.8:3128\nsocks5://9.9.9.9:1080\n")),
+        (
+            "/b.json",
+            Behavior::ok(r#"[{"ip":"5.6.7.8","port":3128,"country":"DE"},{"ip":"4.3.2.1","port":"80","country":"us"}]"#),
+        ),
+        ("/gone", Behavior::status(404)),
+    ])
+    .await;
+    let sources = format!(
+        "[[sources]]\nname = \"list-a\"\nurl = \"{}\"\n\
+         [[sources]]\nname = \"api-b\"\nurl = \"{}\"\nformat = \"json\"\n\
+         [[sources]]\nname = \"gone\"\nurl = \"{}\"\n",
+        site.url("/a.txt"),
+        site.url("/b.json"),
+        site.url("/gone")
+    );
+    // One source at a time, so which source a shared proxy is "new" for is fixed.
+    let toml = config_toml(dir.path(), &sources).replace("[harvest]", "[harvest]\nconcurrency = 1");
+    write_config(dir.path(), &toml);
+
+    let out = proxywarden(dir.path(), &["harvest"]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    let line = |name: &str| {
+        text.lines()
+            .find(|l| l.starts_with(name))
+            .unwrap_or_else(|| panic!("no line for {name} in\n{text}"))
+            .split_whitespace()
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(line("list-a")[1..4], ["3", "3", "200"]);
+    assert_eq!(line("api-b")[1..4], ["2", "1", "200"]);
+    assert_eq!(line("gone")[1..4], ["0", "0", "404"]);
+    assert!(line("gone").join(" ").contains("HTTP 404 Not Found"));
+    assert!(
+        text.contains("total: 3 sources (2 ok, 1 failed), 4 distinct proxies, 4 new"),
+        "{text}"
+    );
+
+    // stats, as a table and as JSON
+    let out = proxywarden(dir.path(), &["stats"]).await;
+    assert!(out.status.success());
+    assert!(stdout(&out).contains("proxies: 4"));
+    let out = proxywarden(dir.path(), &["stats", "--json"]).await;
+    let stats: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(stats["total"], 4);
+    assert_eq!(stats["by_status"]["unknown"], 4);
+    assert_eq!(stats["by_scheme"]["socks5"], 1);
+    assert_eq!(stats["by_country"]["DE"], 1);
+    assert_eq!(stats["by_country"]["US"], 1);
+    let gone = stats["sources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["name"] == "gone")
+        .unwrap();
+    assert_eq!(gone["last_error"], "HTTP 404 Not Found");
+
+    // Nothing is alive yet: the default export is empty.
+    let out = proxywarden(dir.path(), &["export"]).await;
+    assert!(out.status.success());
+    assert_eq!(stdout(&out), "");
+
+    let all: BTreeSet<String> = [
+        "http://1.2.3.4:8080",
+        "http://5.6.7.8:3128",
+        "socks5://9.9.9.9:1080",
+        "http://4.3.2.1:80",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let out = proxywarden(dir.path(), &["export", "--status", "all"]).await;
+    let txt: BTreeSet<String> = stdout(&out).lines().map(str::to_owned).collect();
+    assert_eq!(txt, all);
+
+    let out = proxywarden(
+        dir.path(),
+        &["export", "--status", "all", "--format", "json"],
+    )
+    .await;
+    let rows: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
+    let json: BTreeSet<String> = rows
+        .iter()
+        .map(|r| {
+            format!(
+                "{}://{}:{}",
+                r["scheme"].as_str().unwrap(),
+                r["host"].as_str().unwrap(),
+                r["port"]
+            )
+        })
+        .collect();
+    assert_eq!(json, all);
+    let de = rows.iter().find(|r| r["host"] == "5.6.7.8").unwrap();
+    assert_eq!(de["country"], "DE");
+    assert_eq!(de["status"], "unknown");
+    assert_eq!(de["username"], serde_json::Value::Null);
+    assert_eq!(de["last_checked"], serde_json::Value::Null);
+    assert_eq!(de["sources"], serde_json::json!(["api-b", "list-a"]));
+    for key in [
+        "scheme",
+        "host",
+        "port",
+        "username",
+        "status",
+        "country",
+        "anonymity",
+        "https",
+        "latency_ms",
+        "exit_ip",
+        "last_checked",
+        "last_alive",
+        "first_seen",
+        "last_seen",
+        "reason",
+    ] {
+        assert!(de.get(key).is_some(), "json export lacks {key}");
+    }
+    let first_seen = de["first_seen"].as_str().unwrap();
+    assert!(
+        chrono::DateTime::parse_from_rfc3339(first_seen).is_ok(),
+        "{first_seen} is not RFC 3339"
+    );
+
+    // csv to a file, written atomically, filtered by country and scheme
+    let out = proxywarden(
+        dir.path(),
+        &[
+            "export",
+            "--status",
+            "all",
+            "--format",
+            "csv",
+            "--country",
+            "de,US",
+            "--scheme",
+            "http",
+            "--output",
+            "out.csv",
+        ],
+    )
+    .await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stderr(&out).contains("wrote 2 proxies to out.csv"));
+    let mut reader = csv::Reader::from_path(dir.path().join("out.csv")).unwrap();
+    let headers = reader.headers().unwrap().clone();
+    let first: Vec<&str> = headers.iter().take(5).collect();
+    assert_eq!(first, ["id", "url", "scheme", "host", "port"]);
+    let hosts: BTreeSet<String> = reader
+        .records()
+        .map(|r| r.unwrap()[3].to_string())
+        .collect();
+    assert_eq!(
+        hosts,
+        BTreeSet::from(["5.6.7.8".to_string(), "4.3.2.1".to_string()])
+    );
+    let leftovers: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(".proxywarden-export"))
+        .collect();
+    assert!(leftovers.is_empty(), "temp files left: {leftovers:?}");
+
+    let out = proxywarden(dir.path(), &["export", "--country", "Germany"]).await;
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("not a two-letter country code"));
+}
+
+#[tokio::test]
+async fn harvest_fails_with_a_clear_message_when_every_source_fails() {
+    let dir = tempfile::tempdir().unwrap();
+    let site = FakeSite::start(vec![("/x", Behavior::status(500))]).await;
+    let sources = format!(
+        "[[sources]]\nname = \"down\"\nurl = \"{}\"\n\
+         [[sources]]\nname = \"nofile\"\nurl = \"/definitely/not/here.txt\"\n",
+        site.url("/x")
+    );
+    write_config(dir.path(), &config_toml(dir.path(), &sources));
+    let out = proxywarden(dir.path(), &["harvest"]).await;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("all 2 sources failed"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(stdout(&out).contains("HTTP 500"));
+    assert!(stdout(&out).contains("cannot read /definitely/not/here.txt"));
+
+    let out = proxywarden(dir.path(), &["harvest", "--source", "nope"]).await;
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("no source named \"nope\""));
+}
+
+#[tokio::test]
+async fn a_newer_database_is_refused_with_a_clear_message() {
+    let dir = tempfile::tempdir().unwrap();
+    write_config(dir.path(), &config_toml(dir.path(), ""));
+    let db = dir.path().join("test.db");
+    rusqlite::Connection::open(&db)
+        .unwrap()
+        .pragma_update(None, "user_version", 42)
+        .unwrap();
+    let out = proxywarden(dir.path(), &["stats"]).await;
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("schema version 42"),
+        "{}",
+        stderr(&out)
+    );
+}
