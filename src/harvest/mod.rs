@@ -53,6 +53,21 @@ pub struct Hints {
     pub https: Option<bool>,
 }
 
+/// Reads an HTTPS-support flag as lists write it: `yes`/`no`, `true`/`false`,
+/// `+`/`-`, `1`/`0` (any case, blanks ignored). Anything else is `None`, so
+/// an unknown spelling leaves the hint unset rather than claiming `false`.
+pub fn parse_https_word(s: &str) -> Option<bool> {
+    let w = s.trim();
+    let eq = |x: &str| w.eq_ignore_ascii_case(x);
+    if eq("yes") || eq("y") || eq("true") || eq("+") || eq("1") {
+        Some(true)
+    } else if eq("no") || eq("n") || eq("false") || eq("-") || eq("0") {
+        Some(false)
+    } else {
+        None
+    }
+}
+
 /// One proxy found in a source.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Candidate {
@@ -196,6 +211,50 @@ impl Candidates {
     }
 }
 
+/// The schemes a protocol cell or field names (`HTTP, SOCKS5`, `Socks4`, `HTTPS`),
+/// each once, and whether it said HTTPS.
+fn protocol_words(cell: &str) -> (Vec<Scheme>, bool) {
+    let mut schemes = Vec::new();
+    let mut https = false;
+    for w in cell
+        .split(|c: char| !c.is_alphanumeric())
+        .filter(|w| !w.is_empty())
+    {
+        if let Some(s) = Scheme::from_loose(w) {
+            https |= w.eq_ignore_ascii_case("https");
+            if !schemes.contains(&s) {
+                schemes.push(s);
+            }
+        }
+    }
+    (schemes, https)
+}
+
+/// One candidate per scheme the source named; none named means the entry's
+/// own scheme or the source default.
+fn push_schemes(
+    token: text::Token,
+    schemes: &[Scheme],
+    default: SourceScheme,
+    hints: Hints,
+    out: &mut Candidates,
+) -> bool {
+    if schemes.is_empty() {
+        return out.push(token.into_candidate(default, hints));
+    }
+    for &scheme in schemes {
+        let t = text::Token {
+            scheme: Some(scheme),
+            auth: token.auth.clone(),
+            ..token
+        };
+        if !out.push(t.into_candidate(default, hints)) {
+            return false;
+        }
+    }
+    true
+}
+
 /// A keyed multiply-fold hash for packed identities, roughly what ahash and
 /// foldhash do for one integer. SipHash costs more than the rest of the text
 /// parser; the random per-set seed still keeps a source from choosing
@@ -240,5 +299,90 @@ impl Hasher for FoldHasher {
     fn write_u64(&mut self, n: u64) {
         let m = u128::from(n ^ self.state) * u128::from(0x5851_f42d_4c95_7f2d_u64);
         self.state = (m as u64) ^ ((m >> 64) as u64);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::Ipv4Addr;
+
+    fn cand(scheme: Scheme, ip: [u8; 4], port: u16, user: Option<&str>) -> Candidate {
+        let auth = user.map(|u| Credentials {
+            username: u.to_owned(),
+            password: String::new(),
+        });
+        Candidate::new(
+            IpAddr::V4(Ipv4Addr::from(ip)),
+            port,
+            auth,
+            Some(scheme),
+            SourceScheme::Detect,
+            Hints::default(),
+        )
+    }
+
+    #[test]
+    fn candidates_dedup_by_identity() {
+        let mut out = Candidates::new(10);
+        assert!(out.push(cand(Scheme::Http, [1, 2, 3, 4], 80, None)));
+        assert!(out.push(cand(Scheme::Http, [1, 2, 3, 4], 80, None)));
+        assert!(out.push(cand(Scheme::Socks5, [1, 2, 3, 4], 80, None)));
+        assert!(out.push(cand(Scheme::Http, [1, 2, 3, 4], 81, None)));
+        assert!(out.push(cand(Scheme::Http, [1, 2, 3, 4], 80, Some("u"))));
+        assert!(out.push(cand(Scheme::Http, [1, 2, 3, 4], 80, Some("u"))));
+        let v6 = Candidate::new(
+            "2001:db8::1".parse().unwrap(),
+            80,
+            None,
+            None,
+            SourceScheme::Detect,
+            Hints::default(),
+        );
+        assert!(out.push(v6.clone()));
+        assert!(out.push(v6));
+        assert_eq!(out.len(), 5);
+        assert!(!out.truncated());
+    }
+
+    #[test]
+    fn candidates_stop_at_the_limit_but_accept_duplicates() {
+        let mut out = Candidates::new(2);
+        assert!(out.push(cand(Scheme::Http, [1, 1, 1, 1], 80, None)));
+        assert!(out.push(cand(Scheme::Http, [1, 1, 1, 1], 80, Some("u"))));
+        assert!(out.is_full());
+        assert!(out.push(cand(Scheme::Http, [1, 1, 1, 1], 80, None)));
+        assert!(out.push(cand(Scheme::Http, [1, 1, 1, 1], 80, Some("u"))));
+        assert!(!out.truncated());
+        assert!(!out.push(cand(Scheme::Http, [2, 2, 2, 2], 80, None)));
+        assert!(out.truncated());
+        assert_eq!(out.len(), 2);
+    }
+
+    #[test]
+    fn https_words() {
+        for w in ["yes", "YES", " true ", "+", "1", "y"] {
+            assert_eq!(parse_https_word(w), Some(true), "{w}");
+        }
+        for w in ["no", "False", "-", "0", "n"] {
+            assert_eq!(parse_https_word(w), Some(false), "{w}");
+        }
+        for w in ["", "?", "maybe", "2"] {
+            assert_eq!(parse_https_word(w), None, "{w}");
+        }
+    }
+
+    #[test]
+    fn protocol_lists() {
+        assert_eq!(
+            protocol_words("HTTP, SOCKS5"),
+            (vec![Scheme::Http, Scheme::Socks5], false)
+        );
+        assert_eq!(protocol_words("http/https"), (vec![Scheme::Http], true));
+        assert_eq!(
+            protocol_words("socks4a socks4"),
+            (vec![Scheme::Socks4], false)
+        );
+        assert_eq!(protocol_words("unknown"), (vec![], false));
     }
 }
