@@ -5,9 +5,9 @@
 
 use scraper::{ElementRef, Html, Selector};
 
-use super::text::{Token, scan};
+use super::text::{Token, first_token};
 use super::{Candidates, Hints, SourceScheme, parse_https_word, protocol_words, push_schemes};
-use crate::proxy::{Anonymity, Country, Scheme, parse_host, parse_port};
+use crate::proxy::{Anonymity, Country, parse_host, parse_port};
 
 /// Which table and columns to read; every field is optional and falls back
 /// to recognising the table by its headers.
@@ -234,15 +234,6 @@ fn is_protocol_header(h: &str) -> bool {
     )
 }
 
-fn first_token(s: &str) -> Option<Token> {
-    let mut found = None;
-    scan(s, |t| {
-        found = Some(t);
-        false
-    });
-    found
-}
-
 /// Pushes the candidates of one data row; returns `false` once `out` is full.
 fn read_row(
     row: ElementRef<'_>,
@@ -293,6 +284,7 @@ fn read_row(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::proxy::Scheme;
 
     const HTTP: SourceScheme = SourceScheme::Fixed(Scheme::Http);
 

@@ -98,6 +98,16 @@ fn next_colon(b: &[u8], pos: usize) -> Option<usize> {
     }
 }
 
+/// The first token in `s`, for a cell or field meant to hold one entry.
+pub(super) fn first_token(s: &str) -> Option<Token> {
+    let mut found = None;
+    scan(s, |t| {
+        found = Some(t);
+        false
+    });
+    found
+}
+
 /// Validates the token whose host/port separator is the `:` at `colon`.
 /// Returns the token and the index just past its port.
 fn token_at(body: &str, colon: usize) -> Option<(Token, usize)> {
