@@ -1,7 +1,13 @@
 //! The `html` format: the table whose header names an IP and a port column,
-//! other columns recognised by their header.
+//! other columns recognised by their header. Parsing goes through html5ever
+//! (via `scraper`), which recovers from malformed and truncated markup the
+//! way browsers do, so a broken page yields what it can instead of failing.
 
-use super::{Candidates, SourceScheme};
+use scraper::{ElementRef, Html, Selector};
+
+use super::text::{Token, first_token};
+use super::{Candidates, Hints, SourceScheme, parse_https_word, protocol_words, push_schemes};
+use crate::proxy::{Anonymity, Country, parse_host, parse_port};
 
 /// Which table and columns to read; every field is optional and falls back
 /// to recognising the table by its headers.
@@ -32,6 +38,485 @@ pub struct HtmlColumns {
 
 /// Parses `body` (synchronous and CPU-bound: call it off the async runtime).
 pub fn parse(body: &str, opts: &HtmlOptions, default: SourceScheme, out: &mut Candidates) {
-    let _ = (body, opts, default, out);
-    todo!("html parser")
+    let doc = Html::parse_document(body);
+    let Ok(table_sel) = Selector::parse("table") else {
+        return;
+    };
+    // With a selector the user named the tables: read every one that
+    // qualifies. Without one, the first table that looks like a proxy list
+    // is the list; later tables are usually sidebars or ads.
+    let tables: Vec<ElementRef<'_>> = match &opts.table {
+        Some(css) => match Selector::parse(css) {
+            Ok(sel) => doc
+                .select(&sel)
+                .flat_map(|el| {
+                    if el.value().name() == "table" {
+                        vec![el]
+                    } else {
+                        el.select(&table_sel).collect()
+                    }
+                })
+                .collect(),
+            Err(e) => {
+                tracing::warn!(selector = %css, error = %e, "invalid html table selector");
+                return;
+            }
+        },
+        None => doc.select(&table_sel).collect(),
+    };
+    for table in tables {
+        let rows = rows_of(table);
+        let Some((layout, header)) = Layout::detect(&rows, &opts.columns) else {
+            continue;
+        };
+        for (i, row) in rows.iter().enumerate() {
+            if i != header && !read_row(*row, &layout, default, out) {
+                return;
+            }
+        }
+        if opts.table.is_none() {
+            return;
+        }
+    }
+}
+
+/// The rows of `table` itself, in document order, leaving out the rows of
+/// tables nested in its cells.
+fn rows_of(table: ElementRef<'_>) -> Vec<ElementRef<'_>> {
+    let mut rows = Vec::new();
+    for child in table.child_elements() {
+        match child.value().name() {
+            "tr" => rows.push(child),
+            "thead" | "tbody" | "tfoot" => {
+                rows.extend(child.child_elements().filter(|e| e.value().name() == "tr"));
+            }
+            _ => {}
+        }
+    }
+    rows
+}
+
+fn cells_of(row: ElementRef<'_>) -> impl Iterator<Item = ElementRef<'_>> {
+    row.child_elements()
+        .filter(|e| matches!(e.value().name(), "td" | "th"))
+}
+
+fn cell_text(cell: ElementRef<'_>) -> String {
+    let text: String = cell.text().collect();
+    text.trim().to_owned()
+}
+
+/// Lowercase with runs of blanks folded, so `IP&nbsp; Address` and
+/// `ip address` name the same column.
+fn normalize(s: &str) -> String {
+    s.split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+        .to_lowercase()
+}
+
+/// Which cell of a row holds what.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Layout {
+    ip: usize,
+    /// `None` when the address cells hold `host:port` themselves.
+    port: Option<usize>,
+    country: Option<usize>,
+    anonymity: Option<usize>,
+    https: Option<usize>,
+    protocol: Option<usize>,
+}
+
+impl Layout {
+    /// Recognises the columns from the header row: the first row with `th`
+    /// cells, or else the first row. Returns the layout and the header's
+    /// index, or `None` when the table has no usable address column.
+    fn detect(rows: &[ElementRef<'_>], names: &HtmlColumns) -> Option<(Layout, usize)> {
+        let header = rows
+            .iter()
+            .position(|r| cells_of(*r).any(|c| c.value().name() == "th"))
+            .unwrap_or(0);
+        let headers: Vec<String> = cells_of(*rows.get(header)?)
+            .map(|c| normalize(&cell_text(c)))
+            .collect();
+        let find = |name: &Option<String>, recognise: fn(&str) -> bool| match name {
+            Some(name) => {
+                let name = normalize(name);
+                headers.iter().position(|h| *h == name)
+            }
+            None => headers.iter().position(|h| recognise(h)),
+        };
+
+        let port = find(&names.port, is_port_header);
+        let ip = match find(&names.ip, is_ip_header) {
+            Some(ip) => ip,
+            // `IP:Port` or `Proxy`: one column with both, usable only when
+            // its cells say so (checked below).
+            None if names.ip.is_none() && port.is_none() => {
+                headers.iter().position(|h| is_combined_header(h))?
+            }
+            None => return None,
+        };
+        if port.is_none() && !holds_host_port(rows, header, ip) {
+            return None;
+        }
+        // A code column beats a `Country` column, which often holds names.
+        let country = match &names.country {
+            Some(_) => find(&names.country, |_| false),
+            None => find(&None, is_country_code_header).or_else(|| find(&None, |h| h == "country")),
+        };
+        let layout = Layout {
+            ip,
+            port,
+            country,
+            anonymity: find(&names.anonymity, is_anonymity_header),
+            https: find(&names.https, is_https_header),
+            protocol: find(&names.protocol, is_protocol_header),
+        };
+        Some((layout, header))
+    }
+}
+
+/// True when one of the first data rows has `host:port` in column `ip`.
+fn holds_host_port(rows: &[ElementRef<'_>], header: usize, ip: usize) -> bool {
+    rows.iter()
+        .enumerate()
+        .filter(|(i, _)| *i != header)
+        .take(5)
+        .filter_map(|(_, r)| cells_of(*r).nth(ip))
+        .any(|c| first_token(&cell_text(c)).is_some())
+}
+
+fn words(h: &str) -> impl Iterator<Item = &str> {
+    h.split(|c: char| !c.is_alphanumeric())
+        .filter(|w| !w.is_empty())
+}
+
+fn names_address(h: &str) -> bool {
+    words(h).any(|w| {
+        matches!(w, "ip" | "ips" | "ipv4" | "ipaddress")
+            || w.contains("address")
+            || w.contains("host")
+    })
+}
+
+fn is_ip_header(h: &str) -> bool {
+    names_address(h) && !words(h).any(|w| w == "port")
+}
+
+fn is_port_header(h: &str) -> bool {
+    words(h).any(|w| w == "port") && !names_address(h)
+}
+
+fn is_combined_header(h: &str) -> bool {
+    names_address(h) || matches!(h, "proxy" | "proxies" | "proxy list")
+}
+
+fn is_country_code_header(h: &str) -> bool {
+    matches!(
+        h,
+        "code" | "cc" | "country code" | "country_code" | "countrycode" | "country iso" | "iso"
+    )
+}
+
+fn is_anonymity_header(h: &str) -> bool {
+    h.contains("anonym") || h == "level"
+}
+
+fn is_https_header(h: &str) -> bool {
+    matches!(h, "https" | "ssl" | "https support" | "supports https")
+}
+
+fn is_protocol_header(h: &str) -> bool {
+    matches!(
+        h,
+        "protocol" | "protocols" | "type" | "types" | "proxy type" | "version" | "proxy protocol"
+    )
+}
+
+/// Pushes the candidates of one data row; returns `false` once `out` is full.
+fn read_row(
+    row: ElementRef<'_>,
+    layout: &Layout,
+    default: SourceScheme,
+    out: &mut Candidates,
+) -> bool {
+    let cells: Vec<ElementRef<'_>> = cells_of(row).collect();
+    let text = |i: Option<usize>| i.and_then(|i| cells.get(i)).map(|c| cell_text(*c));
+    let Some(address) = text(Some(layout.ip)) else {
+        return true;
+    };
+    let token = match layout.port {
+        Some(_) => {
+            let host = parse_host(&address);
+            let port = text(layout.port).and_then(|p| parse_port(&p));
+            match (host, port) {
+                (Some(host), Some(port)) => Token {
+                    host,
+                    port,
+                    auth: None,
+                    scheme: None,
+                    https: false,
+                },
+                _ => return true,
+            }
+        }
+        None => match first_token(&address) {
+            Some(t) => t,
+            None => return true,
+        },
+    };
+
+    let (schemes, says_https) = match text(layout.protocol) {
+        Some(p) if token.scheme.is_none() => protocol_words(&p),
+        _ => (Vec::new(), false),
+    };
+    let hints = Hints {
+        country: text(layout.country).and_then(|c| Country::parse(&c)),
+        anonymity: text(layout.anonymity).and_then(|a| Anonymity::from_loose(&a)),
+        https: text(layout.https)
+            .and_then(|h| parse_https_word(&h))
+            .or(says_https.then_some(true)),
+    };
+    push_schemes(token, &schemes, default, hints, out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proxy::Scheme;
+
+    const HTTP: SourceScheme = SourceScheme::Fixed(Scheme::Http);
+
+    fn run(body: &str, opts: &HtmlOptions, default: SourceScheme) -> Candidates {
+        let mut out = Candidates::new(1000);
+        parse(body, opts, default, &mut out);
+        out
+    }
+
+    fn urls(body: &str) -> Vec<String> {
+        urls_with(body, &HtmlOptions::default())
+    }
+
+    fn urls_with(body: &str, opts: &HtmlOptions) -> Vec<String> {
+        run(body, opts, HTTP)
+            .items()
+            .iter()
+            .map(|c| c.proxy.to_string())
+            .collect()
+    }
+
+    const FREE_PROXY_LIST: &str = r#"<html><body>
+        <table class="layout"><tr><td>menu</td><td>ads</td></tr></table>
+        <div class="table-responsive fpl-list"><table class="table table-striped table-bordered">
+        <thead><tr><th>IP Address</th><th>Port</th><th>Code</th><th class='hm'>Country</th>
+        <th>Anonymity</th><th class='hm'>Google</th><th class='hx'>Https</th><th class='hm'>Last Checked</th></tr></thead>
+        <tbody>
+        <tr><td>1.2.3.4</td><td>8080</td><td>US</td><td class='hm'>United States</td><td>elite proxy</td><td class='hm'>no</td><td class='hx'>yes</td><td class='hm'>1 min ago</td></tr>
+        <tr><td>5.6.7.8</td><td>3128</td><td>DE</td><td class='hm'>Germany</td><td>anonymous</td><td class='hm'>no</td><td class='hx'>no</td><td class='hm'>2 mins ago</td></tr>
+        <tr><td>9.9.9.9</td><td>80</td><td>Unknown</td><td class='hm'>Unknown</td><td>transparent</td><td class='hm'>-</td><td class='hx'>?</td><td class='hm'>3 mins ago</td></tr>
+        <tr><td>999.1.1.1</td><td>80</td><td>US</td><td></td><td></td><td></td><td></td><td></td></tr>
+        <tr><td>1.1.1.1</td><td>0</td><td>US</td><td></td><td></td><td></td><td></td><td></td></tr>
+        <tr><td>1.2.3.4</td><td>8080</td><td>US</td><td></td><td></td><td></td><td></td><td></td></tr>
+        </tbody><tfoot><tr><th class="input"><input type="text" /></th><th></th></tr></tfoot></table></div>
+        <table><tr><th>IP</th><th>Port</th></tr><tr><td>7.7.7.7</td><td>7</td></tr></table>
+        </body></html>"#;
+
+    #[test]
+    fn free_proxy_list_net() {
+        let out = run(FREE_PROXY_LIST, &HtmlOptions::default(), HTTP);
+        let items = out.items();
+        assert_eq!(items.len(), 3, "{items:?}");
+        assert_eq!(items[0].proxy.to_string(), "http://1.2.3.4:8080");
+        assert_eq!(
+            items[0].hints,
+            Hints {
+                country: Country::parse("US"),
+                anonymity: Some(Anonymity::Elite),
+                https: Some(true),
+            }
+        );
+        assert_eq!(items[1].hints.anonymity, Some(Anonymity::Anonymous));
+        assert_eq!(items[1].hints.https, Some(false));
+        assert_eq!(items[1].hints.country, Country::parse("de"));
+        // Unknown codes and unknown https words leave the hints unset.
+        assert_eq!(items[2].hints.country, None);
+        assert_eq!(items[2].hints.https, None);
+        assert_eq!(items[2].hints.anonymity, Some(Anonymity::Transparent));
+    }
+
+    #[test]
+    fn socks_proxy_net() {
+        let body = r#"<table id="proxylisttable"><thead><tr><th>IP Address</th><th>Port</th>
+            <th>Code</th><th>Country</th><th>Version</th><th>Anonymity</th><th>Https</th>
+            <th>Last Checked</th></tr></thead><tbody>
+            <tr><td>1.2.3.4</td><td>1080</td><td>BR</td><td>Brazil</td><td>Socks4</td><td>Anonymous</td><td>Yes</td><td>1 min</td></tr>
+            <tr><td>5.6.7.8</td><td>1081</td><td>ID</td><td>Indonesia</td><td>Socks5</td><td>Anonymous</td><td>No</td><td>1 min</td></tr>
+            <tr><td>9.9.9.9</td><td>1082</td><td>ID</td><td>Indonesia</td><td>?</td><td>Anonymous</td><td>No</td><td>1 min</td></tr>
+            </tbody></table>"#;
+        let out = run(body, &HtmlOptions::default(), SourceScheme::Detect);
+        let got: Vec<_> = out
+            .items()
+            .iter()
+            .map(|c| (c.proxy.to_string(), c.detect))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("socks4://1.2.3.4:1080".to_owned(), false),
+                ("socks5://5.6.7.8:1081".to_owned(), false),
+                // A protocol cell naming nothing known falls back to the default.
+                ("http://9.9.9.9:1082".to_owned(), true),
+            ]
+        );
+        assert_eq!(out.items()[0].hints.country, Country::parse("BR"));
+    }
+
+    #[test]
+    fn several_protocols_give_one_candidate_each() {
+        let body = "<table><tr><th>Host</th><th>Port</th><th>Protocols</th></tr>\
+            <tr><td>1.2.3.4</td><td>80</td><td>HTTP, SOCKS5</td></tr>\
+            <tr><td>5.6.7.8</td><td>443</td><td>HTTPS</td></tr></table>";
+        let out = run(body, &HtmlOptions::default(), HTTP);
+        let got: Vec<_> = out.items().iter().map(|c| c.proxy.to_string()).collect();
+        assert_eq!(
+            got,
+            [
+                "http://1.2.3.4:80",
+                "socks5://1.2.3.4:80",
+                "http://5.6.7.8:443"
+            ]
+        );
+        assert_eq!(out.items()[2].hints.https, Some(true));
+        assert_eq!(out.items()[0].hints.https, None);
+    }
+
+    #[test]
+    fn header_from_the_first_row_without_th() {
+        let body = "<table><tr><td>Proxy IP</td><td>Proxy Port</td><td>Type</td></tr>\
+            <tr><td>1.2.3.4</td><td>1080</td><td>socks5</td></tr></table>";
+        assert_eq!(urls(body), ["socks5://1.2.3.4:1080"]);
+    }
+
+    #[test]
+    fn address_column_holding_host_port() {
+        let body = "<table><tr><th>IP:Port</th><th>Country</th></tr>\
+            <tr><td>1.2.3.4:8080</td><td>FR</td></tr>\
+            <tr><td>socks5://5.6.7.8:1080</td><td>France</td></tr>\
+            <tr><td>garbage</td><td>FR</td></tr></table>";
+        let out = run(body, &HtmlOptions::default(), HTTP);
+        let got: Vec<_> = out.items().iter().map(|c| c.proxy.to_string()).collect();
+        assert_eq!(got, ["http://1.2.3.4:8080", "socks5://5.6.7.8:1080"]);
+        // A `Country` column counts when it holds codes; names are ignored.
+        assert_eq!(out.items()[0].hints.country, Country::parse("FR"));
+        assert_eq!(out.items()[1].hints.country, None);
+    }
+
+    #[test]
+    fn tables_without_address_and_port_are_skipped() {
+        let body = "<table><tr><th>Name</th><th>Port</th></tr><tr><td>1.2.3.4</td><td>80</td></tr></table>\
+            <table><tr><th>IP</th><th>Notes</th></tr><tr><td>1.2.3.4</td><td>80</td></tr></table>";
+        assert!(urls(body).is_empty());
+        assert!(urls("<p>no tables here 1.2.3.4:80</p>").is_empty());
+        assert!(urls("").is_empty());
+    }
+
+    #[test]
+    fn selector_picks_the_table_or_the_tables_inside() {
+        let body = "<table id=a><tr><th>IP</th><th>Port</th></tr><tr><td>1.1.1.1</td><td>1</td></tr></table>\
+            <div class=list><table><tr><th>IP</th><th>Port</th></tr><tr><td>2.2.2.2</td><td>2</td></tr></table></div>\
+            <table class=more><tr><th>IP</th><th>Port</th></tr><tr><td>3.3.3.3</td><td>3</td></tr></table>";
+        assert_eq!(urls(body), ["http://1.1.1.1:1"]);
+        let opts = |css: &str| HtmlOptions {
+            table: Some(css.to_owned()),
+            ..HtmlOptions::default()
+        };
+        assert_eq!(urls_with(body, &opts("div.list")), ["http://2.2.2.2:2"]);
+        assert_eq!(urls_with(body, &opts("table.more")), ["http://3.3.3.3:3"]);
+        assert_eq!(
+            urls_with(body, &opts("div.list, table.more")),
+            ["http://2.2.2.2:2", "http://3.3.3.3:3"]
+        );
+        assert!(urls_with(body, &opts("#missing")).is_empty());
+        assert!(urls_with(body, &opts("[[[")).is_empty());
+    }
+
+    #[test]
+    fn column_names_override_recognition() {
+        let body = "<table><tr><th>Server</th><th>Listen</th><th>Land</th><th>Art</th><th>Anon</th><th>TLS</th></tr>\
+            <tr><td>1.2.3.4</td><td>1080</td><td>at</td><td>SOCKS5</td><td>HIA</td><td>+</td></tr></table>";
+        assert!(urls(body).is_empty());
+        let opts = HtmlOptions {
+            table: None,
+            columns: HtmlColumns {
+                ip: Some(" server ".into()),
+                port: Some("LISTEN".into()),
+                country: Some("land".into()),
+                anonymity: Some("anon".into()),
+                https: Some("tls".into()),
+                protocol: Some("art".into()),
+            },
+        };
+        let out = run(body, &opts, HTTP);
+        assert_eq!(out.len(), 1);
+        let c = &out.items()[0];
+        assert_eq!(c.proxy.to_string(), "socks5://1.2.3.4:1080");
+        assert_eq!(
+            c.hints,
+            Hints {
+                country: Country::parse("AT"),
+                anonymity: Some(Anonymity::Elite),
+                https: Some(true),
+            }
+        );
+    }
+
+    #[test]
+    fn nested_tables_do_not_leak_rows() {
+        let body = "<table><tr><th>IP</th><th>Port</th></tr>\
+            <tr><td>1.1.1.1</td><td>1<table><tr><td>2.2.2.2</td><td>2</td></tr></table></td></tr>\
+            <tr><td>3.3.3.3</td><td>3</td></tr></table>";
+        // The nested table's text sits in the port cell, which then is not a port.
+        assert_eq!(urls(body), ["http://3.3.3.3:3"]);
+    }
+
+    #[test]
+    fn malformed_and_truncated_html() {
+        let body = "<table><tr><th>IP<th>Port<tr><td>1.2.3.4<td>80<tr><td>5.6.7.8<td>81</tr>\
+            <tr><td>9.9.9.9</td><td>8";
+        assert_eq!(
+            urls(body),
+            ["http://1.2.3.4:80", "http://5.6.7.8:81", "http://9.9.9.9:8"]
+        );
+        for cut in 0..FREE_PROXY_LIST.len() {
+            if FREE_PROXY_LIST.is_char_boundary(cut) {
+                let _ = urls(&FREE_PROXY_LIST[..cut]);
+            }
+        }
+        assert!(urls("<<<table>>></tr></td><th>").is_empty());
+    }
+
+    #[test]
+    fn replacement_characters_and_blanks_in_cells() {
+        let body = "<table><tr><th>IP\u{a0} Address</th><th>Port</th><th>Code</th></tr>\
+            <tr><td> 1.2.3.4\n</td><td>\t80 </td><td>\u{FFFD}\u{FFFD}</td></tr>\
+            <tr><td>1.2.3.\u{FFFD}</td><td>80</td><td>US</td></tr></table>";
+        let out = run(body, &HtmlOptions::default(), HTTP);
+        assert_eq!(out.len(), 1);
+        assert_eq!(out.items()[0].hints.country, None);
+    }
+
+    #[test]
+    fn duplicates_and_the_limit() {
+        let mut body = String::from("<table><tr><th>IP</th><th>Port</th></tr>");
+        for i in 1..=10 {
+            body.push_str(&format!("<tr><td>1.1.1.{i}</td><td>80</td></tr>"));
+            body.push_str(&format!("<tr><td>1.1.1.{i}</td><td>80</td></tr>"));
+        }
+        assert_eq!(urls(&body).len(), 10);
+        let mut out = Candidates::new(3);
+        parse(&body, &HtmlOptions::default(), HTTP, &mut out);
+        assert_eq!(out.len(), 3);
+        assert!(out.truncated());
+    }
 }

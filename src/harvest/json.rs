@@ -1,7 +1,11 @@
 //! The `json` format: a list of items with configurable paths to the item
 //! list and to each field; the defaults handle the common shapes.
 
-use super::{Candidates, SourceScheme};
+use serde_json::Value;
+
+use super::text::{Token, first_token, scan};
+use super::{Candidates, Hints, SourceScheme, parse_https_word, protocol_words, push_schemes};
+use crate::proxy::{Anonymity, Country, Scheme, parse_host, parse_port};
 
 /// Paths into the document. A path starting with `/` is a JSON pointer;
 /// otherwise it is a key, with `.` separating nested keys.
@@ -41,6 +45,479 @@ pub fn parse(
     default: SourceScheme,
     out: &mut Candidates,
 ) -> Result<(), JsonError> {
-    let _ = (body, opts, default, out);
-    todo!("json parser")
+    let root: Value = serde_json::from_str(body)?;
+    for item in items(&root, opts.items.as_deref())? {
+        if !read_item(item, opts, default, out) {
+            break;
+        }
+    }
+    Ok(())
+}
+
+/// Field names tried in order when no path is configured; the first that
+/// holds a usable value wins. Dotted names reach into nested objects
+/// (proxifly's `geolocation`, proxyscrape's `ip_data`).
+const IP_KEYS: &[&str] = &["ip", "host", "address", "ipAddress", "ip_address", "addr"];
+const PORT_KEYS: &[&str] = &["port"];
+const COUNTRY_KEYS: &[&str] = &[
+    "country",
+    "country_code",
+    "countryCode",
+    "code",
+    "geolocation.country",
+    "geolocation.countryCode",
+    "ip_data.countryCode",
+];
+const PROTOCOL_KEYS: &[&str] = &["protocols", "protocol", "type", "types", "scheme"];
+const ANONYMITY_KEYS: &[&str] = &["anonymity", "anonymityLevel", "anonymity_level", "level"];
+const HTTPS_KEYS: &[&str] = &["https", "ssl", "supportsHttps"];
+/// Where APIs that publish whole URLs put them (proxifly: `"proxy"`).
+const URL_KEYS: &[&str] = &["proxy", "url"];
+/// Top-level keys that name the item list in APIs we know, tried before
+/// any other array: serde_json keeps object keys sorted, not in document
+/// order, so "the first array" alone would depend on spelling.
+const ITEMS_KEYS: &[&str] = &["data", "proxies", "list", "results", "items", "proxy_list"];
+
+/// The item array: at the configured path, or found in the common shapes.
+fn items<'a>(root: &'a Value, path: Option<&str>) -> Result<&'a [Value], JsonError> {
+    if let Some(path) = path {
+        return match lookup(root, path) {
+            Some(Value::Array(items)) => Ok(items),
+            Some(other) => Err(JsonError::NoItems(format!(
+                "items path {path:?} holds {}, not an array",
+                kind(other)
+            ))),
+            None => Err(JsonError::NoItems(format!(
+                "items path {path:?} is not in the document"
+            ))),
+        };
+    }
+    match root {
+        Value::Array(items) => Ok(items),
+        Value::Object(map) => ITEMS_KEYS
+            .iter()
+            .find_map(|k| map.get(*k).and_then(Value::as_array))
+            .or_else(|| map.values().find_map(Value::as_array))
+            .map(Vec::as_slice)
+            .ok_or_else(|| {
+                JsonError::NoItems(
+                    "no array of items at the top level of the document; \
+                     set the source's items path"
+                        .to_owned(),
+                )
+            }),
+        other => Err(JsonError::NoItems(format!(
+            "the document is {}, not an array or an object holding one",
+            kind(other)
+        ))),
+    }
+}
+
+fn kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// Follows a JSON pointer (`/data/0/ip`) or a dotted key path (`geo.cc`;
+/// numeric parts index arrays).
+fn lookup<'a>(v: &'a Value, path: &str) -> Option<&'a Value> {
+    if path.starts_with('/') {
+        return v.pointer(path);
+    }
+    path.split('.').try_fold(v, |v, key| match v {
+        Value::Object(map) => map.get(key),
+        Value::Array(items) => items.get(key.parse::<usize>().ok()?),
+        _ => None,
+    })
+}
+
+/// The first usable value: at the configured path, or under the first
+/// default key that yields one.
+fn field<'a, T>(
+    item: &'a Value,
+    path: &Option<String>,
+    defaults: &[&str],
+    read: impl Fn(&'a Value) -> Option<T>,
+) -> Option<T> {
+    match path {
+        Some(path) => lookup(item, path).and_then(read),
+        None => defaults
+            .iter()
+            .find_map(|k| lookup(item, k).and_then(&read)),
+    }
+}
+
+fn port_of(v: &Value) -> Option<u16> {
+    match v {
+        Value::Number(n) => n
+            .as_u64()
+            .filter(|p| (1..=65535).contains(p))
+            .map(|p| p as u16),
+        Value::String(s) => parse_port(s),
+        _ => None,
+    }
+}
+
+fn https_of(v: &Value) -> Option<bool> {
+    match v {
+        Value::Bool(b) => Some(*b),
+        Value::String(s) => parse_https_word(s),
+        Value::Number(n) => match n.as_u64() {
+            Some(1) => Some(true),
+            Some(0) => Some(false),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// The schemes a protocol field names, and whether it said HTTPS; `None`
+/// when it names none we know.
+fn protocols_of(v: &Value) -> Option<(Vec<Scheme>, bool)> {
+    let (schemes, https) = match v {
+        Value::String(s) => protocol_words(s),
+        Value::Array(list) => {
+            let mut schemes = Vec::new();
+            let mut https = false;
+            for (found, said_https) in list.iter().filter_map(Value::as_str).map(protocol_words) {
+                https |= said_https;
+                for s in found {
+                    if !schemes.contains(&s) {
+                        schemes.push(s);
+                    }
+                }
+            }
+            (schemes, https)
+        }
+        _ => return None,
+    };
+    (!schemes.is_empty()).then_some((schemes, https))
+}
+
+/// The address of an object item: `ip` and `port` fields, or an `ip` field
+/// holding `host:port`, or a URL field.
+fn address(item: &Value, opts: &JsonOptions) -> Option<Token> {
+    let ip = field(item, &opts.ip, IP_KEYS, Value::as_str);
+    if let Some(ip) = ip {
+        if let Some(host) = parse_host(ip) {
+            if let Some(port) = field(item, &opts.port, PORT_KEYS, port_of) {
+                return Some(Token {
+                    host,
+                    port,
+                    auth: None,
+                    scheme: None,
+                    https: false,
+                });
+            }
+        } else if let Some(token) = first_token(ip) {
+            return Some(token);
+        }
+    }
+    if opts.ip.is_some() {
+        return None;
+    }
+    URL_KEYS
+        .iter()
+        .find_map(|k| item.get(*k).and_then(Value::as_str).and_then(first_token))
+}
+
+/// Pushes the candidates of one item; returns `false` once `out` is full.
+/// Items that are not usable are skipped: one bad entry must not cost the
+/// whole source.
+fn read_item(
+    item: &Value,
+    opts: &JsonOptions,
+    default: SourceScheme,
+    out: &mut Candidates,
+) -> bool {
+    match item {
+        Value::String(s) => {
+            let mut open = true;
+            scan(s, |t| {
+                open = out.push(t.into_candidate(default, Hints::default()));
+                open
+            });
+            open
+        }
+        Value::Object(_) => {
+            let Some(token) = address(item, opts) else {
+                return true;
+            };
+            let (schemes, says_https) = match token.scheme {
+                Some(_) => (Vec::new(), false),
+                None => {
+                    field(item, &opts.protocols, PROTOCOL_KEYS, protocols_of).unwrap_or_default()
+                }
+            };
+            let hints = Hints {
+                country: field(item, &opts.country, COUNTRY_KEYS, |v| {
+                    v.as_str().and_then(Country::parse)
+                }),
+                anonymity: field(item, &opts.anonymity, ANONYMITY_KEYS, |v| {
+                    v.as_str().and_then(Anonymity::from_loose)
+                }),
+                https: field(item, &opts.https, HTTPS_KEYS, https_of)
+                    .or(says_https.then_some(true)),
+            };
+            push_schemes(token, &schemes, default, hints, out)
+        }
+        _ => true,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HTTP: SourceScheme = SourceScheme::Fixed(Scheme::Http);
+
+    fn run(body: &str, opts: &JsonOptions) -> Result<Candidates, JsonError> {
+        let mut out = Candidates::new(1000);
+        parse(body, opts, HTTP, &mut out)?;
+        Ok(out)
+    }
+
+    fn urls(body: &str) -> Vec<String> {
+        urls_with(body, &JsonOptions::default())
+    }
+
+    fn urls_with(body: &str, opts: &JsonOptions) -> Vec<String> {
+        run(body, opts)
+            .unwrap()
+            .items()
+            .iter()
+            .map(|c| c.proxy.to_string())
+            .collect()
+    }
+
+    #[test]
+    fn geonode() {
+        let body = r#"{"data":[
+            {"_id":"x","ip":"1.2.3.4","port":"8080","protocols":["socks4","socks5"],
+             "country":"US","anonymityLevel":"elite","speed":1},
+            {"ip":"5.6.7.8","port":"3128","protocols":["http","https"],"country":"de",
+             "anonymityLevel":"transparent"},
+            {"ip":"999.1.1.1","port":"80","protocols":["http"]},
+            {"ip":"9.9.9.9","port":"0","protocols":["http"]}
+            ],"total":4,"page":1,"limit":500}"#;
+        let out = run(body, &JsonOptions::default()).unwrap();
+        let got: Vec<_> = out.items().iter().map(|c| c.proxy.to_string()).collect();
+        assert_eq!(
+            got,
+            [
+                "socks4://1.2.3.4:8080",
+                "socks5://1.2.3.4:8080",
+                "http://5.6.7.8:3128"
+            ]
+        );
+        let first = &out.items()[0].hints;
+        assert_eq!(first.country, Country::parse("US"));
+        assert_eq!(first.anonymity, Some(Anonymity::Elite));
+        assert_eq!(first.https, None);
+        let third = &out.items()[2].hints;
+        assert_eq!(third.https, Some(true));
+        assert_eq!(third.country, Country::parse("DE"));
+        assert_eq!(third.anonymity, Some(Anonymity::Transparent));
+    }
+
+    #[test]
+    fn proxifly() {
+        let body = r#"[{"proxy":"socks5://1.2.3.4:1080","protocol":"socks5","ip":"1.2.3.4",
+            "port":1080,"https":false,"anonymity":"elite","score":1,
+            "geolocation":{"country":"BR","city":"Unknown"}},
+            {"proxy":"http://5.6.7.8:80","protocol":"http","https":true,
+            "geolocation":{"country":"ZZZ"}}]"#;
+        let out = run(body, &JsonOptions::default()).unwrap();
+        let got: Vec<_> = out.items().iter().map(|c| c.proxy.to_string()).collect();
+        assert_eq!(got, ["socks5://1.2.3.4:1080", "http://5.6.7.8:80"]);
+        assert_eq!(out.items()[0].hints.country, Country::parse("BR"));
+        assert_eq!(out.items()[0].hints.https, Some(false));
+        assert_eq!(out.items()[1].hints.country, None);
+        assert_eq!(out.items()[1].hints.https, Some(true));
+    }
+
+    #[test]
+    fn proxyscrape_v4() {
+        let body = r#"{"shown_records":1,"total_records":1,"proxies":[{"alive":true,
+            "ip":"1.2.3.4","port":8080,"protocol":"http","ssl":true,"anonymity":"anonymous",
+            "ip_data":{"countryCode":"NL"},"proxy":"http://1.2.3.4:8080"}]}"#;
+        let out = run(body, &JsonOptions::default()).unwrap();
+        assert_eq!(out.len(), 1);
+        let c = &out.items()[0];
+        assert_eq!(c.proxy.to_string(), "http://1.2.3.4:8080");
+        assert_eq!(
+            c.hints,
+            Hints {
+                country: Country::parse("NL"),
+                anonymity: Some(Anonymity::Anonymous),
+                https: Some(true),
+            }
+        );
+    }
+
+    #[test]
+    fn string_items_and_host_port_in_ip() {
+        assert_eq!(
+            urls(r#"["1.2.3.4:8080", "socks5://u:p@5.6.7.8:1080", "nonsense", 7, null]"#),
+            ["http://1.2.3.4:8080", "socks5://u:p@5.6.7.8:1080"]
+        );
+        assert_eq!(
+            urls(
+                r#"{"list":[{"ip":"1.2.3.4:8080"},{"addr":"https://5.6.7.8:443","type":"socks4"}]}"#
+            ),
+            ["http://1.2.3.4:8080", "http://5.6.7.8:443"]
+        );
+    }
+
+    #[test]
+    fn default_fields_and_protocol_strings() {
+        let body = r#"{"results":[
+            {"host":"1.1.1.1","port":1,"type":"http,socks5"},
+            {"ipAddress":"2.2.2.2","port":"2","scheme":"SOCKS4"},
+            {"ip_address":"3.3.3.3","port":3,"protocol":"ftp"},
+            {"address":"4.4.4.4","port":4.5},
+            {"ip":"5.5.5.5"},
+            {"ip":"6.6.6.6","port":70000}
+            ]}"#;
+        assert_eq!(
+            urls(body),
+            [
+                "http://1.1.1.1:1",
+                "socks5://1.1.1.1:1",
+                "socks4://2.2.2.2:2",
+                // An unknown protocol falls back to the source default.
+                "http://3.3.3.3:3",
+            ]
+        );
+    }
+
+    #[test]
+    fn country_only_from_codes() {
+        let body = r#"[{"ip":"1.1.1.1","port":1,"country":"Germany","country_code":"de"},
+            {"ip":"2.2.2.2","port":2,"countryCode":"fr","code":"xx"},
+            {"ip":"3.3.3.3","port":3,"country":"Unknown"}]"#;
+        let out = run(body, &JsonOptions::default()).unwrap();
+        let got: Vec<_> = out.items().iter().map(|c| c.hints.country).collect();
+        assert_eq!(got, [Country::parse("DE"), Country::parse("FR"), None]);
+    }
+
+    #[test]
+    fn https_spellings() {
+        let body = r#"[{"ip":"1.1.1.1","port":1,"https":"yes"},
+            {"ip":"2.2.2.2","port":2,"ssl":0},{"ip":"3.3.3.3","port":3,"supportsHttps":true},
+            {"ip":"4.4.4.4","port":4,"https":"maybe"}]"#;
+        let out = run(body, &JsonOptions::default()).unwrap();
+        let got: Vec<_> = out.items().iter().map(|c| c.hints.https).collect();
+        assert_eq!(got, [Some(true), Some(false), Some(true), None]);
+    }
+
+    #[test]
+    fn configured_paths() {
+        let body = r#"{"result":{"nodes":[{"addr":{"v4":"1.2.3.4"},"p":[0,8080],
+            "geo":{"cc":"jp"},"kind":["socks5"],"anon":"L1","tls":"+"}]}}"#;
+        let opts = JsonOptions {
+            items: Some("result.nodes".into()),
+            ip: Some("/addr/v4".into()),
+            port: Some("p.1".into()),
+            country: Some("geo.cc".into()),
+            protocols: Some("kind".into()),
+            anonymity: Some("anon".into()),
+            https: Some("/tls".into()),
+        };
+        let out = run(body, &opts).unwrap();
+        assert_eq!(out.len(), 1);
+        let c = &out.items()[0];
+        assert_eq!(c.proxy.to_string(), "socks5://1.2.3.4:8080");
+        assert_eq!(
+            c.hints,
+            Hints {
+                country: Country::parse("JP"),
+                anonymity: Some(Anonymity::Elite),
+                https: Some(true),
+            }
+        );
+        let pointer = JsonOptions {
+            items: Some("/result/nodes".into()),
+            ..opts
+        };
+        assert_eq!(run(body, &pointer).unwrap().len(), 1);
+        // A configured ip path is the only place looked at.
+        let wrong = JsonOptions {
+            ip: Some("ip".into()),
+            ..pointer
+        };
+        assert_eq!(run(body, &wrong).unwrap().len(), 0);
+    }
+
+    #[test]
+    fn item_discovery() {
+        // Not `data`, but the only array.
+        assert_eq!(
+            urls(r#"{"count":1,"zzz":["1.2.3.4:80"],"meta":{}}"#),
+            ["http://1.2.3.4:80"]
+        );
+        // Known names win over arrays that merely sort first.
+        assert_eq!(
+            urls(r#"{"errors":[],"proxies":["1.2.3.4:80"]}"#),
+            ["http://1.2.3.4:80"]
+        );
+        assert!(urls("[]").is_empty());
+    }
+
+    #[test]
+    fn errors() {
+        let opts = JsonOptions::default();
+        assert!(matches!(run("{not json", &opts), Err(JsonError::Syntax(_))));
+        assert!(matches!(run("", &opts), Err(JsonError::Syntax(_))));
+        assert!(matches!(
+            run(r#"{"data":[1,2"#, &opts),
+            Err(JsonError::Syntax(_))
+        ));
+        for body in [r#"{"total":0}"#, "42", r#""1.2.3.4:80""#, "null"] {
+            match run(body, &opts) {
+                Err(JsonError::NoItems(msg)) => assert!(!msg.is_empty(), "{body}"),
+                other => panic!("{body}: {other:?}"),
+            }
+        }
+        let at = |p: &str| JsonOptions {
+            items: Some(p.into()),
+            ..JsonOptions::default()
+        };
+        let err = run(r#"{"data":{"x":1}}"#, &at("data")).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            r#"items path "data" holds an object, not an array"#
+        );
+        let err = run(r#"{"data":[]}"#, &at("/nope")).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            r#"items path "/nope" is not in the document"#
+        );
+    }
+
+    #[test]
+    fn duplicates_and_the_limit() {
+        let body = r#"[{"ip":"1.1.1.1","port":1},{"ip":"1.1.1.1","port":"1"},
+            "1.1.1.1:1",{"ip":"2.2.2.2","port":2,"protocols":["http","socks5"]},
+            {"ip":"3.3.3.3","port":3}]"#;
+        assert_eq!(urls(body).len(), 4);
+        let mut out = Candidates::new(2);
+        parse(body, &JsonOptions::default(), HTTP, &mut out).unwrap();
+        assert_eq!(out.len(), 2);
+        assert!(out.truncated());
+    }
+
+    #[test]
+    fn replacement_characters() {
+        assert_eq!(
+            urls("[\"\u{FFFD}1.2.3.4:80\u{FFFD}\", {\"ip\":\"\u{FFFD}\",\"port\":1}]"),
+            ["http://1.2.3.4:80"]
+        );
+    }
 }
