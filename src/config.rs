@@ -605,6 +605,20 @@ fn parse_location(u: &str) -> Result<SourceLocation, String> {
     }
 }
 
+/// A byte count the way config files write it: `10 MiB`, `512 KiB`, `100 B`.
+pub fn size_text(bytes: u64) -> String {
+    const KIB: u64 = 1024;
+    const MIB: u64 = 1024 * 1024;
+    const GIB: u64 = 1024 * 1024 * 1024;
+    match bytes {
+        0 => "0 B".into(),
+        b if b % GIB == 0 => format!("{} GiB", b / GIB),
+        b if b % MIB == 0 => format!("{} MiB", b / MIB),
+        b if b % KIB == 0 => format!("{} KiB", b / KIB),
+        b => format!("{b} B"),
+    }
+}
+
 fn type_name(v: &Value) -> &'static str {
     v.type_str()
 }
@@ -739,9 +753,9 @@ impl Section {
                     k,
                     &format!(
                         "must be between {} and {}, found {}",
-                        bytesize::ByteSize(min).display().iec(),
-                        bytesize::ByteSize(max).display().iec(),
-                        bytesize::ByteSize(b).display().iec()
+                        size_text(min),
+                        size_text(max),
+                        size_text(b)
                     ),
                 );
                 None

@@ -182,6 +182,14 @@ pub fn write_file(records: &[ProxyRecord], format: Format, path: &Path) -> io::R
         .prefix(".proxywarden-export")
         .tempfile_in(dir)?;
     write(records, format, tmp.as_file_mut())?;
+    // Temporary files are created private; an exported list is not secret
+    // beyond what the directory allows, so give it the usual file mode.
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        tmp.as_file()
+            .set_permissions(std::fs::Permissions::from_mode(0o644))?;
+    }
     tmp.as_file().sync_all()?;
     tmp.persist(path).map_err(|e| e.error)?;
     Ok(())

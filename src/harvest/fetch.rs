@@ -231,10 +231,7 @@ impl Fetcher {
     }
 
     fn limit_text(&self) -> String {
-        bytesize::ByteSize(self.max_body)
-            .display()
-            .iec()
-            .to_string()
+        crate::config::size_text(self.max_body)
     }
 }
 

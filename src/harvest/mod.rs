@@ -12,8 +12,6 @@ mod run;
 pub use run::{HarvestError, HarvestReport, SourceReport, harvest_all};
 
 use std::collections::HashSet;
-use std::collections::hash_map::RandomState;
-use std::hash::{BuildHasher, Hasher};
 use std::net::IpAddr;
 
 use crate::proxy::{Anonymity, Country, Credentials, Proxy, Scheme};
@@ -118,8 +116,10 @@ pub struct Candidates {
     /// Identities of IPv4 candidates without credentials (nearly all of
     /// them), packed into a `u64`. On multi-megabyte lists this set, not the
     /// scanning, bounds parser throughput: packed keys make its table a
-    /// sixth of the size of one holding `(Scheme, IpAddr, u16, String)`.
-    packed: HashSet<u64, FoldState>,
+    /// sixth of the size of one holding `(Scheme, IpAddr, u16, String)`, and
+    /// foldhash (randomly seeded per set, so a source cannot choose
+    /// colliding entries) costs a fraction of SipHash.
+    packed: HashSet<u64, foldhash::fast::RandomState>,
     /// Every other identity: IPv6 hosts and candidates with a username.
     other: HashSet<(Scheme, IpAddr, u16, String)>,
     limit: usize,
@@ -131,7 +131,7 @@ impl Candidates {
     pub fn new(limit: usize) -> Candidates {
         Candidates {
             items: Vec::new(),
-            packed: HashSet::with_hasher(FoldState::new()),
+            packed: HashSet::with_hasher(foldhash::fast::RandomState::default()),
             other: HashSet::new(),
             limit,
             truncated: false,
@@ -253,53 +253,6 @@ fn push_schemes(
         }
     }
     true
-}
-
-/// A keyed multiply-fold hash for packed identities, roughly what ahash and
-/// foldhash do for one integer. SipHash costs more than the rest of the text
-/// parser; the random per-set seed still keeps a source from choosing
-/// entries that collide.
-#[derive(Clone, Debug)]
-struct FoldState {
-    seed: u64,
-}
-
-impl FoldState {
-    fn new() -> FoldState {
-        FoldState {
-            seed: RandomState::new().hash_one(0x243f_6a88_85a3_08d3_u64),
-        }
-    }
-}
-
-impl BuildHasher for FoldState {
-    type Hasher = FoldHasher;
-
-    fn build_hasher(&self) -> FoldHasher {
-        FoldHasher { state: self.seed }
-    }
-}
-
-struct FoldHasher {
-    state: u64,
-}
-
-impl Hasher for FoldHasher {
-    fn finish(&self) -> u64 {
-        self.state
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        // Only `write_u64` is used by the packed set; stay correct anyway.
-        for &b in bytes {
-            self.write_u64(u64::from(b));
-        }
-    }
-
-    fn write_u64(&mut self, n: u64) {
-        let m = u128::from(n ^ self.state) * u128::from(0x5851_f42d_4c95_7f2d_u64);
-        self.state = (m as u64) ^ ((m >> 64) as u64);
-    }
 }
 
 #[cfg(test)]

@@ -151,18 +151,16 @@ async fn harvest_source(
         };
         http_status = status;
         let before = candidates.len();
-        let parsed = parse_off_runtime(src.format.clone(), src.scheme, body, candidates).await;
-        candidates = match parsed {
-            Ok(c) => c,
-            Err((c, e)) => {
-                error = Some(if page_count > 1 {
-                    format!("page {page}: {e}")
-                } else {
-                    e
-                });
-                c
-            }
-        };
+        let (parsed, parse_error) =
+            parse_off_runtime(src.format.clone(), src.scheme, body, candidates).await;
+        candidates = parsed;
+        if let Some(e) = parse_error {
+            error = Some(if page_count > 1 {
+                format!("page {page}: {e}")
+            } else {
+                e
+            });
+        }
         if error.is_some() || candidates.truncated() {
             break;
         }
@@ -220,39 +218,37 @@ async fn harvest_source(
 }
 
 /// Parsing a 10 MiB body is CPU work; it runs on the blocking pool so the
-/// runtime keeps serving other sources.
+/// runtime keeps serving other sources. Returns what was parsed and the
+/// parse error, if any (candidates found before an error are kept).
 async fn parse_off_runtime(
     format: SourceFormat,
     scheme: super::SourceScheme,
     body: String,
     mut out: Candidates,
-) -> Result<Candidates, (Candidates, String)> {
+) -> (Candidates, Option<String>) {
     let joined = tokio::task::spawn_blocking(move || {
-        let result = match &format {
+        let error = match &format {
             SourceFormat::Text => {
                 text::parse(&body, scheme, &mut out);
-                Ok(())
+                None
             }
             SourceFormat::Html(opts) => {
                 html::parse(&body, opts, scheme, &mut out);
-                Ok(())
+                None
             }
-            SourceFormat::Json(opts) => {
-                json::parse(&body, opts, scheme, &mut out).map_err(|e| e.to_string())
-            }
+            SourceFormat::Json(opts) => json::parse(&body, opts, scheme, &mut out)
+                .err()
+                .map(|e| e.to_string()),
         };
-        match result {
-            Ok(()) => Ok(out),
-            Err(e) => Err((out, e)),
-        }
+        (out, error)
     })
     .await;
     match joined {
         Ok(r) => r,
         // A parser panic is a bug, but it must not take the harvest down.
-        Err(e) => Err((
+        Err(e) => (
             Candidates::new(0),
-            format!("parser failed unexpectedly: {e}"),
-        )),
+            Some(format!("parser failed unexpectedly: {e}")),
+        ),
     }
 }
