@@ -35,6 +35,10 @@ pub struct Cli {
 pub enum Command {
     /// Fetch every enabled source once and store what they list.
     Harvest(HarvestArgs),
+    /// Check the due proxies once (or all of them) against the judges.
+    Check(CheckArgs),
+    /// Delete proxies dead for longer than check.purge_after that no source lists any more.
+    Purge,
     /// Counts by status, scheme, country and source.
     Stats(StatsArgs),
     /// Write the stored proxies as txt, json or csv.
@@ -50,6 +54,34 @@ pub struct HarvestArgs {
     /// Only these sources (by name; repeatable).
     #[arg(long = "source", value_name = "NAME")]
     pub sources: Vec<String>,
+}
+
+/// `check` options; each overrides its `[check]` key.
+#[derive(Debug, Args)]
+pub struct CheckArgs {
+    /// Check every stored proxy, not only the due ones.
+    #[arg(long)]
+    pub all: bool,
+    /// Checks in flight (check.concurrency).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub concurrency: Option<u32>,
+    /// Total time per check, e.g. 4s (check.timeout).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub timeout: Option<std::time::Duration>,
+    /// Time to connect to a proxy, e.g. 2s (check.connect_timeout).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub connect_timeout: Option<std::time::Duration>,
+    /// Skip the CONNECT + TLS test (check.https = false).
+    #[arg(long)]
+    pub no_https: bool,
+}
+
+fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+    match humantime::parse_duration(s) {
+        Ok(d) if !d.is_zero() => Ok(d),
+        Ok(_) => Err("must be longer than zero".into()),
+        Err(e) => Err(format!("expected a duration like 4s or 500ms ({e})")),
+    }
 }
 
 /// `stats` options.
@@ -154,6 +186,14 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 Ok(ExitCode::from(1))
             }
         }
+        Command::Check(args) => check(cli.config.as_deref(), args).await,
+        Command::Purge => {
+            let (config, _) = load(cli.config.as_deref())?;
+            let store = open_store(&config)?;
+            let purged = store.purge(crate::store::now_ms(), config.check.purge_after)?;
+            println!("purged {purged} proxies");
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Stats(args) => {
             let (config, _) = load(cli.config.as_deref())?;
             let store = open_store(&config)?;
@@ -193,6 +233,149 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+/// `proxywarden check`: one round with a progress display, Ctrl-C stopping
+/// it gracefully (exit status 130 after committing what was checked).
+async fn check(config_path: Option<&Path>, args: CheckArgs) -> anyhow::Result<ExitCode> {
+    use std::io::IsTerminal;
+    use std::sync::Arc;
+
+    use crate::check::{self, CheckOptions, Checker, RoundProgress};
+    use crate::store::RecheckPolicy;
+
+    let (config, _) = load(config_path)?;
+    let store = open_store(&config)?;
+    let mut opts = CheckOptions::from_config(&config.check);
+    opts.all = args.all;
+    if let Some(c) = args.concurrency {
+        opts.concurrency = c as usize;
+    }
+    if let Some(t) = args.timeout {
+        opts.timeout = t;
+    }
+    if let Some(t) = args.connect_timeout {
+        opts.connect_timeout = t;
+    }
+    if opts.connect_timeout > opts.timeout {
+        bail!("--connect-timeout must not be longer than --timeout");
+    }
+    opts.https &= !args.no_https;
+    opts.concurrency = check::clamp_concurrency(opts.concurrency);
+
+    let geoip = check::open_geoip(&config)?;
+    let checker = Arc::new(Checker::prepare(&config, &opts, geoip).await?);
+    let cancel = tokio_util::sync::CancellationToken::new();
+    {
+        let cancel = cancel.clone();
+        tokio::spawn(async move {
+            if tokio::signal::ctrl_c().await.is_ok() {
+                eprintln!("\ninterrupted: finishing the checks in flight…");
+                cancel.cancel();
+            }
+        });
+    }
+    let progress = Arc::new(RoundProgress::default());
+    let display = {
+        let progress = progress.clone();
+        let terminal = std::io::stderr().is_terminal();
+        tokio::spawn(async move { show_progress(&progress, terminal).await })
+    };
+    let result = check::check_round(
+        checker,
+        &store,
+        &opts,
+        RecheckPolicy::from_config(&config.check),
+        &cancel,
+        progress.clone(),
+    )
+    .await;
+    display.abort();
+    let _ = display.await;
+    if std::io::stderr().is_terminal() {
+        // Clear the progress line.
+        eprint!("\r\x1b[2K");
+    }
+    let summary = result?;
+    print_check_summary(&summary, &mut std::io::stdout().lock())?;
+    Ok(if summary.interrupted {
+        ExitCode::from(130)
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+/// A progress bar on a terminal; otherwise a log line every few seconds.
+async fn show_progress(progress: &crate::check::RoundProgress, terminal: bool) {
+    use std::sync::atomic::Ordering;
+    let started = std::time::Instant::now();
+    let bar = terminal.then(|| {
+        let bar = indicatif::ProgressBar::new(0);
+        bar.set_style(
+            indicatif::ProgressStyle::with_template(
+                "{bar:30} {pos}/{len} checked, {msg}, {per_sec}, ETA {eta}",
+            )
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        bar
+    });
+    let every = if terminal {
+        std::time::Duration::from_millis(200)
+    } else {
+        std::time::Duration::from_secs(5)
+    };
+    let mut tick = tokio::time::interval(every);
+    tick.tick().await;
+    loop {
+        tick.tick().await;
+        let total = progress.total.load(Ordering::Relaxed);
+        let done = progress.done.load(Ordering::Relaxed);
+        let alive = progress.alive.load(Ordering::Relaxed);
+        match &bar {
+            Some(bar) => {
+                bar.set_length(total);
+                bar.set_position(done);
+                bar.set_message(format!("{alive} alive"));
+            }
+            None => {
+                let rate = done as f64 / started.elapsed().as_secs_f64().max(0.001);
+                eprintln!("checked {done}/{total}, {alive} alive, {rate:.0}/s");
+            }
+        }
+    }
+}
+
+/// The end-of-round summary.
+pub fn print_check_summary(
+    s: &crate::check::RoundSummary,
+    out: &mut impl Write,
+) -> std::io::Result<()> {
+    writeln!(
+        out,
+        "checked {} proxies in {:.1}s{}: {} alive, {} dead, {} alive with HTTPS",
+        s.checked,
+        s.elapsed.as_secs_f64(),
+        if s.interrupted { " (interrupted)" } else { "" },
+        s.alive,
+        s.dead,
+        s.https
+    )?;
+    if !s.by_anonymity.is_empty() {
+        let parts: Vec<String> = s
+            .by_anonymity
+            .iter()
+            .rev()
+            .map(|(a, n)| format!("{a} {n}"))
+            .collect();
+        writeln!(out, "alive by anonymity: {}", parts.join(", "))?;
+    }
+    if !s.dead_by_reason.is_empty() {
+        let mut reasons: Vec<(&crate::check::Reason, &u64)> = s.dead_by_reason.iter().collect();
+        reasons.sort_by(|a, b| b.1.cmp(a.1));
+        let parts: Vec<String> = reasons.iter().map(|(r, n)| format!("{r} {n}")).collect();
+        writeln!(out, "dead by reason: {}", parts.join(", "))?;
+    }
+    Ok(())
 }
 
 /// `export | head` closing the pipe early is not an error.

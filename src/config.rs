@@ -147,8 +147,8 @@ impl fmt::Debug for SourceConfig {
 /// `[check]`
 #[derive(Clone, Debug, PartialEq)]
 pub struct CheckConfig {
-    /// Judge URLs, used in rotation.
-    pub judges: Vec<Url>,
+    /// Judges, used in rotation.
+    pub judges: Vec<JudgeConfig>,
     /// Extra PEM roots for private judges.
     pub extra_ca_file: Option<PathBuf>,
     /// Checks in flight.
@@ -167,6 +167,18 @@ pub struct CheckConfig {
     pub recheck_dead_max: Duration,
     /// Dead and unlisted this long → deleted.
     pub purge_after: Duration,
+}
+
+/// One judge: a URL that answers with the request it received.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JudgeConfig {
+    /// The http(s) URL asked through each proxy.
+    pub url: Url,
+    /// Text the judge's answer always contains, if required.
+    pub marker: Option<String>,
+    /// True when the judge echoes the request URL, so that the per-check
+    /// nonce must come back (defeats caches and captive portals).
+    pub echo: bool,
 }
 
 /// `[geoip]`
@@ -373,7 +385,7 @@ fn build(root: &mut Section) -> Option<Config> {
     };
 
     let mut c = root.section("check");
-    let judges = c.url_list("judges").unwrap_or_else(|| {
+    let judges = c.judges("judges").unwrap_or_else(|| {
         [
             "http://httpbin.org/get",
             "https://httpbin.org/get",
@@ -381,6 +393,11 @@ fn build(root: &mut Section) -> Option<Config> {
         ]
         .iter()
         .filter_map(|u| Url::parse(u).ok())
+        .map(|url| JudgeConfig {
+            url,
+            marker: None,
+            echo: true,
+        })
         .collect()
     });
     let check = CheckConfig {
@@ -817,33 +834,56 @@ impl Section {
         }
     }
 
-    fn url_list(&mut self, k: &str) -> Option<Vec<Url>> {
+    /// Judges: each a URL string or `{ url, marker, echo }`.
+    fn judges(&mut self, k: &str) -> Option<Vec<JudgeConfig>> {
         let v = self.take(k)?;
         let Value::Array(items) = v else {
             self.problem(
                 k,
-                &format!("expected an array of URLs, found {}", type_name(&v)),
+                &format!("expected an array of judge URLs, found {}", type_name(&v)),
             );
             return None;
         };
         if items.is_empty() {
-            self.problem(k, "needs at least one URL");
+            self.problem(k, "needs at least one judge");
         }
         let mut out = Vec::new();
         for (i, item) in items.into_iter().enumerate() {
             let key = format!("{k}[{i}]");
-            match item {
-                Value::String(s) => match Url::parse(&s) {
-                    Ok(u) if matches!(u.scheme(), "http" | "https") && u.host().is_some() => {
-                        out.push(u)
+            let (url, marker, echo) = match item {
+                Value::String(s) => (Some(s), None, true),
+                Value::Table(t) => {
+                    let mut j = Section::new(&self.key(&key), t);
+                    let url = j.required_string("url");
+                    let marker = j.string("marker").filter(|m| !m.is_empty());
+                    let echo = j.boolean("echo").unwrap_or(true);
+                    if !echo && marker.is_none() {
+                        j.problem(
+                            "marker",
+                            "is required when echo = false (otherwise any page would pass)",
+                        );
                     }
-                    Ok(_) => self.problem(&key, &format!("expected an http(s) URL, found {s:?}")),
-                    Err(e) => self.problem(&key, &format!("invalid URL {s:?}: {e}")),
-                },
-                other => self.problem(
-                    &key,
-                    &format!("expected a string, found {}", type_name(&other)),
-                ),
+                    self.absorb(j);
+                    (url, marker, echo)
+                }
+                other => {
+                    self.problem(
+                        &key,
+                        &format!(
+                            "expected a URL or {{ url = ..., marker = ... }}, found {}",
+                            type_name(&other)
+                        ),
+                    );
+                    continue;
+                }
+            };
+            let Some(s) = url else { continue };
+            match Url::parse(&s) {
+                Ok(url) if matches!(url.scheme(), "http" | "https") && url.host().is_some() => {
+                    out.push(JudgeConfig { url, marker, echo })
+                }
+                Ok(_) => self.problem(&key, &format!("expected an http(s) URL, found {s:?}")),
+                Err(e) => self.problem(&key, &format!("invalid URL {s:?}: {e}")),
             }
         }
         Some(out)

@@ -10,6 +10,8 @@
 //! - [`tls`]: the one shared rustls client configuration
 //! - [`cli`]: the clap command tree and each command's output
 
+pub mod api;
+pub mod check;
 pub mod cli;
 pub mod config;
 pub mod export;

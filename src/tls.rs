@@ -1,26 +1,55 @@
-//! The one rustls client configuration shared by every TLS connection the
-//! process makes, so its root store is built once.
+//! rustls client configurations, built once and shared: one for fetching
+//! sources (HTTP/2 and HTTP/1.1) and one for every check's TLS to a judge
+//! (HTTP/1.1 only, with any extra roots for private judges).
 
-use std::sync::{Arc, OnceLock};
+use std::path::Path;
+use std::sync::Arc;
 
-/// The shared client configuration: ring as the crypto provider, Mozilla's
+use rustls_pki_types::CertificateDer;
+use rustls_pki_types::pem::PemObject;
+
+/// Builds a client configuration: ring as the crypto provider, Mozilla's
 /// roots from `webpki-roots` (the same on every machine, systemd sandbox
-/// included), HTTP/2 and HTTP/1.1 offered.
-pub fn client_config() -> Arc<rustls::ClientConfig> {
-    static CONFIG: OnceLock<Arc<rustls::ClientConfig>> = OnceLock::new();
-    CONFIG
-        .get_or_init(|| {
-            let roots = rustls::RootCertStore {
-                roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
-            };
-            let provider = Arc::new(rustls::crypto::ring::default_provider());
-            let mut config = rustls::ClientConfig::builder_with_provider(provider)
-                .with_safe_default_protocol_versions()
-                .expect("ring supports the default TLS versions")
-                .with_root_certificates(roots)
-                .with_no_client_auth();
-            config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-            Arc::new(config)
-        })
-        .clone()
+/// included) plus the PEM certificates in `extra_ca`, offering `alpn`.
+pub fn client_config(
+    extra_ca: Option<&Path>,
+    alpn: &[&[u8]],
+) -> Result<Arc<rustls::ClientConfig>, String> {
+    let mut roots = rustls::RootCertStore {
+        roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
+    };
+    if let Some(path) = extra_ca {
+        let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
+            .map_err(|e| format!("cannot read check.extra_ca_file {}: {e}", path.display()))?
+            .collect::<Result<_, _>>()
+            .map_err(|e| format!("invalid PEM in check.extra_ca_file {}: {e}", path.display()))?;
+        if certs.is_empty() {
+            return Err(format!(
+                "check.extra_ca_file {} holds no certificates",
+                path.display()
+            ));
+        }
+        for cert in certs {
+            roots.add(cert).map_err(|e| {
+                format!(
+                    "bad certificate in check.extra_ca_file {}: {e}",
+                    path.display()
+                )
+            })?;
+        }
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("TLS setup failed: {e}"))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    Ok(Arc::new(config))
 }
+
+/// ALPN for source fetching.
+pub const ALPN_H2_H1: &[&[u8]] = &[b"h2", b"http/1.1"];
+
+/// ALPN for probes, which speak HTTP/1.1 only.
+pub const ALPN_H1: &[&[u8]] = &[b"http/1.1"];

@@ -81,7 +81,11 @@ pub struct Fetcher {
 impl Fetcher {
     /// Builds the one client every source fetch uses.
     pub fn new(cfg: &HarvestConfig) -> Result<Fetcher, FetchError> {
-        let tls = crate::tls::client_config();
+        let tls =
+            crate::tls::client_config(None, crate::tls::ALPN_H2_H1).map_err(|e| FetchError {
+                status: None,
+                kind: FetchErrorKind::Client(e),
+            })?;
         let client = reqwest::Client::builder()
             .tls_backend_preconfigured(Arc::unwrap_or_clone(tls))
             .user_agent(cfg.user_agent.clone())

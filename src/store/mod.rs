@@ -2,9 +2,11 @@
 //! lists which proxy. All database access goes through [`Store`]; callers
 //! never see a connection. Writes come in batches, one transaction each.
 
+mod checks;
 mod migrate;
 mod queries;
 
+pub use checks::{CheckRecord, DueProxy, RecheckPolicy};
 pub use queries::{ProxyFilter, ProxyRecord, SourceRecord, SourceRun, Stats, UpsertCounts};
 
 use std::path::{Path, PathBuf};

@@ -246,6 +246,12 @@ impl Store {
             let mut find = tx.prepare_cached(
                 "SELECT id FROM proxies WHERE scheme = ?1 AND host = ?2 AND port = ?3 AND username = ?4",
             )?;
+            // An entry whose scheme is to be detected is the same proxy as
+            // any row at its address, whatever scheme detection gave it.
+            let mut find_any = tx.prepare_cached(
+                "SELECT id FROM proxies WHERE host = ?1 AND port = ?2 AND username = ?3
+                 ORDER BY scheme_detect, id LIMIT 1",
+            )?;
             let mut insert = tx.prepare_cached(
                 "INSERT INTO proxies (scheme, host, port, username, password, scheme_detect,
                      country, country_source, hint_anonymity, hint_https,
@@ -279,12 +285,17 @@ impl Store {
                 let password = p.auth.as_ref().map(|a| a.password.as_str());
                 let country = c.hints.country.map(|c| c.as_str().to_owned());
                 let anonymity = c.hints.anonymity.map(Anonymity::as_str);
-                let id: Option<i64> = find
-                    .query_row(
+                let id: Option<i64> = if c.detect {
+                    find_any
+                        .query_row(params![host, p.port, p.username()], |r| r.get(0))
+                        .optional()?
+                } else {
+                    find.query_row(
                         params![p.scheme.as_str(), host, p.port, p.username()],
                         |r| r.get(0),
                     )
-                    .optional()?;
+                    .optional()?
+                };
                 let id = match id {
                     Some(id) => {
                         update.execute(params![

@@ -1,0 +1,393 @@
+//! Health checks: probe every due proxy through a judge with short
+//! timeouts, decide alive or dead (with a reason from a closed set), measure
+//! latency, classify anonymity, test HTTPS tunnelling, and record the
+//! results in batches.
+
+pub mod geoip;
+pub mod judge;
+pub mod probe;
+mod runner;
+
+pub use runner::{CheckError, CheckOptions, RoundProgress, RoundSummary, check_round};
+
+use std::fmt;
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::config::{Config, JudgeConfig};
+use crate::proxy::{Anonymity, Country, Proxy, Scheme};
+use judge::{Echo, OwnIdentity};
+use probe::{Prober, Route, Target};
+
+/// Why a check failed: a closed set, stored and counted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Reason {
+    /// The proxy's port refused the connection.
+    Refused,
+    /// No connection within the connect timeout.
+    ConnectTimeout,
+    /// Connected, but no complete answer within the total timeout.
+    Timeout,
+    /// The connection was reset or closed mid-exchange.
+    Reset,
+    /// The proxy wants credentials we do not have (407).
+    ProxyAuthRequired,
+    /// A non-2xx answer (or a SOCKS failure reply).
+    BadStatus,
+    /// A 2xx answer that is not the judge's (ads, portals, caches).
+    ContentMismatch,
+    /// Not HTTP or SOCKS as spoken.
+    ProtocolError,
+    /// The TLS handshake through the tunnel failed.
+    TlsError,
+    /// No route to the proxy (network or host unreachable).
+    Unreachable,
+}
+
+impl Reason {
+    /// Every reason, for counters and metrics.
+    pub const ALL: [Reason; 10] = [
+        Reason::Refused,
+        Reason::ConnectTimeout,
+        Reason::Timeout,
+        Reason::Reset,
+        Reason::ProxyAuthRequired,
+        Reason::BadStatus,
+        Reason::ContentMismatch,
+        Reason::ProtocolError,
+        Reason::TlsError,
+        Reason::Unreachable,
+    ];
+
+    /// The stored spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::Refused => "refused",
+            Reason::ConnectTimeout => "connect_timeout",
+            Reason::Timeout => "timeout",
+            Reason::Reset => "reset",
+            Reason::ProxyAuthRequired => "proxy_auth_required",
+            Reason::BadStatus => "bad_status",
+            Reason::ContentMismatch => "content_mismatch",
+            Reason::ProtocolError => "protocol_error",
+            Reason::TlsError => "tls_error",
+            Reason::Unreachable => "unreachable",
+        }
+    }
+
+    /// True when the proxy could not even be reached: trying other
+    /// schemes or a CONNECT on the same address is pointless.
+    fn unreachable(self) -> bool {
+        matches!(
+            self,
+            Reason::Refused | Reason::ConnectTimeout | Reason::Unreachable
+        )
+    }
+}
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What one check found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Outcome {
+    /// `None` when alive, else why not.
+    pub failure: Option<Reason>,
+    /// Latency of the passing request.
+    pub latency: Option<Duration>,
+    /// How anonymous the proxy is (alive only).
+    pub anonymity: Option<Anonymity>,
+    /// Whether HTTPS through the proxy works (`None` when not tested).
+    pub https: Option<bool>,
+    /// The address the judge saw.
+    pub exit_ip: Option<IpAddr>,
+    /// GeoIP country of the exit address (or the proxy's own address).
+    pub country: Option<Country>,
+    /// The scheme found by detection, for `detect` entries.
+    pub detected: Option<Scheme>,
+}
+
+impl Outcome {
+    fn dead(reason: Reason) -> Outcome {
+        Outcome {
+            failure: Some(reason),
+            latency: None,
+            anonymity: None,
+            https: None,
+            exit_ip: None,
+            country: None,
+            detected: None,
+        }
+    }
+
+    /// True when the proxy passed.
+    pub fn alive(&self) -> bool {
+        self.failure.is_none()
+    }
+}
+
+/// A judge ready for a round: its config, resolved address and what it
+/// saw of our own direct request.
+#[derive(Debug)]
+struct ReadyJudge {
+    config: JudgeConfig,
+    target: Target,
+}
+
+/// Everything a round needs, built once: the prober, the judges that
+/// answered directly, our own identity, and the GeoIP database.
+pub struct Checker {
+    prober: Prober,
+    plain: Vec<ReadyJudge>,
+    secure: Vec<ReadyJudge>,
+    own: OwnIdentity,
+    geoip: Option<Arc<geoip::Geoip>>,
+    https: bool,
+    next: AtomicUsize,
+}
+
+impl fmt::Debug for Checker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Checker")
+            .field("plain_judges", &self.plain.len())
+            .field("https_judges", &self.secure.len())
+            .field("own_ips", &self.own.ips)
+            .finish()
+    }
+}
+
+/// A fresh random nonce for one check.
+fn nonce() -> String {
+    format!("{:016x}", rand::random::<u64>())
+}
+
+impl Checker {
+    /// Calls every judge directly to learn our own address and the headers
+    /// a direct request carries. Judges that do not answer genuinely are
+    /// left out of the round; if none answers, the round must not run
+    /// (every proxy would look dead).
+    pub async fn prepare(
+        config: &Config,
+        opts: &CheckOptions,
+        geoip: Option<Arc<geoip::Geoip>>,
+    ) -> Result<Checker, CheckError> {
+        let tls =
+            crate::tls::client_config(config.check.extra_ca_file.as_deref(), crate::tls::ALPN_H1)
+                .map_err(CheckError::Setup)?;
+        let prober = Prober::new(
+            tls,
+            opts.connect_timeout,
+            opts.timeout,
+            &config.harvest.user_agent,
+        );
+        let mut own = OwnIdentity::default();
+        let mut plain = Vec::new();
+        let mut secure = Vec::new();
+        let mut problems = Vec::new();
+        for jc in &config.check.judges {
+            let target = match Target::resolve(&jc.url).await {
+                Ok(t) => t,
+                Err(e) => {
+                    problems.push(format!("{}: {e}", jc.url));
+                    continue;
+                }
+            };
+            let n = nonce();
+            match prober.fetch(Route::Direct, &target, &n).await {
+                Ok(a) if (200..300).contains(&a.status) => {
+                    let body = String::from_utf8_lossy(&a.body);
+                    if judge::genuine(jc, &body, &n) {
+                        own.learn(&Echo::parse(&body));
+                        let ready = ReadyJudge {
+                            config: jc.clone(),
+                            target,
+                        };
+                        if ready.target.tls {
+                            secure.push(ready);
+                        } else {
+                            plain.push(ready);
+                        }
+                    } else {
+                        problems.push(format!("{}: answer lacks the nonce or marker", jc.url));
+                    }
+                }
+                Ok(a) => problems.push(format!("{}: HTTP {}", jc.url, a.status)),
+                Err(r) => problems.push(format!("{}: {r}", jc.url)),
+            }
+        }
+        for p in &problems {
+            tracing::warn!(problem = %p, "judge not usable this round");
+        }
+        if plain.is_empty() && secure.is_empty() {
+            return Err(CheckError::NoJudge(problems));
+        }
+        Ok(Checker {
+            prober,
+            plain,
+            secure,
+            own,
+            geoip,
+            https: opts.https,
+            next: AtomicUsize::new(0),
+        })
+    }
+
+    /// Our own addresses as the judges saw them.
+    pub fn own_ips(&self) -> impl Iterator<Item = &IpAddr> {
+        self.own.ips.iter()
+    }
+
+    /// The next judge of a kind, in rotation.
+    fn pick<'a>(&'a self, judges: &'a [ReadyJudge]) -> Option<&'a ReadyJudge> {
+        if judges.is_empty() {
+            return None;
+        }
+        let i = self.next.fetch_add(1, Ordering::Relaxed);
+        judges.get(i % judges.len())
+    }
+
+    /// One request through `route` to `judge`, judged.
+    async fn ask(&self, route: Route<'_>, judge: &ReadyJudge) -> Result<(Echo, Duration), Reason> {
+        let n = nonce();
+        let answer = self.prober.fetch(route, &judge.target, &n).await?;
+        if !(200..300).contains(&answer.status) {
+            return Err(Reason::BadStatus);
+        }
+        let body = String::from_utf8_lossy(&answer.body);
+        if !judge::genuine(&judge.config, &body, &n) {
+            return Err(Reason::ContentMismatch);
+        }
+        Ok((Echo::parse(&body), answer.latency))
+    }
+
+    /// Checks one proxy; for `detect` entries tries http, socks5, socks4.
+    pub async fn check(&self, proxy: &Proxy, detect: bool) -> Outcome {
+        if !detect {
+            return self.check_as(proxy).await;
+        }
+        let mut first_failure = None;
+        for scheme in Scheme::ALL {
+            let candidate = Proxy {
+                scheme,
+                ..proxy.clone()
+            };
+            let mut out = self.check_as(&candidate).await;
+            match out.failure {
+                None => {
+                    out.detected = Some(scheme);
+                    return out;
+                }
+                Some(r) => {
+                    let first = *first_failure.get_or_insert(r);
+                    if first.unreachable() {
+                        break;
+                    }
+                }
+            }
+        }
+        Outcome::dead(first_failure.unwrap_or(Reason::ProtocolError))
+    }
+
+    /// Checks `proxy` as its scheme says.
+    async fn check_as(&self, proxy: &Proxy) -> Outcome {
+        let plain_judge = self.pick(&self.plain);
+        let secure_judge = self.pick(&self.secure);
+        // The main request: plain HTTP when a plain judge exists (it shows
+        // the headers the proxy adds), else through a tunnel over TLS.
+        let main = match (plain_judge, proxy.scheme) {
+            (Some(j), Scheme::Http) => self.ask(Route::Forward(proxy), j).await,
+            (Some(j), _) => self.ask(Route::Tunnel(proxy), j).await,
+            (None, _) => match secure_judge {
+                Some(j) => self.ask(Route::Tunnel(proxy), j).await,
+                None => Err(Reason::ProtocolError),
+            },
+        };
+        let via_tls_only = plain_judge.is_none();
+        let https_test = |main_failed: Option<Reason>| {
+            // Worth a tunnel when the proxy is reachable and a TLS judge exists.
+            self.https
+                && !via_tls_only
+                && secure_judge.is_some()
+                && main_failed.is_none_or(|r| !r.unreachable())
+        };
+        match main {
+            Ok((echo, latency)) => {
+                let https = if via_tls_only {
+                    Some(true)
+                } else if https_test(None) {
+                    let j = secure_judge.expect("checked above");
+                    Some(self.ask(Route::Tunnel(proxy), j).await.is_ok())
+                } else {
+                    None
+                };
+                self.alive(proxy, &echo, latency, https)
+            }
+            // An HTTP proxy that will not forward may still tunnel: alive
+            // for HTTPS only.
+            Err(reason) if proxy.scheme == Scheme::Http && https_test(Some(reason)) => {
+                let j = secure_judge.expect("checked above");
+                match self.ask(Route::Tunnel(proxy), j).await {
+                    Ok((echo, latency)) => self.alive(proxy, &echo, latency, Some(true)),
+                    Err(_) => Outcome::dead(reason),
+                }
+            }
+            Err(reason) => Outcome::dead(reason),
+        }
+    }
+
+    fn alive(&self, proxy: &Proxy, echo: &Echo, latency: Duration, https: Option<bool>) -> Outcome {
+        let exit_ip = echo.remote;
+        let country = self.geoip.as_ref().and_then(|g| {
+            exit_ip
+                .and_then(|ip| g.country(ip))
+                .or_else(|| g.country(proxy.host))
+        });
+        Outcome {
+            failure: None,
+            latency: Some(latency),
+            anonymity: Some(self.own.classify(echo)),
+            https,
+            exit_ip,
+            country,
+            detected: None,
+        }
+    }
+}
+
+/// Raises the open-file limit as far as allowed and returns the largest
+/// concurrency it supports (each check holds one socket; some descriptors
+/// stay free for the database, listeners and logs).
+pub fn clamp_concurrency(wanted: usize) -> usize {
+    const RESERVED: u64 = 256;
+    let limit = rlimit::increase_nofile_limit(u64::MAX).unwrap_or(1024);
+    let allowed = limit.saturating_sub(RESERVED).max(1) as usize;
+    if wanted > allowed {
+        tracing::warn!(
+            wanted,
+            allowed,
+            open_file_limit = limit,
+            "check concurrency clamped to the open-file limit (raise LimitNOFILE / ulimit -n)"
+        );
+        allowed
+    } else {
+        wanted
+    }
+}
+
+/// Opens the configured GeoIP database, if any.
+pub fn open_geoip(config: &Config) -> Result<Option<Arc<geoip::Geoip>>, CheckError> {
+    match &config.geoip.database {
+        None => Ok(None),
+        Some(path) => geoip::Geoip::open(path)
+            .map(|g| Some(Arc::new(g)))
+            .map_err(CheckError::Setup),
+    }
+}

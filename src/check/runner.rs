@@ -1,0 +1,242 @@
+//! A check round: page through the due proxies, keep at most `concurrency`
+//! checks in flight, and hand results to one writer task that commits them
+//! in batches (every 500 results or every second, whichever comes first).
+//! Cancelling stops new checks; in-flight ones finish within their timeout
+//! and every completed result is committed before the round returns.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use tokio::sync::{Semaphore, mpsc};
+use tokio_util::sync::CancellationToken;
+
+use super::{Checker, Reason};
+use crate::proxy::Anonymity;
+use crate::store::{CheckRecord, RecheckPolicy, Store, StoreError, now_ms};
+
+/// Results per committed batch.
+const BATCH: usize = 500;
+/// Longest a result waits for its batch.
+const FLUSH_EVERY: Duration = Duration::from_secs(1);
+/// Due proxies read per query.
+const PAGE: usize = 1000;
+
+/// How a round runs.
+#[derive(Clone, Debug)]
+pub struct CheckOptions {
+    /// Check every proxy, not only the due ones.
+    pub all: bool,
+    /// Checks in flight.
+    pub concurrency: usize,
+    /// Connect timeout per request.
+    pub connect_timeout: Duration,
+    /// Total timeout per request.
+    pub timeout: Duration,
+    /// Also test CONNECT + TLS.
+    pub https: bool,
+}
+
+impl CheckOptions {
+    /// The options `[check]` configures.
+    pub fn from_config(c: &crate::config::CheckConfig) -> CheckOptions {
+        CheckOptions {
+            all: false,
+            concurrency: c.concurrency,
+            connect_timeout: c.connect_timeout,
+            timeout: c.timeout,
+            https: c.https,
+        }
+    }
+}
+
+/// Live counters of a round, for progress displays.
+#[derive(Debug, Default)]
+pub struct RoundProgress {
+    /// Proxies due when the round started.
+    pub total: AtomicU64,
+    /// Checks finished.
+    pub done: AtomicU64,
+    /// Of those, alive.
+    pub alive: AtomicU64,
+}
+
+/// What a round did.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct RoundSummary {
+    /// Proxies checked (results committed).
+    pub checked: u64,
+    /// Alive.
+    pub alive: u64,
+    /// Dead.
+    pub dead: u64,
+    /// Dead, by reason.
+    pub dead_by_reason: BTreeMap<Reason, u64>,
+    /// Alive and tunnelling HTTPS.
+    pub https: u64,
+    /// Alive, by anonymity.
+    pub by_anonymity: BTreeMap<Anonymity, u64>,
+    /// Wall time.
+    pub elapsed: Duration,
+    /// True when the round was cancelled before checking everything due.
+    pub interrupted: bool,
+}
+
+impl RoundSummary {
+    fn add(&mut self, rec: &CheckRecord) {
+        self.checked += 1;
+        let o = &rec.outcome;
+        match o.failure {
+            None => {
+                self.alive += 1;
+                if o.https == Some(true) {
+                    self.https += 1;
+                }
+                if let Some(a) = o.anonymity {
+                    *self.by_anonymity.entry(a).or_default() += 1;
+                }
+            }
+            Some(r) => {
+                self.dead += 1;
+                *self.dead_by_reason.entry(r).or_default() += 1;
+            }
+        }
+    }
+}
+
+/// Why a round could not run or finish.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckError {
+    /// No judge answered a direct request: checking now would mark every
+    /// proxy dead, so nothing is checked.
+    #[error("no judge answered directly, so no proxy was checked or marked dead: {}", .0.join("; "))]
+    NoJudge(Vec<String>),
+    /// TLS or GeoIP setup failed.
+    #[error("{0}")]
+    Setup(String),
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// Runs one round over the due proxies. Results are committed as they
+/// come; on cancellation the round stops starting checks, waits for the
+/// ones in flight and commits them.
+pub async fn check_round(
+    checker: Arc<Checker>,
+    store: &Store,
+    opts: &CheckOptions,
+    policy: RecheckPolicy,
+    cancel: &CancellationToken,
+    progress: Arc<RoundProgress>,
+) -> Result<RoundSummary, CheckError> {
+    let started = Instant::now();
+    let now = now_ms();
+    let all = opts.all;
+    let total = store.run(move |s| s.count_due(now, all)).await?;
+    progress.total.store(total as u64, Ordering::Relaxed);
+    let concurrency = opts.concurrency.max(1);
+
+    let (tx, rx) = mpsc::channel::<CheckRecord>(concurrency.min(4096) * 2);
+    let writer = tokio::spawn(write_results(store.clone(), rx, policy));
+    let permits = Arc::new(Semaphore::new(concurrency));
+    let mut after = i64::MIN;
+    let mut interrupted = false;
+    'pages: loop {
+        let page = store
+            .run(move |s| s.due_page(now, all, after, PAGE))
+            .await?;
+        let Some(last) = page.last() else { break };
+        after = last.id;
+        for due in page {
+            let permit = tokio::select! {
+                biased;
+                _ = cancel.cancelled() => {
+                    interrupted = true;
+                    break 'pages;
+                }
+                p = permits.clone().acquire_owned() => p.expect("the semaphore is never closed"),
+            };
+            let checker = checker.clone();
+            let tx = tx.clone();
+            let progress = progress.clone();
+            tokio::spawn(async move {
+                let outcome = checker.check(&due.proxy, due.detect).await;
+                if outcome.alive() {
+                    progress.alive.fetch_add(1, Ordering::Relaxed);
+                }
+                progress.done.fetch_add(1, Ordering::Relaxed);
+                let rec = CheckRecord {
+                    id: due.id,
+                    checked_at: now_ms(),
+                    outcome,
+                };
+                // The writer outlives every sender; a send can only fail if
+                // it died, and then the round reports its error.
+                let _ = tx.send(rec).await;
+                drop(permit);
+            });
+        }
+    }
+    drop(tx);
+    // Wait for every check in flight: they hold their permits until sent.
+    let _all = permits
+        .acquire_many(concurrency as u32)
+        .await
+        .expect("the semaphore is never closed");
+    let mut summary = match writer.await {
+        Ok(r) => r?,
+        Err(e) => std::panic::resume_unwind(e.into_panic()),
+    };
+    summary.elapsed = started.elapsed();
+    summary.interrupted = interrupted;
+    tracing::info!(
+        checked = summary.checked,
+        alive = summary.alive,
+        dead = summary.dead,
+        https = summary.https,
+        elapsed_ms = summary.elapsed.as_millis() as u64,
+        interrupted,
+        "check round finished"
+    );
+    Ok(summary)
+}
+
+/// The one writer: batches results and commits them off the runtime, when
+/// a batch is full, on each tick, and when the last sender is gone.
+async fn write_results(
+    store: Store,
+    mut rx: mpsc::Receiver<CheckRecord>,
+    policy: RecheckPolicy,
+) -> Result<RoundSummary, StoreError> {
+    let mut summary = RoundSummary::default();
+    let mut batch: Vec<CheckRecord> = Vec::with_capacity(BATCH);
+    let mut tick = tokio::time::interval(FLUSH_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let (flush, closed) = tokio::select! {
+            rec = rx.recv() => match rec {
+                Some(rec) => {
+                    batch.push(rec);
+                    (batch.len() >= BATCH, false)
+                }
+                None => (true, true),
+            },
+            _ = tick.tick() => (true, false),
+        };
+        if flush && !batch.is_empty() {
+            let full = std::mem::replace(&mut batch, Vec::with_capacity(BATCH));
+            let full = store
+                .run(move |s| s.record_checks(&full, policy).map(|()| full))
+                .await?;
+            for rec in &full {
+                summary.add(rec);
+            }
+        }
+        if closed {
+            return Ok(summary);
+        }
+    }
+}

@@ -1,0 +1,242 @@
+//! What the checker reads and writes: the proxies due for a check (paged,
+//! so memory follows the page size, not the table), batches of results with
+//! re-check scheduling, and the purge of long-dead proxies.
+
+use std::time::Duration;
+
+use rusqlite::{OptionalExtension, params};
+
+use super::{Store, StoreError};
+use crate::check::Outcome;
+use crate::proxy::{Credentials, Proxy, Scheme};
+
+/// A proxy to check.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DueProxy {
+    /// Row id.
+    pub id: i64,
+    /// Identity and credentials.
+    pub proxy: Proxy,
+    /// True when the scheme is to be detected.
+    pub detect: bool,
+}
+
+/// One check's result, ready to record.
+#[derive(Clone, Debug)]
+pub struct CheckRecord {
+    /// Row id of the proxy checked.
+    pub id: i64,
+    /// When the check finished (unix ms).
+    pub checked_at: i64,
+    /// What it found.
+    pub outcome: Outcome,
+}
+
+/// When proxies are checked again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RecheckPolicy {
+    /// After a pass.
+    pub alive: Duration,
+    /// After the first failure; doubles with each consecutive failure.
+    pub dead: Duration,
+    /// The longest wait after failures.
+    pub dead_max: Duration,
+}
+
+impl RecheckPolicy {
+    /// The policy from `[check]`.
+    pub fn from_config(c: &crate::config::CheckConfig) -> RecheckPolicy {
+        RecheckPolicy {
+            alive: c.recheck_alive,
+            dead: c.recheck_dead,
+            dead_max: c.recheck_dead_max,
+        }
+    }
+}
+
+fn ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+const DUE_WHERE: &str = "(?1 OR next_check_at <= ?2) AND id > ?3";
+
+impl Store {
+    /// How many proxies are due at `now` (all of them with `all`).
+    pub fn count_due(&self, now: i64, all: bool) -> Result<i64, StoreError> {
+        Ok(self.lock().query_row(
+            &format!("SELECT count(*) FROM proxies WHERE {DUE_WHERE}"),
+            params![all, now, i64::MIN],
+            |r| r.get(0),
+        )?)
+    }
+
+    /// Up to `limit` due proxies with ids above `after`, by id.
+    pub fn due_page(
+        &self,
+        now: i64,
+        all: bool,
+        after: i64,
+        limit: usize,
+    ) -> Result<Vec<DueProxy>, StoreError> {
+        let conn = self.lock();
+        let mut stmt = conn.prepare_cached(&format!(
+            "SELECT id, scheme, host, port, username, password, scheme_detect
+             FROM proxies WHERE {DUE_WHERE} ORDER BY id LIMIT ?4"
+        ))?;
+        let rows = stmt.query_map(params![all, now, after, limit as i64], |r| {
+            let scheme: String = r.get(1)?;
+            let host: String = r.get(2)?;
+            let username: String = r.get(4)?;
+            let password: Option<String> = r.get(5)?;
+            Ok((
+                r.get::<_, i64>(0)?,
+                scheme,
+                host,
+                r.get::<_, u16>(3)?,
+                username,
+                password,
+                r.get::<_, bool>(6)?,
+            ))
+        })?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (id, scheme, host, port, username, password, detect) = row?;
+            // Rows that do not parse were not written by us; skip them
+            // rather than fail the round.
+            let (Ok(scheme), Ok(host)) = (scheme.parse::<Scheme>(), host.parse()) else {
+                tracing::warn!(id, "skipping a proxy row that does not parse");
+                continue;
+            };
+            out.push(DueProxy {
+                id,
+                proxy: Proxy {
+                    scheme,
+                    host,
+                    port,
+                    auth: (!username.is_empty()).then(|| Credentials {
+                        username,
+                        password: password.unwrap_or_default(),
+                    }),
+                },
+                detect,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Records a batch of results in one transaction and schedules each
+    /// proxy's next check: alive after `policy.alive`; dead after
+    /// `policy.dead` doubled per consecutive failure, capped at
+    /// `policy.dead_max`.
+    pub fn record_checks(
+        &self,
+        batch: &[CheckRecord],
+        policy: RecheckPolicy,
+    ) -> Result<(), StoreError> {
+        let mut conn = self.lock();
+        let tx = conn.transaction()?;
+        {
+            let mut alive = tx.prepare_cached(
+                "UPDATE proxies SET status = 'alive', last_checked = ?2, last_alive = ?2,
+                     latency_ms = ?3, anonymity = ?4, https = coalesce(?5, https), exit_ip = ?6,
+                     country = coalesce(?7, country),
+                     country_source = CASE WHEN ?7 IS NULL THEN country_source ELSE 'geoip' END,
+                     last_reason = NULL, checks_total = checks_total + 1,
+                     checks_ok = checks_ok + 1, consecutive_failures = 0,
+                     next_check_at = ?2 + ?8
+                 WHERE id = ?1",
+            )?;
+            // The shift uses the failures before this one: 1×, 2×, 4×, …
+            let mut dead = tx.prepare_cached(
+                "UPDATE proxies SET status = 'dead', last_checked = ?2, last_reason = ?3,
+                     checks_total = checks_total + 1,
+                     consecutive_failures = consecutive_failures + 1,
+                     next_check_at = ?2 + min(?4 << min(consecutive_failures, 40), ?5)
+                 WHERE id = ?1",
+            )?;
+            for rec in batch {
+                let o = &rec.outcome;
+                let mut id = rec.id;
+                if let Some(scheme) = o.detected {
+                    id = settle_scheme(&tx, id, scheme)?;
+                }
+                match o.failure {
+                    None => {
+                        alive.execute(params![
+                            id,
+                            rec.checked_at,
+                            o.latency.map(ms),
+                            o.anonymity.map(|a| a.as_str()),
+                            o.https,
+                            o.exit_ip.map(|ip| ip.to_string()),
+                            o.country.map(|c| c.as_str().to_owned()),
+                            ms(policy.alive),
+                        ])?;
+                    }
+                    Some(reason) => {
+                        dead.execute(params![
+                            id,
+                            rec.checked_at,
+                            reason.as_str(),
+                            ms(policy.dead),
+                            ms(policy.dead_max),
+                        ])?;
+                    }
+                }
+            }
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// Makes a proxy due now (a client reported it failing).
+    pub fn mark_due(&self, id: i64, now: i64) -> Result<bool, StoreError> {
+        Ok(self.lock().execute(
+            "UPDATE proxies SET next_check_at = min(next_check_at, ?2) WHERE id = ?1",
+            params![id, now],
+        )? > 0)
+    }
+
+    /// Deletes proxies dead for longer than `after` that no source has
+    /// listed for that long. Returns how many went.
+    pub fn purge(&self, now: i64, after: Duration) -> Result<usize, StoreError> {
+        let cutoff = now.saturating_sub(ms(after));
+        Ok(self.lock().execute(
+            "DELETE FROM proxies WHERE status = 'dead'
+                 AND coalesce(last_alive, first_seen) < ?1 AND last_seen < ?1",
+            [cutoff],
+        )?)
+    }
+}
+
+/// Gives a detected proxy its real scheme. If a row with that identity
+/// already exists, the placeholder row is merged into it (its source links
+/// move over) and the existing row's id is returned.
+fn settle_scheme(tx: &rusqlite::Transaction, id: i64, scheme: Scheme) -> Result<i64, StoreError> {
+    let changed = tx.execute(
+        "UPDATE OR IGNORE proxies SET scheme = ?2, scheme_detect = 0 WHERE id = ?1",
+        params![id, scheme.as_str()],
+    )?;
+    if changed > 0 {
+        return Ok(id);
+    }
+    let other: Option<i64> = tx
+        .query_row(
+            "SELECT o.id FROM proxies o JOIN proxies p
+                 ON o.host = p.host AND o.port = p.port AND o.username = p.username
+             WHERE p.id = ?1 AND o.scheme = ?2",
+            params![id, scheme.as_str()],
+            |r| r.get(0),
+        )
+        .optional()?;
+    let Some(other) = other else {
+        return Ok(id);
+    };
+    tx.execute(
+        "INSERT OR IGNORE INTO proxy_sources (proxy_id, source_id, first_seen, last_seen)
+         SELECT ?2, source_id, first_seen, last_seen FROM proxy_sources WHERE proxy_id = ?1",
+        params![id, other],
+    )?;
+    tx.execute("DELETE FROM proxies WHERE id = ?1", [id])?;
+    Ok(other)
+}
