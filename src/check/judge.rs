@@ -113,11 +113,13 @@ impl Echo {
         echo
     }
 
-    /// Every IP address that appears in the remote address or any header.
+    /// Every IP address that appears in the remote address or any header
+    /// but `Host` (which names the judge, and a judge may be ourselves).
     fn addresses(&self) -> impl Iterator<Item = IpAddr> + '_ {
         self.remote.into_iter().chain(
             self.headers
                 .iter()
+                .filter(|(name, _)| name != "host")
                 .flat_map(|(_, v)| ip_tokens(v).collect::<Vec<_>>()),
         )
     }

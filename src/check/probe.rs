@@ -200,13 +200,20 @@ impl Prober {
                     self.over(tcp, target, &path, None).await?
                 }
                 Scheme::Socks4 => {
-                    let user = p.auth.as_ref().map_or("", |a| a.username.as_str());
-                    let s = tokio_socks::tcp::Socks4Stream::connect_with_userid_and_socket(
-                        tcp,
-                        target.addr,
-                        user,
-                    )
-                    .await
+                    let s = match &p.auth {
+                        Some(a) => {
+                            tokio_socks::tcp::Socks4Stream::connect_with_userid_and_socket(
+                                tcp,
+                                target.addr,
+                                &a.username,
+                            )
+                            .await
+                        }
+                        None => {
+                            tokio_socks::tcp::Socks4Stream::connect_with_socket(tcp, target.addr)
+                                .await
+                        }
+                    }
                     .map_err(|e| socks_reason(&e))?;
                     self.over(s, target, &path, None).await?
                 }

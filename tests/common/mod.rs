@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod fakes;
+pub mod judges;
 
 use std::collections::HashMap;
 use std::io::Write;

@@ -1,0 +1,520 @@
+//! Checks against real loopback proxies of every kind and real judges: each
+//! proxy's stored verdict, reason, anonymity, HTTPS support, exit address
+//! and schedule must be what a user of the proxy would find.
+
+mod common;
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use common::fakes::{
+    self, FakeFarm, FakeHttpProxy, FakeSocks4, FakeSocks5, HttpProxyOpts, ProxyKind, SocksOpts,
+};
+use common::judges::Judge;
+use proxywarden::check::{
+    CheckError, CheckOptions, Checker, Reason, RoundProgress, RoundSummary, check_round, open_geoip,
+};
+use proxywarden::config::Config;
+use proxywarden::harvest::harvest_all;
+use proxywarden::proxy::{Anonymity, Status};
+use proxywarden::store::{ProxyFilter, ProxyRecord, RecheckPolicy, Store};
+use tokio_util::sync::CancellationToken;
+
+const EXIT: &str = "127.0.0.2";
+
+fn exit_ip() -> IpAddr {
+    EXIT.parse().unwrap()
+}
+
+/// Writes `entries` as a text list (and `detect` entries as a second list
+/// whose scheme is detected) and returns a config checking them.
+fn config(
+    dir: &Path,
+    judges: &str,
+    check_extra: &str,
+    entries: &[String],
+    detect: &[String],
+) -> Config {
+    std::fs::write(dir.join("list.txt"), entries.join("\n")).unwrap();
+    std::fs::write(dir.join("detect.txt"), detect.join("\n")).unwrap();
+    let toml = format!(
+        r#"
+[database]
+path = "{db}"
+
+[check]
+judges = {judges}
+concurrency = 64
+connect_timeout = "1s"
+timeout = "2s"
+{check_extra}
+
+[[sources]]
+name = "list"
+url = "{list}"
+
+[[sources]]
+name = "detect"
+url = "{detect}"
+scheme = "detect"
+"#,
+        db = dir.join("test.db").display(),
+        list = dir.join("list.txt").display(),
+        detect = dir.join("detect.txt").display(),
+    );
+    Config::from_toml(&toml, "test.toml").unwrap()
+}
+
+async fn harvest_and_check(config: &Config) -> (Store, RoundSummary) {
+    let store = Store::open(&config.database.path).unwrap();
+    harvest_all(config, &store).await.unwrap();
+    let summary = run_round(config, &store, false).await.unwrap();
+    (store, summary)
+}
+
+async fn run_round(config: &Config, store: &Store, all: bool) -> Result<RoundSummary, CheckError> {
+    let mut opts = CheckOptions::from_config(&config.check);
+    opts.all = all;
+    let checker = Arc::new(Checker::prepare(config, &opts, open_geoip(config)?).await?);
+    check_round(
+        checker,
+        store,
+        &opts,
+        RecheckPolicy::from_config(&config.check),
+        &CancellationToken::new(),
+        Arc::new(RoundProgress::default()),
+    )
+    .await
+}
+
+fn by_addr(records: &[ProxyRecord], addr: SocketAddr) -> &ProxyRecord {
+    records
+        .iter()
+        .find(|r| r.proxy.host == addr.ip() && r.proxy.port == addr.port())
+        .unwrap_or_else(|| panic!("{addr} not stored"))
+}
+
+fn http_opts(kind: ProxyKind, connect: bool) -> HttpProxyOpts {
+    HttpProxyOpts {
+        kind,
+        connect,
+        upstream_bind: Some(exit_ip()),
+        ..HttpProxyOpts::default()
+    }
+}
+
+fn socks_opts(auth: Option<(&str, &str)>) -> SocksOpts {
+    SocksOpts {
+        auth: auth.map(|(u, p)| (u.to_owned(), p.to_owned())),
+        upstream_bind: Some(exit_ip()),
+        ..SocksOpts::default()
+    }
+}
+
+fn with_behavior(b: fakes::Behavior) -> HttpProxyOpts {
+    HttpProxyOpts {
+        behavior: b,
+        connect: true,
+        upstream_bind: Some(exit_ip()),
+        ..HttpProxyOpts::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_kind_of_proxy_gets_the_verdict_a_user_would_find() {
+    let dir = tempfile::tempdir().unwrap();
+    let judge = Judge::plain().await;
+    let tls_judge = Judge::tls(dir.path()).await;
+
+    let elite = FakeHttpProxy::start(http_opts(ProxyKind::Elite, true)).await;
+    let anonymous = FakeHttpProxy::start(http_opts(ProxyKind::Anonymous, false)).await;
+    let transparent = FakeHttpProxy::start(http_opts(ProxyKind::Transparent, true)).await;
+    let authed = FakeHttpProxy::start(HttpProxyOpts {
+        auth: Some(("alice".into(), "s3cret".into())),
+        ..http_opts(ProxyKind::Elite, true)
+    })
+    .await;
+    let needs_auth = FakeHttpProxy::start(HttpProxyOpts {
+        auth: Some(("bob".into(), "pw".into())),
+        ..http_opts(ProxyKind::Elite, true)
+    })
+    .await;
+    let socks4 = FakeSocks4::start(socks_opts(None)).await;
+    let socks5 = FakeSocks5::start(socks_opts(None)).await;
+    let socks5_auth = FakeSocks5::start(socks_opts(Some(("carol", "pw5")))).await;
+    let socks5_wrong = FakeSocks5::start(socks_opts(Some(("dave", "right")))).await;
+    let slow =
+        FakeHttpProxy::start(with_behavior(fakes::Behavior::Slow(Duration::from_secs(4)))).await;
+    let liar = FakeHttpProxy::start(with_behavior(fakes::Behavior::Liar)).await;
+    let status_407 = FakeHttpProxy::start(with_behavior(fakes::Behavior::AlwaysStatus(407))).await;
+    let status_502 = FakeHttpProxy::start(with_behavior(fakes::Behavior::AlwaysStatus(502))).await;
+    let reset = FakeHttpProxy::start(with_behavior(fakes::Behavior::Reset)).await;
+    let hang = FakeHttpProxy::start(with_behavior(fakes::Behavior::Hang)).await;
+    let garbage = FakeHttpProxy::start(with_behavior(fakes::Behavior::Garbage)).await;
+    let closed = fakes::closed_port();
+    let detect_me = FakeSocks5::start(socks_opts(None)).await;
+
+    let a = |s: SocketAddr| s.to_string();
+    let entries = vec![
+        format!("http://{}", a(elite.addr())),
+        format!("http://{}", a(anonymous.addr())),
+        format!("http://{}", a(transparent.addr())),
+        format!("http://alice:s3cret@{}", a(authed.addr())),
+        format!("http://{}", a(needs_auth.addr())),
+        format!("socks4://{}", a(socks4.addr())),
+        format!("socks5://{}", a(socks5.addr())),
+        format!("socks5://carol:pw5@{}", a(socks5_auth.addr())),
+        format!("socks5://dave:wrong@{}", a(socks5_wrong.addr())),
+        format!("http://{}", a(slow.addr())),
+        format!("http://{}", a(liar.addr())),
+        format!("http://{}", a(status_407.addr())),
+        format!("http://{}", a(status_502.addr())),
+        format!("http://{}", a(reset.addr())),
+        format!("http://{}", a(hang.addr())),
+        format!("http://{}", a(garbage.addr())),
+        format!("http://{}", a(closed)),
+    ];
+    let judges = format!(
+        r#"[{{ url = "{}", marker = "proxywarden-judge" }}, "{}"]"#,
+        judge.url(),
+        tls_judge.url()
+    );
+    let extra = format!("extra_ca_file = \"{}\"", tls_judge.ca_file().display());
+    let config = config(
+        dir.path(),
+        &judges,
+        &extra,
+        &entries,
+        &[a(detect_me.addr())],
+    );
+    let (store, summary) = harvest_and_check(&config).await;
+    let all = store.list_proxies(&ProxyFilter::default()).unwrap();
+    assert_eq!(summary.checked, 18);
+    assert!(!summary.interrupted);
+
+    let alive = |addr: SocketAddr, anonymity: Anonymity, https: bool| {
+        let r = by_addr(&all, addr);
+        assert_eq!(r.status, Status::Alive, "{addr}: {:?}", r.reason);
+        assert_eq!(r.reason, None, "{addr}");
+        assert_eq!(r.anonymity, Some(anonymity), "{addr}");
+        assert_eq!(r.https, Some(https), "{addr}");
+        assert_eq!(r.exit_ip.as_deref(), Some(EXIT), "{addr}");
+        let latency = r.latency_ms.expect("latency");
+        assert!((0..2000).contains(&latency), "{addr}: {latency} ms");
+        let checked = r.last_checked.expect("last_checked");
+        assert_eq!(r.last_alive, Some(checked));
+        assert_eq!(
+            (r.checks_total, r.checks_ok, r.consecutive_failures),
+            (1, 1, 0)
+        );
+        assert_eq!(
+            r.next_check_at,
+            checked + 600_000,
+            "{addr}: re-check in 10 min"
+        );
+    };
+    alive(elite.addr(), Anonymity::Elite, true);
+    alive(anonymous.addr(), Anonymity::Anonymous, false);
+    alive(transparent.addr(), Anonymity::Transparent, true);
+    alive(authed.addr(), Anonymity::Elite, true);
+    alive(socks4.addr(), Anonymity::Elite, true);
+    alive(socks5.addr(), Anonymity::Elite, true);
+    alive(socks5_auth.addr(), Anonymity::Elite, true);
+
+    let detected = by_addr(&all, detect_me.addr());
+    assert_eq!(detected.status, Status::Alive);
+    assert_eq!(detected.proxy.scheme.as_str(), "socks5");
+    assert!(!detected.scheme_detect);
+
+    let dead = |addr: SocketAddr, reason: Reason| {
+        let r = by_addr(&all, addr);
+        assert_eq!(r.status, Status::Dead, "{addr}");
+        assert_eq!(r.reason.as_deref(), Some(reason.as_str()), "{addr}");
+        assert_eq!(r.last_alive, None, "{addr}");
+        assert_eq!(r.anonymity, None, "{addr}");
+        let checked = r.last_checked.expect("last_checked");
+        assert_eq!(
+            (r.checks_total, r.checks_ok, r.consecutive_failures),
+            (1, 0, 1)
+        );
+        assert_eq!(
+            r.next_check_at,
+            checked + 900_000,
+            "{addr}: first backoff 15 min"
+        );
+    };
+    dead(needs_auth.addr(), Reason::ProxyAuthRequired);
+    dead(socks5_wrong.addr(), Reason::ProxyAuthRequired);
+    dead(slow.addr(), Reason::Timeout);
+    dead(liar.addr(), Reason::ContentMismatch);
+    dead(status_407.addr(), Reason::ProxyAuthRequired);
+    dead(status_502.addr(), Reason::BadStatus);
+    dead(reset.addr(), Reason::Reset);
+    dead(hang.addr(), Reason::Timeout);
+    dead(garbage.addr(), Reason::ProtocolError);
+    dead(closed, Reason::Refused);
+
+    assert_eq!(summary.alive, 8);
+    assert_eq!(summary.dead, 10);
+    assert_eq!(summary.https, 7);
+    assert_eq!(summary.dead_by_reason[&Reason::Timeout], 2);
+}
+
+#[tokio::test]
+async fn a_judge_outage_marks_nothing_dead() {
+    let dir = tempfile::tempdir().unwrap();
+    let proxy = FakeHttpProxy::start(http_opts(ProxyKind::Elite, false)).await;
+    let down = fakes::closed_port();
+    let config = config(
+        dir.path(),
+        &format!(r#"["http://{down}/judge"]"#),
+        "",
+        &[format!("http://{}", proxy.addr())],
+        &[],
+    );
+    let store = Store::open(&config.database.path).unwrap();
+    harvest_all(&config, &store).await.unwrap();
+    let err = run_round(&config, &store, true).await.unwrap_err();
+    assert!(matches!(err, CheckError::NoJudge(_)), "{err}");
+    assert!(
+        err.to_string()
+            .contains("no proxy was checked or marked dead")
+    );
+    let all = store.list_proxies(&ProxyFilter::default()).unwrap();
+    assert_eq!(all[0].status, Status::Unknown);
+    assert_eq!(all[0].checks_total, 0);
+    assert_eq!(proxy.requests(), 0);
+}
+
+#[tokio::test]
+async fn httpbin_judges_and_geoip_give_the_exit_country() {
+    let dir = tempfile::tempdir().unwrap();
+    // The judge reports the proxy's exit (127.0.0.2) as a GB test address.
+    let judge = Judge::httpbin(HashMap::from([(exit_ip(), "81.2.69.160".parse().unwrap())])).await;
+    let proxy = FakeHttpProxy::start(http_opts(ProxyKind::Elite, false)).await;
+    let geoip = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/geoip/GeoLite2-Country-Test.mmdb");
+    let mut config = config(
+        dir.path(),
+        &format!(r#"["{}"]"#, judge.url()),
+        "",
+        &[format!("http://{}", proxy.addr())],
+        &[],
+    );
+    config.geoip.database = Some(geoip);
+    let (store, summary) = harvest_and_check(&config).await;
+    assert_eq!(summary.alive, 1);
+    let r = &store.list_proxies(&ProxyFilter::default()).unwrap()[0];
+    assert_eq!(r.exit_ip.as_deref(), Some("81.2.69.160"));
+    assert_eq!(r.country.as_deref(), Some("GB"));
+    assert_eq!(r.country_source.as_deref(), Some("geoip"));
+    assert_eq!(r.anonymity, Some(Anonymity::Elite));
+    assert_eq!(r.https, None, "no https judge configured: not tested");
+}
+
+#[tokio::test]
+async fn dead_proxies_back_off_doubling_up_to_the_cap_and_recover() {
+    use proxywarden::check::Outcome;
+    use proxywarden::store::CheckRecord;
+
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(
+        dir.path(),
+        r#"["http://127.0.0.1:9/"]"#,
+        "",
+        &["10.1.1.1:80".into()],
+        &[],
+    );
+    let store = Store::open(&config.database.path).unwrap();
+    harvest_all(&config, &store).await.unwrap();
+    let id = store.list_proxies(&ProxyFilter::default()).unwrap()[0].id;
+    let policy = RecheckPolicy {
+        alive: Duration::from_secs(600),
+        dead: Duration::from_secs(900),
+        dead_max: Duration::from_secs(3600),
+    };
+    let dead = Outcome {
+        failure: Some(Reason::Refused),
+        latency: None,
+        anonymity: None,
+        https: None,
+        exit_ip: None,
+        country: None,
+        detected: None,
+    };
+    let mut t = 1_000_000_i64;
+    let mut waits = Vec::new();
+    for _ in 0..5 {
+        store
+            .record_checks(
+                &[CheckRecord {
+                    id,
+                    checked_at: t,
+                    outcome: dead.clone(),
+                }],
+                policy,
+            )
+            .unwrap();
+        let r = &store.list_proxies(&ProxyFilter::default()).unwrap()[0];
+        waits.push((r.next_check_at - t) / 1000);
+        t = r.next_check_at;
+    }
+    assert_eq!(waits, [900, 1800, 3600, 3600, 3600]);
+    // Due exactly when its backoff ends, not before.
+    assert_eq!(store.count_due(t - 1, false).unwrap(), 0);
+    assert_eq!(store.count_due(t, false).unwrap(), 1);
+
+    let alive = Outcome {
+        failure: None,
+        latency: Some(Duration::from_millis(42)),
+        anonymity: Some(Anonymity::Elite),
+        https: Some(false),
+        exit_ip: Some("10.1.1.1".parse().unwrap()),
+        country: None,
+        detected: None,
+    };
+    store
+        .record_checks(
+            &[CheckRecord {
+                id,
+                checked_at: t,
+                outcome: alive,
+            }],
+            policy,
+        )
+        .unwrap();
+    let r = &store.list_proxies(&ProxyFilter::default()).unwrap()[0];
+    assert_eq!(r.status, Status::Alive);
+    assert_eq!(r.consecutive_failures, 0);
+    assert_eq!(r.next_check_at, t + 600_000);
+    assert_eq!((r.checks_total, r.checks_ok), (6, 1));
+    assert_eq!(r.reason, None);
+
+    // Purge: only dead proxies, unlisted and dead for longer than the limit.
+    let week = Duration::from_secs(7 * 86_400);
+    assert_eq!(store.purge(t + 8 * 86_400_000, week).unwrap(), 0, "alive");
+    store
+        .record_checks(
+            &[CheckRecord {
+                id,
+                checked_at: t,
+                outcome: dead,
+            }],
+            policy,
+        )
+        .unwrap();
+    let now = proxywarden::store::now_ms();
+    assert_eq!(store.purge(now, week).unwrap(), 0, "listed recently");
+    assert_eq!(store.purge(now + 8 * 86_400_000, week).unwrap(), 1);
+    assert!(
+        store
+            .list_proxies(&ProxyFilter::default())
+            .unwrap()
+            .is_empty()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelling_a_round_keeps_every_completed_result() {
+    let dir = tempfile::tempdir().unwrap();
+    let judge = Judge::plain().await;
+    // 40 quick proxies then 200 that never answer; 8 at a time.
+    let farm = FakeFarm::start(40, 200, Some(exit_ip())).await;
+    let entries: Vec<String> = farm
+        .alive_addrs()
+        .into_iter()
+        .chain(farm.silent_addrs())
+        .map(|a| format!("http://{a}"))
+        .collect();
+    let mut config = config(
+        dir.path(),
+        &format!(r#"["{}"]"#, judge.url()),
+        "",
+        &entries,
+        &[],
+    );
+    config.check.concurrency = 8;
+    config.check.https = false;
+    let store = Store::open(&config.database.path).unwrap();
+    harvest_all(&config, &store).await.unwrap();
+
+    let opts = CheckOptions::from_config(&config.check);
+    let checker = Arc::new(Checker::prepare(&config, &opts, None).await.unwrap());
+    let cancel = CancellationToken::new();
+    let progress = Arc::new(RoundProgress::default());
+    let round = {
+        let (store, cancel, progress) = (store.clone(), cancel.clone(), progress.clone());
+        let policy = RecheckPolicy::from_config(&config.check);
+        tokio::spawn(
+            async move { check_round(checker, &store, &opts, policy, &cancel, progress).await },
+        )
+    };
+    // Interrupt once the first results are in (as Ctrl-C would).
+    while progress.done.load(Ordering::Relaxed) < 10 {
+        tokio::task::yield_now().await;
+    }
+    cancel.cancel();
+    let summary = round.await.unwrap().unwrap();
+    assert!(summary.interrupted);
+    assert!(
+        summary.checked >= 10 && summary.checked < 240,
+        "{}",
+        summary.checked
+    );
+    let checked: Vec<ProxyRecord> = store
+        .list_proxies(&ProxyFilter::default())
+        .unwrap()
+        .into_iter()
+        .filter(|r| r.last_checked.is_some())
+        .collect();
+    assert_eq!(
+        checked.len() as u64,
+        summary.checked,
+        "every completed result is stored"
+    );
+    assert_eq!(
+        checked.iter().filter(|r| r.status == Status::Alive).count() as u64,
+        summary.alive
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ten_thousand_proxy_round_gives_every_proxy_a_status() {
+    fakes::raise_nofile_limit();
+    let dir = tempfile::tempdir().unwrap();
+    let judge = Judge::plain().await;
+    let farm = FakeFarm::start(2_000, 8_000, Some(exit_ip())).await;
+    // One answering proxy in five, spread through the list as in a real one.
+    let silent = farm.silent_addrs();
+    let entries: Vec<String> = farm
+        .alive_addrs()
+        .into_iter()
+        .zip(silent.chunks(4))
+        .flat_map(|(a, s)| std::iter::once(a).chain(s.iter().copied()))
+        .map(|a| format!("http://{a}"))
+        .collect();
+    assert_eq!(entries.len(), 10_000);
+    let mut config = config(
+        dir.path(),
+        &format!(r#"["{}"]"#, judge.url()),
+        "",
+        &entries,
+        &[],
+    );
+    config.check.concurrency = proxywarden::check::clamp_concurrency(2_000);
+    config.check.https = false;
+    config.check.connect_timeout = Duration::from_secs(1);
+    config.check.timeout = Duration::from_secs(2);
+    let (store, summary) = harvest_and_check(&config).await;
+    assert_eq!(summary.checked, 10_000);
+    assert_eq!(summary.alive, 2_000, "{:?}", summary.dead_by_reason);
+    assert_eq!(summary.dead_by_reason[&Reason::Timeout], 8_000);
+    let stats = store.stats().unwrap();
+    assert_eq!(stats.by_status["unknown"], 0);
+    assert_eq!(stats.by_status["alive"], 2_000);
+    assert_eq!(stats.by_status["dead"], 8_000);
+}

@@ -1,0 +1,181 @@
+//! Judges on loopback: proxywarden's own `/judge` over plain HTTP and over
+//! TLS (with a CA made for the test), and an httpbin-style judge whose
+//! reported origin can be mapped (to give a loopback exit address a
+//! country in the GeoIP test database).
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use axum::extract::ConnectInfo;
+use axum::extract::connect_info::MockConnectInfo;
+use axum::http::{HeaderMap, Uri};
+use axum::routing::get;
+use hyper_util::rt::TokioIo;
+use hyper_util::service::TowerToHyperService;
+use tokio::net::TcpListener;
+
+/// A server task stopped on drop.
+pub struct Judge {
+    pub addr: SocketAddr,
+    task: tokio::task::JoinHandle<()>,
+    ca_file: Option<PathBuf>,
+    tls: bool,
+    path: &'static str,
+}
+
+impl Drop for Judge {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Judge {
+    /// proxywarden's `/judge` on plain HTTP.
+    pub async fn plain() -> Judge {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let app = proxywarden::api::judge::router();
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(
+                listener,
+                app.into_make_service_with_connect_info::<SocketAddr>(),
+            )
+            .await;
+        });
+        Judge {
+            addr,
+            task,
+            ca_file: None,
+            tls: false,
+            path: "/judge",
+        }
+    }
+
+    /// proxywarden's `/judge` over TLS, with a certificate for 127.0.0.1
+    /// signed by a CA written to `dir/ca.pem`.
+    pub async fn tls(dir: &Path) -> Judge {
+        let (ca_pem, cert_der, key_der) = make_certs();
+        let ca_file = dir.join("ca.pem");
+        std::fs::write(&ca_file, ca_pem).unwrap();
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(vec![cert_der], key_der)
+            .unwrap();
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((tcp, peer)) = listener.accept().await else {
+                    continue;
+                };
+                let acceptor = acceptor.clone();
+                tokio::spawn(async move {
+                    let Ok(tls) = acceptor.accept(tcp).await else {
+                        return;
+                    };
+                    let app = proxywarden::api::judge::router().layer(MockConnectInfo(peer));
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(tls), TowerToHyperService::new(app))
+                        .await;
+                });
+            }
+        });
+        Judge {
+            addr,
+            task,
+            ca_file: Some(ca_file),
+            tls: true,
+            path: "/judge",
+        }
+    }
+
+    /// An httpbin-style judge (`/get`): `{"args", "headers", "origin",
+    /// "url"}`, where `origin` is the peer address passed through `map`.
+    pub async fn httpbin(map: HashMap<IpAddr, IpAddr>) -> Judge {
+        let map = Arc::new(map);
+        let handler =
+            move |ConnectInfo(peer): ConnectInfo<SocketAddr>, uri: Uri, headers: HeaderMap| {
+                let map = map.clone();
+                async move {
+                    let origin = map.get(&peer.ip()).copied().unwrap_or(peer.ip());
+                    let headers: serde_json::Map<String, serde_json::Value> = headers
+                        .iter()
+                        .map(|(k, v)| {
+                            (
+                                k.as_str().to_owned(),
+                                String::from_utf8_lossy(v.as_bytes()).into_owned().into(),
+                            )
+                        })
+                        .collect();
+                    axum::Json(serde_json::json!({
+                        "args": {},
+                        "headers": headers,
+                        "origin": origin.to_string(),
+                        "url": format!("http://httpbin.test{uri}"),
+                    }))
+                }
+            };
+        let app = axum::Router::new().route("/get", get(handler));
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(
+                listener,
+                app.into_make_service_with_connect_info::<SocketAddr>(),
+            )
+            .await;
+        });
+        Judge {
+            addr,
+            task,
+            ca_file: None,
+            tls: false,
+            path: "/get",
+        }
+    }
+
+    /// The judge URL (`/judge`, or `/get` for the httpbin one).
+    pub fn url(&self) -> String {
+        let scheme = if self.tls { "https" } else { "http" };
+        format!("{scheme}://{}{}", self.addr, self.path)
+    }
+
+    /// The CA file for a TLS judge.
+    pub fn ca_file(&self) -> &Path {
+        self.ca_file.as_deref().expect("only TLS judges have a CA")
+    }
+}
+
+fn make_certs() -> (
+    String,
+    rustls_pki_types::CertificateDer<'static>,
+    rustls_pki_types::PrivateKeyDer<'static>,
+) {
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair, KeyUsagePurpose};
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    ca_params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "proxywarden test CA");
+    let ca_key = KeyPair::generate().unwrap();
+    let ca_cert = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = Issuer::new(ca_params, ca_key);
+    let leaf_params = CertificateParams::new(vec!["127.0.0.1".to_string()]).unwrap();
+    let leaf_key = KeyPair::generate().unwrap();
+    let leaf = leaf_params.signed_by(&leaf_key, &issuer).unwrap();
+    (
+        ca_cert.pem(),
+        leaf.der().clone(),
+        rustls_pki_types::PrivateKeyDer::Pkcs8(leaf_key.serialize_der().into()),
+    )
+}
