@@ -33,6 +33,8 @@ pub struct Cli {
 /// The subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Run the daemon: scheduled harvests, continuous checks and the HTTP API.
+    Serve,
     /// Fetch every enabled source once and store what they list.
     Harvest(HarvestArgs),
     /// Check the due proxies once (or all of them) against the judges.
@@ -185,6 +187,23 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 );
                 Ok(ExitCode::from(1))
             }
+        }
+        Command::Serve => {
+            let (config, origin) = load(cli.config.as_deref())?;
+            let listener = tokio::net::TcpListener::bind(config.api.listen)
+                .await
+                .with_context(|| format!("cannot listen on {} (api.listen)", config.api.listen))?;
+            tracing::info!(config = %origin, "starting");
+            let shutdown = tokio_util::sync::CancellationToken::new();
+            {
+                let shutdown = shutdown.clone();
+                tokio::spawn(async move {
+                    wait_for_signal().await;
+                    shutdown.cancel();
+                });
+            }
+            crate::daemon::run(config, listener, shutdown).await?;
+            Ok(ExitCode::SUCCESS)
         }
         Command::Check(args) => check(cli.config.as_deref(), args).await,
         Command::Purge => {
@@ -376,6 +395,29 @@ pub fn print_check_summary(
         writeln!(out, "dead by reason: {}", parts.join(", "))?;
     }
     Ok(())
+}
+
+/// SIGTERM (systemd stop) or SIGINT (Ctrl-C).
+async fn wait_for_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = tokio::signal::ctrl_c() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
 }
 
 /// `export | head` closing the pipe early is not an error.

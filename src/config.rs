@@ -197,6 +197,12 @@ pub struct ApiConfig {
     pub token: Option<Secret>,
     /// Freshness required of served proxies.
     pub max_age: Duration,
+    /// Serve `GET /judge`.
+    pub judge: bool,
+    /// `/judge` requests allowed per client address per minute.
+    pub judge_per_minute: u32,
+    /// Longest a request may take before it is answered 503.
+    pub request_timeout: Duration,
 }
 
 /// A string that never appears in `Debug` output or logs.
@@ -446,7 +452,21 @@ fn build(root: &mut Section) -> Option<Config> {
             .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 8080))),
         token: a.string("token").filter(|t| !t.is_empty()).map(Secret),
         max_age: a.duration("max_age").unwrap_or(Duration::from_secs(1800)),
+        judge: a.boolean("judge").unwrap_or(true),
+        judge_per_minute: a.int("judge_per_minute", 1, 1_000_000).unwrap_or(120) as u32,
+        request_timeout: a
+            .duration("request_timeout")
+            .unwrap_or(Duration::from_secs(15)),
     };
+    if !api.listen.ip().is_loopback() && api.token.is_none() {
+        a.problem(
+            "listen",
+            &format!(
+                "{} is not a loopback address: set api.token so that strangers cannot use the API",
+                api.listen
+            ),
+        );
+    }
     root.absorb(a);
 
     Some(Config {

@@ -2,6 +2,7 @@
 //! objects) or `csv` (the same fields with a header row), and writing files
 //! atomically so a reader never sees half a list.
 
+use std::borrow::Borrow;
 use std::io::{self, Write};
 use std::path::Path;
 
@@ -102,6 +103,17 @@ pub const CSV_COLUMNS: [&str; 24] = [
     "sources",
 ];
 
+impl Format {
+    /// The Content-Type of this format.
+    pub fn content_type(self) -> &'static str {
+        match self {
+            Format::Txt => "text/plain; charset=utf-8",
+            Format::Json => "application/json",
+            Format::Csv => "text/csv; charset=utf-8",
+        }
+    }
+}
+
 impl From<&ProxyRecord> for ExportRow {
     fn from(r: &ProxyRecord) -> ExportRow {
         let auth = r.proxy.auth.as_ref();
@@ -135,16 +147,23 @@ impl From<&ProxyRecord> for ExportRow {
 }
 
 /// Writes `records` in `format` to `w`.
-pub fn write(records: &[ProxyRecord], format: Format, w: impl Write) -> io::Result<()> {
+pub fn write<R: Borrow<ProxyRecord>>(
+    records: &[R],
+    format: Format,
+    w: impl Write,
+) -> io::Result<()> {
     let mut w = io::BufWriter::new(w);
     match format {
         Format::Txt => {
             for r in records {
-                writeln!(w, "{}", r.proxy)?;
+                writeln!(w, "{}", r.borrow().proxy)?;
             }
         }
         Format::Json => {
-            let rows: Vec<ExportRow> = records.iter().map(ExportRow::from).collect();
+            let rows: Vec<ExportRow> = records
+                .iter()
+                .map(|r| ExportRow::from(r.borrow()))
+                .collect();
             serde_json::to_writer_pretty(&mut w, &rows)?;
             writeln!(w)?;
         }
@@ -152,7 +171,7 @@ pub fn write(records: &[ProxyRecord], format: Format, w: impl Write) -> io::Resu
             let mut csv = csv::Writer::from_writer(&mut w);
             csv.write_record(CSV_COLUMNS)?;
             for r in records {
-                let row = serde_json::to_value(ExportRow::from(r))?;
+                let row = serde_json::to_value(ExportRow::from(r.borrow()))?;
                 let cells = CSV_COLUMNS.iter().map(|c| match &row[*c] {
                     serde_json::Value::Null => String::new(),
                     serde_json::Value::String(s) => s.clone(),
@@ -173,7 +192,11 @@ pub fn write(records: &[ProxyRecord], format: Format, w: impl Write) -> io::Resu
 
 /// Writes `records` to `path` through a temporary file in the same
 /// directory and a rename, so the file is either the old or the new list.
-pub fn write_file(records: &[ProxyRecord], format: Format, path: &Path) -> io::Result<()> {
+pub fn write_file<R: Borrow<ProxyRecord>>(
+    records: &[R],
+    format: Format,
+    path: &Path,
+) -> io::Result<()> {
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),

@@ -14,6 +14,7 @@ pub mod api;
 pub mod check;
 pub mod cli;
 pub mod config;
+pub mod daemon;
 pub mod export;
 pub mod harvest;
 pub mod proxy;

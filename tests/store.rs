@@ -39,7 +39,7 @@ fn a_fresh_file_is_migrated_in_wal_mode_and_reopens() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("fresh.db");
     let store = Store::open(&path).unwrap();
-    assert_eq!(store.schema_version().unwrap(), 1);
+    assert_eq!(store.schema_version().unwrap(), 2);
     store
         .record_source_run(&run("a", 1_000), &candidates(3))
         .unwrap();
@@ -53,7 +53,7 @@ fn a_fresh_file_is_migrated_in_wal_mode_and_reopens() {
     drop(conn);
 
     let store = Store::open(&path).unwrap();
-    assert_eq!(store.schema_version().unwrap(), 1);
+    assert_eq!(store.schema_version().unwrap(), 2);
     assert_eq!(
         store.list_proxies(&ProxyFilter::default()).unwrap().len(),
         3
@@ -74,7 +74,7 @@ fn a_database_from_a_newer_version_is_refused() {
         err,
         StoreError::TooNew {
             found: 99,
-            supported: 1,
+            supported: 2,
             ..
         }
     ));
@@ -107,4 +107,28 @@ fn a_large_batch_lands_and_counts_new_once() {
     let half = stats.sources.iter().find(|s| s.name == "half").unwrap();
     assert_eq!(half.proxies, 50_000);
     assert_eq!(store.count_seen_since(2_000).unwrap(), 50_000);
+}
+
+#[test]
+fn a_version_1_database_is_upgraded_in_place() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("v1.db");
+    {
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        conn.execute_batch(include_str!("../migrations/0001_init.sql"))
+            .unwrap();
+        conn.pragma_update(None, "user_version", 1).unwrap();
+        conn.execute(
+            "INSERT INTO proxies (scheme, host, port, first_seen, last_seen, next_check_at)
+             VALUES ('http', '10.9.9.9', 3128, 1, 1, 1)",
+            [],
+        )
+        .unwrap();
+    }
+    let store = Store::open(&path).unwrap();
+    assert_eq!(store.schema_version().unwrap(), 2);
+    let all = store.list_proxies(&ProxyFilter::default()).unwrap();
+    assert_eq!(all.len(), 1);
+    assert_eq!(all[0].proxy.to_string(), "http://10.9.9.9:3128");
+    assert!(store.record_report(all[0].id, false, 5).unwrap());
 }

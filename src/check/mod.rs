@@ -8,7 +8,7 @@ pub mod judge;
 pub mod probe;
 mod runner;
 
-pub use runner::{CheckError, CheckOptions, RoundProgress, RoundSummary, check_round};
+pub use runner::{CheckError, CheckOptions, CommitHook, RoundProgress, RoundSummary, check_round};
 
 use std::fmt;
 use std::net::IpAddr;

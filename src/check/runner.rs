@@ -24,8 +24,12 @@ const FLUSH_EVERY: Duration = Duration::from_secs(1);
 /// Due proxies read per query.
 const PAGE: usize = 1000;
 
+/// Called on the blocking pool after each batch is committed, with the
+/// batch: the daemon refreshes its health index and metrics from it.
+pub type CommitHook = Arc<dyn Fn(&Store, &[CheckRecord]) + Send + Sync>;
+
 /// How a round runs.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct CheckOptions {
     /// Check every proxy, not only the due ones.
     pub all: bool,
@@ -37,6 +41,25 @@ pub struct CheckOptions {
     pub timeout: Duration,
     /// Also test CONNECT + TLS.
     pub https: bool,
+    /// Runs after every committed batch.
+    pub on_commit: Option<CommitHook>,
+    /// When cancelled, checks in flight stop at once and are not recorded
+    /// (a daemon shutting down within its deadline); without it they
+    /// finish within their timeout.
+    pub abort_in_flight: Option<CancellationToken>,
+}
+
+impl std::fmt::Debug for CheckOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CheckOptions")
+            .field("all", &self.all)
+            .field("concurrency", &self.concurrency)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("timeout", &self.timeout)
+            .field("https", &self.https)
+            .field("on_commit", &self.on_commit.is_some())
+            .finish()
+    }
 }
 
 impl CheckOptions {
@@ -48,6 +71,8 @@ impl CheckOptions {
             connect_timeout: c.connect_timeout,
             timeout: c.timeout,
             https: c.https,
+            on_commit: None,
+            abort_in_flight: None,
         }
     }
 }
@@ -140,7 +165,12 @@ pub async fn check_round(
     let concurrency = opts.concurrency.max(1);
 
     let (tx, rx) = mpsc::channel::<CheckRecord>(concurrency.min(4096) * 2);
-    let writer = tokio::spawn(write_results(store.clone(), rx, policy));
+    let writer = tokio::spawn(write_results(
+        store.clone(),
+        rx,
+        policy,
+        opts.on_commit.clone(),
+    ));
     let permits = Arc::new(Semaphore::new(concurrency));
     let mut after = i64::MIN;
     let mut interrupted = false;
@@ -162,8 +192,12 @@ pub async fn check_round(
             let checker = checker.clone();
             let tx = tx.clone();
             let progress = progress.clone();
+            let abort = opts.abort_in_flight.clone().unwrap_or_default();
             tokio::spawn(async move {
-                let outcome = checker.check(&due.proxy, due.detect).await;
+                let outcome = tokio::select! {
+                    o = checker.check(&due.proxy, due.detect) => o,
+                    _ = abort.cancelled() => return,
+                };
                 if outcome.alive() {
                     progress.alive.fetch_add(1, Ordering::Relaxed);
                 }
@@ -210,6 +244,7 @@ async fn write_results(
     store: Store,
     mut rx: mpsc::Receiver<CheckRecord>,
     policy: RecheckPolicy,
+    on_commit: Option<CommitHook>,
 ) -> Result<RoundSummary, StoreError> {
     let mut summary = RoundSummary::default();
     let mut batch: Vec<CheckRecord> = Vec::with_capacity(BATCH);
@@ -228,8 +263,15 @@ async fn write_results(
         };
         if flush && !batch.is_empty() {
             let full = std::mem::replace(&mut batch, Vec::with_capacity(BATCH));
+            let hook = on_commit.clone();
             let full = store
-                .run(move |s| s.record_checks(&full, policy).map(|()| full))
+                .run(move |s| {
+                    s.record_checks(&full, policy)?;
+                    if let Some(hook) = hook {
+                        hook(s, &full);
+                    }
+                    Ok(full)
+                })
                 .await?;
             for rec in &full {
                 summary.add(rec);

@@ -75,7 +75,14 @@ pub enum HarvestError {
 
 /// Harvests every enabled source once into `store`.
 pub async fn harvest_all(config: &Config, store: &Store) -> Result<HarvestReport, HarvestError> {
-    let sources: Vec<&SourceConfig> = config.sources.iter().filter(|s| s.enabled).collect();
+    // Owned copies keep the stream's futures free of borrowed lifetimes, so
+    // the round can run inside spawned tasks.
+    let sources: Vec<SourceConfig> = config
+        .sources
+        .iter()
+        .filter(|s| s.enabled)
+        .cloned()
+        .collect();
     if sources.is_empty() {
         return Err(HarvestError::NoSources);
     }
@@ -83,14 +90,16 @@ pub async fn harvest_all(config: &Config, store: &Store) -> Result<HarvestReport
     let started = Instant::now();
     let round_start = now_ms();
     let limit = config.harvest.max_per_source;
-    let mut reports: Vec<(usize, SourceReport)> = futures::stream::iter(sources.iter().enumerate())
-        .map(|(i, src)| {
-            let fetcher = fetcher.clone();
-            async move { (i, harvest_source(&fetcher, store, src, limit).await) }
-        })
-        .buffer_unordered(config.harvest.concurrency)
-        .collect()
-        .await;
+    let mut reports: Vec<(usize, SourceReport)> =
+        futures::stream::iter(sources.into_iter().enumerate())
+            .map(|(i, src)| {
+                let fetcher = fetcher.clone();
+                let store = store.clone();
+                async move { (i, harvest_source(&fetcher, &store, &src, limit).await) }
+            })
+            .buffer_unordered(config.harvest.concurrency)
+            .collect()
+            .await;
     reports.sort_by_key(|(i, _)| *i);
     let sources: Vec<SourceReport> = reports.into_iter().map(|(_, r)| r).collect();
     let distinct = store.run(move |s| s.count_seen_since(round_start)).await?;

@@ -70,6 +70,13 @@ impl Store {
         )?)
     }
 
+    /// When the next check is due (unix ms), if any proxy is stored.
+    pub fn next_due_at(&self) -> Result<Option<i64>, StoreError> {
+        Ok(self
+            .lock()
+            .query_row("SELECT min(next_check_at) FROM proxies", [], |r| r.get(0))?)
+    }
+
     /// Up to `limit` due proxies with ids above `after`, by id.
     pub fn due_page(
         &self,
@@ -195,6 +202,24 @@ impl Store {
             "UPDATE proxies SET next_check_at = min(next_check_at, ?2) WHERE id = ?1",
             params![id, now],
         )? > 0)
+    }
+
+    /// Counts a client's report on a proxy; a failure also makes it due
+    /// now. False when there is no such proxy.
+    pub fn record_report(&self, id: i64, ok: bool, now: i64) -> Result<bool, StoreError> {
+        let sql = if ok {
+            "UPDATE proxies SET reports_ok = reports_ok + 1 WHERE id = ?1"
+        } else {
+            "UPDATE proxies SET reports_failed = reports_failed + 1,
+                 next_check_at = min(next_check_at, ?2) WHERE id = ?1"
+        };
+        let conn = self.lock();
+        let changed = if ok {
+            conn.execute(sql, [id])?
+        } else {
+            conn.execute(sql, params![id, now])?
+        };
+        Ok(changed > 0)
     }
 
     /// Deletes proxies dead for longer than `after` that no source has

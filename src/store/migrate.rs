@@ -9,7 +9,10 @@ use super::StoreError;
 
 /// Every migration, in order; the version after applying `MIGRATIONS[i]` is
 /// `i + 1`. Never edit an applied migration: add a new file.
-const MIGRATIONS: &[&str] = &[include_str!("../../migrations/0001_init.sql")];
+const MIGRATIONS: &[&str] = &[
+    include_str!("../../migrations/0001_init.sql"),
+    include_str!("../../migrations/0002_reports.sql"),
+];
 
 /// The schema version this binary writes.
 pub const LATEST: i64 = MIGRATIONS.len() as i64;

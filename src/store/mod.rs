@@ -3,10 +3,12 @@
 //! never see a connection. Writes come in batches, one transaction each.
 
 mod checks;
+mod index;
 mod migrate;
 mod queries;
 
 pub use checks::{CheckRecord, DueProxy, RecheckPolicy};
+pub use index::{HealthIndex, ProxyQuery};
 pub use queries::{ProxyFilter, ProxyRecord, SourceRecord, SourceRun, Stats, UpsertCounts};
 
 use std::path::{Path, PathBuf};

@@ -143,6 +143,8 @@ pub struct Stats {
     pub by_scheme: BTreeMap<String, i64>,
     /// By country code (`unknown` when none).
     pub by_country: BTreeMap<String, i64>,
+    /// Alive proxies by checked anonymity.
+    pub by_anonymity: BTreeMap<String, i64>,
     /// By failure reason of dead proxies.
     pub by_reason: BTreeMap<String, i64>,
     /// Per source.
@@ -400,6 +402,29 @@ impl Store {
         Ok(rows.collect::<Result<Vec<_>, _>>()?)
     }
 
+    /// The proxies with these ids (missing ids are skipped).
+    pub fn proxies_by_ids(&self, ids: &[i64]) -> Result<Vec<ProxyRecord>, StoreError> {
+        let list = serde_json::to_string(ids).unwrap_or_else(|_| "[]".into());
+        let conn = self.lock();
+        let mut stmt = conn.prepare_cached(&format!(
+            "SELECT {PROXY_COLUMNS} FROM proxies p WHERE p.id IN (SELECT value FROM json_each(?1))"
+        ))?;
+        let rows = stmt.query_map([list], proxy_from_row)?;
+        Ok(rows.collect::<Result<Vec<_>, _>>()?)
+    }
+
+    /// Proxy counts per (status, scheme), every combination included.
+    pub fn count_by_status_scheme(&self) -> Result<Vec<(String, String, i64)>, StoreError> {
+        let conn = self.lock();
+        let mut stmt = conn.prepare_cached(
+            "SELECT st.s, sc.s, (SELECT count(*) FROM proxies p WHERE p.status = st.s AND p.scheme = sc.s)
+             FROM (SELECT 'unknown' AS s UNION ALL SELECT 'alive' UNION ALL SELECT 'dead') st,
+                  (SELECT 'http' AS s UNION ALL SELECT 'socks4' UNION ALL SELECT 'socks5') sc",
+        )?;
+        let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
+        Ok(rows.collect::<Result<Vec<_>, _>>()?)
+    }
+
     /// Every source's record with its proxy counts, by name.
     pub fn list_sources(&self) -> Result<Vec<SourceRecord>, StoreError> {
         let conn = self.lock();
@@ -462,6 +487,11 @@ impl Store {
             (
                 "SELECT coalesce(country, 'unknown'), count(*) FROM proxies GROUP BY 1",
                 &mut stats.by_country,
+            ),
+            (
+                "SELECT anonymity, count(*) FROM proxies
+                  WHERE status = 'alive' AND anonymity IS NOT NULL GROUP BY 1",
+                &mut stats.by_anonymity,
             ),
             (
                 "SELECT last_reason, count(*) FROM proxies

@@ -1,0 +1,327 @@
+//! The route handlers. Serving routes read the health index; only listings
+//! of non-alive proxies, reports and stats touch the store.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::{Path, RawQuery, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+
+use super::query::{FILTERS, Params, proxy_query};
+use super::{ApiError, AppState};
+use crate::export::{self, ExportRow, Format};
+use crate::proxy::Status;
+use crate::store::{ProxyFilter, ProxyRecord, SourceRecord, now_ms, rfc3339};
+
+/// Candidates tried by `verify=true` before giving up.
+const VERIFY_TRIES: usize = 5;
+
+/// The longest a `verify=true` re-check may take per candidate.
+const VERIFY_TIMEOUT: Duration = Duration::from_secs(3);
+
+fn with(extra: &[&'static str]) -> Vec<&'static str> {
+    FILTERS.iter().chain(extra).copied().collect()
+}
+
+/// `GET /proxy`: one alive, fresh proxy matching the filters.
+pub async fn proxy(
+    State(state): State<AppState>,
+    RawQuery(raw): RawQuery,
+) -> Result<Response, ApiError> {
+    let p = Params::parse(raw.as_deref(), &with(&["format", "verify"]))?;
+    let mut q = proxy_query(&p, state.config.api.max_age)?;
+    let text = p.choice("format", &["json", "text"])? == Some("text");
+    let verify = p.boolean("verify")?.unwrap_or(false);
+    let none = || ApiError::NotFound("no alive proxy matches the filters".into());
+
+    let chosen = if verify {
+        let checker = state.current_checker().ok_or_else(|| {
+            ApiError::NotFound("no check round has run yet, so nothing can be verified".into())
+        })?;
+        let mut chosen = None;
+        for _ in 0..VERIFY_TRIES {
+            let Some(r) = state.index.pick(&q, now_ms()) else {
+                break;
+            };
+            let outcome =
+                tokio::time::timeout(VERIFY_TIMEOUT, checker.check(&r.proxy, false)).await;
+            if matches!(&outcome, Ok(o) if o.alive()) {
+                chosen = Some(r);
+                break;
+            }
+            // Dead right now: stop serving it and have it re-checked.
+            q.exclude_ids.insert(r.id);
+            state.index.remove(r.id);
+            let id = r.id;
+            state.store.run(move |s| s.mark_due(id, now_ms())).await?;
+            state.wake.notify_one();
+        }
+        chosen.ok_or_else(none)?
+    } else {
+        state.index.pick(&q, now_ms()).ok_or_else(none)?
+    };
+    Ok(if text {
+        (
+            [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+            chosen.proxy.to_string(),
+        )
+            .into_response()
+    } else {
+        Json(ExportRow::from(&*chosen)).into_response()
+    })
+}
+
+#[derive(Serialize)]
+struct Listing {
+    total: usize,
+    limit: usize,
+    offset: usize,
+    proxies: Vec<ExportRow>,
+}
+
+/// `GET /proxies`: a page of proxies of any status, filtered and sorted.
+pub async fn proxies(
+    State(state): State<AppState>,
+    RawQuery(raw): RawQuery,
+) -> Result<Json<impl Serialize>, ApiError> {
+    let p = Params::parse(
+        raw.as_deref(),
+        &with(&["status", "sort", "limit", "offset"]),
+    )?;
+    // A listing shows whatever is alive unless a freshness bound is asked.
+    let mut q = proxy_query(&p, Duration::ZERO)?;
+    if p.get("max_age").is_none() {
+        q.max_age = None;
+    }
+    let status = p
+        .choice("status", &["alive", "dead", "unknown", "all"])?
+        .unwrap_or("alive");
+    let sort = p
+        .choice("sort", &["latency", "last_checked", "uptime"])?
+        .unwrap_or("latency");
+    let limit = p.number("limit", 1, 1000)?.unwrap_or(100) as usize;
+    let offset = p.number("offset", 0, i64::MAX)?.unwrap_or(0) as usize;
+
+    let mut rows: Vec<Arc<ProxyRecord>> = if status == "alive" {
+        state.index.select(&q, now_ms())
+    } else {
+        let filter = ProxyFilter {
+            status: match status {
+                "dead" => Some(Status::Dead),
+                "unknown" => Some(Status::Unknown),
+                _ => None,
+            },
+            countries: q.countries.clone(),
+            schemes: q.schemes.clone(),
+        };
+        let records = state.store.run(move |s| s.list_proxies(&filter)).await?;
+        records
+            .into_iter()
+            .filter(|r| q.matches_fields(r))
+            .map(Arc::new)
+            .collect()
+    };
+    match sort {
+        "last_checked" => rows.sort_by_key(|r| std::cmp::Reverse(r.last_checked)),
+        "uptime" => rows.sort_by(|a, b| uptime(b).total_cmp(&uptime(a))),
+        _ => rows.sort_by_key(|r| (r.latency_ms.is_none(), r.latency_ms, r.id)),
+    }
+    let total = rows.len();
+    let proxies = rows
+        .iter()
+        .skip(offset)
+        .take(limit)
+        .map(|r| ExportRow::from(&**r))
+        .collect();
+    Ok(Json(Listing {
+        total,
+        limit,
+        offset,
+        proxies,
+    }))
+}
+
+fn uptime(r: &ProxyRecord) -> f64 {
+    if r.checks_total == 0 {
+        0.0
+    } else {
+        r.checks_ok as f64 / r.checks_total as f64
+    }
+}
+
+/// `GET /export?format=txt|json|csv`: the healthy list.
+pub async fn export(
+    State(state): State<AppState>,
+    RawQuery(raw): RawQuery,
+) -> Result<Response, ApiError> {
+    let p = Params::parse(raw.as_deref(), &with(&["format"]))?;
+    let q = proxy_query(&p, state.config.api.max_age)?;
+    let format = match p
+        .choice("format", &["txt", "json", "csv"])?
+        .unwrap_or("txt")
+    {
+        "json" => Format::Json,
+        "csv" => Format::Csv,
+        _ => Format::Txt,
+    };
+    let rows = state.index.select(&q, now_ms());
+    let mut body = Vec::new();
+    export::write(&rows, format, &mut body).map_err(|e| ApiError::Internal(e.to_string()))?;
+    Ok(([(header::CONTENT_TYPE, format.content_type())], body).into_response())
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Report {
+    ok: bool,
+    #[serde(default)]
+    reason: Option<String>,
+}
+
+/// `POST /proxies/{id}/report` with `{"ok": false, "reason": "..."}`.
+pub async fn report(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let id: i64 = id
+        .parse()
+        .map_err(|_| ApiError::BadRequest(format!("proxy id {id:?} is not a number")))?;
+    let report: Report = serde_json::from_slice(&body).map_err(|e| {
+        ApiError::BadRequest(format!(
+            "body must be JSON like {{\"ok\": false, \"reason\": \"...\"}}: {e}"
+        ))
+    })?;
+    let ok = report.ok;
+    let found = state
+        .store
+        .run(move |s| s.record_report(id, ok, now_ms()))
+        .await?;
+    if !found {
+        return Err(ApiError::NotFound(format!("no proxy with id {id}")));
+    }
+    let hidden = !ok && state.index.remove(id);
+    if !ok {
+        state.wake.notify_one();
+    }
+    if !ok {
+        tracing::debug!(
+            id,
+            reason = report.reason.as_deref().unwrap_or(""),
+            "client reported a failing proxy"
+        );
+    }
+    Ok(Json(serde_json::json!({
+        "id": id,
+        "ok": ok,
+        "hidden": hidden,
+        "recheck": !ok,
+    }))
+    .into_response())
+}
+
+/// `GET /stats`.
+pub async fn stats(State(state): State<AppState>) -> Result<Response, ApiError> {
+    let stats = state.store.run(|s| s.stats()).await?;
+    let rounds = state
+        .rounds
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone();
+    Ok(Json(serde_json::json!({
+        "total": stats.total,
+        "servable": state.index.len(),
+        "by_status": stats.by_status,
+        "by_scheme": stats.by_scheme,
+        "by_country": stats.by_country,
+        "by_anonymity": stats.by_anonymity,
+        "by_reason": stats.by_reason,
+        "last_harvest": rounds.last_harvest,
+        "last_check": rounds.last_check,
+    }))
+    .into_response())
+}
+
+#[derive(Serialize)]
+struct SourceView {
+    name: String,
+    url: String,
+    format: String,
+    last_fetch_at: Option<String>,
+    last_ok_at: Option<String>,
+    last_http_status: Option<i64>,
+    last_duration_ms: Option<i64>,
+    last_found: Option<i64>,
+    last_new: Option<i64>,
+    last_error: Option<String>,
+    fetches_total: i64,
+    fetches_failed: i64,
+    proxies: i64,
+    alive: i64,
+}
+
+impl From<SourceRecord> for SourceView {
+    fn from(s: SourceRecord) -> SourceView {
+        SourceView {
+            last_fetch_at: s.last_fetch_at.map(rfc3339),
+            last_ok_at: s.last_ok_at.map(rfc3339),
+            name: s.name,
+            url: s.url,
+            format: s.format,
+            last_http_status: s.last_http_status,
+            last_duration_ms: s.last_duration_ms,
+            last_found: s.last_found,
+            last_new: s.last_new,
+            last_error: s.last_error,
+            fetches_total: s.fetches_total,
+            fetches_failed: s.fetches_failed,
+            proxies: s.proxies,
+            alive: s.alive,
+        }
+    }
+}
+
+/// `GET /sources`: each source's last fetch.
+pub async fn sources(State(state): State<AppState>) -> Result<Response, ApiError> {
+    let sources = state.store.run(|s| s.list_sources()).await?;
+    let view: Vec<SourceView> = sources.into_iter().map(SourceView::from).collect();
+    Ok(Json(view).into_response())
+}
+
+/// `GET /metrics`: Prometheus text.
+pub async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError> {
+    let metrics = state.metrics.clone();
+    let len = state.index.len();
+    let text = state.store.run(move |s| metrics.render(s, len)).await?;
+    Ok((
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response())
+}
+
+/// `GET /healthz`: the process answers.
+pub async fn healthz() -> Response {
+    Json(serde_json::json!({"status": "ok"})).into_response()
+}
+
+/// Unknown routes.
+pub async fn not_found(State(state): State<AppState>) -> Response {
+    state.metrics.observe_request("unmatched", 404);
+    ApiError::NotFound("no such route".into()).into_response()
+}
+
+/// Known routes with the wrong method.
+pub async fn method_not_allowed() -> Response {
+    let body = serde_json::json!({
+        "error": { "code": "method_not_allowed", "message": "method not allowed on this route" }
+    });
+    (StatusCode::METHOD_NOT_ALLOWED, Json(body)).into_response()
+}

@@ -1,0 +1,156 @@
+//! Prometheus metrics: proxies by status and scheme (read from the store at
+//! scrape time), checks by outcome, a check-latency histogram, harvest
+//! results per source, and API requests by route and status.
+
+use std::sync::Mutex;
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+use crate::harvest::HarvestReport;
+use crate::store::{CheckRecord, Store, StoreError};
+
+type Labels = Vec<(String, String)>;
+
+fn labels(pairs: &[(&str, &str)]) -> Labels {
+    pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect()
+}
+
+/// Every metric the daemon exposes.
+pub struct Metrics {
+    registry: Mutex<Registry>,
+    proxies: Family<Labels, Gauge>,
+    index_size: Gauge,
+    checks: Family<Labels, Counter>,
+    check_latency: Histogram,
+    harvest_found: Family<Labels, Gauge>,
+    harvest_runs: Family<Labels, Counter>,
+    requests: Family<Labels, Counter>,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Metrics")
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+impl Metrics {
+    /// Registers every metric.
+    pub fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("proxywarden");
+        let m = Metrics {
+            registry: Mutex::new(Registry::default()),
+            proxies: Family::default(),
+            index_size: Gauge::default(),
+            checks: Family::default(),
+            check_latency: Histogram::new(exponential_buckets(0.01, 2.0, 12)),
+            harvest_found: Family::default(),
+            harvest_runs: Family::default(),
+            requests: Family::default(),
+        };
+        registry.register(
+            "proxies",
+            "Stored proxies by status and scheme",
+            m.proxies.clone(),
+        );
+        registry.register(
+            "servable_proxies",
+            "Alive proxies in the in-memory health index",
+            m.index_size.clone(),
+        );
+        registry.register(
+            "checks",
+            "Checks by outcome (alive or the failure reason)",
+            m.checks.clone(),
+        );
+        registry.register(
+            "check_latency_seconds",
+            "Latency of passing checks",
+            m.check_latency.clone(),
+        );
+        registry.register(
+            "harvest_found",
+            "Proxies found by the last fetch of each source",
+            m.harvest_found.clone(),
+        );
+        registry.register(
+            "harvest_fetches",
+            "Source fetches by source and result (ok or error)",
+            m.harvest_runs.clone(),
+        );
+        registry.register(
+            "api_requests",
+            "API requests by route and status",
+            m.requests.clone(),
+        );
+        *m.registry.lock().unwrap_or_else(|e| e.into_inner()) = registry;
+        m
+    }
+
+    /// Counts a batch of committed check results.
+    pub fn observe_checks(&self, batch: &[CheckRecord]) {
+        for rec in batch {
+            let outcome = match rec.outcome.failure {
+                None => "alive",
+                Some(r) => r.as_str(),
+            };
+            self.checks
+                .get_or_create(&labels(&[("outcome", outcome)]))
+                .inc();
+            if let Some(l) = rec.outcome.latency {
+                self.check_latency.observe(l.as_secs_f64());
+            }
+        }
+    }
+
+    /// Records a harvest round.
+    pub fn observe_harvest(&self, report: &HarvestReport) {
+        for s in &report.sources {
+            self.harvest_found
+                .get_or_create(&labels(&[("source", &s.name)]))
+                .set(s.found as i64);
+            let result = if s.worked() { "ok" } else { "error" };
+            self.harvest_runs
+                .get_or_create(&labels(&[("source", &s.name), ("result", result)]))
+                .inc();
+        }
+    }
+
+    /// Counts an API request.
+    pub fn observe_request(&self, route: &str, status: u16) {
+        self.requests
+            .get_or_create(&labels(&[
+                ("route", route),
+                ("status", &status.to_string()),
+            ]))
+            .inc();
+    }
+
+    /// The text exposition, with store-derived gauges refreshed first.
+    pub fn render(&self, store: &Store, index_len: usize) -> Result<String, StoreError> {
+        for (status, scheme, n) in store.count_by_status_scheme()? {
+            self.proxies
+                .get_or_create(&labels(&[("status", &status), ("scheme", &scheme)]))
+                .set(n);
+        }
+        self.index_size.set(index_len as i64);
+        let mut out = String::new();
+        let registry = self.registry.lock().unwrap_or_else(|e| e.into_inner());
+        // Writing into a String cannot fail.
+        let _ = encode(&mut out, &registry);
+        Ok(out)
+    }
+}

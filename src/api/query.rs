@@ -1,0 +1,152 @@
+//! Query parameters parsed by hand, so that every bad value is answered 400
+//! with a message naming the parameter and what was expected.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use super::ApiError;
+use crate::proxy::{Anonymity, Country, Scheme};
+use crate::store::ProxyQuery;
+
+/// Raw parameters, each name at most once.
+#[derive(Debug, Default)]
+pub struct Params(HashMap<String, String>);
+
+impl Params {
+    /// Parses a query string; repeated names are an error.
+    pub fn parse(raw: Option<&str>, known: &[&str]) -> Result<Params, ApiError> {
+        let mut map = HashMap::new();
+        for (k, v) in url::form_urlencoded::parse(raw.unwrap_or("").as_bytes()) {
+            if !known.contains(&k.as_ref()) {
+                return Err(ApiError::BadRequest(format!(
+                    "unknown parameter {k:?} (expected one of: {})",
+                    known.join(", ")
+                )));
+            }
+            if map.insert(k.to_string(), v.to_string()).is_some() {
+                return Err(ApiError::BadRequest(format!(
+                    "parameter {k:?} given more than once (use a comma-separated list)"
+                )));
+            }
+        }
+        Ok(Params(map))
+    }
+
+    /// The raw value of `name`, if given and not empty.
+    pub fn get(&self, name: &str) -> Option<&str> {
+        self.0.get(name).map(|s| s.trim()).filter(|s| !s.is_empty())
+    }
+
+    fn bad(name: &str, value: &str, expected: &str) -> ApiError {
+        ApiError::BadRequest(format!(
+            "parameter {name}={value:?} is invalid: expected {expected}"
+        ))
+    }
+
+    /// A comma-separated list, each item parsed by `f`.
+    pub fn list<T>(
+        &self,
+        name: &str,
+        expected: &str,
+        f: impl Fn(&str) -> Option<T>,
+    ) -> Result<Vec<T>, ApiError> {
+        let Some(v) = self.get(name) else {
+            return Ok(Vec::new());
+        };
+        v.split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(|item| f(item).ok_or_else(|| Params::bad(name, item, expected)))
+            .collect()
+    }
+
+    /// A boolean: `true`/`false`/`1`/`0`/`yes`/`no`.
+    pub fn boolean(&self, name: &str) -> Result<Option<bool>, ApiError> {
+        self.get(name)
+            .map(|v| match v.to_ascii_lowercase().as_str() {
+                "true" | "1" | "yes" => Ok(true),
+                "false" | "0" | "no" => Ok(false),
+                _ => Err(Params::bad(name, v, "true or false")),
+            })
+            .transpose()
+    }
+
+    /// A whole number within `min..=max`.
+    pub fn number(&self, name: &str, min: i64, max: i64) -> Result<Option<i64>, ApiError> {
+        self.get(name)
+            .map(|v| match v.parse::<i64>() {
+                Ok(n) if (min..=max).contains(&n) => Ok(n),
+                _ => Err(Params::bad(
+                    name,
+                    v,
+                    &format!("a whole number from {min} to {max}"),
+                )),
+            })
+            .transpose()
+    }
+
+    /// A duration such as `10m` or `90s`.
+    pub fn duration(&self, name: &str) -> Result<Option<Duration>, ApiError> {
+        self.get(name)
+            .map(|v| match humantime::parse_duration(v) {
+                Ok(d) if !d.is_zero() => Ok(d),
+                _ => Err(Params::bad(name, v, "a duration like 10m or 90s")),
+            })
+            .transpose()
+    }
+
+    /// One of `choices`.
+    pub fn choice<'a>(&self, name: &str, choices: &[&'a str]) -> Result<Option<&'a str>, ApiError> {
+        self.get(name)
+            .map(|v| {
+                choices
+                    .iter()
+                    .find(|c| c.eq_ignore_ascii_case(v))
+                    .copied()
+                    .ok_or_else(|| Params::bad(name, v, &format!("one of {}", choices.join(", "))))
+            })
+            .transpose()
+    }
+}
+
+/// The filter parameters every listing accepts.
+pub const FILTERS: &[&str] = &[
+    "country",
+    "scheme",
+    "anonymity",
+    "https",
+    "max_latency_ms",
+    "max_age",
+    "exclude",
+];
+
+/// Builds a query from the filter parameters; `max_age` defaults to
+/// `default_max_age`.
+pub fn proxy_query(p: &Params, default_max_age: Duration) -> Result<ProxyQuery, ApiError> {
+    let mut q = ProxyQuery {
+        countries: p.list("country", "two-letter country codes", Country::parse)?,
+        schemes: p.list("scheme", "http, socks4 or socks5", |s| {
+            s.to_ascii_lowercase().parse::<Scheme>().ok()
+        })?,
+        min_anonymity: p
+            .choice("anonymity", &["transparent", "anonymous", "elite"])?
+            .map(|a| a.parse::<Anonymity>().expect("choices are valid")),
+        https: p.boolean("https")?.unwrap_or(false),
+        max_latency_ms: p.number("max_latency_ms", 1, 3_600_000)?,
+        max_age: Some(p.duration("max_age")?.unwrap_or(default_max_age)),
+        ..ProxyQuery::default()
+    };
+    for item in p.list("exclude", "proxy ids or host:port", |s| Some(s.to_owned()))? {
+        if let Ok(id) = item.parse::<i64>() {
+            q.exclude_ids.insert(id);
+        } else if let Ok(addr) = item.parse::<SocketAddr>() {
+            q.exclude_addrs.insert(addr);
+        } else if let Ok(p) = crate::proxy::Proxy::parse_url(&item) {
+            q.exclude_addrs.insert(SocketAddr::new(p.host, p.port));
+        } else {
+            return Err(Params::bad("exclude", &item, "proxy ids or host:port"));
+        }
+    }
+    Ok(q)
+}
