@@ -128,21 +128,25 @@ pub async fn run(
         tracing::warn!(error = %e, "scheduler did not stop cleanly");
     }
     http_stop.cancel();
-    // Checks in flight get a grace period, then stop; results already
-    // completed are committed by the round's writer either way.
-    let grace = tokio::time::sleep(CHECK_GRACE);
-    tokio::pin!(grace);
-    tokio::pin!(checks);
-    tokio::select! {
-        _ = &mut checks => {}
-        _ = &mut grace => {
+    // Checks in flight and open HTTP requests get their grace periods at the
+    // same time; results already completed are committed by the round's
+    // writer either way.
+    let checks_done = async move {
+        let mut checks = checks;
+        if tokio::time::timeout(CHECK_GRACE, &mut checks)
+            .await
+            .is_err()
+        {
             abort_checks.cancel();
             let _ = checks.await;
         }
-    }
-    if tokio::time::timeout(HTTP_GRACE, http).await.is_err() {
-        tracing::warn!("open HTTP requests did not finish in time");
-    }
+    };
+    let http_done = async {
+        if tokio::time::timeout(HTTP_GRACE, http).await.is_err() {
+            tracing::warn!("open HTTP requests did not finish in time");
+        }
+    };
+    tokio::join!(checks_done, http_done);
     if let Some(w) = watchdog {
         w.abort();
     }

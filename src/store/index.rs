@@ -88,38 +88,72 @@ impl ProxyQuery {
     }
 }
 
+/// Proxies are grouped by (scheme, country), the two filters that select
+/// the smallest shares; a pick samples only the groups a query can match.
+type Key = (Scheme, Option<Country>);
+
+fn key_of(r: &ProxyRecord) -> Key {
+    (
+        r.proxy.scheme,
+        r.country.as_deref().and_then(Country::parse),
+    )
+}
+
 #[derive(Default)]
 struct Inner {
-    entries: Vec<Arc<ProxyRecord>>,
-    pos: HashMap<i64, usize>,
+    groups: HashMap<Key, Vec<Arc<ProxyRecord>>>,
+    pos: HashMap<i64, (Key, usize)>,
 }
 
 impl Inner {
     fn put(&mut self, r: ProxyRecord) {
-        let id = r.id;
+        self.remove(r.id);
         if r.status != Status::Alive {
-            self.remove(id);
             return;
         }
-        let r = Arc::new(r);
-        match self.pos.get(&id) {
-            Some(&i) => self.entries[i] = r,
-            None => {
-                self.pos.insert(id, self.entries.len());
-                self.entries.push(r);
-            }
-        }
+        let key = key_of(&r);
+        let group = self.groups.entry(key).or_default();
+        self.pos.insert(r.id, (key, group.len()));
+        group.push(Arc::new(r));
     }
 
     fn remove(&mut self, id: i64) -> bool {
-        let Some(i) = self.pos.remove(&id) else {
+        let Some((key, i)) = self.pos.remove(&id) else {
             return false;
         };
-        self.entries.swap_remove(i);
-        if let Some(moved) = self.entries.get(i) {
-            self.pos.insert(moved.id, i);
+        let Some(group) = self.groups.get_mut(&key) else {
+            return false;
+        };
+        group.swap_remove(i);
+        if let Some(moved) = group.get(i) {
+            self.pos.insert(moved.id, (key, i));
+        }
+        if group.is_empty() {
+            self.groups.remove(&key);
         }
         true
+    }
+
+    /// The groups `q` can match.
+    fn groups_for<'a>(&'a self, q: &ProxyQuery) -> Vec<&'a [Arc<ProxyRecord>]> {
+        if q.countries.is_empty() {
+            self.groups
+                .iter()
+                .filter(|((scheme, _), _)| q.schemes.is_empty() || q.schemes.contains(scheme))
+                .map(|(_, g)| g.as_slice())
+                .collect()
+        } else {
+            let schemes: &[Scheme] = if q.schemes.is_empty() {
+                &Scheme::ALL
+            } else {
+                &q.schemes
+            };
+            schemes
+                .iter()
+                .flat_map(|s| q.countries.iter().map(move |c| (*s, Some(*c))))
+                .filter_map(|k| self.groups.get(&k).map(Vec::as_slice))
+                .collect()
+        }
     }
 }
 
@@ -198,7 +232,7 @@ impl HealthIndex {
 
     /// How many alive proxies are indexed.
     pub fn len(&self) -> usize {
-        self.read().entries.len()
+        self.read().pos.len()
     }
 
     /// True when no proxy is indexed.
@@ -209,7 +243,8 @@ impl HealthIndex {
     /// The indexed record of `id`.
     pub fn get(&self, id: i64) -> Option<Arc<ProxyRecord>> {
         let inner = self.read();
-        inner.pos.get(&id).map(|&i| inner.entries[i].clone())
+        let (key, i) = inner.pos.get(&id)?;
+        inner.groups.get(key)?.get(*i).cloned()
     }
 
     /// One proxy matching `q`: two random matches, the better of them
@@ -217,15 +252,25 @@ impl HealthIndex {
     /// the fast and steady ones are favoured.
     pub fn pick(&self, q: &ProxyQuery, now: i64) -> Option<Arc<ProxyRecord>> {
         let inner = self.read();
-        let n = inner.entries.len();
+        let groups = inner.groups_for(q);
+        let n: usize = groups.iter().map(|g| g.len()).sum();
         if n == 0 {
             return None;
         }
+        let nth = |mut i: usize| {
+            for g in &groups {
+                if i < g.len() {
+                    return &g[i];
+                }
+                i -= g.len();
+            }
+            unreachable!("i < n")
+        };
         let mut rng = rand::rng();
         let mut found: [Option<&Arc<ProxyRecord>>; 2] = [None, None];
         let mut k = 0;
         for _ in 0..SAMPLE_TRIES {
-            let r = &inner.entries[rng.random_range(0..n)];
+            let r = nth(rng.random_range(0..n));
             if q.matches(r, now) && found[0].is_none_or(|f| f.id != r.id) {
                 found[k] = Some(r);
                 k += 1;
@@ -237,7 +282,11 @@ impl HealthIndex {
         if k == 0 {
             // Selective filters: reservoir-sample two among all matches.
             let mut seen = 0usize;
-            for r in inner.entries.iter().filter(|r| q.matches(r, now)) {
+            for r in groups
+                .iter()
+                .flat_map(|g| g.iter())
+                .filter(|r| q.matches(r, now))
+            {
                 seen += 1;
                 if seen <= 2 {
                     found[seen - 1] = Some(r);
@@ -258,10 +307,11 @@ impl HealthIndex {
 
     /// Every proxy matching `q`, by id.
     pub fn select(&self, q: &ProxyQuery, now: i64) -> Vec<Arc<ProxyRecord>> {
-        let mut out: Vec<Arc<ProxyRecord>> = self
-            .read()
-            .entries
+        let inner = self.read();
+        let mut out: Vec<Arc<ProxyRecord>> = inner
+            .groups_for(q)
             .iter()
+            .flat_map(|g| g.iter())
             .filter(|r| q.matches(r, now))
             .cloned()
             .collect();
