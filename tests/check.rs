@@ -518,3 +518,92 @@ async fn a_ten_thousand_proxy_round_gives_every_proxy_a_status() {
     assert_eq!(stats.by_status["alive"], 2_000);
     assert_eq!(stats.by_status["dead"], 8_000);
 }
+
+/// `proxywarden check` as a user runs it: Ctrl-C (SIGINT) mid-round stops
+/// new checks, commits what completed, prints the summary and exits 130.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_check_command_stops_on_ctrl_c_with_status_130() {
+    let dir = tempfile::tempdir().unwrap();
+    let judge = Judge::plain().await;
+    let farm = FakeFarm::start(20, 200, Some(exit_ip())).await;
+    let entries: Vec<String> = farm
+        .alive_addrs()
+        .into_iter()
+        .chain(farm.silent_addrs())
+        .map(|a| format!("http://{a}"))
+        .collect();
+    std::fs::write(dir.path().join("list.txt"), entries.join("\n")).unwrap();
+    let toml = format!(
+        "[database]\npath = \"test.db\"\n[check]\njudges = [\"{}\"]\nconcurrency = 10\n\
+         connect_timeout = \"1s\"\ntimeout = \"2s\"\nhttps = false\n\
+         [[sources]]\nname = \"list\"\nurl = \"list.txt\"\n",
+        judge.url()
+    );
+    std::fs::write(dir.path().join("proxywarden.toml"), toml).unwrap();
+    let bin = env!("CARGO_BIN_EXE_proxywarden");
+    let harvest = tokio::process::Command::new(bin)
+        .arg("harvest")
+        .current_dir(dir.path())
+        .output()
+        .await
+        .unwrap();
+    assert!(harvest.status.success());
+
+    let child = tokio::process::Command::new(bin)
+        .arg("check")
+        .current_dir(dir.path())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id().unwrap();
+    // Interrupt once results are committed (the writer flushes every second).
+    let db = dir.path().join("test.db");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let conn = rusqlite::Connection::open(&db).unwrap();
+        let n: i64 = conn
+            .query_row(
+                "SELECT count(*) FROM proxies WHERE last_checked IS NOT NULL",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        if n >= 5 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "no results committed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let kill = std::process::Command::new("sh")
+        .args(["-c", &format!("kill -INT {pid}")])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    let out = child.wait_with_output().await.unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(130),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let line = stdout.lines().next().unwrap_or_default();
+    assert!(line.contains("(interrupted)"), "{stdout}");
+    let reported: i64 = line
+        .strip_prefix("checked ")
+        .and_then(|s| s.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no count in {line:?}"));
+    let conn = rusqlite::Connection::open(&db).unwrap();
+    let stored: i64 = conn
+        .query_row(
+            "SELECT count(*) FROM proxies WHERE last_checked IS NOT NULL",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(stored, reported, "every completed result is committed");
+    assert!(reported < 220, "{reported}");
+    assert!(stdout.contains("alive"), "{stdout}");
+}
