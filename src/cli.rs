@@ -499,6 +499,9 @@ pub fn print_stats(stats: &Stats, out: &mut impl Write) -> std::io::Result<()> {
     };
     section(out, "by status", &stats.by_status)?;
     section(out, "by scheme", &stats.by_scheme)?;
+    if !stats.by_anonymity.is_empty() {
+        section(out, "alive by anonymity", &stats.by_anonymity)?;
+    }
     if !stats.by_reason.is_empty() {
         section(out, "dead by reason", &stats.by_reason)?;
     }

@@ -607,3 +607,56 @@ async fn the_check_command_stops_on_ctrl_c_with_status_130() {
     assert!(reported < 220, "{reported}");
     assert!(stdout.contains("alive"), "{stdout}");
 }
+
+/// A judge that dies mid-round must not make proxies look dead: failures
+/// seen once no judge answers are discarded and the round stops.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_judge_dying_mid_round_marks_nothing_dead() {
+    let dir = tempfile::tempdir().unwrap();
+    let judge = Judge::plain().await;
+    let farm = FakeFarm::start(20, 100, Some(exit_ip())).await;
+    let entries: Vec<String> = farm
+        .alive_addrs()
+        .into_iter()
+        .chain(farm.silent_addrs())
+        .map(|a| format!("http://{a}"))
+        .collect();
+    let mut config = config(
+        dir.path(),
+        &format!(r#"["{}"]"#, judge.url()),
+        "",
+        &entries,
+        &[],
+    );
+    config.check.concurrency = 10;
+    config.check.https = false;
+    let store = Store::open(&config.database.path).unwrap();
+    harvest_all(&config, &store).await.unwrap();
+    let opts = CheckOptions::from_config(&config.check);
+    let checker = Arc::new(Checker::prepare(&config, &opts, None).await.unwrap());
+    let progress = Arc::new(RoundProgress::default());
+    let round = {
+        let (store, progress) = (store.clone(), progress.clone());
+        let policy = RecheckPolicy::from_config(&config.check);
+        tokio::spawn(async move {
+            check_round(
+                checker,
+                &store,
+                &opts,
+                policy,
+                &CancellationToken::new(),
+                progress,
+            )
+            .await
+        })
+    };
+    while progress.done.load(Ordering::Relaxed) < 10 {
+        tokio::task::yield_now().await;
+    }
+    drop(judge);
+    let err = round.await.unwrap().unwrap_err();
+    assert!(matches!(err, CheckError::JudgeLost { .. }), "{err}");
+    let stats = store.stats().unwrap();
+    assert_eq!(stats.by_status["dead"], 0, "{stats:?}");
+    assert!(stats.by_status["alive"] >= 10, "{stats:?}");
+}

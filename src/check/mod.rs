@@ -240,6 +240,21 @@ impl Checker {
         })
     }
 
+    /// True when at least one of the round's judges still answers a direct
+    /// request genuinely.
+    pub async fn judge_reachable(&self) -> bool {
+        for judge in self.plain.iter().chain(&self.secure) {
+            let n = nonce();
+            if let Ok(a) = self.prober.fetch(Route::Direct, &judge.target, &n).await
+                && (200..300).contains(&a.status)
+                && judge::genuine(&judge.config, &String::from_utf8_lossy(&a.body), &n)
+            {
+                return true;
+            }
+        }
+        false
+    }
+
     /// Our own addresses as the judges saw them.
     pub fn own_ips(&self) -> impl Iterator<Item = &IpAddr> {
         self.own.ips.iter()

@@ -107,6 +107,9 @@ pub struct RoundSummary {
     pub elapsed: Duration,
     /// True when the round was cancelled before checking everything due.
     pub interrupted: bool,
+    /// True when every judge stopped answering mid-round.
+    #[serde(skip)]
+    judge_lost: bool,
 }
 
 impl RoundSummary {
@@ -138,6 +141,15 @@ pub enum CheckError {
     /// proxy dead, so nothing is checked.
     #[error("no judge answered directly, so no proxy was checked or marked dead: {}", .0.join("; "))]
     NoJudge(Vec<String>),
+    /// Every judge stopped answering mid-round: the failures seen since
+    /// were discarded, not recorded, and the round stopped.
+    #[error(
+        "every judge stopped answering mid-round; the round stopped after committing {committed} results and recorded no failure seen while the judges were down"
+    )]
+    JudgeLost {
+        /// Results committed before the judges were lost.
+        committed: u64,
+    },
     /// TLS or GeoIP setup failed.
     #[error("{0}")]
     Setup(String),
@@ -165,11 +177,18 @@ pub async fn check_round(
     let concurrency = opts.concurrency.max(1);
 
     let (tx, rx) = mpsc::channel::<CheckRecord>(concurrency.min(4096) * 2);
+    // The round stops taking new proxies when the caller cancels or when
+    // the writer finds every judge gone.
+    let stop = cancel.child_token();
     let writer = tokio::spawn(write_results(
         store.clone(),
         rx,
         policy,
         opts.on_commit.clone(),
+        JudgeGuard {
+            checker: checker.clone(),
+            lost: stop.clone(),
+        },
     ));
     let permits = Arc::new(Semaphore::new(concurrency));
     let mut after = i64::MIN;
@@ -183,7 +202,7 @@ pub async fn check_round(
         for due in page {
             let permit = tokio::select! {
                 biased;
-                _ = cancel.cancelled() => {
+                _ = stop.cancelled() => {
                     interrupted = true;
                     break 'pages;
                 }
@@ -224,6 +243,11 @@ pub async fn check_round(
         Ok(r) => r?,
         Err(e) => std::panic::resume_unwind(e.into_panic()),
     };
+    if summary.judge_lost {
+        return Err(CheckError::JudgeLost {
+            committed: summary.checked,
+        });
+    }
     summary.elapsed = started.elapsed();
     summary.interrupted = interrupted;
     tracing::info!(
@@ -238,6 +262,13 @@ pub async fn check_round(
     Ok(summary)
 }
 
+/// Makes sure failures are the proxies' fault: before a batch with failures
+/// is committed, a judge must still answer directly.
+struct JudgeGuard {
+    checker: Arc<Checker>,
+    lost: CancellationToken,
+}
+
 /// The one writer: batches results and commits them off the runtime, when
 /// a batch is full, on each tick, and when the last sender is gone.
 async fn write_results(
@@ -245,6 +276,7 @@ async fn write_results(
     mut rx: mpsc::Receiver<CheckRecord>,
     policy: RecheckPolicy,
     on_commit: Option<CommitHook>,
+    guard: JudgeGuard,
 ) -> Result<RoundSummary, StoreError> {
     let mut summary = RoundSummary::default();
     let mut batch: Vec<CheckRecord> = Vec::with_capacity(BATCH);
@@ -262,7 +294,18 @@ async fn write_results(
             _ = tick.tick() => (true, false),
         };
         if flush && !batch.is_empty() {
-            let full = std::mem::replace(&mut batch, Vec::with_capacity(BATCH));
+            let mut full = std::mem::replace(&mut batch, Vec::with_capacity(BATCH));
+            let has_failures = full.iter().any(|r| !r.outcome.alive());
+            if has_failures && (summary.judge_lost || !guard.checker.judge_reachable().await) {
+                // A judge outage must never look like proxies dying: keep
+                // only the passes and stop the round.
+                if !summary.judge_lost {
+                    tracing::error!("every judge stopped answering; stopping the round");
+                }
+                summary.judge_lost = true;
+                guard.lost.cancel();
+                full.retain(|r| r.outcome.alive());
+            }
             let hook = on_commit.clone();
             let full = store
                 .run(move |s| {
