@@ -22,8 +22,12 @@ use crate::store::{HealthIndex, RecheckPolicy, Store, now_ms, rfc3339};
 const CHECK_GRACE: Duration = Duration::from_secs(5);
 /// How long open HTTP requests may take to finish after shutdown begins.
 const HTTP_GRACE: Duration = Duration::from_secs(5);
-/// The longest the check loop sleeps when nothing is due.
-const IDLE_MAX: Duration = Duration::from_secs(30);
+/// The longest the check loop sleeps when nothing is due; also how often
+/// proxies handed out are queued for their early re-check.
+const IDLE_MAX: Duration = Duration::from_secs(5);
+/// Pause between rounds, so a trickle of due proxies does not turn into a
+/// stream of tiny rounds (each asks every judge directly first).
+const ROUND_GAP: Duration = Duration::from_secs(2);
 /// Wait before retrying when no judge answers.
 const JUDGE_RETRY: Duration = Duration::from_secs(30);
 /// When the daily purge runs (03:17:00 UTC).
@@ -228,6 +232,15 @@ impl Daemon {
             }
         };
         while !stop.is_cancelled() {
+            let served = self.state.take_served();
+            if !served.is_empty()
+                && let Err(e) = self
+                    .store
+                    .run(move |s| s.mark_due_many(&served, now_ms()))
+                    .await
+            {
+                tracing::error!(error = %e, "cannot queue served proxies for re-checking");
+            }
             let due = self
                 .store
                 .run(|s| s.count_due(now_ms(), false))
@@ -264,6 +277,10 @@ impl Daemon {
                                     .last_check = Some(info);
                             }
                             Err(e) => tracing::error!(error = %e, "check round failed"),
+                        }
+                        tokio::select! {
+                            _ = stop.cancelled() => {}
+                            _ = tokio::time::sleep(ROUND_GAP) => {}
                         }
                         continue;
                     }

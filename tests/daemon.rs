@@ -498,3 +498,81 @@ async fn the_judge_can_be_switched_off_and_is_rate_limited() {
     assert_eq!(d.get("/judge").await.status(), 404);
     d.stop().await;
 }
+
+/// Proxies handed out whose last check is older than a minute are queued
+/// for an early re-check; freshly checked ones are not.
+#[test]
+fn served_proxies_with_old_checks_are_queued_for_recheck() {
+    use proxywarden::api::AppState;
+    use proxywarden::check::Outcome;
+    use proxywarden::harvest::{Candidate, Hints, SourceScheme};
+    use proxywarden::store::{
+        CheckRecord, HealthIndex, ProxyFilter, RecheckPolicy, SourceRun, Store, now_ms,
+    };
+
+    let dir = tempfile::tempdir().unwrap();
+    let config = Config::from_toml(
+        &format!(
+            "[database]\npath = \"{}\"\n",
+            dir.path().join("q.db").display()
+        ),
+        "t",
+    )
+    .unwrap();
+    let store = Store::open(&config.database.path).unwrap();
+    let run = SourceRun {
+        name: "s".into(),
+        url: "u".into(),
+        format: "text".into(),
+        started_at: 1,
+        http_status: None,
+        duration_ms: 0,
+        error: None,
+    };
+    let c = Candidate::new(
+        "10.2.3.4".parse().unwrap(),
+        80,
+        None,
+        None,
+        SourceScheme::Fixed(proxywarden::proxy::Scheme::Http),
+        Hints::default(),
+    );
+    store.record_source_run(&run, &[c]).unwrap();
+    let id = store.list_proxies(&ProxyFilter::default()).unwrap()[0].id;
+    let alive = |at: i64| CheckRecord {
+        id,
+        checked_at: at,
+        outcome: Outcome {
+            failure: None,
+            latency: Some(Duration::from_millis(5)),
+            anonymity: None,
+            https: None,
+            exit_ip: None,
+            country: None,
+            detected: None,
+        },
+    };
+    let policy = RecheckPolicy::from_config(&config.check);
+    let state = AppState::new(
+        store.clone(),
+        HealthIndex::new(),
+        std::sync::Arc::new(config),
+    );
+
+    let now = now_ms();
+    store
+        .record_checks(&[alive(now - 120_000)], policy)
+        .unwrap();
+    let old = &store.list_proxies(&ProxyFilter::default()).unwrap()[0];
+    state.note_served(old, now);
+    assert_eq!(state.take_served(), vec![id]);
+    assert!(state.take_served().is_empty(), "drained");
+
+    store.record_checks(&[alive(now)], policy).unwrap();
+    let fresh = &store.list_proxies(&ProxyFilter::default()).unwrap()[0];
+    state.note_served(fresh, now);
+    assert!(state.take_served().is_empty());
+
+    store.mark_due_many(&[id], now).unwrap();
+    assert_eq!(store.count_due(now, false).unwrap(), 1);
+}

@@ -64,6 +64,7 @@ pub async fn proxy(
     } else {
         state.index.pick(&q, now_ms()).ok_or_else(none)?
     };
+    state.note_served(&chosen, now_ms());
     Ok(if text {
         (
             [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],

@@ -33,6 +33,12 @@ use crate::config::Config;
 use crate::store::{HealthIndex, Store};
 use metrics::Metrics;
 
+/// A served proxy last checked longer ago than this is re-checked early.
+pub const SERVED_RECHECK_AFTER: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// The most served proxies queued for an early re-check at once.
+const MAX_SERVED_QUEUE: usize = 10_000;
+
 /// What the daemon's rounds last did, for `/stats`.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Rounds {
@@ -91,6 +97,9 @@ pub struct AppState {
     pub rounds: Arc<Mutex<Rounds>>,
     /// Wakes the check loop (new proxies, a reported failure).
     pub wake: Arc<tokio::sync::Notify>,
+    /// Proxies handed out whose last check is getting old: the check loop
+    /// re-checks them first, so what clients use stays verified.
+    pub served: Arc<Mutex<std::collections::HashSet<i64>>>,
     judge_limiter: Arc<DefaultKeyedRateLimiter<IpAddr>>,
     judge_calls: Arc<AtomicU64>,
 }
@@ -114,6 +123,7 @@ impl AppState {
             metrics: Arc::new(Metrics::new()),
             rounds: Arc::default(),
             wake: Arc::default(),
+            served: Arc::default(),
             judge_limiter: Arc::new(RateLimiter::keyed(Quota::per_minute(per_minute))),
             judge_calls: Arc::default(),
             config,
@@ -123,6 +133,27 @@ impl AppState {
     /// The checker for `verify=true`, once a round has prepared one.
     pub fn set_checker(&self, checker: Arc<Checker>) {
         *self.checker.write().unwrap_or_else(|e| e.into_inner()) = Some(checker);
+    }
+
+    /// Notes that a proxy was handed out; one last checked more than
+    /// [`SERVED_RECHECK_AFTER`] ago is queued for an early re-check.
+    pub fn note_served(&self, r: &crate::store::ProxyRecord, now: i64) {
+        let stale = r
+            .last_checked
+            .is_none_or(|t| now - t > SERVED_RECHECK_AFTER.as_millis() as i64);
+        if stale {
+            let mut served = self.served.lock().unwrap_or_else(|e| e.into_inner());
+            // Bounded: the loop drains it every few seconds.
+            if served.len() < MAX_SERVED_QUEUE {
+                served.insert(r.id);
+            }
+        }
+    }
+
+    /// Takes the queued early re-checks.
+    pub fn take_served(&self) -> Vec<i64> {
+        let mut served = self.served.lock().unwrap_or_else(|e| e.into_inner());
+        served.drain().collect()
     }
 
     fn current_checker(&self) -> Option<Arc<Checker>> {

@@ -204,6 +204,22 @@ impl Store {
         )? > 0)
     }
 
+    /// Makes these proxies due now, in one transaction.
+    pub fn mark_due_many(&self, ids: &[i64], now: i64) -> Result<(), StoreError> {
+        let mut conn = self.lock();
+        let tx = conn.transaction()?;
+        {
+            let mut stmt = tx.prepare_cached(
+                "UPDATE proxies SET next_check_at = min(next_check_at, ?2) WHERE id = ?1",
+            )?;
+            for id in ids {
+                stmt.execute(params![id, now])?;
+            }
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
     /// Counts a client's report on a proxy; a failure also makes it due
     /// now. False when there is no such proxy.
     pub fn record_report(&self, id: i64, ok: bool, now: i64) -> Result<bool, StoreError> {

@@ -320,7 +320,8 @@ impl HealthIndex {
     }
 }
 
-/// Lower is better: latency divided by a smoothed success ratio.
+/// Lower is better: latency divided by a smoothed success ratio, so fast
+/// and steady proxies win a pair more often.
 fn score(r: &ProxyRecord) -> f64 {
     let latency = r.latency_ms.unwrap_or(10_000).max(1) as f64;
     let reliability = (r.checks_ok as f64 + 1.0) / (r.checks_total as f64 + 2.0);
