@@ -437,15 +437,14 @@ fn open_store(config: &Config) -> anyhow::Result<Store> {
     Ok(Store::open(&config.database.path)?)
 }
 
+/// The width of a SOURCE column holding `names`.
+fn name_width<'a>(names: impl Iterator<Item = &'a str>) -> usize {
+    names.map(str::len).max().unwrap_or(0).max("SOURCE".len())
+}
+
 /// One line per source and a total.
 pub fn print_harvest(report: &HarvestReport, out: &mut impl Write) -> std::io::Result<()> {
-    let width = report
-        .sources
-        .iter()
-        .map(|s| s.name.len())
-        .max()
-        .unwrap_or(6)
-        .max(6);
+    let width = name_width(report.sources.iter().map(|s| s.name.as_str()));
     writeln!(
         out,
         "{:<width$}  {:>7}  {:>7}  {:>6}  {:>7}  ERROR",
@@ -507,13 +506,7 @@ pub fn print_stats(stats: &Stats, out: &mut impl Write) -> std::io::Result<()> {
     }
     section(out, "by country", &stats.by_country)?;
     writeln!(out, "\nby source")?;
-    let width = stats
-        .sources
-        .iter()
-        .map(|s| s.name.len())
-        .max()
-        .unwrap_or(6)
-        .max(6);
+    let width = name_width(stats.sources.iter().map(|s| s.name.as_str()));
     writeln!(
         out,
         "  {:<width$}  {:>8}  {:>7}  {:<24}  LAST ERROR",

@@ -168,6 +168,11 @@ fn notify_systemd(state: &[sd_notify::NotifyState]) {
 }
 
 impl Daemon {
+    /// The record of the last rounds, for `/stats`.
+    fn rounds(&self) -> std::sync::MutexGuard<'_, api::Rounds> {
+        self.state.rounds.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// One harvest; failures are logged and the next run tries again.
     async fn harvest(&self) {
         let Ok(_guard) = self.harvesting.try_lock() else {
@@ -186,11 +191,7 @@ impl Daemon {
                     new: report.new,
                     duration_ms: report.elapsed.as_millis() as u64,
                 };
-                self.state
-                    .rounds
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .last_harvest = Some(info);
+                self.rounds().last_harvest = Some(info);
                 if report.new > 0 {
                     self.wake.notify_one();
                 }
@@ -270,11 +271,7 @@ impl Daemon {
                                     dead: summary.dead,
                                     duration_ms: summary.elapsed.as_millis() as u64,
                                 };
-                                self.state
-                                    .rounds
-                                    .lock()
-                                    .unwrap_or_else(|e| e.into_inner())
-                                    .last_check = Some(info);
+                                self.rounds().last_check = Some(info);
                             }
                             Err(e) => tracing::error!(error = %e, "check round failed"),
                         }

@@ -418,33 +418,30 @@ async fn dead_proxies_back_off_doubling_up_to_the_cap_and_recover() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cancelling_a_round_keeps_every_completed_result() {
-    let dir = tempfile::tempdir().unwrap();
-    let judge = Judge::plain().await;
-    // 40 quick proxies then 200 that never answer; 8 at a time.
-    let farm = FakeFarm::start(40, 200, Some(exit_ip())).await;
+type Round = tokio::task::JoinHandle<Result<RoundSummary, CheckError>>;
+
+/// Harvests the farm (answering proxies first) and starts a plain-HTTP
+/// round over it in the background.
+async fn start_round(
+    dir: &Path,
+    judge: &Judge,
+    farm: &FakeFarm,
+    concurrency: usize,
+    cancel: &CancellationToken,
+) -> (Store, Arc<RoundProgress>, Round) {
     let entries: Vec<String> = farm
         .alive_addrs()
         .into_iter()
         .chain(farm.silent_addrs())
         .map(|a| format!("http://{a}"))
         .collect();
-    let mut config = config(
-        dir.path(),
-        &format!(r#"["{}"]"#, judge.url()),
-        "",
-        &entries,
-        &[],
-    );
-    config.check.concurrency = 8;
+    let mut config = config(dir, &format!(r#"["{}"]"#, judge.url()), "", &entries, &[]);
+    config.check.concurrency = concurrency;
     config.check.https = false;
     let store = Store::open(&config.database.path).unwrap();
     harvest_all(&config, &store).await.unwrap();
-
     let opts = CheckOptions::from_config(&config.check);
     let checker = Arc::new(Checker::prepare(&config, &opts, None).await.unwrap());
-    let cancel = CancellationToken::new();
     let progress = Arc::new(RoundProgress::default());
     let round = {
         let (store, cancel, progress) = (store.clone(), cancel.clone(), progress.clone());
@@ -453,6 +450,17 @@ async fn cancelling_a_round_keeps_every_completed_result() {
             async move { check_round(checker, &store, &opts, policy, &cancel, progress).await },
         )
     };
+    (store, progress, round)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelling_a_round_keeps_every_completed_result() {
+    // 40 quick proxies then 200 that never answer; 8 at a time.
+    let dir = tempfile::tempdir().unwrap();
+    let judge = Judge::plain().await;
+    let farm = FakeFarm::start(40, 200, Some(exit_ip())).await;
+    let cancel = CancellationToken::new();
+    let (store, progress, round) = start_round(dir.path(), &judge, &farm, 8, &cancel).await;
     // Interrupt once the first results are in (as Ctrl-C would).
     while progress.done.load(Ordering::Relaxed) < 10 {
         tokio::task::yield_now().await;
@@ -615,41 +623,8 @@ async fn a_judge_dying_mid_round_marks_nothing_dead() {
     let dir = tempfile::tempdir().unwrap();
     let judge = Judge::plain().await;
     let farm = FakeFarm::start(20, 100, Some(exit_ip())).await;
-    let entries: Vec<String> = farm
-        .alive_addrs()
-        .into_iter()
-        .chain(farm.silent_addrs())
-        .map(|a| format!("http://{a}"))
-        .collect();
-    let mut config = config(
-        dir.path(),
-        &format!(r#"["{}"]"#, judge.url()),
-        "",
-        &entries,
-        &[],
-    );
-    config.check.concurrency = 10;
-    config.check.https = false;
-    let store = Store::open(&config.database.path).unwrap();
-    harvest_all(&config, &store).await.unwrap();
-    let opts = CheckOptions::from_config(&config.check);
-    let checker = Arc::new(Checker::prepare(&config, &opts, None).await.unwrap());
-    let progress = Arc::new(RoundProgress::default());
-    let round = {
-        let (store, progress) = (store.clone(), progress.clone());
-        let policy = RecheckPolicy::from_config(&config.check);
-        tokio::spawn(async move {
-            check_round(
-                checker,
-                &store,
-                &opts,
-                policy,
-                &CancellationToken::new(),
-                progress,
-            )
-            .await
-        })
-    };
+    let (store, progress, round) =
+        start_round(dir.path(), &judge, &farm, 10, &CancellationToken::new()).await;
     while progress.done.load(Ordering::Relaxed) < 10 {
         tokio::task::yield_now().await;
     }
