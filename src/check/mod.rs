@@ -326,18 +326,13 @@ impl Checker {
             },
         };
         let via_tls_only = plain_judge.is_none();
-        let https_test = |main_failed: Option<Reason>| {
-            // Worth a tunnel when the proxy is reachable and a TLS judge exists.
-            self.https
-                && !via_tls_only
-                && secure_judge.is_some()
-                && main_failed.is_none_or(|r| !r.unreachable())
-        };
+        // HTTPS is tested once the proxy works, when a TLS judge exists.
+        let https_test = || self.https && !via_tls_only && secure_judge.is_some();
         match main {
             Ok((echo, latency)) => {
                 let https = if via_tls_only {
                     Some(true)
-                } else if https_test(None) {
+                } else if https_test() {
                     let j = secure_judge.expect("checked above");
                     Some(self.ask(Route::Tunnel(proxy), j).await.is_ok())
                 } else {
@@ -345,15 +340,9 @@ impl Checker {
                 };
                 self.alive(proxy, &echo, latency, https)
             }
-            // An HTTP proxy that will not forward may still tunnel: alive
-            // for HTTPS only.
-            Err(reason) if proxy.scheme == Scheme::Http && https_test(Some(reason)) => {
-                let j = secure_judge.expect("checked above");
-                match self.ask(Route::Tunnel(proxy), j).await {
-                    Ok((echo, latency)) => self.alive(proxy, &echo, latency, Some(true)),
-                    Err(_) => Outcome::dead(reason),
-                }
-            }
+            // A proxy that fails plain requests is dead even if it would
+            // tunnel: it is served for any URL, and a client asking for
+            // http:// through it would get the failure (or an injected page).
             Err(reason) => Outcome::dead(reason),
         }
     }
