@@ -94,23 +94,36 @@ fn items<'a>(root: &'a Value, path: Option<&str>) -> Result<&'a [Value], JsonErr
     }
     match root {
         Value::Array(items) => Ok(items),
-        Value::Object(map) => ITEMS_KEYS
-            .iter()
-            .find_map(|k| map.get(*k).and_then(Value::as_array))
-            .or_else(|| map.values().find_map(Value::as_array))
-            .map(Vec::as_slice)
-            .ok_or_else(|| {
-                JsonError::NoItems(
-                    "no array of items at the top level of the document; \
-                     set the source's items path"
-                        .to_owned(),
-                )
-            }),
+        Value::Object(_) => find_array(root, 2).ok_or_else(|| {
+            JsonError::NoItems(
+                "no array of items in the document (looked two levels deep); \
+                 set the source's items path"
+                    .to_owned(),
+            )
+        }),
         other => Err(JsonError::NoItems(format!(
             "the document is {}, not an array or an object holding one",
             kind(other)
         ))),
     }
+}
+
+/// The item list in an object: a well-known key first, then any array,
+/// then the same one level further down (`{"data": {"proxies": [...]}}`).
+fn find_array(v: &Value, depth: usize) -> Option<&[Value]> {
+    let Value::Object(map) = v else {
+        return None;
+    };
+    let known = || ITEMS_KEYS.iter().filter_map(|k| map.get(*k));
+    if let Some(a) = known().chain(map.values()).find_map(Value::as_array) {
+        return Some(a);
+    }
+    if depth == 0 {
+        return None;
+    }
+    known()
+        .chain(map.values())
+        .find_map(|inner| find_array(inner, depth - 1))
 }
 
 fn kind(v: &Value) -> &'static str {
@@ -457,6 +470,10 @@ mod tests {
 
     #[test]
     fn item_discovery() {
+        // One level down.
+        let nested =
+            r#"{"status":"ok","data":{"count":1,"proxies":[{"ip":"9.8.7.6","port":3128}]}}"#;
+        assert_eq!(urls(nested), ["http://9.8.7.6:3128"]);
         // Not `data`, but the only array.
         assert_eq!(
             urls(r#"{"count":1,"zzz":["1.2.3.4:80"],"meta":{}}"#),
