@@ -1,0 +1,700 @@
+//! `cargo bench --bench check`: the check-round budgets on loopback. A round
+//! of 10,000 fake proxies (most silent, the rest answering or refusing) should
+//! finish within 1.2× of the ideal schedule (silent × timeout ÷ concurrency)
+//! at concurrency 2,000 and spend at most 0.3 ms of CPU per alive plain-HTTP
+//! check; 10,000 checks in flight should stay under 200 MB of peak memory.
+//! The figures are printed next to their targets, not asserted; wrong
+//! verdicts (a working proxy found dead, say) fail the run.
+//!
+//! Three roles, one binary. Without arguments it runs each pass in a fresh
+//! measuring process (`--measure PASS`), so every pass's peak memory is its
+//! own. A measuring process starts the judge and the fake proxies in a
+//! child (`--serve-farm ALIVE SILENT`) so that their CPU and memory stay out
+//! of the figures, then harvests, checks and reports. `BENCH_TIMELINE=1`
+//! prints the count of finished checks over time to stderr.
+
+#[allow(dead_code)]
+#[path = "../tests/common/fakes.rs"]
+mod fakes;
+#[allow(dead_code)]
+#[path = "../tests/common/judges.rs"]
+mod judges;
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::Path;
+use std::process::{Child, ChildStdin, Command, ExitCode, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use proxywarden::check::{CheckOptions, Checker, Reason, RoundProgress, check_round};
+use proxywarden::config::Config;
+use proxywarden::harvest::harvest_all;
+use proxywarden::store::{RecheckPolicy, Store};
+use tokio_util::sync::CancellationToken;
+
+const MEASURE_ARG: &str = "--measure";
+const FARM_ARG: &str = "--serve-farm";
+
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+const TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The farm's working proxies forward from these addresses in turn, so no
+/// one address's ephemeral ports bound the upstream connections.
+const UPSTREAM_BINDS: [Ipv4Addr; 4] = [
+    Ipv4Addr::new(127, 0, 0, 2),
+    Ipv4Addr::new(127, 0, 0, 3),
+    Ipv4Addr::new(127, 0, 0, 4),
+    Ipv4Addr::new(127, 0, 0, 5),
+];
+/// Closed ports live here: nothing else in the bench binds this address.
+const CLOSED_IP: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 9);
+/// Descriptors kept free besides sockets (the database, pipes, the runtime).
+const FD_MARGIN: u64 = 512;
+
+/// One round's shape.
+#[derive(Clone, Copy, Debug)]
+struct Pass {
+    /// For `--measure` and the report.
+    name: &'static str,
+    /// Working elite HTTP proxies in the farm.
+    alive: usize,
+    /// Listeners that accept and never answer.
+    silent: usize,
+    /// Ports where nothing listens (instant refusal).
+    closed: usize,
+    /// Checks in flight.
+    concurrency: usize,
+}
+
+/// Silent proxies are a whole number of rounds of concurrency: equal
+/// timeouts started together end together, so 5,000 silent at 2,000 would
+/// take three full timeouts (1.2× the formula) on any checker.
+const PASSES: [Pass; 2] = [
+    Pass {
+        name: "mixed",
+        alive: 3_000,
+        silent: 6_000,
+        closed: 1_000,
+        concurrency: 2_000,
+    },
+    Pass {
+        name: "in-flight",
+        alive: 0,
+        silent: 10_000,
+        closed: 0,
+        concurrency: 10_000,
+    },
+];
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(i) = args.iter().position(|a| a == FARM_ARG) {
+        let count = |j: usize| -> usize {
+            args.get(i + j)
+                .and_then(|s| s.parse().ok())
+                .unwrap_or_else(|| panic!("usage: {FARM_ARG} ALIVE SILENT"))
+        };
+        serve_farm(count(1), count(2));
+        return ExitCode::SUCCESS;
+    }
+    if let Some(i) = args.iter().position(|a| a == MEASURE_ARG) {
+        let name = args.get(i + 1).map(String::as_str).unwrap_or_default();
+        let pass = PASSES
+            .iter()
+            .find(|p| p.name == name)
+            .unwrap_or_else(|| panic!("no pass named {name:?}"));
+        return match measure(*pass) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("check bench, pass {}: {e:#}", pass.name);
+                ExitCode::FAILURE
+            }
+        };
+    }
+    orchestrate()
+}
+
+/// Runs every pass in its own measuring process, in order.
+fn orchestrate() -> ExitCode {
+    let exe = std::env::current_exe().expect("current exe");
+    println!(
+        "check bench: {} CPUs, connect timeout {:?}, timeout {:?}, https off, plain-HTTP judge on loopback",
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        CONNECT_TIMEOUT,
+        TIMEOUT,
+    );
+    let mut failed = false;
+    for pass in PASSES {
+        let status = Command::new(&exe)
+            .args([MEASURE_ARG, pass.name])
+            .status()
+            .expect("run a measuring process");
+        if !status.success() {
+            eprintln!("check bench: pass {} failed ({status})", pass.name);
+            failed = true;
+        }
+    }
+    if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The farm child
+
+/// Starts the judge and the farm, prints `judge URL`, one `alive ADDR` or
+/// `silent ADDR` line per proxy and `ready`, then serves until stdin closes.
+fn serve_farm(alive: usize, silent: usize) {
+    let rt = tokio::runtime::Runtime::new().expect("tokio runtime");
+    rt.block_on(async {
+        fakes::raise_nofile_limit();
+        let judge = judges::Judge::plain().await;
+        // One farm per upstream address; the silent listeners go with the
+        // first, their upstream is never used.
+        let mut farms = Vec::new();
+        for (i, ip) in UPSTREAM_BINDS.iter().enumerate() {
+            let share =
+                alive / UPSTREAM_BINDS.len() + usize::from(i < alive % UPSTREAM_BINDS.len());
+            let mute = if i == 0 { silent } else { 0 };
+            farms.push(fakes::FakeFarm::start(share, mute, Some(IpAddr::V4(*ip))).await);
+        }
+        {
+            let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+            writeln!(out, "judge {}", judge.url()).expect("write to the parent");
+            for farm in &farms {
+                for a in farm.alive_addrs() {
+                    writeln!(out, "alive {a}").expect("write to the parent");
+                }
+                for a in farm.silent_addrs() {
+                    writeln!(out, "silent {a}").expect("write to the parent");
+                }
+            }
+            writeln!(out, "ready").expect("write to the parent");
+            out.flush().expect("write to the parent");
+        }
+        // The parent closes our stdin when its round is over (or it dies).
+        let mut sink = Vec::new();
+        let _ = tokio::io::AsyncReadExt::read_to_end(&mut tokio::io::stdin(), &mut sink).await;
+        drop(farms);
+        drop(judge);
+    });
+    // Thousands of connection tasks need no orderly teardown.
+    rt.shutdown_background();
+}
+
+/// The farm: one or more children (more when one process's open-file limit
+/// cannot hold every listener and connection) and what they serve. Dropping
+/// it closes the children's stdin, which stops them.
+struct Farm {
+    children: Vec<(Child, Option<ChildStdin>)>,
+    /// The first child's judge; the others' go unused.
+    judge: String,
+    alive: Vec<SocketAddr>,
+    silent: Vec<SocketAddr>,
+}
+
+impl Farm {
+    /// Starts `alive` working and `silent` mute proxies spread evenly over
+    /// `children` processes.
+    fn start(alive: usize, silent: usize, children: usize) -> anyhow::Result<Farm> {
+        let mut farm = Farm {
+            children: Vec::with_capacity(children),
+            judge: String::new(),
+            alive: Vec::with_capacity(alive),
+            silent: Vec::with_capacity(silent),
+        };
+        let share = |n: usize, i: usize| n / children + usize::from(i < n % children);
+        for i in 0..children {
+            farm.spawn(share(alive, i), share(silent, i))?;
+        }
+        Ok(farm)
+    }
+
+    fn spawn(&mut self, alive: usize, silent: usize) -> anyhow::Result<()> {
+        let mut child = Command::new(std::env::current_exe()?)
+            .args([FARM_ARG, &alive.to_string(), &silent.to_string()])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()?;
+        let stdin = child.stdin.take();
+        let stdout = child.stdout.take().expect("piped stdout");
+        self.children.push((child, stdin));
+        let (mut judge, mut a, mut s) = (String::new(), 0, 0);
+        for line in BufReader::new(stdout).lines() {
+            let line = line?;
+            let (kind, value) = line.split_once(' ').unwrap_or((line.as_str(), ""));
+            match kind {
+                "judge" => judge = value.to_owned(),
+                "alive" => {
+                    self.alive.push(value.parse()?);
+                    a += 1;
+                }
+                "silent" => {
+                    self.silent.push(value.parse()?);
+                    s += 1;
+                }
+                "ready" => break,
+                other => anyhow::bail!("farm child said {other:?}"),
+            }
+        }
+        anyhow::ensure!(
+            !judge.is_empty() && a == alive && s == silent,
+            "a farm child started {a} alive and {s} silent proxies (wanted {alive} and {silent}) and judge {judge:?}",
+        );
+        if self.judge.is_empty() {
+            self.judge = judge;
+        }
+        Ok(())
+    }
+
+    /// The children's process ids.
+    fn pids(&self) -> Vec<u32> {
+        self.children.iter().map(|(c, _)| c.id()).collect()
+    }
+}
+
+impl Drop for Farm {
+    fn drop(&mut self) {
+        for (_, stdin) in &mut self.children {
+            drop(stdin.take());
+        }
+        for (child, _) in &mut self.children {
+            let _ = child.wait();
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The measuring process
+
+/// Raises this process's open-file limit (inherited by the farm children):
+/// soft up to hard, then the hard limit itself to `wanted` where allowed
+/// (CAP_SYS_RESOURCE). Returns the limit in force.
+fn raise_nofile_to(wanted: u64) -> u64 {
+    let limit = fakes::raise_nofile_limit();
+    if limit >= wanted {
+        return limit;
+    }
+    match rlimit::setrlimit(rlimit::Resource::NOFILE, wanted, wanted) {
+        Ok(()) => wanted,
+        Err(_) => limit,
+    }
+}
+
+/// Descriptors one farm child needs when it serves `listeners` proxies and,
+/// at worst, every check in flight lands on it: the accepted connection,
+/// plus the upstream and the judge's side for a working proxy.
+fn child_needs(listeners: usize, pass: &Pass) -> u64 {
+    let working = pass.concurrency.min(pass.alive);
+    (listeners + 3 * working + (pass.concurrency - working)) as u64 + FD_MARGIN
+}
+
+/// Fits the pass into the open-file limit: as many farm children as it
+/// takes to hold the listeners, and fewer checks in flight only if one
+/// child cannot hold the connections of a full round. Says what it did.
+fn fit_to_limit(pass: &mut Pass) -> usize {
+    const MAX_CHILDREN: usize = 8;
+    let listeners = pass.alive + pass.silent;
+    let limit = raise_nofile_to(child_needs(listeners, pass));
+    let children = (1..=MAX_CHILDREN)
+        .find(|k| child_needs(listeners.div_ceil(*k), pass) <= limit)
+        .unwrap_or(MAX_CHILDREN);
+    let held = listeners.div_ceil(children) as u64 + FD_MARGIN;
+    if child_needs(listeners.div_ceil(children), pass) > limit {
+        let per_check = if pass.alive > 0 { 3 } else { 1 };
+        let fits = (limit.saturating_sub(held) / per_check).max(1) as usize;
+        println!(
+            "[{}] open-file limit {limit}: a farm child cannot hold {} checks in flight, so {fits}",
+            pass.name, pass.concurrency
+        );
+        pass.concurrency = fits;
+    }
+    if children > 1 {
+        println!(
+            "[{}] open-file limit {limit} (hard; raising it needs CAP_SYS_RESOURCE): \
+             the farm runs in {children} child processes",
+            pass.name
+        );
+    }
+    children
+}
+
+fn measure(mut pass: Pass) -> anyhow::Result<()> {
+    let children = fit_to_limit(&mut pass);
+    // The closed ports' sockets live here too.
+    let concurrency = proxywarden::check::clamp_concurrency(pass.concurrency + pass.closed)
+        .saturating_sub(pass.closed);
+    if concurrency < pass.concurrency {
+        println!(
+            "[{}] this process's open-file limit allows {concurrency} checks in flight, not {}",
+            pass.name, pass.concurrency
+        );
+    }
+
+    // Read once, outside the measured span (it runs `getconf`).
+    clock_ticks();
+    let farm = Farm::start(pass.alive, pass.silent, children)?;
+    // Bound but never listening: a connect is refused at once. Held for the
+    // round so no other socket can take the port.
+    let closed: Vec<tokio::net::TcpSocket> = (0..pass.closed)
+        .map(|_| {
+            let s = tokio::net::TcpSocket::new_v4()?;
+            s.bind(SocketAddr::new(IpAddr::V4(CLOSED_IP), 0))?;
+            Ok(s)
+        })
+        .collect::<std::io::Result<_>>()?;
+    let closed_addrs: Vec<SocketAddr> = closed
+        .iter()
+        .map(tokio::net::TcpSocket::local_addr)
+        .collect::<std::io::Result<_>>()?;
+    let entries = interleave(&[&farm.alive, &farm.silent, &closed_addrs]);
+
+    let dir = tempfile::tempdir()?;
+    let config = write_config(dir.path(), &farm.judge, &entries, concurrency)?;
+    let rt = tokio::runtime::Runtime::new()?;
+    let result = rt.block_on(round(&config, concurrency, &farm.pids()));
+    drop(closed);
+    drop(farm);
+    let m = result?;
+
+    let mut problems = Vec::new();
+    let expect = |what: &str, got: u64, want: usize, problems: &mut Vec<String>| {
+        if got != want as u64 {
+            problems.push(format!("{what}: {got}, expected {want}"));
+        }
+    };
+    let reason = |r: Reason| m.summary.dead_by_reason.get(&r).copied().unwrap_or(0);
+    expect("checked", m.summary.checked, entries.len(), &mut problems);
+    expect("alive", m.summary.alive, pass.alive, &mut problems);
+    expect(
+        "timeout",
+        reason(Reason::Timeout),
+        pass.silent,
+        &mut problems,
+    );
+    expect(
+        "refused",
+        reason(Reason::Refused),
+        pass.closed,
+        &mut problems,
+    );
+    report(&pass, concurrency, &m);
+    if !problems.is_empty() {
+        anyhow::bail!(
+            "the round's verdicts are wrong: {}; dead by reason {:?}",
+            problems.join(", "),
+            m.summary.dead_by_reason
+        );
+    }
+    Ok(())
+}
+
+/// Entries in proportion to each group's size, spread through the list as in
+/// a real one rather than in blocks.
+fn interleave(groups: &[&[SocketAddr]]) -> Vec<String> {
+    let total: usize = groups.iter().map(|g| g.len()).sum();
+    let mut taken = vec![0usize; groups.len()];
+    let mut out = Vec::with_capacity(total);
+    for _ in 0..total {
+        // The group furthest behind its share so far.
+        let (i, _) = groups
+            .iter()
+            .enumerate()
+            .filter(|(i, g)| taken[*i] < g.len())
+            .map(|(i, g)| (i, taken[i] as f64 / g.len() as f64))
+            .min_by(|a, b| a.1.total_cmp(&b.1))
+            .expect("entries remain");
+        out.push(format!("http://{}", groups[i][taken[i]]));
+        taken[i] += 1;
+    }
+    out
+}
+
+fn write_config(
+    dir: &Path,
+    judge: &str,
+    entries: &[String],
+    concurrency: usize,
+) -> anyhow::Result<Config> {
+    let list = dir.join("list.txt");
+    std::fs::write(&list, entries.join("\n"))?;
+    let toml = format!(
+        r#"
+[database]
+path = "{db}"
+
+[check]
+judges = ["{judge}"]
+concurrency = {concurrency}
+connect_timeout = "{connect}ms"
+timeout = "{timeout}ms"
+https = false
+
+[[sources]]
+name = "farm"
+url = "{list}"
+"#,
+        db = dir.join("bench.db").display(),
+        list = list.display(),
+        connect = CONNECT_TIMEOUT.as_millis(),
+        timeout = TIMEOUT.as_millis(),
+    );
+    Ok(Config::from_toml(&toml, "bench.toml")?)
+}
+
+/// What one round measured.
+struct Measured {
+    summary: proxywarden::check::RoundSummary,
+    wall: Duration,
+    cpu: Duration,
+    /// The kernel's share of `cpu`: on loopback it includes the TCP work of
+    /// the farm's side of each connection, run in our context.
+    system: Duration,
+    farm_cpu: Option<Duration>,
+    rss_before_kib: u64,
+    hwm_kib: u64,
+    last_check: Duration,
+    /// CPU the rest of the machine used during the round (other work
+    /// competing for the cores), when /proc/stat could be read.
+    others_cpu: Option<Duration>,
+}
+
+async fn round(config: &Config, concurrency: usize, farm_pids: &[u32]) -> anyhow::Result<Measured> {
+    let store = Store::open(&config.database.path)?;
+    let harvested = harvest_all(config, &store).await?;
+    anyhow::ensure!(
+        harvested.any_worked(),
+        "harvesting the list failed: {:?}",
+        harvested.sources
+    );
+    let opts = CheckOptions {
+        all: false,
+        concurrency,
+        connect_timeout: config.check.connect_timeout,
+        timeout: config.check.timeout,
+        https: false,
+    };
+    let checker = Arc::new(Checker::prepare(config, &opts, None).await?);
+    let policy = RecheckPolicy::from_config(&config.check);
+
+    let rss_before_kib = proc_status_kib("VmRSS:");
+    let cpu_before = cpu_times("self").unwrap_or_default();
+    let farm_before = farm_cpu(farm_pids);
+    let machine_before = machine_busy();
+    let progress = Arc::new(RoundProgress::default());
+    let started = Instant::now();
+    let watcher = tokio::spawn(watch(progress.clone(), started));
+    let summary = check_round(
+        checker,
+        &store,
+        &opts,
+        policy,
+        &CancellationToken::new(),
+        progress,
+    )
+    .await?;
+    let wall = started.elapsed();
+    watcher.abort();
+    // Missed by the watcher only if the round returned within its tick.
+    let last_check = watcher.await.ok().flatten().unwrap_or(wall);
+    let cpu_after = cpu_times("self").unwrap_or_default();
+    let (user, system) = (cpu_after.0 - cpu_before.0, cpu_after.1 - cpu_before.1);
+    let cpu = user + system;
+    let farm_cpu = farm_cpu(farm_pids).zip(farm_before).map(|(a, b)| a - b);
+    let machine = machine_busy().zip(machine_before).map(|(a, b)| a - b);
+    Ok(Measured {
+        summary,
+        wall,
+        cpu,
+        system,
+        farm_cpu,
+        rss_before_kib,
+        hwm_kib: proc_status_kib("VmHWM:"),
+        last_check,
+        others_cpu: machine
+            .zip(farm_cpu)
+            .map(|(m, f)| m.saturating_sub(f + cpu)),
+    })
+}
+
+/// When the last check of the round finished (to 5 ms), which separates
+/// the checks from committing their results.
+async fn watch(progress: Arc<RoundProgress>, started: Instant) -> Option<Duration> {
+    let timeline = std::env::var_os("BENCH_TIMELINE").is_some();
+    let mut tick = tokio::time::interval(Duration::from_millis(5));
+    let mut last = 0;
+    loop {
+        tick.tick().await;
+        let total = progress.total.load(std::sync::atomic::Ordering::Relaxed);
+        let done = progress.done.load(std::sync::atomic::Ordering::Relaxed);
+        if timeline && done != last {
+            eprintln!("{:>6} ms {done}", started.elapsed().as_millis());
+            last = done;
+        }
+        if total > 0 && done >= total {
+            return Some(started.elapsed());
+        }
+    }
+}
+
+fn report(pass: &Pass, concurrency: usize, m: &Measured) {
+    let name = pass.name;
+    let s = &m.summary;
+    let wall = m.wall.as_secs_f64();
+    let ideal = TIMEOUT.as_secs_f64() * pass.silent as f64 / concurrency as f64;
+    // Equal timeouts started together end together: the silent checks run
+    // in whole waves, so a partial last wave costs a full timeout.
+    let waves = TIMEOUT.as_secs_f64() * pass.silent.div_ceil(concurrency) as f64;
+    let target = |t: &str, applies: bool| {
+        if applies {
+            format!("(target {t})")
+        } else {
+            format!("(target {t} applies to the other pass)")
+        }
+    };
+    println!(
+        "[{name}] {} proxies: {} alive (answering HTTP), {} silent, {} closed; concurrency {concurrency}",
+        s.checked, s.alive, pass.silent, pass.closed
+    );
+    let mut wall_line = format!(
+        "[{name}]   wall        {wall:.3} s vs ideal {ideal:.3} s ({} silent x {:?} / {concurrency}) = {:.2}x  {}",
+        pass.silent,
+        TIMEOUT,
+        wall / ideal,
+        target("<= 1.20x at concurrency 2,000", concurrency == 2_000),
+    );
+    if waves > ideal {
+        wall_line.push_str(&format!(
+            "; whole waves of timeouts take {waves:.3} s = {:.2}x of ideal",
+            waves / ideal
+        ));
+    }
+    println!("{wall_line}");
+    println!(
+        "[{name}]               the last check ended at {:.3} s, the rest is committing results",
+        m.last_check.as_secs_f64()
+    );
+    println!(
+        "[{name}]   throughput  {:.0} checks/s",
+        s.checked as f64 / wall
+    );
+    let cpu = m.cpu.as_secs_f64();
+    if s.alive > 0 {
+        println!(
+            "[{name}]   CPU         {cpu:.2} s in the round ({:.2} s system) = {:.3} s per 1,000 alive checks = {:.3} ms per alive check  (target <= 0.3 ms)",
+            m.system.as_secs_f64(),
+            cpu * 1000.0 / s.alive as f64,
+            cpu * 1000.0 / s.alive as f64
+        );
+    } else {
+        println!(
+            "[{name}]   CPU         {cpu:.2} s in the round ({:.2} s system) = {:.3} ms per check, no alive checks  {}",
+            m.system.as_secs_f64(),
+            cpu * 1000.0 / s.checked.max(1) as f64,
+            target("<= 0.3 ms per alive check", false),
+        );
+    }
+    let hwm = m.hwm_kib as f64 * 1024.0;
+    let before = m.rss_before_kib as f64 * 1024.0;
+    println!(
+        "[{name}]   memory      peak RSS (VmHWM) {:.1} MB = {:.1} MiB; RSS before the round {:.1} MB; \
+         {:.1} KiB per check in flight  {}",
+        hwm / 1e6,
+        hwm / (1024.0 * 1024.0),
+        before / 1e6,
+        (hwm - before) / 1024.0 / concurrency.min(s.checked as usize).max(1) as f64,
+        target("< 200 MB at 10,000 in flight", concurrency >= 10_000),
+    );
+    if let Some(f) = m.farm_cpu {
+        println!(
+            "[{name}]   (farm, not counted: {:.2} s CPU = {:.0}% of one core over the round)",
+            f.as_secs_f64(),
+            100.0 * f.as_secs_f64() / wall
+        );
+    }
+    if let Some(o) = m.others_cpu {
+        let share = o.as_secs_f64() / wall;
+        println!(
+            "[{name}]   (rest of the machine: {:.2} s CPU = {:.0}% of one core over the round{})",
+            o.as_secs_f64(),
+            100.0 * share,
+            if share > 0.2 {
+                "; the machine was busy, figures are pessimistic"
+            } else {
+                ""
+            }
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------
+// /proc readings
+
+/// A `kB` field of /proc/self/status, in KiB (0 if missing).
+fn proc_status_kib(field: &str) -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// User and system CPU time of a process (`self` or a pid), all threads,
+/// from /proc/PID/stat.
+fn cpu_times(pid: &str) -> Option<(Duration, Duration)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name, which may contain spaces: state is
+    // field 3, utime 14, stime 15.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| -> Option<Duration> {
+        let t: u64 = fields.get(i)?.parse().ok()?;
+        Some(Duration::from_secs_f64(t as f64 / clock_ticks() as f64))
+    };
+    Some((ticks(11)?, ticks(12)?))
+}
+
+/// User plus system CPU time of a process.
+fn cpu_time(pid: &str) -> Option<Duration> {
+    cpu_times(pid).map(|(u, s)| u + s)
+}
+
+/// Busy CPU time of the whole machine (every core), from /proc/stat.
+fn machine_busy() -> Option<Duration> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let line = stat.lines().find(|l| l.starts_with("cpu "))?;
+    let ticks: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .map(|v| v.parse().unwrap_or(0))
+        .collect();
+    // user nice system idle iowait irq softirq steal: all but idle and iowait.
+    let busy: u64 = [0, 1, 2, 5, 6, 7]
+        .iter()
+        .filter_map(|&i| ticks.get(i))
+        .sum();
+    Some(Duration::from_secs_f64(busy as f64 / clock_ticks() as f64))
+}
+
+/// CPU time of all farm children together.
+fn farm_cpu(pids: &[u32]) -> Option<Duration> {
+    pids.iter().map(|p| cpu_time(&p.to_string())).sum()
+}
+
+/// Clock ticks per second (`getconf CLK_TCK`; 100 on Linux if that fails).
+fn clock_ticks() -> u64 {
+    static TICKS: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *TICKS.get_or_init(|| {
+        Command::new("getconf")
+            .arg("CLK_TCK")
+            .output()
+            .ok()
+            .and_then(|o| String::from_utf8(o.stdout).ok())
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(100)
+    })
+}
