@@ -473,9 +473,8 @@ async fn round(config: &Config, concurrency: usize, farm_pids: &[u32]) -> anyhow
     let opts = CheckOptions {
         all: false,
         concurrency,
-        connect_timeout: config.check.connect_timeout,
-        timeout: config.check.timeout,
         https: false,
+        ..CheckOptions::from_config(&config.check)
     };
     let checker = Arc::new(Checker::prepare(config, &opts, None).await?);
     let policy = RecheckPolicy::from_config(&config.check);
