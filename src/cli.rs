@@ -125,6 +125,23 @@ pub struct ExportArgs {
     /// Only these schemes (comma-separated: http, socks4, socks5).
     #[arg(long, value_delimiter = ',', value_parser = parse_scheme)]
     pub scheme: Vec<Scheme>,
+    /// At least this anonymous (transparent < anonymous < elite).
+    #[arg(long, value_parser = parse_anonymity)]
+    pub anonymity: Option<crate::proxy::Anonymity>,
+    /// Only proxies that tunnel HTTPS.
+    #[arg(long)]
+    pub https: bool,
+    /// Only proxies at most this slow.
+    #[arg(long, value_name = "MS")]
+    pub max_latency_ms: Option<u32>,
+    /// Alive proxies whose last passed check is at most this old (default:
+    /// api.max_age, as the API serves them).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub max_age: Option<std::time::Duration>,
+}
+
+fn parse_anonymity(s: &str) -> Result<crate::proxy::Anonymity, String> {
+    s.trim().to_ascii_lowercase().parse()
 }
 
 /// `config` subcommands.
@@ -229,17 +246,40 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Export(args) => {
             let (config, _) = load(cli.config.as_deref())?;
             let store = open_store(&config)?;
-            let filter = ProxyFilter {
-                status: match args.status {
-                    StatusFilter::Alive => Some(Status::Alive),
-                    StatusFilter::Dead => Some(Status::Dead),
-                    StatusFilter::Unknown => Some(Status::Unknown),
-                    StatusFilter::All => None,
-                },
+            let mut q = crate::store::ProxyQuery {
                 countries: args.country,
                 schemes: args.scheme,
+                min_anonymity: args.anonymity,
+                https: args.https,
+                max_latency_ms: args.max_latency_ms.map(i64::from),
+                max_age: Some(args.max_age.unwrap_or(config.api.max_age)),
+                ..Default::default()
             };
-            let records = store.list_proxies(&filter)?;
+            let records: Vec<crate::store::ProxyRecord> = if args.status == StatusFilter::Alive {
+                // The healthy list, chosen exactly as the API's /export does.
+                let index = crate::store::HealthIndex::load(&store)?;
+                index
+                    .select(&q, crate::store::now_ms())
+                    .iter()
+                    .map(|r| (**r).clone())
+                    .collect()
+            } else {
+                q.max_age = None;
+                let filter = ProxyFilter {
+                    status: match args.status {
+                        StatusFilter::Dead => Some(Status::Dead),
+                        StatusFilter::Unknown => Some(Status::Unknown),
+                        _ => None,
+                    },
+                    countries: q.countries.clone(),
+                    schemes: q.schemes.clone(),
+                };
+                store
+                    .list_proxies(&filter)?
+                    .into_iter()
+                    .filter(|r| q.matches_fields(r))
+                    .collect()
+            };
             match &args.output {
                 Some(path) => {
                     export::write_file(&records, args.format, path)

@@ -71,12 +71,16 @@ pub struct ExportRow {
     pub checks_total: i64,
     /// Checks passed.
     pub checks_ok: i64,
+    /// Failures since the last pass.
+    pub consecutive_failures: i64,
+    /// When the next check is due.
+    pub next_check: String,
     /// Sources listing it.
     pub sources: Vec<String>,
 }
 
 /// The CSV columns, in order: every field of [`ExportRow`].
-pub const CSV_COLUMNS: [&str; 24] = [
+pub const CSV_COLUMNS: [&str; 26] = [
     "id",
     "url",
     "scheme",
@@ -100,6 +104,8 @@ pub const CSV_COLUMNS: [&str; 24] = [
     "source_https",
     "checks_total",
     "checks_ok",
+    "consecutive_failures",
+    "next_check",
     "sources",
 ];
 
@@ -141,6 +147,8 @@ impl From<&ProxyRecord> for ExportRow {
             source_https: r.hint_https,
             checks_total: r.checks_total,
             checks_ok: r.checks_ok,
+            consecutive_failures: r.consecutive_failures,
+            next_check: rfc3339(r.next_check_at),
             sources: r.sources.clone(),
         }
     }

@@ -432,6 +432,43 @@ async fn a_restart_serves_the_same_healthy_set_from_sqlite() {
     let (status, _) = d.json("/proxy?country=NL").await;
     assert_eq!(status, 200);
     d.stop().await;
+
+    // The CLI's export picks the healthy list the same way.
+    let cfg = dir.path().join("cli.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[database]\npath = \"{}\"\n",
+            dir.path().join("daemon.db").display()
+        ),
+    )
+    .unwrap();
+    let export = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_proxywarden"))
+            .arg("-c")
+            .arg(&cfg)
+            .arg("export")
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let json: serde_json::Value = serde_json::from_str(&export(&["--format", "json"])).unwrap();
+    assert_eq!(proxy_set(&json), proxy_set(&before));
+    let socks = export(&["--scheme", "socks5", "--anonymity", "elite"]);
+    assert_eq!(socks.trim(), format!("socks5://{}", b.addr()));
+    assert_eq!(
+        export(&["--max-age", "1ms"]),
+        "",
+        "nothing was checked in the last millisecond"
+    );
+    let dead = export(&["--status", "dead"]);
+    assert_eq!(dead.lines().count(), 1);
 }
 
 #[tokio::test]
