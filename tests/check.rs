@@ -635,3 +635,65 @@ async fn a_judge_dying_mid_round_marks_nothing_dead() {
     assert_eq!(stats.by_status["dead"], 0, "{stats:?}");
     assert!(stats.by_status["alive"] >= 10, "{stats:?}");
 }
+
+/// A public judge that starts rate-limiting mid-round must not make the
+/// proxies asked through it look dead: the next judge is asked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rate_limiting_judge_does_not_kill_proxies() {
+    use std::sync::atomic::AtomicUsize;
+
+    use axum::extract::ConnectInfo;
+    use axum::http::{HeaderMap, Method, Uri};
+    use axum::response::IntoResponse;
+
+    let dir = tempfile::tempdir().unwrap();
+    let good = Judge::plain().await;
+    // Answers the checker's direct request, then 429 to everything.
+    let asked = Arc::new(AtomicUsize::new(0));
+    let limited = {
+        let asked = asked.clone();
+        let app = axum::Router::new().route(
+            "/judge",
+            axum::routing::get(
+                move |info: ConnectInfo<SocketAddr>, m: Method, u: Uri, h: HeaderMap| {
+                    let n = asked.fetch_add(1, Ordering::Relaxed);
+                    async move {
+                        if n == 0 {
+                            proxywarden::api::judge::judge(info, m, u, h)
+                                .await
+                                .into_response()
+                        } else {
+                            (axum::http::StatusCode::TOO_MANY_REQUESTS, "slow down").into_response()
+                        }
+                    }
+                },
+            ),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            axum::serve(
+                listener,
+                app.into_make_service_with_connect_info::<SocketAddr>(),
+            )
+            .await
+        });
+        addr
+    };
+    let mut proxies = Vec::new();
+    for _ in 0..6 {
+        proxies.push(FakeHttpProxy::start(http_opts(ProxyKind::Elite, false)).await);
+    }
+    let entries: Vec<String> = proxies
+        .iter()
+        .map(|p| format!("http://{}", p.addr()))
+        .collect();
+    let judges = format!(r#"["http://{limited}/judge", "{}"]"#, good.url());
+    let config = config(dir.path(), &judges, "", &entries, &[]);
+    let (_, summary) = harvest_and_check(&config).await;
+    assert!(
+        asked.load(Ordering::Relaxed) > 1,
+        "the limited judge was asked through proxies"
+    );
+    assert_eq!(summary.alive, 6, "{:?}", summary.dead_by_reason);
+}

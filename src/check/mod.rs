@@ -311,20 +311,39 @@ impl Checker {
         Outcome::dead(first_failure.unwrap_or(Reason::ProtocolError))
     }
 
+    /// The main request: absolute-form through HTTP proxies to a plain
+    /// judge, a tunnel otherwise.
+    async fn ask_main(&self, proxy: &Proxy, j: &ReadyJudge) -> Result<(Echo, Duration), Reason> {
+        match proxy.scheme {
+            Scheme::Http if !j.target.tls => self.ask(Route::Forward(proxy), j).await,
+            _ => self.ask(Route::Tunnel(proxy), j).await,
+        }
+    }
+
     /// Checks `proxy` as its scheme says.
     async fn check_as(&self, proxy: &Proxy) -> Outcome {
         let plain_judge = self.pick(&self.plain);
         let secure_judge = self.pick(&self.secure);
         // The main request: plain HTTP when a plain judge exists (it shows
         // the headers the proxy adds), else through a tunnel over TLS.
-        let main = match (plain_judge, proxy.scheme) {
-            (Some(j), Scheme::Http) => self.ask(Route::Forward(proxy), j).await,
-            (Some(j), _) => self.ask(Route::Tunnel(proxy), j).await,
-            (None, _) => match secure_judge {
-                Some(j) => self.ask(Route::Tunnel(proxy), j).await,
-                None => Err(Reason::ProtocolError),
-            },
+        let Some(first) = plain_judge.or(secure_judge) else {
+            return Outcome::dead(Reason::ProtocolError);
         };
+        let mut main = self.ask_main(proxy, first).await;
+        // A busy public judge answers 429 or 5xx to everyone: before calling
+        // that the proxy's fault, ask the next judge of the same kind.
+        if matches!(main, Err(Reason::BadStatus)) {
+            let kind = if first.target.tls {
+                &self.secure
+            } else {
+                &self.plain
+            };
+            if let Some(i) = kind.iter().position(|j| std::ptr::eq(j, first))
+                && kind.len() > 1
+            {
+                main = self.ask_main(proxy, &kind[(i + 1) % kind.len()]).await;
+            }
+        }
         let via_tls_only = plain_judge.is_none();
         // HTTPS is tested once the proxy works, when a TLS judge exists.
         let https_test = || self.https && !via_tls_only && secure_judge.is_some();
