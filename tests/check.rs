@@ -527,6 +527,19 @@ async fn a_ten_thousand_proxy_round_gives_every_proxy_a_status() {
     assert_eq!(stats.by_status["dead"], 8_000);
 }
 
+/// Rows with a recorded check, read from the database file as another
+/// process would.
+fn checked_rows(db: &Path) -> i64 {
+    rusqlite::Connection::open(db)
+        .unwrap()
+        .query_row(
+            "SELECT count(*) FROM proxies WHERE last_checked IS NOT NULL",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap()
+}
+
 /// `proxywarden check` as a user runs it: Ctrl-C (SIGINT) mid-round stops
 /// new checks, commits what completed, prints the summary and exits 130.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -569,15 +582,7 @@ async fn the_check_command_stops_on_ctrl_c_with_status_130() {
     let db = dir.path().join("test.db");
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     loop {
-        let conn = rusqlite::Connection::open(&db).unwrap();
-        let n: i64 = conn
-            .query_row(
-                "SELECT count(*) FROM proxies WHERE last_checked IS NOT NULL",
-                [],
-                |r| r.get(0),
-            )
-            .unwrap();
-        if n >= 5 {
+        if checked_rows(&db) >= 5 {
             break;
         }
         assert!(std::time::Instant::now() < deadline, "no results committed");
@@ -603,14 +608,7 @@ async fn the_check_command_stops_on_ctrl_c_with_status_130() {
         .and_then(|s| s.split_whitespace().next())
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("no count in {line:?}"));
-    let conn = rusqlite::Connection::open(&db).unwrap();
-    let stored: i64 = conn
-        .query_row(
-            "SELECT count(*) FROM proxies WHERE last_checked IS NOT NULL",
-            [],
-            |r| r.get(0),
-        )
-        .unwrap();
+    let stored = checked_rows(&db);
     assert_eq!(stored, reported, "every completed result is committed");
     assert!(reported < 220, "{reported}");
     assert!(stdout.contains("alive"), "{stdout}");

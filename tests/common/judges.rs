@@ -34,9 +34,13 @@ impl Drop for Judge {
 impl Judge {
     /// proxywarden's `/judge` on plain HTTP.
     pub async fn plain() -> Judge {
+        Judge::serve(proxywarden::api::judge::router(), "/judge").await
+    }
+
+    /// Serves `app` on plain HTTP with the peer address available.
+    async fn serve(app: axum::Router, path: &'static str) -> Judge {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let app = proxywarden::api::judge::router();
         let task = tokio::spawn(async move {
             let _ = axum::serve(
                 listener,
@@ -49,7 +53,7 @@ impl Judge {
             task,
             ca_file: None,
             tls: false,
-            path: "/judge",
+            path,
         }
     }
 
@@ -121,23 +125,7 @@ impl Judge {
                     }))
                 }
             };
-        let app = axum::Router::new().route("/get", get(handler));
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let task = tokio::spawn(async move {
-            let _ = axum::serve(
-                listener,
-                app.into_make_service_with_connect_info::<SocketAddr>(),
-            )
-            .await;
-        });
-        Judge {
-            addr,
-            task,
-            ca_file: None,
-            tls: false,
-            path: "/get",
-        }
+        Judge::serve(axum::Router::new().route("/get", get(handler)), "/get").await
     }
 
     /// The judge URL (`/judge`, or `/get` for the httpbin one).
