@@ -5,9 +5,12 @@
 //! - [`proxy`]: proxy identity, schemes, anonymity, statuses, countries
 //! - [`config`]: raw TOML → validated [`config::Config`]
 //! - [`harvest`]: fetch sources with limits; parse text, HTML and JSON lists
-//! - [`store`]: SQLite (WAL): migrations, batched upserts, queries
-//! - [`export`]: stored proxies as txt, json or csv, written atomically
-//! - [`tls`]: the one shared rustls client configuration
+//! - [`check`]: probes per scheme, judges, anonymity, the batched check round
+//! - [`store`]: SQLite (WAL): migrations, upserts, check results, the health index
+//! - [`api`]: the axum router: serving, listings, reports, metrics, the judge
+//! - [`export`]: proxies as txt, json or csv, files written atomically
+//! - [`daemon`]: `serve`: scheduler, check loop, API and shutdown wired together
+//! - [`tls`]: the shared rustls client configurations
 //! - [`cli`]: the clap command tree and each command's output
 
 pub mod api;
