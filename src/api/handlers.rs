@@ -15,7 +15,7 @@ use super::query::{FILTERS, Params, proxy_query};
 use super::{ApiError, AppState};
 use crate::export::{self, ExportRow, Format};
 use crate::proxy::Status;
-use crate::store::{ProxyFilter, ProxyRecord, SourceRecord, now_ms, rfc3339};
+use crate::store::{ProxyFilter, ProxyRecord, Rendering, SourceRecord, now_ms, rfc3339};
 
 /// Candidates tried by `verify=true` before giving up.
 const VERIFY_TRIES: usize = 5;
@@ -66,13 +66,14 @@ pub async fn proxy(
     };
     state.note_served(&chosen, now_ms());
     Ok(if text {
-        (
-            [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
-            chosen.proxy.to_string(),
-        )
-            .into_response()
+        let body = chosen.rendered(Rendering::Text, |r| Bytes::from(r.proxy.to_string()));
+        ([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], body).into_response()
     } else {
-        Json(ExportRow::from(&*chosen)).into_response()
+        let body = chosen.rendered(Rendering::Json, |r| {
+            // Serialising a plain struct of strings and numbers cannot fail.
+            Bytes::from(serde_json::to_vec(&ExportRow::from(r)).unwrap_or_default())
+        });
+        ([(header::CONTENT_TYPE, "application/json")], body).into_response()
     })
 }
 

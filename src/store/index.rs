@@ -4,7 +4,9 @@
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, OnceLock, RwLock};
+
+use bytes::Bytes;
 use std::time::Duration;
 
 use rand::RngExt;
@@ -88,6 +90,41 @@ impl ProxyQuery {
     }
 }
 
+/// An indexed proxy and, once it has been served, its rendered answer:
+/// the same record is handed out many times between two checks, and
+/// rendering it once is most of what serving costs.
+#[derive(Debug)]
+pub struct Served {
+    /// The stored record.
+    pub record: Arc<ProxyRecord>,
+    rendered: [OnceLock<Bytes>; 2],
+}
+
+/// The forms an answer is rendered in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rendering {
+    /// JSON.
+    Json,
+    /// Plain text.
+    Text,
+}
+
+impl Served {
+    /// The answer for this record in `form`, made by `render` the first time.
+    pub fn rendered(&self, form: Rendering, render: impl FnOnce(&ProxyRecord) -> Bytes) -> Bytes {
+        self.rendered[form as usize]
+            .get_or_init(|| render(&self.record))
+            .clone()
+    }
+}
+
+impl std::ops::Deref for Served {
+    type Target = ProxyRecord;
+    fn deref(&self) -> &ProxyRecord {
+        &self.record
+    }
+}
+
 /// Proxies are grouped by (scheme, country), the two filters that select
 /// the smallest shares; a pick samples only the groups a query can match.
 type Key = (Scheme, Option<Country>);
@@ -101,7 +138,7 @@ fn key_of(r: &ProxyRecord) -> Key {
 
 #[derive(Default)]
 struct Inner {
-    groups: HashMap<Key, Vec<Arc<ProxyRecord>>>,
+    groups: HashMap<Key, Vec<Arc<Served>>>,
     pos: HashMap<i64, (Key, usize)>,
 }
 
@@ -114,7 +151,10 @@ impl Inner {
         let key = key_of(&r);
         let group = self.groups.entry(key).or_default();
         self.pos.insert(r.id, (key, group.len()));
-        group.push(Arc::new(r));
+        group.push(Arc::new(Served {
+            record: Arc::new(r),
+            rendered: Default::default(),
+        }));
     }
 
     fn remove(&mut self, id: i64) -> bool {
@@ -135,7 +175,7 @@ impl Inner {
     }
 
     /// The groups `q` can match.
-    fn groups_for<'a>(&'a self, q: &ProxyQuery) -> Vec<&'a [Arc<ProxyRecord>]> {
+    fn groups_for<'a>(&'a self, q: &ProxyQuery) -> Vec<&'a [Arc<Served>]> {
         if q.countries.is_empty() {
             self.groups
                 .iter()
@@ -244,30 +284,35 @@ impl HealthIndex {
     pub fn get(&self, id: i64) -> Option<Arc<ProxyRecord>> {
         let inner = self.read();
         let (key, i) = inner.pos.get(&id)?;
-        inner.groups.get(key)?.get(*i).cloned()
+        inner.groups.get(key)?.get(*i).map(|s| s.record.clone())
     }
 
     /// One proxy matching `q`: two random matches, the better of them
     /// (faster and more reliable). Load spreads over every match while
     /// the fast and steady ones are favoured.
-    pub fn pick(&self, q: &ProxyQuery, now: i64) -> Option<Arc<ProxyRecord>> {
+    pub fn pick(&self, q: &ProxyQuery, now: i64) -> Option<Arc<Served>> {
         let inner = self.read();
         let groups = inner.groups_for(q);
-        let n: usize = groups.iter().map(|g| g.len()).sum();
+        // Where each group ends in the concatenation of all of them, so a
+        // random position finds its group by binary search.
+        let ends: Vec<usize> = groups
+            .iter()
+            .scan(0, |end, g| {
+                *end += g.len();
+                Some(*end)
+            })
+            .collect();
+        let n = ends.last().copied().unwrap_or(0);
         if n == 0 {
             return None;
         }
-        let nth = |mut i: usize| {
-            for g in &groups {
-                if i < g.len() {
-                    return &g[i];
-                }
-                i -= g.len();
-            }
-            unreachable!("i < n")
+        let nth = |i: usize| {
+            let g = ends.partition_point(|&end| end <= i);
+            let start = if g == 0 { 0 } else { ends[g - 1] };
+            &groups[g][i - start]
         };
         let mut rng = rand::rng();
-        let mut found: [Option<&Arc<ProxyRecord>>; 2] = [None, None];
+        let mut found: [Option<&Arc<Served>>; 2] = [None, None];
         let mut k = 0;
         for _ in 0..SAMPLE_TRIES {
             let r = nth(rng.random_range(0..n));
@@ -313,7 +358,7 @@ impl HealthIndex {
             .iter()
             .flat_map(|g| g.iter())
             .filter(|r| q.matches(r, now))
-            .cloned()
+            .map(|s| s.record.clone())
             .collect();
         out.sort_by_key(|r| r.id);
         out

@@ -8,7 +8,7 @@ mod migrate;
 mod queries;
 
 pub use checks::{CheckRecord, DueProxy, RecheckPolicy};
-pub use index::{HealthIndex, ProxyQuery};
+pub use index::{HealthIndex, ProxyQuery, Rendering, Served};
 pub use queries::{ProxyFilter, ProxyRecord, SourceRecord, SourceRun, Stats, UpsertCounts};
 
 use std::path::{Path, PathBuf};
