@@ -337,15 +337,7 @@ async fn dead_proxies_back_off_doubling_up_to_the_cap_and_recover() {
         dead: Duration::from_secs(900),
         dead_max: Duration::from_secs(3600),
     };
-    let dead = Outcome {
-        failure: Some(Reason::Refused),
-        latency: None,
-        anonymity: None,
-        https: None,
-        exit_ip: None,
-        country: None,
-        detected: None,
-    };
+    let dead = Outcome::dead(Reason::Refused);
     let mut t = 1_000_000_i64;
     let mut waits = Vec::new();
     for _ in 0..5 {
@@ -418,6 +410,15 @@ async fn dead_proxies_back_off_doubling_up_to_the_cap_and_recover() {
     );
 }
 
+/// The farm as a list: answering proxies first, then the silent ones.
+fn farm_list(farm: &FakeFarm) -> Vec<String> {
+    farm.alive_addrs()
+        .into_iter()
+        .chain(farm.silent_addrs())
+        .map(|a| format!("http://{a}"))
+        .collect()
+}
+
 type Round = tokio::task::JoinHandle<Result<RoundSummary, CheckError>>;
 
 /// Harvests the farm (answering proxies first) and starts a plain-HTTP
@@ -429,12 +430,7 @@ async fn start_round(
     concurrency: usize,
     cancel: &CancellationToken,
 ) -> (Store, Arc<RoundProgress>, Round) {
-    let entries: Vec<String> = farm
-        .alive_addrs()
-        .into_iter()
-        .chain(farm.silent_addrs())
-        .map(|a| format!("http://{a}"))
-        .collect();
+    let entries = farm_list(farm);
     let mut config = config(dir, &format!(r#"["{}"]"#, judge.url()), "", &entries, &[]);
     config.check.concurrency = concurrency;
     config.check.https = false;
@@ -547,12 +543,7 @@ async fn the_check_command_stops_on_ctrl_c_with_status_130() {
     let dir = tempfile::tempdir().unwrap();
     let judge = Judge::plain().await;
     let farm = FakeFarm::start(20, 200, Some(exit_ip())).await;
-    let entries: Vec<String> = farm
-        .alive_addrs()
-        .into_iter()
-        .chain(farm.silent_addrs())
-        .map(|a| format!("http://{a}"))
-        .collect();
+    let entries = farm_list(&farm);
     std::fs::write(dir.path().join("list.txt"), entries.join("\n")).unwrap();
     let toml = format!(
         "[database]\npath = \"test.db\"\n[check]\njudges = [\"{}\"]\nconcurrency = 10\n\

@@ -116,7 +116,8 @@ pub struct Outcome {
 }
 
 impl Outcome {
-    fn dead(reason: Reason) -> Outcome {
+    /// A failed check: only the reason is known.
+    pub fn dead(reason: Reason) -> Outcome {
         Outcome {
             failure: Some(reason),
             latency: None,
@@ -253,11 +254,6 @@ impl Checker {
             }
         }
         false
-    }
-
-    /// Our own addresses as the judges saw them.
-    pub fn own_ips(&self) -> impl Iterator<Item = &IpAddr> {
-        self.own.ips.iter()
     }
 
     /// The next judge of a kind, in rotation.

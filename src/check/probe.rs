@@ -145,11 +145,6 @@ impl Prober {
         }
     }
 
-    /// The total time allowed per request.
-    pub fn timeout(&self) -> Duration {
-        self.timeout
-    }
-
     /// GETs the judge `target` (with `nonce` in the query) by `route`,
     /// within the connect and total timeouts.
     pub async fn fetch(
