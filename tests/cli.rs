@@ -16,6 +16,12 @@ async fn proxywarden(dir: &Path, args: &[&str]) -> Output {
         .current_dir(dir)
         .env_remove("PROXYWARDEN_CONFIG")
         .env_remove("RUST_LOG")
+        // Sources are fetched directly: a system proxy (here a closed port)
+        // must not be used.
+        .env("HTTP_PROXY", "http://127.0.0.1:9")
+        .env("HTTPS_PROXY", "http://127.0.0.1:9")
+        .env("ALL_PROXY", "http://127.0.0.1:9")
+        .env("http_proxy", "http://127.0.0.1:9")
         .output()
         .await
         .unwrap()

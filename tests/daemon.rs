@@ -386,6 +386,16 @@ async fn the_api_serves_only_alive_proxies_matching_the_filters() {
     assert_eq!(resp.status(), 400);
     let resp = d
         .http
+        .post(d.url(&format!("/proxies/{id}/report")))
+        .body(vec![b' '; 100_000])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 413);
+    let e: serde_json::Value = resp.json().await.unwrap();
+    assert_eq!(e["error"]["code"], "payload_too_large");
+    let resp = d
+        .http
         .post(d.url("/proxies/999999/report"))
         .json(&serde_json::json!({"ok": true}))
         .send()

@@ -21,6 +21,12 @@ pub enum ApiError {
     /// The client asks too often.
     #[error("too many requests; slow down")]
     TooManyRequests,
+    /// The request body is larger than the API accepts.
+    #[error("request body larger than {0} bytes")]
+    PayloadTooLarge(usize),
+    /// The request took longer than `api.request_timeout`.
+    #[error("the request took too long (api.request_timeout)")]
+    Timeout,
     /// Switched off by configuration.
     #[error("{0}")]
     Disabled(String),
@@ -40,6 +46,8 @@ impl ApiError {
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
             ApiError::NotFound(_) | ApiError::Disabled(_) => StatusCode::NOT_FOUND,
             ApiError::TooManyRequests => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::Timeout => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Store(_) | ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -51,6 +59,8 @@ impl ApiError {
             ApiError::Unauthorized => "unauthorized",
             ApiError::NotFound(_) | ApiError::Disabled(_) => "not_found",
             ApiError::TooManyRequests => "too_many_requests",
+            ApiError::PayloadTooLarge(_) => "payload_too_large",
+            ApiError::Timeout => "timeout",
             ApiError::Store(_) | ApiError::Internal(_) => "internal",
         }
     }

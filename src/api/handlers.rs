@@ -184,15 +184,23 @@ struct Report {
     reason: Option<String>,
 }
 
+/// The largest report body read; a report is a few dozen bytes.
+const MAX_REPORT_BODY: usize = 64 * 1024;
+
 /// `POST /proxies/{id}/report` with `{"ok": false, "reason": "..."}`.
 pub async fn report(
     State(state): State<AppState>,
     Path(id): Path<String>,
-    body: Bytes,
+    body: axum::body::Body,
 ) -> Result<Response, ApiError> {
     let id: i64 = id
         .parse()
         .map_err(|_| ApiError::BadRequest(format!("proxy id {id:?} is not a number")))?;
+    let body =
+        http_body_util::BodyExt::collect(http_body_util::Limited::new(body, MAX_REPORT_BODY))
+            .await
+            .map_err(|_| ApiError::PayloadTooLarge(MAX_REPORT_BODY))?
+            .to_bytes();
     let report: Report = serde_json::from_slice(&body).map_err(|e| {
         ApiError::BadRequest(format!(
             "body must be JSON like {{\"ok\": false, \"reason\": \"...\"}}: {e}"

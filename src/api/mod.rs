@@ -18,7 +18,6 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use axum::Router;
 use axum::extract::{MatchedPath, Request, State};
-use axum::http::StatusCode;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -166,7 +165,6 @@ impl AppState {
 
 /// The router with every route and layer.
 pub fn router(state: AppState) -> Router {
-    let timeout = state.config.api.request_timeout;
     Router::new()
         .route("/proxy", get(handlers::proxy))
         .route("/proxies", get(handlers::proxies))
@@ -186,11 +184,7 @@ pub fn router(state: AppState) -> Router {
             count_requests,
         ))
         .layer(middleware::from_fn_with_state(state.clone(), authorize))
-        .layer(tower_http::timeout::TimeoutLayer::with_status_code(
-            StatusCode::SERVICE_UNAVAILABLE,
-            timeout,
-        ))
-        .layer(tower_http::limit::RequestBodyLimitLayer::new(64 * 1024))
+        .layer(middleware::from_fn_with_state(state.clone(), limit_time))
         .with_state(state)
 }
 
@@ -231,6 +225,15 @@ async fn judge_route(
     judge::judge(info, method, uri, headers)
         .await
         .into_response()
+}
+
+/// Answers 503 (in the JSON envelope) when a request outlasts
+/// `api.request_timeout`.
+async fn limit_time(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    match tokio::time::timeout(state.config.api.request_timeout, next.run(req)).await {
+        Ok(resp) => resp,
+        Err(_) => ApiError::Timeout.into_response(),
+    }
 }
 
 /// Requires `Authorization: Bearer <token>` when a token is configured,
