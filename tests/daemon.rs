@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use common::fakes::{self, FakeHttpProxy, FakeSocks5, HttpProxyOpts, ProxyKind, SocksOpts};
 use proxywarden::config::Config;
+use proxywarden::store::Store;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -546,22 +547,15 @@ async fn the_judge_can_be_switched_off_and_is_rate_limited() {
     d.stop().await;
 }
 
-/// Proxies handed out whose last check is older than a minute are queued
-/// for an early re-check; freshly checked ones are not.
-#[test]
-fn served_proxies_with_old_checks_are_queued_for_recheck() {
-    use proxywarden::api::AppState;
-    use proxywarden::check::Outcome;
+/// A store in `dir` holding one proxy at `addr`, and its id.
+fn store_with_one_proxy(dir: &Path, addr: SocketAddr, extra: &str) -> (Config, Store, i64) {
     use proxywarden::harvest::{Candidate, Hints, SourceScheme};
-    use proxywarden::store::{
-        CheckRecord, HealthIndex, ProxyFilter, RecheckPolicy, SourceRun, Store, now_ms,
-    };
+    use proxywarden::store::{ProxyFilter, SourceRun};
 
-    let dir = tempfile::tempdir().unwrap();
     let config = Config::from_toml(
         &format!(
-            "[database]\npath = \"{}\"\n",
-            dir.path().join("q.db").display()
+            "[database]\npath = \"{}\"\n{extra}",
+            dir.join("q.db").display()
         ),
         "t",
     )
@@ -577,8 +571,8 @@ fn served_proxies_with_old_checks_are_queued_for_recheck() {
         error: None,
     };
     let c = Candidate::new(
-        "10.2.3.4".parse().unwrap(),
-        80,
+        addr.ip(),
+        addr.port(),
         None,
         None,
         SourceScheme::Fixed(proxywarden::proxy::Scheme::Http),
@@ -586,10 +580,15 @@ fn served_proxies_with_old_checks_are_queued_for_recheck() {
     );
     store.record_source_run(&run, &[c]).unwrap();
     let id = store.list_proxies(&ProxyFilter::default()).unwrap()[0].id;
-    let alive = |at: i64| CheckRecord {
+    (config, store, id)
+}
+
+/// A passing check of `id` at `at`.
+fn alive_at(id: i64, at: i64) -> proxywarden::store::CheckRecord {
+    proxywarden::store::CheckRecord {
         id,
         checked_at: at,
-        outcome: Outcome {
+        outcome: proxywarden::check::Outcome {
             failure: None,
             latency: Some(Duration::from_millis(5)),
             anonymity: None,
@@ -598,7 +597,18 @@ fn served_proxies_with_old_checks_are_queued_for_recheck() {
             country: None,
             detected: None,
         },
-    };
+    }
+}
+
+/// Proxies handed out whose last check is older than a minute are queued
+/// for an early re-check; freshly checked ones are not.
+#[test]
+fn served_proxies_with_old_checks_are_queued_for_recheck() {
+    use proxywarden::api::AppState;
+    use proxywarden::store::{HealthIndex, ProxyFilter, RecheckPolicy, now_ms};
+
+    let dir = tempfile::tempdir().unwrap();
+    let (config, store, id) = store_with_one_proxy(dir.path(), "10.2.3.4:80".parse().unwrap(), "");
     let policy = RecheckPolicy::from_config(&config.check);
     let state = AppState::new(
         store.clone(),
@@ -608,18 +618,75 @@ fn served_proxies_with_old_checks_are_queued_for_recheck() {
 
     let now = now_ms();
     store
-        .record_checks(&[alive(now - 120_000)], policy)
+        .record_checks(&[alive_at(id, now - 120_000)], policy)
         .unwrap();
     let old = &store.list_proxies(&ProxyFilter::default()).unwrap()[0];
     state.note_served(old, now);
     assert_eq!(state.take_served(), vec![id]);
     assert!(state.take_served().is_empty(), "drained");
 
-    store.record_checks(&[alive(now)], policy).unwrap();
+    store.record_checks(&[alive_at(id, now)], policy).unwrap();
     let fresh = &store.list_proxies(&ProxyFilter::default()).unwrap()[0];
     state.note_served(fresh, now);
     assert!(state.take_served().is_empty());
 
     store.mark_due_many(&[id], now).unwrap();
     assert_eq!(store.count_due(now, false).unwrap(), 1);
+}
+
+/// A request that outlasts api.request_timeout (here a verify=true whose
+/// proxy stopped answering) is answered 503 in the JSON envelope.
+#[tokio::test]
+async fn a_request_over_the_timeout_gets_a_json_503() {
+    use proxywarden::api::{self, AppState};
+    use proxywarden::check::{CheckOptions, Checker};
+    use proxywarden::store::{HealthIndex, RecheckPolicy, now_ms};
+
+    let dir = tempfile::tempdir().unwrap();
+    let judge = common::judges::Judge::plain().await;
+    let hang = FakeHttpProxy::start(HttpProxyOpts {
+        behavior: fakes::Behavior::Hang,
+        ..HttpProxyOpts::default()
+    })
+    .await;
+    let extra = format!(
+        "[check]\njudges = [\"{}\"]\n[api]\nrequest_timeout = \"300ms\"\n",
+        judge.url()
+    );
+    let (config, store, id) = store_with_one_proxy(dir.path(), hang.addr(), &extra);
+    store
+        .record_checks(
+            &[alive_at(id, now_ms())],
+            RecheckPolicy::from_config(&config.check),
+        )
+        .unwrap();
+    let opts = CheckOptions::from_config(&config.check);
+    let checker = Checker::prepare(&config, &opts, None).await.unwrap();
+    let state = AppState::new(
+        store.clone(),
+        HealthIndex::load(&store).unwrap(),
+        std::sync::Arc::new(config),
+    );
+    state.set_checker(std::sync::Arc::new(checker));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let stop = CancellationToken::new();
+    let server = tokio::spawn(api::serve(listener, state, stop.clone()));
+
+    let started = Instant::now();
+    let resp = client()
+        .get(format!("http://{addr}/proxy?verify=true"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 503);
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    let e: serde_json::Value = resp.json().await.unwrap();
+    assert_eq!(e["error"]["code"], "timeout");
+    stop.cancel();
+    server.await.unwrap().unwrap();
 }

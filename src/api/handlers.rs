@@ -57,7 +57,10 @@ pub async fn proxy(
             q.exclude_ids.insert(r.id);
             state.index.remove(r.id);
             let id = r.id;
-            state.store.run(move |s| s.mark_due(id, now_ms())).await?;
+            state
+                .store
+                .run(move |s| s.mark_due_many(&[id], now_ms()))
+                .await?;
             state.wake.notify_one();
         }
         chosen.ok_or_else(none)?

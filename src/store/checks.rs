@@ -196,14 +196,6 @@ impl Store {
         Ok(())
     }
 
-    /// Makes a proxy due now (a client reported it failing).
-    pub fn mark_due(&self, id: i64, now: i64) -> Result<bool, StoreError> {
-        Ok(self.lock().execute(
-            "UPDATE proxies SET next_check_at = min(next_check_at, ?2) WHERE id = ?1",
-            params![id, now],
-        )? > 0)
-    }
-
     /// Makes these proxies due now, in one transaction.
     pub fn mark_due_many(&self, ids: &[i64], now: i64) -> Result<(), StoreError> {
         let mut conn = self.lock();
