@@ -176,7 +176,7 @@ async fn every_kind_of_proxy_gets_the_verdict_a_user_would_find() {
         format!("http://{}", a(reset.addr())),
         format!("http://{}", a(hang.addr())),
         format!("http://{}", a(garbage.addr())),
-        format!("http://{}", a(closed)),
+        format!("http://{}", a(closed.addr())),
     ];
     let judges = format!(
         r#"[{{ url = "{}", marker = "proxywarden-judge" }}, "{}"]"#,
@@ -256,7 +256,7 @@ async fn every_kind_of_proxy_gets_the_verdict_a_user_would_find() {
     dead(reset.addr(), Reason::Reset);
     dead(hang.addr(), Reason::Timeout);
     dead(garbage.addr(), Reason::ProtocolError);
-    dead(closed, Reason::Refused);
+    dead(closed.addr(), Reason::Refused);
 
     assert_eq!(summary.alive, 8);
     assert_eq!(summary.dead, 10);

@@ -190,7 +190,7 @@ async fn the_api_serves_only_alive_proxies_matching_the_filters() {
             (de_anon.addr(), "http", "DE"),
             (de_socks.addr(), "socks5", "DE"),
             (liar.addr(), "http", "US"),
-            (closed, "http", "US"),
+            (closed.addr(), "http", "US"),
         ],
     );
     let d = Daemon::start(dir.path(), &sources, "").await;
@@ -421,12 +421,13 @@ async fn a_restart_serves_the_same_healthy_set_from_sqlite() {
         ..SocksOpts::default()
     })
     .await;
+    let closed = fakes::closed_port();
     let sources = json_source(
         dir.path(),
         &[
             (a.addr(), "http", "NL"),
             (b.addr(), "socks5", "NL"),
-            (fakes::closed_port(), "http", "NL"),
+            (closed.addr(), "http", "NL"),
         ],
     );
     let d = Daemon::start(dir.path(), &sources, "").await;

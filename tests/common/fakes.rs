@@ -9,6 +9,7 @@
 //! wrong URL cannot reach the internet through them.
 
 use std::collections::BTreeMap;
+use std::fmt;
 use std::future::Future;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -949,12 +950,41 @@ async fn socks5_conn(mut client: TcpStream, opts: &SocksOpts) -> io::Result<()> 
 // ---------------------------------------------------------------------------
 // Closed port, farm
 
-/// A 127.0.0.1 address with nothing listening: connecting is refused. The
-/// port was just free; another bind could take it, which is unlikely in a
-/// test's lifetime.
-pub fn closed_port() -> SocketAddr {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
-    listener.local_addr().expect("local addr")
+/// A 127.0.0.1 address with nothing listening: connecting is refused.
+pub fn closed_port() -> ClosedPort {
+    let socket = TcpSocket::new_v4().expect("tcp socket");
+    socket
+        .bind(SocketAddr::from(([127, 0, 0, 1], 0)))
+        .expect("bind 127.0.0.1:0");
+    let addr = socket.local_addr().expect("local addr");
+    ClosedPort {
+        addr,
+        _socket: socket,
+    }
+}
+
+/// A 127.0.0.1 port that refuses connections for as long as this value
+/// lives: the socket is bound without `SO_REUSEADDR` and never listens, so
+/// no listener started by a concurrent test can be handed the same port.
+pub struct ClosedPort {
+    addr: SocketAddr,
+    _socket: TcpSocket,
+}
+
+impl ClosedPort {
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    pub fn port(&self) -> u16 {
+        self.addr.port()
+    }
+}
+
+impl fmt::Display for ClosedPort {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.addr.fmt(f)
+    }
 }
 
 /// Raises the open-file soft limit to the hard limit, for tests that hold
