@@ -1,6 +1,9 @@
 //! The `text` format: every `[scheme://][user:pass@]host:port` token found
 //! anywhere in a body, so raw lists, CSV, HTML and JSON that merely contain
-//! addresses all work.
+//! addresses all work. `host:port:user:pass`, the usual layout of lists with
+//! credentials, is read as well. A body with no such token at all is read a
+//! second way, as columns: an address followed by its port in the next
+//! field (`1.2.3.4 8080`, `1.2.3.4,8080,US`).
 //!
 //! Written by hand rather than with a regex: lists run to tens of megabytes,
 //! and jumping from one `:` to the next with `memchr`, then validating a
@@ -14,7 +17,7 @@ use std::thread;
 use memchr::memchr;
 
 use super::{Candidate, Candidates, Hints, SourceScheme};
-use crate::proxy::{Credentials, Scheme, percent_decode, usable_ip};
+use crate::proxy::{Credentials, Scheme, parse_ipv4_lenient, percent_decode, usable_ip};
 
 /// Longest textual IPv6 (an IPv4-mapped address written in full).
 const MAX_V6: usize = 45;
@@ -26,9 +29,58 @@ const MAX_SCHEME: usize = 10;
 
 /// Scans `body` for proxy tokens and pushes them into `out` until it is full.
 pub fn parse(body: &str, default: SourceScheme, out: &mut Candidates) {
+    let before = out.len();
     if body.len() < PIPELINE_MIN || !pipelined(body, default, out, CHUNK) {
         serial(body, default, out);
     }
+    if out.len() == before && !out.truncated() {
+        columns(body, default, out);
+    }
+}
+
+/// Reads `body` as lines of fields separated by blanks, commas, semicolons
+/// or `|`, quotes ignored, and takes every IPv4 field whose next field is a
+/// port. Only used when the body holds no `host:port` token: there a bare
+/// number after an address is far more likely a port than anything else.
+fn columns(body: &str, default: SourceScheme, out: &mut Candidates) {
+    let separator = |c: char| c.is_whitespace() || matches!(c, ',' | ';' | '|' | '"' | '\'');
+    for line in body.lines() {
+        let mut fields = line.split(separator).filter(|f| !f.is_empty());
+        let Some(mut prev) = fields.next() else {
+            continue;
+        };
+        for field in fields {
+            if let Some(c) = column_pair(prev, field, default)
+                && !out.push(c)
+            {
+                return;
+            }
+            prev = field;
+        }
+    }
+}
+
+/// An address field and a port field as a candidate.
+fn column_pair(ip: &str, port: &str, default: SourceScheme) -> Option<Candidate> {
+    if !ip.bytes().all(|c| c.is_ascii_digit() || c == b'.')
+        || !(1..=5).contains(&port.len())
+        || !port.bytes().all(|c| c.is_ascii_digit())
+    {
+        return None;
+    }
+    let host = IpAddr::V4(Ipv4Addr::from(parse_ipv4_lenient(ip.as_bytes())?));
+    let port: u16 = port.parse().ok().filter(|&p| p != 0)?;
+    if !usable_ip(host) {
+        return None;
+    }
+    Some(Candidate::new(
+        host,
+        port,
+        None,
+        None,
+        default,
+        Hints::default(),
+    ))
 }
 
 /// Bodies from this size on are scanned on a second thread while this one
@@ -166,7 +218,7 @@ pub(super) fn first_token(s: &str) -> Option<Token> {
 /// Returns the token and the index just past its port.
 fn token_at(body: &str, colon: usize) -> Option<(Token, usize)> {
     let b = body.as_bytes();
-    let (port, end) = port_after(b, colon)?;
+    let (port, mut end) = port_after(b, colon)?;
     let (host, mut start) = if colon > 0 && b[colon - 1] == b']' {
         ipv6_before(body, colon - 1)?
     } else {
@@ -201,6 +253,13 @@ fn token_at(body: &str, colon: usize) -> Option<(Token, usize)> {
             password: percent_decode(pass),
         });
         start = i;
+    }
+
+    if auth.is_none()
+        && let Some((creds, after)) = trailing_credentials(body, end)
+    {
+        auth = Some(creds);
+        end = after;
     }
 
     let mut scheme = None;
@@ -254,6 +313,41 @@ fn port_after(b: &[u8], colon: usize) -> Option<(u16, usize)> {
         return None;
     }
     Some((value as u16, end))
+}
+
+/// `:user:pass` right after a port, running to the end of the entry (a
+/// blank, a delimiter or the end of the body), as in `1.2.3.4:8080:user:pass`.
+/// Returns the credentials and the index just past them.
+fn trailing_credentials(body: &str, port_end: usize) -> Option<(Credentials, usize)> {
+    let b = body.as_bytes();
+    let field = |from: usize| {
+        let lo = from;
+        let mut i = from;
+        while i < b.len() && i - lo <= MAX_CREDS && is_userinfo_byte(b[i]) && b[i] != b':' {
+            i += 1;
+        }
+        (i > lo && i - lo <= MAX_CREDS).then_some(i)
+    };
+    if b.get(port_end) != Some(&b':') {
+        return None;
+    }
+    let user_end = field(port_end + 1)?;
+    if b.get(user_end) != Some(&b':') {
+        return None;
+    }
+    let pass_end = field(user_end + 1)?;
+    let ends_entry = b.get(pass_end).is_none_or(|&c| {
+        c.is_ascii_whitespace() || matches!(c, b',' | b';' | b'"' | b'\'' | b'<' | b')' | b']')
+    });
+    if !ends_entry {
+        return None;
+    }
+    // Userinfo bytes are ASCII, so these are char boundaries.
+    let creds = Credentials {
+        username: percent_decode(&body[port_end + 1..user_end]),
+        password: percent_decode(&body[user_end + 1..pass_end]),
+    };
+    Some((creds, pass_end))
 }
 
 /// The dotted IPv4 ending just before `colon`, and where it starts. Parsed
@@ -443,10 +537,42 @@ mod tests {
     }
 
     #[test]
-    fn ip_port_user_pass_keeps_only_the_address() {
-        let c = one("1.2.3.4:8080:user:pass");
-        assert_eq!(c.proxy.to_string(), "http://1.2.3.4:8080");
-        assert!(c.proxy.auth.is_none());
+    fn ip_port_user_pass_keeps_the_credentials() {
+        let c = one("1.2.3.4:8080:us%40er:p4ss");
+        let a = c.proxy.auth.unwrap();
+        assert_eq!(
+            (a.username.as_str(), a.password.as_str()),
+            ("us@er", "p4ss")
+        );
+        assert_eq!(
+            run("socks5://5.6.7.8:1080:a:b\r\n1.2.3.4:80:u:p,US\n"),
+            ["socks5://a:b@5.6.7.8:1080", "http://u:p@1.2.3.4:80"]
+        );
+        // Credentials given before the host win; an entry that goes on
+        // after the password, or lacks one, is just the address.
+        assert_eq!(run("x:y@1.2.3.4:80:u:p"), ["http://x:y@1.2.3.4:80"]);
+        assert_eq!(
+            run("1.2.3.4:80:u:p/path 1.2.3.5:81:u 1.2.3.6:82::p"),
+            [
+                "http://1.2.3.4:80",
+                "http://1.2.3.5:81",
+                "http://1.2.3.6:82"
+            ]
+        );
+    }
+
+    #[test]
+    fn columns_when_no_host_port_token() {
+        let body = "ip\tport\tcountry\n1.2.3.4\t8080\tUS\n\n5.6.7.8   3128 DE\r\n";
+        assert_eq!(run(body), ["http://1.2.3.4:8080", "http://5.6.7.8:3128"]);
+        let csv = "\"ip\",\"port\"\r\n\"9.9.9.9\",\"80\"\r\n10.0.0.1;81\n";
+        assert_eq!(run(csv), ["http://9.9.9.9:80", "http://10.0.0.1:81"]);
+        // Not ports, not addresses, or not next to each other.
+        let junk = "1.2.3.4 0\n1.2.3.4 65536\n999.1.1.1 80\n1.2.3 80\n\
+                    1.2.3.4 US 80\n224.0.0.1 80\n1.2.3.4 8080x\n";
+        assert!(run(junk).is_empty(), "{:?}", run(junk));
+        // A body with real tokens is not read as columns as well.
+        assert_eq!(run("1.2.3.4:80\n5.6.7.8 81\n"), ["http://1.2.3.4:80"]);
     }
 
     #[test]
