@@ -458,3 +458,55 @@ async fn retry_after_is_honoured() {
     // The retry waited for the server's Retry-After (1 s), not the 10 ms backoff.
     assert!(r.duration >= Duration::from_millis(900), "{:?}", r.duration);
 }
+
+#[tokio::test]
+async fn requests_carry_the_user_agent_and_source_headers_and_accept_brotli() {
+    let dir = tempfile::tempdir().unwrap();
+    let site = FakeSite::start(vec![
+        (
+            "/br.txt",
+            Behavior::Brotli(b"4.4.4.1:8080\n4.4.4.2:3128\n".to_vec()),
+        ),
+        ("/plain.txt", Behavior::ok("4.4.4.3:80\n")),
+    ])
+    .await;
+    let toml = config_toml(
+        dir.path(),
+        &format!(
+            "[[sources]]\nname = \"br\"\nurl = \"{}\"\n\
+             headers = {{ Authorization = \"Bearer s3cret\", X-Extra = \"1\" }}\n\
+             [[sources]]\nname = \"plain\"\nurl = \"{}\"\n",
+            site.url("/br.txt"),
+            site.url("/plain.txt")
+        ),
+    )
+    .replace("[harvest]", "[harvest]\nuser_agent = \"tester/7.1\"");
+    let config = Config::from_toml(&toml, "t").unwrap();
+    let (store, report) = harvest(&config).await;
+    assert_eq!(source(&report, "br").error, None);
+    assert_eq!(source(&report, "br").found, 2);
+    assert_eq!(
+        urls(&store.list_proxies(&ProxyFilter::default()).unwrap()),
+        [
+            "http://4.4.4.1:8080",
+            "http://4.4.4.2:3128",
+            "http://4.4.4.3:80"
+        ]
+        .map(String::from)
+        .into()
+    );
+
+    let header = |path: &str, name: &str| site.last_header(path, name);
+    for path in ["/br.txt", "/plain.txt"] {
+        assert_eq!(header(path, "user-agent").as_deref(), Some("tester/7.1"));
+        let accept = header(path, "accept-encoding").unwrap_or_default();
+        assert!(accept.contains("br") && accept.contains("gzip"), "{accept}");
+    }
+    // A source's own headers go to that source only.
+    assert_eq!(
+        header("/br.txt", "authorization").as_deref(),
+        Some("Bearer s3cret")
+    );
+    assert_eq!(header("/br.txt", "x-extra").as_deref(), Some("1"));
+    assert_eq!(header("/plain.txt", "authorization"), None);
+}

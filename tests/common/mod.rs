@@ -26,6 +26,8 @@ pub enum Behavior {
     },
     /// The body gzip-compressed, with `Content-Encoding: gzip`.
     Gzip(Vec<u8>),
+    /// The body brotli-compressed, with `Content-Encoding: br`.
+    Brotli(Vec<u8>),
     /// A 302 to another path.
     Redirect(String),
     /// 200 with no length, then bytes forever.
@@ -67,6 +69,7 @@ impl Behavior {
 pub struct FakeSite {
     pub addr: SocketAddr,
     hits: Arc<Mutex<HashMap<String, usize>>>,
+    heads: Arc<Mutex<HashMap<String, String>>>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -84,8 +87,10 @@ impl FakeSite {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let hits: Arc<Mutex<HashMap<String, usize>>> = Arc::default();
+        let heads: Arc<Mutex<HashMap<String, String>>> = Arc::default();
         let task = {
             let hits = hits.clone();
+            let heads = heads.clone();
             tokio::spawn(async move {
                 loop {
                     let Ok((stream, _)) = listener.accept().await else {
@@ -93,13 +98,19 @@ impl FakeSite {
                     };
                     let routes = routes.clone();
                     let hits = hits.clone();
+                    let heads = heads.clone();
                     tokio::spawn(async move {
-                        let _ = serve_conn(stream, &routes, &hits).await;
+                        let _ = serve_conn(stream, &routes, &hits, &heads).await;
                     });
                 }
             })
         };
-        FakeSite { addr, hits, task }
+        FakeSite {
+            addr,
+            hits,
+            heads,
+            task,
+        }
     }
 
     /// `http://127.0.0.1:port{path}`.
@@ -111,12 +122,25 @@ impl FakeSite {
     pub fn hits(&self, path: &str) -> usize {
         self.hits.lock().unwrap().get(path).copied().unwrap_or(0)
     }
+
+    /// The value of request header `name` (case-insensitive) in the last
+    /// request for `path`.
+    pub fn last_header(&self, path: &str, name: &str) -> Option<String> {
+        let heads = self.heads.lock().unwrap();
+        heads.get(path)?.lines().skip(1).find_map(|line| {
+            let (n, v) = line.split_once(':')?;
+            n.trim()
+                .eq_ignore_ascii_case(name)
+                .then(|| v.trim().to_owned())
+        })
+    }
 }
 
 async fn serve_conn(
     mut stream: TcpStream,
     routes: &HashMap<String, Behavior>,
     hits: &Mutex<HashMap<String, usize>>,
+    heads: &Mutex<HashMap<String, String>>,
 ) -> std::io::Result<()> {
     let mut buf = Vec::new();
     let mut chunk = [0u8; 4096];
@@ -135,6 +159,10 @@ async fn serve_conn(
         *n += 1;
         *n
     };
+    heads
+        .lock()
+        .unwrap()
+        .insert(path.clone(), head.into_owned());
     let behavior = routes
         .get(&path)
         .cloned()
@@ -176,6 +204,21 @@ async fn respond(stream: &mut TcpStream, behavior: Behavior, hit: usize) -> std:
                 200,
                 &[("Content-Encoding".into(), "gzip".into())],
                 &gz,
+            )
+            .await
+        }
+        Behavior::Brotli(body) => {
+            let mut br = Vec::new();
+            brotli::BrotliCompress(
+                &mut body.as_slice(),
+                &mut br,
+                &brotli::enc::BrotliEncoderParams::default(),
+            )?;
+            write_response(
+                stream,
+                200,
+                &[("Content-Encoding".into(), "br".into())],
+                &br,
             )
             .await
         }
