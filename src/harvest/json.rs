@@ -45,13 +45,28 @@ pub fn parse(
     default: SourceScheme,
     out: &mut Candidates,
 ) -> Result<(), JsonError> {
-    let root: Value = serde_json::from_str(body)?;
+    // A byte-order mark is not JSON, but some servers send one.
+    let body = body.trim_start_matches('\u{FEFF}');
+    let root: Value = match serde_json::from_str(body) {
+        Ok(root) => root,
+        Err(e) => json_lines(body).ok_or(e)?,
+    };
     for item in items(&root, opts.items.as_deref())? {
         if !read_item(item, opts, default, out) {
             break;
         }
     }
     Ok(())
+}
+
+/// A body of several JSON values one after another (JSON Lines, one item
+/// per line) as an array of them; `None` unless it is exactly that.
+fn json_lines(body: &str) -> Option<Value> {
+    let values = serde_json::Deserializer::from_str(body)
+        .into_iter::<Value>()
+        .collect::<Result<Vec<_>, _>>()
+        .ok()?;
+    (values.len() > 1).then_some(Value::Array(values))
 }
 
 /// Field names tried in order when no path is configured; the first that
@@ -485,6 +500,23 @@ mod tests {
             ["http://1.2.3.4:80"]
         );
         assert!(urls("[]").is_empty());
+    }
+
+    #[test]
+    fn byte_order_mark_and_json_lines() {
+        assert_eq!(
+            urls("\u{FEFF}[{\"ip\":\"1.2.3.4\",\"port\":80}]"),
+            ["http://1.2.3.4:80"]
+        );
+        let lines = "{\"ip\":\"1.2.3.4\",\"port\":80}\r\n\
+                     {\"ip\":\"5.6.7.8\",\"port\":\"1080\",\"protocol\":\"socks5\"}\n";
+        assert_eq!(urls(lines), ["http://1.2.3.4:80", "socks5://5.6.7.8:1080"]);
+        // One bad line makes the body invalid JSON, not a partial list.
+        let bad = "{\"ip\":\"1.2.3.4\",\"port\":80}\n{\"ip\": \n";
+        assert!(matches!(
+            run(bad, &JsonOptions::default()),
+            Err(JsonError::Syntax(_))
+        ));
     }
 
     #[test]
