@@ -2,7 +2,8 @@
 //! of 10,000 fake proxies (most silent, the rest answering or refusing) should
 //! finish within 1.2× of the ideal schedule (silent × timeout ÷ concurrency)
 //! at concurrency 2,000 and spend at most 0.3 ms of CPU per alive plain-HTTP
-//! check; 10,000 checks in flight should stay under 200 MB of peak memory.
+//! check (measured on a pass of working proxies only); 10,000 checks in
+//! flight should stay under 200 MB of peak memory.
 //! The figures are printed next to their targets, not asserted; wrong
 //! verdicts (a working proxy found dead, say) fail the run.
 //!
@@ -70,7 +71,18 @@ struct Pass {
 /// Silent proxies are a whole number of rounds of concurrency: equal
 /// timeouts started together end together, so 5,000 silent at 2,000 would
 /// take three full timeouts (1.2× the formula) on any checker.
-const PASSES: [Pass; 2] = [
+///
+/// The "alive" pass has working proxies only, so its CPU per check is the
+/// cost of an alive check itself; in "mixed" the CPU of the silent and
+/// refused checks is charged to the alive ones as well.
+const PASSES: [Pass; 3] = [
+    Pass {
+        name: "alive",
+        alive: 5_000,
+        silent: 0,
+        closed: 0,
+        concurrency: 2_000,
+    },
     Pass {
         name: "mixed",
         alive: 3_000,
@@ -558,6 +570,11 @@ fn report(pass: &Pass, concurrency: usize, m: &Measured) {
         "[{name}] {} proxies: {} alive (answering HTTP), {} silent, {} closed; concurrency {concurrency}",
         s.checked, s.alive, pass.silent, pass.closed
     );
+    if pass.silent == 0 {
+        println!(
+            "[{name}]   wall        {wall:.3} s (no silent proxies: no timeout schedule to compare with)"
+        );
+    }
     let mut wall_line = format!(
         "[{name}]   wall        {wall:.3} s vs ideal {ideal:.3} s ({} silent x {:?} / {concurrency}) = {:.2}x  {}",
         pass.silent,
@@ -571,7 +588,9 @@ fn report(pass: &Pass, concurrency: usize, m: &Measured) {
             waves / ideal
         ));
     }
-    println!("{wall_line}");
+    if pass.silent > 0 {
+        println!("{wall_line}");
+    }
     println!(
         "[{name}]               the last check ended at {:.3} s, the rest is committing results",
         m.last_check.as_secs_f64()
@@ -583,10 +602,18 @@ fn report(pass: &Pass, concurrency: usize, m: &Measured) {
     let cpu = m.cpu.as_secs_f64();
     if s.alive > 0 {
         println!(
-            "[{name}]   CPU         {cpu:.2} s in the round ({:.2} s system) = {:.3} s per 1,000 alive checks = {:.3} ms per alive check  (target <= 0.3 ms)",
+            "[{name}]   CPU         {cpu:.2} s in the round ({:.2} s system) = {:.3} s per 1,000 alive checks = {:.3} ms per alive check  {}",
             m.system.as_secs_f64(),
             cpu * 1000.0 / s.alive as f64,
-            cpu * 1000.0 / s.alive as f64
+            cpu * 1000.0 / s.alive as f64,
+            if s.alive == s.checked {
+                "(target <= 0.3 ms)".to_owned()
+            } else {
+                format!(
+                    "(includes the {} checks that failed; target <= 0.3 ms applies to the alive pass)",
+                    s.checked - s.alive
+                )
+            }
         );
     } else {
         println!(
