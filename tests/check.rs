@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use common::fakes::{
@@ -629,46 +629,10 @@ async fn a_judge_dying_mid_round_marks_nothing_dead() {
 /// proxies asked through it look dead: the next judge is asked.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rate_limiting_judge_does_not_kill_proxies() {
-    use std::sync::atomic::AtomicUsize;
-
-    use axum::extract::ConnectInfo;
-    use axum::http::{HeaderMap, Method, Uri};
-    use axum::response::IntoResponse;
-
     let dir = tempfile::tempdir().unwrap();
     let good = Judge::plain().await;
-    // Answers the checker's direct request, then 429 to everything.
     let asked = Arc::new(AtomicUsize::new(0));
-    let limited = {
-        let asked = asked.clone();
-        let app = axum::Router::new().route(
-            "/judge",
-            axum::routing::get(
-                move |info: ConnectInfo<SocketAddr>, m: Method, u: Uri, h: HeaderMap| {
-                    let n = asked.fetch_add(1, Ordering::Relaxed);
-                    async move {
-                        if n == 0 {
-                            proxywarden::api::judge::judge(info, m, u, h)
-                                .await
-                                .into_response()
-                        } else {
-                            (axum::http::StatusCode::TOO_MANY_REQUESTS, "slow down").into_response()
-                        }
-                    }
-                },
-            ),
-        );
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        tokio::spawn(async move {
-            axum::serve(
-                listener,
-                app.into_make_service_with_connect_info::<SocketAddr>(),
-            )
-            .await
-        });
-        addr
-    };
+    let limited = Judge::plain_with(Judge::rate_limited(asked.clone())).await;
     let mut proxies = Vec::new();
     for _ in 0..6 {
         proxies.push(FakeHttpProxy::start(http_opts(ProxyKind::Elite, false)).await);
@@ -677,7 +641,7 @@ async fn a_rate_limiting_judge_does_not_kill_proxies() {
         .iter()
         .map(|p| format!("http://{}", p.addr()))
         .collect();
-    let judges = format!(r#"["http://{limited}/judge", "{}"]"#, good.url());
+    let judges = format!(r#"["{}", "{}"]"#, limited.url(), good.url());
     let config = config(dir.path(), &judges, "", &entries, &[]);
     let (_, summary) = harvest_and_check(&config).await;
     assert!(
@@ -685,4 +649,52 @@ async fn a_rate_limiting_judge_does_not_kill_proxies() {
         "the limited judge was asked through proxies"
     );
     assert_eq!(summary.alive, 6, "{:?}", summary.dead_by_reason);
+}
+
+/// A TLS judge that answers 429 through a working tunnel says nothing about
+/// the proxy: the next TLS judge is asked, and with none left the HTTPS flag
+/// stays unknown instead of turning false.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_tls_judge_does_not_decide_https() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    std::fs::create_dir_all(&a).unwrap();
+    std::fs::create_dir_all(&b).unwrap();
+    let plain = Judge::plain().await;
+    let asked = Arc::new(AtomicUsize::new(0));
+    let busy = Judge::tls_with(&a, Judge::rate_limited(asked.clone())).await;
+    let good = Judge::tls(&b).await;
+    let both_cas = dir.path().join("cas.pem");
+    std::fs::write(
+        &both_cas,
+        [busy.ca_file(), good.ca_file()]
+            .map(|f| std::fs::read_to_string(f).unwrap())
+            .concat(),
+    )
+    .unwrap();
+    let extra = format!("extra_ca_file = \"{}\"", both_cas.display());
+    let tunnels = FakeHttpProxy::start(http_opts(ProxyKind::Elite, true)).await;
+    let refuses = FakeHttpProxy::start(http_opts(ProxyKind::Elite, false)).await;
+    let entries = [&tunnels, &refuses].map(|p| format!("http://{}", p.addr()));
+
+    // Only the busy TLS judge: unknown, not false, for the tunnelling proxy.
+    let only_busy = format!(r#"["{}", "{}"]"#, plain.url(), busy.url());
+    let config1 = config(dir.path(), &only_busy, &extra, &entries, &[]);
+    let (store, summary) = harvest_and_check(&config1).await;
+    assert_eq!(summary.alive, 2, "{:?}", summary.dead_by_reason);
+    assert!(
+        asked.load(Ordering::Relaxed) > 1,
+        "asked through the tunnel"
+    );
+    let records = store.list_proxies(&ProxyFilter::default()).unwrap();
+    assert_eq!(by_addr(&records, tunnels.addr()).https, None);
+    assert_eq!(by_addr(&records, refuses.addr()).https, Some(false));
+
+    // With a second TLS judge the tunnel is proven.
+    let both = format!(r#"["{}", "{}", "{}"]"#, plain.url(), busy.url(), good.url());
+    let config2 = config(dir.path(), &both, &extra, &entries, &[]);
+    run_round(&config2, &store, true).await.unwrap();
+    let records = store.list_proxies(&ProxyFilter::default()).unwrap();
+    assert_eq!(by_addr(&records, tunnels.addr()).https, Some(true));
+    assert_eq!(by_addr(&records, refuses.addr()).https, Some(false));
 }

@@ -328,17 +328,10 @@ impl Checker {
         let mut main = self.ask_main(proxy, first).await;
         // A busy public judge answers 429 or 5xx to everyone: before calling
         // that the proxy's fault, ask the next judge of the same kind.
-        if matches!(main, Err(Reason::BadStatus)) {
-            let kind = if first.target.tls {
-                &self.secure
-            } else {
-                &self.plain
-            };
-            if let Some(i) = kind.iter().position(|j| std::ptr::eq(j, first))
-                && kind.len() > 1
-            {
-                main = self.ask_main(proxy, &kind[(i + 1) % kind.len()]).await;
-            }
+        if matches!(main, Err(Reason::BadStatus))
+            && let Some(next) = self.next_of_kind(first)
+        {
+            main = self.ask_main(proxy, next).await;
         }
         let via_tls_only = plain_judge.is_none();
         // HTTPS is tested once the proxy works, when a TLS judge exists.
@@ -348,8 +341,8 @@ impl Checker {
                 let https = if via_tls_only {
                     Some(true)
                 } else if https_test() {
-                    let j = secure_judge.expect("checked above");
-                    Some(self.ask(Route::Tunnel(proxy), j).await.is_ok())
+                    self.tunnels_tls(proxy, secure_judge.expect("checked above"))
+                        .await
                 } else {
                     None
                 };
@@ -360,6 +353,38 @@ impl Checker {
             // http:// through it would get the failure (or an injected page).
             Err(reason) => Outcome::dead(reason),
         }
+    }
+
+    /// The next judge after `judge` among those of its kind, if there is
+    /// another.
+    fn next_of_kind(&self, judge: &ReadyJudge) -> Option<&ReadyJudge> {
+        let kind = if judge.target.tls {
+            &self.secure
+        } else {
+            &self.plain
+        };
+        let i = kind.iter().position(|j| std::ptr::eq(j, judge))?;
+        (kind.len() > 1).then(|| &kind[(i + 1) % kind.len()])
+    }
+
+    /// The HTTPS test: a request to a TLS judge through a CONNECT tunnel.
+    /// An error status inside the tunnel comes from the judge itself (TLS
+    /// proves who answered), so it says nothing about the proxy: the next
+    /// TLS judge is asked, and if none answers the flag stays unknown
+    /// (`None`) rather than false.
+    async fn tunnels_tls(&self, proxy: &Proxy, judge: &ReadyJudge) -> Option<bool> {
+        for j in std::iter::once(judge).chain(self.next_of_kind(judge)) {
+            let n = nonce();
+            match self.prober.fetch(Route::Tunnel(proxy), &j.target, &n).await {
+                Ok(answer) if (200..300).contains(&answer.status) => {
+                    let body = String::from_utf8_lossy(&answer.body);
+                    return Some(judge::genuine(&j.config, &body, &n));
+                }
+                Ok(_) => {}
+                Err(_) => return Some(false),
+            }
+        }
+        None
     }
 
     fn alive(&self, proxy: &Proxy, echo: &Echo, latency: Duration, https: Option<bool>) -> Outcome {

@@ -7,10 +7,12 @@ use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use axum::extract::ConnectInfo;
 use axum::extract::connect_info::MockConnectInfo;
-use axum::http::{HeaderMap, Uri};
+use axum::http::{HeaderMap, Method, StatusCode, Uri};
+use axum::response::IntoResponse;
 use axum::routing::get;
 use hyper_util::rt::TokioIo;
 use hyper_util::service::TowerToHyperService;
@@ -37,6 +39,11 @@ impl Judge {
         Judge::serve(proxywarden::api::judge::router(), "/judge").await
     }
 
+    /// Serves `app`, a router answering `/judge`, on plain HTTP.
+    pub async fn plain_with(app: axum::Router) -> Judge {
+        Judge::serve(app, "/judge").await
+    }
+
     /// Serves `app` on plain HTTP with the peer address available.
     async fn serve(app: axum::Router, path: &'static str) -> Judge {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -60,6 +67,12 @@ impl Judge {
     /// proxywarden's `/judge` over TLS, with a certificate for 127.0.0.1
     /// signed by a CA written to `dir/ca.pem`.
     pub async fn tls(dir: &Path) -> Judge {
+        Judge::tls_with(dir, proxywarden::api::judge::router()).await
+    }
+
+    /// Serves `app`, a router answering `/judge`, over TLS as [`Judge::tls`]
+    /// does.
+    pub async fn tls_with(dir: &Path, app: axum::Router) -> Judge {
         let (ca_pem, cert_der, key_der) = make_certs();
         let ca_file = dir.join("ca.pem");
         std::fs::write(&ca_file, ca_pem).unwrap();
@@ -79,11 +92,12 @@ impl Judge {
                     continue;
                 };
                 let acceptor = acceptor.clone();
+                let app = app.clone();
                 tokio::spawn(async move {
                     let Ok(tls) = acceptor.accept(tcp).await else {
                         return;
                     };
-                    let app = proxywarden::api::judge::router().layer(MockConnectInfo(peer));
+                    let app = app.clone().layer(MockConnectInfo(peer));
                     let _ = hyper::server::conn::http1::Builder::new()
                         .serve_connection(TokioIo::new(tls), TowerToHyperService::new(app))
                         .await;
@@ -97,6 +111,29 @@ impl Judge {
             tls: true,
             path: "/judge",
         }
+    }
+
+    /// proxywarden's `/judge` that answers its first request, the checker's
+    /// direct one, and then `429 Too Many Requests` to everything, as a busy
+    /// public judge does. `asked` counts the requests.
+    pub fn rate_limited(asked: Arc<AtomicUsize>) -> axum::Router {
+        axum::Router::new().route(
+            "/judge",
+            get(
+                move |info: ConnectInfo<SocketAddr>, m: Method, u: Uri, h: HeaderMap| {
+                    let n = asked.fetch_add(1, Ordering::Relaxed);
+                    async move {
+                        if n == 0 {
+                            proxywarden::api::judge::judge(info, m, u, h)
+                                .await
+                                .into_response()
+                        } else {
+                            (StatusCode::TOO_MANY_REQUESTS, "slow down").into_response()
+                        }
+                    }
+                },
+            ),
+        )
     }
 
     /// An httpbin-style judge (`/get`): `{"args", "headers", "origin",
