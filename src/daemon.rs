@@ -28,6 +28,11 @@ const IDLE_MAX: Duration = Duration::from_secs(5);
 /// Pause between rounds, so a trickle of due proxies does not turn into a
 /// stream of tiny rounds (each asks every judge directly first).
 const ROUND_GAP: Duration = Duration::from_secs(2);
+/// How long a round starts checks before it yields to the next one. Each
+/// round takes alive proxies first, so after a harvest floods the database
+/// with new proxies, the re-checks of those being served still come round
+/// within about this long plus one check timeout.
+const ROUND_DISPATCH: Duration = Duration::from_secs(20);
 /// Wait before retrying when no judge answers.
 const JUDGE_RETRY: Duration = Duration::from_secs(30);
 /// When the daily purge runs (03:17:00 UTC).
@@ -224,6 +229,7 @@ impl Daemon {
         opts.concurrency = check::clamp_concurrency(opts.concurrency);
         opts.on_commit = Some(hook);
         opts.abort_in_flight = Some(abort);
+        opts.dispatch_for = Some(ROUND_DISPATCH);
         let policy = RecheckPolicy::from_config(&self.config.check);
         let geoip = match check::open_geoip(&self.config) {
             Ok(g) => g,

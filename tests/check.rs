@@ -21,7 +21,7 @@ use proxywarden::check::{
 use proxywarden::config::Config;
 use proxywarden::harvest::harvest_all;
 use proxywarden::proxy::{Anonymity, Status};
-use proxywarden::store::{ProxyFilter, ProxyRecord, RecheckPolicy, Store};
+use proxywarden::store::{ProxyFilter, ProxyRecord, RecheckPolicy, Store, now_ms};
 use tokio_util::sync::CancellationToken;
 
 const EXIT: &str = "127.0.0.2";
@@ -399,7 +399,7 @@ async fn dead_proxies_back_off_doubling_up_to_the_cap_and_recover() {
             policy,
         )
         .unwrap();
-    let now = proxywarden::store::now_ms();
+    let now = now_ms();
     assert_eq!(store.purge(now, week).unwrap(), 0, "listed recently");
     assert_eq!(store.purge(now + 8 * 86_400_000, week).unwrap(), 1);
     assert!(
@@ -697,4 +697,67 @@ async fn a_busy_tls_judge_does_not_decide_https() {
     let records = store.list_proxies(&ProxyFilter::default()).unwrap();
     assert_eq!(by_addr(&records, tunnels.addr()).https, Some(true));
     assert_eq!(by_addr(&records, refuses.addr()).https, Some(false));
+}
+
+/// The daemon's rounds stop starting checks after a while and leave the
+/// rest due; each round takes the alive proxies that fell due before any
+/// new or dead one, so the re-checks of proxies being served never wait
+/// behind a backlog.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_round_rechecks_alive_proxies_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let judge = Judge::plain().await;
+    // 30 silent proxies listed first (lower ids), the working one last.
+    let farm = FakeFarm::start(0, 30, None).await;
+    let working = FakeHttpProxy::start(http_opts(ProxyKind::Elite, false)).await;
+    let mut entries = farm_list(&farm);
+    entries.push(format!("http://{}", working.addr()));
+    let mut config = config(
+        dir.path(),
+        &format!(r#"["{}"]"#, judge.url()),
+        "",
+        &entries,
+        &[],
+    );
+    config.check.https = false;
+    let store = Store::open(&config.database.path).unwrap();
+    harvest_all(&config, &store).await.unwrap();
+
+    // The working proxy passed a check an hour ago: alive, and due again.
+    let id = by_addr(
+        &store.list_proxies(&ProxyFilter::default()).unwrap(),
+        working.addr(),
+    )
+    .id;
+    let policy = RecheckPolicy::from_config(&config.check);
+    store
+        .record_checks(&[common::alive_at(id, now_ms() - 3_600_000)], policy)
+        .unwrap();
+    assert_eq!(store.count_due(now_ms(), false).unwrap(), 31);
+
+    // One at a time, starting checks for 300 ms: a silent proxy holds the
+    // only slot for the whole 2 s timeout, so the round can start at most
+    // one of them after whatever it takes first.
+    let opts = CheckOptions {
+        concurrency: 1,
+        dispatch_for: Some(Duration::from_millis(300)),
+        ..CheckOptions::from_config(&config.check)
+    };
+    let checker = Arc::new(Checker::prepare(&config, &opts, None).await.unwrap());
+    let summary = check_round(
+        checker,
+        &store,
+        &opts,
+        policy,
+        &CancellationToken::new(),
+        Arc::new(RoundProgress::default()),
+    )
+    .await
+    .unwrap();
+    assert_eq!(summary.alive, 1, "{summary:?}");
+    assert!(summary.checked <= 2, "{summary:?}");
+    assert!(!summary.interrupted);
+    let records = store.list_proxies(&ProxyFilter::default()).unwrap();
+    assert_eq!(by_addr(&records, working.addr()).checks_total, 2);
+    assert!(store.count_due(now_ms(), false).unwrap() >= 29);
 }

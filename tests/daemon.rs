@@ -584,25 +584,8 @@ fn store_with_one_proxy(dir: &Path, addr: SocketAddr, extra: &str) -> (Config, S
     (config, store, id)
 }
 
-/// A passing check of `id` at `at`.
-fn alive_at(id: i64, at: i64) -> proxywarden::store::CheckRecord {
-    proxywarden::store::CheckRecord {
-        id,
-        checked_at: at,
-        outcome: proxywarden::check::Outcome {
-            failure: None,
-            latency: Some(Duration::from_millis(5)),
-            anonymity: None,
-            https: None,
-            exit_ip: None,
-            country: None,
-            detected: None,
-        },
-    }
-}
-
-/// Proxies handed out whose last check is older than a minute are queued
-/// for an early re-check; freshly checked ones are not.
+/// Proxies handed out whose last check is older than `SERVED_RECHECK_AFTER`
+/// (30 s) are queued for an early re-check; freshly checked ones are not.
 #[test]
 fn served_proxies_with_old_checks_are_queued_for_recheck() {
     use proxywarden::api::AppState;
@@ -619,14 +602,16 @@ fn served_proxies_with_old_checks_are_queued_for_recheck() {
 
     let now = now_ms();
     store
-        .record_checks(&[alive_at(id, now - 120_000)], policy)
+        .record_checks(&[common::alive_at(id, now - 120_000)], policy)
         .unwrap();
     let old = &store.list_proxies(&ProxyFilter::default()).unwrap()[0];
     state.note_served(old, now);
     assert_eq!(state.take_served(), vec![id]);
     assert!(state.take_served().is_empty(), "drained");
 
-    store.record_checks(&[alive_at(id, now)], policy).unwrap();
+    store
+        .record_checks(&[common::alive_at(id, now)], policy)
+        .unwrap();
     let fresh = &store.list_proxies(&ProxyFilter::default()).unwrap()[0];
     state.note_served(fresh, now);
     assert!(state.take_served().is_empty());
@@ -657,7 +642,7 @@ async fn a_request_over_the_timeout_gets_a_json_503() {
     let (config, store, id) = store_with_one_proxy(dir.path(), hang.addr(), &extra);
     store
         .record_checks(
-            &[alive_at(id, now_ms())],
+            &[common::alive_at(id, now_ms())],
             RecheckPolicy::from_config(&config.check),
         )
         .unwrap();

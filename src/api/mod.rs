@@ -33,7 +33,7 @@ use crate::store::{HealthIndex, Store};
 use metrics::Metrics;
 
 /// A served proxy last checked longer ago than this is re-checked early.
-pub const SERVED_RECHECK_AFTER: std::time::Duration = std::time::Duration::from_secs(60);
+pub const SERVED_RECHECK_AFTER: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// The most served proxies queued for an early re-check at once.
 const MAX_SERVED_QUEUE: usize = 10_000;

@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{Checker, Reason};
 use crate::proxy::Anonymity;
-use crate::store::{CheckRecord, RecheckPolicy, Store, StoreError, now_ms};
+use crate::store::{CheckRecord, DueLane, RecheckPolicy, Store, StoreError, now_ms};
 
 /// Results per committed batch.
 const BATCH: usize = 500;
@@ -47,6 +47,11 @@ pub struct CheckOptions {
     /// (a daemon shutting down within its deadline); without it they
     /// finish within their timeout.
     pub abort_in_flight: Option<CancellationToken>,
+    /// Stop starting checks this long into the round and leave the rest
+    /// due for the next one. The daemon keeps its rounds short this way,
+    /// so that alive proxies falling due (taken first in every round) and
+    /// proxies queued for a re-check wait at most one short round.
+    pub dispatch_for: Option<Duration>,
 }
 
 impl std::fmt::Debug for CheckOptions {
@@ -58,6 +63,7 @@ impl std::fmt::Debug for CheckOptions {
             .field("timeout", &self.timeout)
             .field("https", &self.https)
             .field("on_commit", &self.on_commit.is_some())
+            .field("dispatch_for", &self.dispatch_for)
             .finish()
     }
 }
@@ -73,6 +79,7 @@ impl CheckOptions {
             https: c.https,
             on_commit: None,
             abort_in_flight: None,
+            dispatch_for: None,
         }
     }
 }
@@ -191,46 +198,60 @@ pub async fn check_round(
         },
     ));
     let permits = Arc::new(Semaphore::new(concurrency));
-    let mut after = i64::MIN;
     let mut interrupted = false;
-    'pages: loop {
-        let page = store
-            .run(move |s| s.due_page(now, all, after, PAGE))
-            .await?;
-        let Some(last) = page.last() else { break };
-        after = last.id;
-        for due in page {
-            let permit = tokio::select! {
-                biased;
-                _ = stop.cancelled() => {
-                    interrupted = true;
-                    break 'pages;
-                }
-                p = permits.clone().acquire_owned() => p.expect("the semaphore is never closed"),
-            };
-            let checker = checker.clone();
-            let tx = tx.clone();
-            let progress = progress.clone();
-            let abort = opts.abort_in_flight.clone().unwrap_or_default();
-            tokio::spawn(async move {
-                let outcome = tokio::select! {
-                    o = checker.check(&due.proxy, due.detect) => o,
-                    _ = abort.cancelled() => return,
+    let mut paused = false;
+    let dispatch_until = opts.dispatch_for.map(|d| started + d);
+    'pages: for lane in DueLane::IN_ORDER {
+        let mut after = i64::MIN;
+        loop {
+            let page = store
+                .run(move |s| s.due_page(now, all, lane, after, PAGE))
+                .await?;
+            let Some(last) = page.last() else { break };
+            after = last.id;
+            for due in page {
+                let deadline = async {
+                    match dispatch_until {
+                        Some(t) => tokio::time::sleep_until(t.into()).await,
+                        None => std::future::pending().await,
+                    }
                 };
-                if outcome.alive() {
-                    progress.alive.fetch_add(1, Ordering::Relaxed);
-                }
-                progress.done.fetch_add(1, Ordering::Relaxed);
-                let rec = CheckRecord {
-                    id: due.id,
-                    checked_at: now_ms(),
-                    outcome,
+                let permit = tokio::select! {
+                    biased;
+                    _ = stop.cancelled() => {
+                        interrupted = true;
+                        break 'pages;
+                    }
+                    _ = deadline => {
+                        paused = true;
+                        break 'pages;
+                    }
+                    p = permits.clone().acquire_owned() => p.expect("the semaphore is never closed"),
                 };
-                // The writer outlives every sender; a send can only fail if
-                // it died, and then the round reports its error.
-                let _ = tx.send(rec).await;
-                drop(permit);
-            });
+                let checker = checker.clone();
+                let tx = tx.clone();
+                let progress = progress.clone();
+                let abort = opts.abort_in_flight.clone().unwrap_or_default();
+                tokio::spawn(async move {
+                    let outcome = tokio::select! {
+                        o = checker.check(&due.proxy, due.detect) => o,
+                        _ = abort.cancelled() => return,
+                    };
+                    if outcome.alive() {
+                        progress.alive.fetch_add(1, Ordering::Relaxed);
+                    }
+                    progress.done.fetch_add(1, Ordering::Relaxed);
+                    let rec = CheckRecord {
+                        id: due.id,
+                        checked_at: now_ms(),
+                        outcome,
+                    };
+                    // The writer outlives every sender; a send can only fail if
+                    // it died, and then the round reports its error.
+                    let _ = tx.send(rec).await;
+                    drop(permit);
+                });
+            }
         }
     }
     drop(tx);
@@ -257,6 +278,7 @@ pub async fn check_round(
         https = summary.https,
         elapsed_ms = summary.elapsed.as_millis() as u64,
         interrupted,
+        paused,
         "check round finished"
     );
     Ok(summary)

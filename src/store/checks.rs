@@ -60,6 +60,22 @@ fn ms(d: Duration) -> i64 {
 
 const DUE_WHERE: &str = "(?1 OR next_check_at <= ?2) AND id > ?3";
 
+/// Which due proxies a page holds. A round takes the alive ones, the ones
+/// being served, before the rest, so that their re-checks never wait
+/// behind thousands of new or dead proxies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DueLane {
+    /// Proxies whose last check found them alive.
+    Alive,
+    /// Every other proxy: unknown or dead.
+    Others,
+}
+
+impl DueLane {
+    /// Both lanes, in the order a round takes them.
+    pub const IN_ORDER: [DueLane; 2] = [DueLane::Alive, DueLane::Others];
+}
+
 impl Store {
     /// How many proxies are due at `now` (all of them with `all`).
     pub fn count_due(&self, now: i64, all: bool) -> Result<i64, StoreError> {
@@ -77,20 +93,23 @@ impl Store {
             .query_row("SELECT min(next_check_at) FROM proxies", [], |r| r.get(0))?)
     }
 
-    /// Up to `limit` due proxies with ids above `after`, by id.
+    /// Up to `limit` due proxies of `lane` with ids above `after`, by id.
     pub fn due_page(
         &self,
         now: i64,
         all: bool,
+        lane: DueLane,
         after: i64,
         limit: usize,
     ) -> Result<Vec<DueProxy>, StoreError> {
         let conn = self.lock();
         let mut stmt = conn.prepare_cached(&format!(
             "SELECT id, scheme, host, port, username, password, scheme_detect
-             FROM proxies WHERE {DUE_WHERE} ORDER BY id LIMIT ?4"
+             FROM proxies WHERE {DUE_WHERE} AND (status = 'alive') = ?5
+             ORDER BY id LIMIT ?4"
         ))?;
-        let rows = stmt.query_map(params![all, now, after, limit as i64], |r| {
+        let alive = lane == DueLane::Alive;
+        let rows = stmt.query_map(params![all, now, after, limit as i64, alive], |r| {
             let scheme: String = r.get(1)?;
             let host: String = r.get(2)?;
             let username: String = r.get(4)?;

@@ -302,3 +302,20 @@ pub fn write_config(dir: &Path, toml: &str) -> std::path::PathBuf {
     std::fs::write(&p, toml).unwrap();
     p
 }
+
+/// A passed check of proxy `id` at `at` (unix ms), as the checker records it.
+pub fn alive_at(id: i64, at: i64) -> proxywarden::store::CheckRecord {
+    proxywarden::store::CheckRecord {
+        id,
+        checked_at: at,
+        outcome: proxywarden::check::Outcome {
+            failure: None,
+            latency: Some(std::time::Duration::from_millis(5)),
+            anonymity: None,
+            https: None,
+            exit_ip: None,
+            country: None,
+            detected: None,
+        },
+    }
+}
