@@ -77,13 +77,23 @@ async fn harvest_and_check(config: &Config) -> (Store, RoundSummary) {
 }
 
 async fn run_round(config: &Config, store: &Store, all: bool) -> Result<RoundSummary, CheckError> {
-    let mut opts = CheckOptions::from_config(&config.check);
-    opts.all = all;
-    let checker = Arc::new(Checker::prepare(config, &opts, open_geoip(config)?).await?);
+    let opts = CheckOptions {
+        all,
+        ..CheckOptions::from_config(&config.check)
+    };
+    run_round_with(config, store, &opts).await
+}
+
+async fn run_round_with(
+    config: &Config,
+    store: &Store,
+    opts: &CheckOptions,
+) -> Result<RoundSummary, CheckError> {
+    let checker = Arc::new(Checker::prepare(config, opts, open_geoip(config)?).await?);
     check_round(
         checker,
         store,
-        &opts,
+        opts,
         RecheckPolicy::from_config(&config.check),
         &CancellationToken::new(),
         Arc::new(RoundProgress::default()),
@@ -743,17 +753,7 @@ async fn a_short_round_rechecks_alive_proxies_first() {
         dispatch_for: Some(Duration::from_millis(300)),
         ..CheckOptions::from_config(&config.check)
     };
-    let checker = Arc::new(Checker::prepare(&config, &opts, None).await.unwrap());
-    let summary = check_round(
-        checker,
-        &store,
-        &opts,
-        policy,
-        &CancellationToken::new(),
-        Arc::new(RoundProgress::default()),
-    )
-    .await
-    .unwrap();
+    let summary = run_round_with(&config, &store, &opts).await.unwrap();
     assert_eq!(summary.alive, 1, "{summary:?}");
     assert!(summary.checked <= 2, "{summary:?}");
     assert!(!summary.interrupted);

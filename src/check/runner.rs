@@ -200,7 +200,10 @@ pub async fn check_round(
     let permits = Arc::new(Semaphore::new(concurrency));
     let mut interrupted = false;
     let mut paused = false;
-    let dispatch_until = opts.dispatch_for.map(|d| started + d);
+    // One timer for the round, polled only when the round has a limit.
+    let deadline =
+        tokio::time::sleep_until((started + opts.dispatch_for.unwrap_or_default()).into());
+    tokio::pin!(deadline);
     'pages: for lane in DueLane::IN_ORDER {
         let mut after = i64::MIN;
         loop {
@@ -210,19 +213,13 @@ pub async fn check_round(
             let Some(last) = page.last() else { break };
             after = last.id;
             for due in page {
-                let deadline = async {
-                    match dispatch_until {
-                        Some(t) => tokio::time::sleep_until(t.into()).await,
-                        None => std::future::pending().await,
-                    }
-                };
                 let permit = tokio::select! {
                     biased;
                     _ = stop.cancelled() => {
                         interrupted = true;
                         break 'pages;
                     }
-                    _ = deadline => {
+                    _ = &mut deadline, if opts.dispatch_for.is_some() => {
                         paused = true;
                         break 'pages;
                     }

@@ -17,7 +17,7 @@ use std::thread;
 use memchr::memchr;
 
 use super::{Candidate, Candidates, Hints, SourceScheme};
-use crate::proxy::{Credentials, Scheme, parse_ipv4_lenient, percent_decode, usable_ip};
+use crate::proxy::{Credentials, Scheme, parse_host, parse_port, percent_decode, usable_ip};
 
 /// Longest textual IPv6 (an IPv4-mapped address written in full).
 const MAX_V6: usize = 45;
@@ -39,7 +39,7 @@ pub fn parse(body: &str, default: SourceScheme, out: &mut Candidates) {
 }
 
 /// Reads `body` as lines of fields separated by blanks, commas, semicolons
-/// or `|`, quotes ignored, and takes every IPv4 field whose next field is a
+/// or `|`, quotes ignored, and takes every address field whose next field is a
 /// port. Only used when the body holds no `host:port` token: there a bare
 /// number after an address is far more likely a port than anything else.
 fn columns(body: &str, default: SourceScheme, out: &mut Candidates) {
@@ -62,17 +62,8 @@ fn columns(body: &str, default: SourceScheme, out: &mut Candidates) {
 
 /// An address field and a port field as a candidate.
 fn column_pair(ip: &str, port: &str, default: SourceScheme) -> Option<Candidate> {
-    if !ip.bytes().all(|c| c.is_ascii_digit() || c == b'.')
-        || !(1..=5).contains(&port.len())
-        || !port.bytes().all(|c| c.is_ascii_digit())
-    {
-        return None;
-    }
-    let host = IpAddr::V4(Ipv4Addr::from(parse_ipv4_lenient(ip.as_bytes())?));
-    let port: u16 = port.parse().ok().filter(|&p| p != 0)?;
-    if !usable_ip(host) {
-        return None;
-    }
+    let host = parse_host(ip)?;
+    let port = parse_port(port)?;
     Some(Candidate::new(
         host,
         port,
