@@ -28,10 +28,11 @@ use std::process::{Child, ChildStdin, Command, ExitCode, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use proxywarden::check::{CheckOptions, Checker, Reason, RoundProgress, check_round};
+use proxywarden::check::{CheckOptions, Checker, RoundProgress, check_round};
 use proxywarden::config::Config;
 use proxywarden::harvest::harvest_all;
-use proxywarden::store::{RecheckPolicy, Store};
+use proxywarden::model::Reason;
+use proxywarden::store::Store;
 use tokio_util::sync::CancellationToken;
 
 const MEASURE_ARG: &str = "--measure";
@@ -489,7 +490,7 @@ async fn round(config: &Config, concurrency: usize, farm_pids: &[u32]) -> anyhow
         ..CheckOptions::from_config(&config.check)
     };
     let checker = Arc::new(Checker::prepare(config, &opts, None).await?);
-    let policy = RecheckPolicy::from_config(&config.check);
+    let policy = config.check.recheck_policy();
 
     let rss_before_kib = proc_status_kib("VmRSS:");
     let cpu_before = cpu_times("self").unwrap_or_default();

@@ -6,8 +6,9 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use proxywarden::harvest::html::{self, HtmlOptions};
-use proxywarden::harvest::{Candidates, SourceScheme, text};
+use proxywarden::config::HtmlOptions;
+use proxywarden::harvest::{Candidates, html, text};
+use proxywarden::model::SourceScheme;
 
 const TEXT_BYTES: usize = 50 * 1024 * 1024;
 const HTML_ROWS: usize = 20_000;

@@ -115,7 +115,7 @@ pub struct ExportArgs {
     pub status: StatusFilter,
     /// Output format.
     #[arg(long, value_enum, default_value = "txt")]
-    pub format: Format,
+    pub format: ExportFormat,
     /// Write to this file (atomically) instead of stdout.
     #[arg(short, long, value_name = "FILE")]
     pub output: Option<PathBuf>,
@@ -140,7 +140,28 @@ pub struct ExportArgs {
     pub max_age: Option<std::time::Duration>,
 }
 
-fn parse_anonymity(s: &str) -> Result<crate::proxy::Anonymity, String> {
+/// `export --format`: the command line's names for [`Format`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum ExportFormat {
+    /// `scheme://[user:pass@]host:port` per line.
+    Txt,
+    /// A JSON array of objects.
+    Json,
+    /// CSV with a header row.
+    Csv,
+}
+
+impl From<ExportFormat> for Format {
+    fn from(f: ExportFormat) -> Format {
+        match f {
+            ExportFormat::Txt => Format::Txt,
+            ExportFormat::Json => Format::Json,
+            ExportFormat::Csv => Format::Csv,
+        }
+    }
+}
+
+fn parse_anonymity(s: &str) -> Result<crate::proxy::Anonymity, crate::proxy::ParseError> {
     s.trim().to_ascii_lowercase().parse()
 }
 
@@ -158,7 +179,7 @@ fn parse_country(s: &str) -> Result<Country, String> {
     Country::parse(s).ok_or_else(|| format!("{s:?} is not a two-letter country code"))
 }
 
-fn parse_scheme(s: &str) -> Result<Scheme, String> {
+fn parse_scheme(s: &str) -> Result<Scheme, crate::proxy::ParseError> {
     s.trim().to_ascii_lowercase().parse()
 }
 
@@ -282,11 +303,11 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             };
             match &args.output {
                 Some(path) => {
-                    export::write_file(&records, args.format, path)
+                    export::write_file(&records, args.format.into(), path)
                         .with_context(|| format!("cannot write {}", path.display()))?;
                     eprintln!("wrote {} proxies to {}", records.len(), path.display());
                 }
-                None => export::write(&records, args.format, std::io::stdout().lock())
+                None => export::write(&records, args.format.into(), std::io::stdout().lock())
                     .or_else(ignore_broken_pipe)?,
             }
             Ok(ExitCode::SUCCESS)
@@ -301,7 +322,6 @@ async fn check(config_path: Option<&Path>, args: CheckArgs) -> anyhow::Result<Ex
     use std::sync::Arc;
 
     use crate::check::{self, CheckOptions, Checker, RoundProgress};
-    use crate::store::RecheckPolicy;
 
     let (config, _) = load(config_path)?;
     let store = open_store(&config)?;
@@ -344,7 +364,7 @@ async fn check(config_path: Option<&Path>, args: CheckArgs) -> anyhow::Result<Ex
         checker,
         &store,
         &opts,
-        RecheckPolicy::from_config(&config.check),
+        config.check.recheck_policy(),
         &cancel,
         progress.clone(),
     )
@@ -429,7 +449,7 @@ pub fn print_check_summary(
         writeln!(out, "alive by anonymity: {}", parts.join(", "))?;
     }
     if !s.dead_by_reason.is_empty() {
-        let mut reasons: Vec<(&crate::check::Reason, &u64)> = s.dead_by_reason.iter().collect();
+        let mut reasons: Vec<(&crate::model::Reason, &u64)> = s.dead_by_reason.iter().collect();
         reasons.sort_by(|a, b| b.1.cmp(a.1));
         let parts: Vec<String> = reasons.iter().map(|(r, n)| format!("{r} {n}")).collect();
         writeln!(out, "dead by reason: {}", parts.join(", "))?;

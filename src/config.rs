@@ -12,9 +12,7 @@ use reqwest::header::{HeaderName, HeaderValue};
 use toml::{Table, Value};
 use url::Url;
 
-use crate::harvest::SourceScheme;
-use crate::harvest::html::{HtmlColumns, HtmlOptions};
-use crate::harvest::json::JsonOptions;
+use crate::model::{RecheckPolicy, SourceScheme};
 
 /// The fully commented example configuration, which is also the source of
 /// the built-in defaults (so the two can never disagree).
@@ -95,6 +93,53 @@ impl SourceFormat {
     }
 }
 
+/// Which table and columns to read; every field is optional and falls back
+/// to recognising the table by its headers.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HtmlOptions {
+    /// A CSS selector for the table (validated when the config is loaded).
+    pub table: Option<String>,
+    /// Header texts naming the columns, overriding recognition.
+    pub columns: HtmlColumns,
+}
+
+/// Header texts of the columns to read (matched case-insensitively).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HtmlColumns {
+    /// The address column (may also hold `host:port`).
+    pub ip: Option<String>,
+    /// The port column.
+    pub port: Option<String>,
+    /// The two-letter country code column.
+    pub country: Option<String>,
+    /// The anonymity column.
+    pub anonymity: Option<String>,
+    /// The HTTPS yes/no column.
+    pub https: Option<String>,
+    /// The protocol/type column.
+    pub protocol: Option<String>,
+}
+
+/// Paths into the document. A path starting with `/` is a JSON pointer;
+/// otherwise it is a key, with `.` separating nested keys.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct JsonOptions {
+    /// Path to the array of items (from the document root).
+    pub items: Option<String>,
+    /// Path to the address within an item.
+    pub ip: Option<String>,
+    /// Path to the port within an item.
+    pub port: Option<String>,
+    /// Path to the country code within an item.
+    pub country: Option<String>,
+    /// Path to the protocol list or string within an item.
+    pub protocols: Option<String>,
+    /// Path to the anonymity level within an item.
+    pub anonymity: Option<String>,
+    /// Path to the HTTPS flag within an item.
+    pub https: Option<String>,
+}
+
 /// Where a source's body comes from.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum SourceLocation {
@@ -169,6 +214,17 @@ pub struct CheckConfig {
     pub purge_after: Duration,
 }
 
+impl CheckConfig {
+    /// When proxies are checked again, as `[check]` sets it.
+    pub fn recheck_policy(&self) -> RecheckPolicy {
+        RecheckPolicy {
+            alive: self.recheck_alive,
+            dead: self.recheck_dead,
+            dead_max: self.recheck_dead_max,
+        }
+    }
+}
+
 /// One judge: a URL that answers with the request it received.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct JudgeConfig {
@@ -220,8 +276,38 @@ impl fmt::Debug for Secret {
 pub struct ConfigError {
     /// The file, or `<built-in>` for the defaults.
     pub file: String,
-    /// One entry per problem: `key: message`.
-    pub problems: Vec<String>,
+    /// Every problem, in the order found.
+    pub problems: Vec<Problem>,
+}
+
+/// One problem in a config file: the key it concerns (dotted, with array
+/// indices, e.g. `sources[2].url`; empty for the file as a whole) and what
+/// is wrong with it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Problem {
+    /// The key, e.g. `harvest.timeout`.
+    pub key: String,
+    /// What was expected or found.
+    pub message: String,
+}
+
+impl Problem {
+    fn file(message: String) -> Problem {
+        Problem {
+            key: String::new(),
+            message,
+        }
+    }
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.key.is_empty() {
+            f.write_str(&self.message)
+        } else {
+            write!(f, "{}: {}", self.key, self.message)
+        }
+    }
 }
 
 impl fmt::Display for ConfigError {
@@ -290,7 +376,7 @@ impl Config {
         let file = path.display().to_string();
         let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
             file: file.clone(),
-            problems: vec![format!("cannot read the file: {e}")],
+            problems: vec![Problem::file(format!("cannot read the file: {e}"))],
         })?;
         Config::from_toml(&text, &file)
     }
@@ -299,7 +385,10 @@ impl Config {
     pub fn from_toml(text: &str, file: &str) -> Result<Config, ConfigError> {
         let table: Table = text.parse().map_err(|e: toml::de::Error| ConfigError {
             file: file.to_owned(),
-            problems: vec![format!("not valid TOML: {}", e.to_string().trim_end())],
+            problems: vec![Problem::file(format!(
+                "not valid TOML: {}",
+                e.to_string().trim_end()
+            ))],
         })?;
         let mut root = Section::new("", table);
         let config = build(&mut root);
@@ -665,7 +754,7 @@ fn type_name(v: &Value) -> &'static str {
 struct Section {
     prefix: String,
     table: Table,
-    problems: Vec<String>,
+    problems: Vec<Problem>,
 }
 
 impl Section {
@@ -687,7 +776,10 @@ impl Section {
 
     fn problem(&mut self, k: &str, msg: &str) {
         let key = self.key(k);
-        self.problems.push(format!("{key}: {msg}"));
+        self.problems.push(Problem {
+            key,
+            message: msg.to_owned(),
+        });
     }
 
     fn take(&mut self, k: &str) -> Option<Value> {
@@ -714,7 +806,7 @@ impl Section {
     }
 
     /// All problems, with leftover keys reported as unknown.
-    fn finish(mut self) -> Vec<String> {
+    fn finish(mut self) -> Vec<Problem> {
         let leftover: Vec<String> = self.table.keys().cloned().collect();
         for k in leftover {
             self.problem(&k, "unknown key");

@@ -16,7 +16,7 @@ use crate::api::{self, AppState, CheckInfo, HarvestInfo};
 use crate::check::{self, CheckOptions, Checker, CommitHook, RoundProgress};
 use crate::config::Config;
 use crate::harvest;
-use crate::store::{HealthIndex, RecheckPolicy, Store, now_ms, rfc3339};
+use crate::store::{HealthIndex, Store, now_ms, rfc3339};
 
 /// How long in-flight checks may run after shutdown begins.
 const CHECK_GRACE: Duration = Duration::from_secs(5);
@@ -230,7 +230,7 @@ impl Daemon {
         opts.on_commit = Some(hook);
         opts.abort_in_flight = Some(abort);
         opts.dispatch_for = Some(ROUND_DISPATCH);
-        let policy = RecheckPolicy::from_config(&self.config.check);
+        let policy = self.config.check.recheck_policy();
         let geoip = match check::open_geoip(&self.config) {
             Ok(g) => g,
             Err(e) => {

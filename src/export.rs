@@ -11,7 +11,7 @@ use serde::Serialize;
 use crate::store::{ProxyRecord, rfc3339};
 
 /// An export format.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Format {
     /// `scheme://[user:pass@]host:port` per line.
     Txt,

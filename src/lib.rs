@@ -3,6 +3,7 @@
 //! ones that work.
 //!
 //! - [`proxy`]: proxy identity, schemes, anonymity, statuses, countries
+//! - [`model`]: the shared vocabulary: candidates and hints, outcomes, failure reasons, re-check policy
 //! - [`config`]: raw TOML → validated [`config::Config`]
 //! - [`harvest`]: fetch sources with limits; parse text, HTML and JSON lists
 //! - [`check`]: probes per scheme, judges, anonymity, the batched check round
@@ -20,6 +21,7 @@ pub mod config;
 pub mod daemon;
 pub mod export;
 pub mod harvest;
+pub mod model;
 pub mod proxy;
 pub mod store;
 pub mod tls;

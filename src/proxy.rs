@@ -8,6 +8,44 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
+/// Why a proxy, scheme, anonymity level or status did not parse. Messages
+/// quote the input and say what was expected.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ParseError {
+    /// Not one of the scheme names.
+    #[error("unknown scheme {0:?} (expected http, socks4 or socks5)")]
+    UnknownScheme(String),
+    /// Not one of the anonymity names.
+    #[error("unknown anonymity {0:?} (expected transparent, anonymous or elite)")]
+    UnknownAnonymity(String),
+    /// Not one of the status names.
+    #[error("unknown status {0:?} (expected alive, dead or unknown)")]
+    UnknownStatus(String),
+    /// A proxy URL without `scheme://`.
+    #[error("{0:?} has no scheme (expected scheme://host:port)")]
+    NoScheme(String),
+    /// A proxy URL whose scheme is not a proxy scheme.
+    #[error("{url:?} has unknown scheme {scheme:?}")]
+    UrlScheme {
+        /// The URL as given.
+        url: String,
+        /// Its scheme.
+        scheme: String,
+    },
+    /// `user:pass@` with an empty user.
+    #[error("{0:?} has an empty username")]
+    EmptyUsername(String),
+    /// No `host:port` after the scheme.
+    #[error("{0:?} is not scheme://host:port")]
+    NotHostPort(String),
+    /// A port that is not 1–65535.
+    #[error("{0:?} has an invalid port")]
+    BadPort(String),
+    /// A host that is not a usable IP address.
+    #[error("{0:?} has an invalid address")]
+    BadAddress(String),
+}
+
 /// How a proxy is spoken to. `https` proxies in lists are plain HTTP proxies
 /// that support CONNECT, so they map to [`Scheme::Http`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -58,15 +96,13 @@ impl fmt::Display for Scheme {
 }
 
 impl FromStr for Scheme {
-    type Err = String;
+    type Err = ParseError;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s {
             "http" => Ok(Scheme::Http),
             "socks4" => Ok(Scheme::Socks4),
             "socks5" => Ok(Scheme::Socks5),
-            other => Err(format!(
-                "unknown scheme {other:?} (expected http, socks4 or socks5)"
-            )),
+            other => Err(ParseError::UnknownScheme(other.to_owned())),
         }
     }
 }
@@ -128,15 +164,13 @@ impl fmt::Display for Anonymity {
 }
 
 impl FromStr for Anonymity {
-    type Err = String;
+    type Err = ParseError;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s {
             "transparent" => Ok(Anonymity::Transparent),
             "anonymous" => Ok(Anonymity::Anonymous),
             "elite" => Ok(Anonymity::Elite),
-            other => Err(format!(
-                "unknown anonymity {other:?} (expected transparent, anonymous or elite)"
-            )),
+            other => Err(ParseError::UnknownAnonymity(other.to_owned())),
         }
     }
 }
@@ -171,15 +205,13 @@ impl fmt::Display for Status {
 }
 
 impl FromStr for Status {
-    type Err = String;
+    type Err = ParseError;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s {
             "unknown" => Ok(Status::Unknown),
             "alive" => Ok(Status::Alive),
             "dead" => Ok(Status::Dead),
-            other => Err(format!(
-                "unknown status {other:?} (expected alive, dead or unknown)"
-            )),
+            other => Err(ParseError::UnknownStatus(other.to_owned())),
         }
     }
 }
@@ -278,19 +310,21 @@ impl Proxy {
 
     /// Parses `scheme://[user:pass@]host:port` (scheme required; `https`,
     /// `socks4a` and `socks5h` accepted as their base schemes).
-    pub fn parse_url(s: &str) -> Result<Proxy, String> {
+    pub fn parse_url(s: &str) -> Result<Proxy, ParseError> {
         let s = s.trim();
         let (scheme_word, rest) = s
             .split_once("://")
-            .ok_or_else(|| format!("{s:?} has no scheme (expected scheme://host:port)"))?;
-        let scheme = Scheme::from_loose(scheme_word)
-            .ok_or_else(|| format!("{s:?} has unknown scheme {scheme_word:?}"))?;
+            .ok_or_else(|| ParseError::NoScheme(s.to_owned()))?;
+        let scheme = Scheme::from_loose(scheme_word).ok_or_else(|| ParseError::UrlScheme {
+            url: s.to_owned(),
+            scheme: scheme_word.to_owned(),
+        })?;
         let rest = rest.trim_end_matches('/');
         let (auth, hostport) = match rest.rsplit_once('@') {
             Some((creds, hp)) => {
                 let (u, p) = creds.split_once(':').unwrap_or((creds, ""));
                 if u.is_empty() {
-                    return Err(format!("{s:?} has an empty username"));
+                    return Err(ParseError::EmptyUsername(s.to_owned()));
                 }
                 (
                     Some(Credentials {
@@ -303,9 +337,9 @@ impl Proxy {
             None => (None, rest),
         };
         let (host, port) =
-            split_host_port(hostport).ok_or_else(|| format!("{s:?} is not scheme://host:port"))?;
-        let port = parse_port(port).ok_or_else(|| format!("{s:?} has an invalid port"))?;
-        let host = parse_host(host).ok_or_else(|| format!("{s:?} has an invalid address"))?;
+            split_host_port(hostport).ok_or_else(|| ParseError::NotHostPort(s.to_owned()))?;
+        let port = parse_port(port).ok_or_else(|| ParseError::BadPort(s.to_owned()))?;
+        let host = parse_host(host).ok_or_else(|| ParseError::BadAddress(s.to_owned()))?;
         Ok(Proxy {
             scheme,
             host,

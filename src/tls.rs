@@ -2,11 +2,49 @@
 //! sources (HTTP/2 and HTTP/1.1) and one for every check's TLS to a judge
 //! (HTTP/1.1 only, with any extra roots for private judges).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use rustls_pki_types::CertificateDer;
 use rustls_pki_types::pem::PemObject;
+
+/// Why a TLS client configuration could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsSetupError {
+    /// The extra CA file could not be opened or read.
+    #[error("cannot read check.extra_ca_file {}: {source}", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// What went wrong.
+        source: rustls_pki_types::pem::Error,
+    },
+    /// A PEM section of the extra CA file is malformed.
+    #[error("invalid PEM in check.extra_ca_file {}: {source}", path.display())]
+    Pem {
+        /// The file.
+        path: PathBuf,
+        /// What went wrong.
+        source: rustls_pki_types::pem::Error,
+    },
+    /// The extra CA file holds no certificate.
+    #[error("check.extra_ca_file {} holds no certificates", path.display())]
+    NoCertificates {
+        /// The file.
+        path: PathBuf,
+    },
+    /// A certificate of the extra CA file is not a usable root.
+    #[error("bad certificate in check.extra_ca_file {}: {source}", path.display())]
+    BadCertificate {
+        /// The file.
+        path: PathBuf,
+        /// What rustls said.
+        source: rustls::Error,
+    },
+    /// rustls refused the protocol versions.
+    #[error("TLS setup failed: {0}")]
+    Protocol(rustls::Error),
+}
 
 /// Builds a client configuration: ring as the crypto provider, Mozilla's
 /// roots from `webpki-roots` (the same on every machine, systemd sandbox
@@ -14,34 +52,39 @@ use rustls_pki_types::pem::PemObject;
 pub fn client_config(
     extra_ca: Option<&Path>,
     alpn: &[&[u8]],
-) -> Result<Arc<rustls::ClientConfig>, String> {
+) -> Result<Arc<rustls::ClientConfig>, TlsSetupError> {
     let mut roots = rustls::RootCertStore {
         roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
     };
     if let Some(path) = extra_ca {
         let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
-            .map_err(|e| format!("cannot read check.extra_ca_file {}: {e}", path.display()))?
+            .map_err(|source| TlsSetupError::Read {
+                path: path.to_path_buf(),
+                source,
+            })?
             .collect::<Result<_, _>>()
-            .map_err(|e| format!("invalid PEM in check.extra_ca_file {}: {e}", path.display()))?;
+            .map_err(|source| TlsSetupError::Pem {
+                path: path.to_path_buf(),
+                source,
+            })?;
         if certs.is_empty() {
-            return Err(format!(
-                "check.extra_ca_file {} holds no certificates",
-                path.display()
-            ));
+            return Err(TlsSetupError::NoCertificates {
+                path: path.to_path_buf(),
+            });
         }
         for cert in certs {
-            roots.add(cert).map_err(|e| {
-                format!(
-                    "bad certificate in check.extra_ca_file {}: {e}",
-                    path.display()
-                )
-            })?;
+            roots
+                .add(cert)
+                .map_err(|source| TlsSetupError::BadCertificate {
+                    path: path.to_path_buf(),
+                    source,
+                })?;
         }
     }
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut config = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
-        .map_err(|e| format!("TLS setup failed: {e}"))?
+        .map_err(TlsSetupError::Protocol)?
         .with_root_certificates(roots)
         .with_no_client_auth();
     config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();

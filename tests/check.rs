@@ -16,12 +16,13 @@ use common::fakes::{
 };
 use common::judges::Judge;
 use proxywarden::check::{
-    CheckError, CheckOptions, Checker, Reason, RoundProgress, RoundSummary, check_round, open_geoip,
+    CheckError, CheckOptions, Checker, RoundProgress, RoundSummary, check_round, open_geoip,
 };
 use proxywarden::config::Config;
 use proxywarden::harvest::harvest_all;
+use proxywarden::model::{Reason, RecheckPolicy};
 use proxywarden::proxy::{Anonymity, Status};
-use proxywarden::store::{ProxyFilter, ProxyRecord, RecheckPolicy, Store, now_ms};
+use proxywarden::store::{ProxyFilter, ProxyRecord, Store, now_ms};
 use tokio_util::sync::CancellationToken;
 
 const EXIT: &str = "127.0.0.2";
@@ -94,7 +95,7 @@ async fn run_round_with(
         checker,
         store,
         opts,
-        RecheckPolicy::from_config(&config.check),
+        config.check.recheck_policy(),
         &CancellationToken::new(),
         Arc::new(RoundProgress::default()),
     )
@@ -328,7 +329,7 @@ async fn httpbin_judges_and_geoip_give_the_exit_country() {
 
 #[tokio::test]
 async fn dead_proxies_back_off_doubling_up_to_the_cap_and_recover() {
-    use proxywarden::check::Outcome;
+    use proxywarden::model::Outcome;
     use proxywarden::store::CheckRecord;
 
     let dir = tempfile::tempdir().unwrap();
@@ -451,7 +452,7 @@ async fn start_round(
     let progress = Arc::new(RoundProgress::default());
     let round = {
         let (store, cancel, progress) = (store.clone(), cancel.clone(), progress.clone());
-        let policy = RecheckPolicy::from_config(&config.check);
+        let policy = config.check.recheck_policy();
         tokio::spawn(
             async move { check_round(checker, &store, &opts, policy, &cancel, progress).await },
         )
@@ -739,7 +740,7 @@ async fn a_short_round_rechecks_alive_proxies_first() {
         working.addr(),
     )
     .id;
-    let policy = RecheckPolicy::from_config(&config.check);
+    let policy = config.check.recheck_policy();
     store
         .record_checks(&[common::alive_at(id, now_ms() - 3_600_000)], policy)
         .unwrap();

@@ -550,7 +550,7 @@ async fn the_judge_can_be_switched_off_and_is_rate_limited() {
 
 /// A store in `dir` holding one proxy at `addr`, and its id.
 fn store_with_one_proxy(dir: &Path, addr: SocketAddr, extra: &str) -> (Config, Store, i64) {
-    use proxywarden::harvest::{Candidate, Hints, SourceScheme};
+    use proxywarden::model::{Candidate, Hints, SourceScheme};
     use proxywarden::store::{ProxyFilter, SourceRun};
 
     let config = Config::from_toml(
@@ -589,11 +589,11 @@ fn store_with_one_proxy(dir: &Path, addr: SocketAddr, extra: &str) -> (Config, S
 #[test]
 fn served_proxies_with_old_checks_are_queued_for_recheck() {
     use proxywarden::api::AppState;
-    use proxywarden::store::{HealthIndex, ProxyFilter, RecheckPolicy, now_ms};
+    use proxywarden::store::{HealthIndex, ProxyFilter, now_ms};
 
     let dir = tempfile::tempdir().unwrap();
     let (config, store, id) = store_with_one_proxy(dir.path(), "10.2.3.4:80".parse().unwrap(), "");
-    let policy = RecheckPolicy::from_config(&config.check);
+    let policy = config.check.recheck_policy();
     let state = AppState::new(
         store.clone(),
         HealthIndex::new(),
@@ -626,7 +626,7 @@ fn served_proxies_with_old_checks_are_queued_for_recheck() {
 async fn a_request_over_the_timeout_gets_a_json_503() {
     use proxywarden::api::{self, AppState};
     use proxywarden::check::{CheckOptions, Checker};
-    use proxywarden::store::{HealthIndex, RecheckPolicy, now_ms};
+    use proxywarden::store::{HealthIndex, now_ms};
 
     let dir = tempfile::tempdir().unwrap();
     let judge = common::judges::Judge::plain().await;
@@ -643,7 +643,7 @@ async fn a_request_over_the_timeout_gets_a_json_503() {
     store
         .record_checks(
             &[common::alive_at(id, now_ms())],
-            RecheckPolicy::from_config(&config.check),
+            config.check.recheck_policy(),
         )
         .unwrap();
     let opts = CheckOptions::from_config(&config.check);

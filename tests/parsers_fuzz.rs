@@ -4,9 +4,9 @@
 
 use proptest::prelude::*;
 
-use proxywarden::harvest::html::{self, HtmlColumns, HtmlOptions};
-use proxywarden::harvest::json::{self, JsonOptions};
-use proxywarden::harvest::{Candidates, SourceScheme, text};
+use proxywarden::config::{HtmlColumns, HtmlOptions, JsonOptions};
+use proxywarden::harvest::{Candidates, html, json, text};
+use proxywarden::model::SourceScheme;
 use proxywarden::proxy::Scheme;
 
 const TEXT_SEED: &str = "# list\r\n1.2.3.4:8080\r\nhttps://5.6.7.8:443\nsocks5://u%40s:p@[2001:db8::1]:1080\n\

@@ -3,7 +3,7 @@
 
 use std::net::{IpAddr, Ipv4Addr};
 
-use proxywarden::harvest::{Candidate, Hints, SourceScheme};
+use proxywarden::model::{Candidate, Hints, SourceScheme};
 use proxywarden::proxy::Scheme;
 use proxywarden::store::{ProxyFilter, SourceRun, Store, StoreError};
 

@@ -1,9 +1,19 @@
 //! Country lookups in a MaxMind-format (.mmdb) country database.
 
 use std::net::IpAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use crate::proxy::Country;
+
+/// Why the GeoIP database could not be opened.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot open GeoIP database {}: {source}", path.display())]
+pub struct GeoipError {
+    /// The database file.
+    pub path: PathBuf,
+    /// What the reader said.
+    pub source: maxminddb::MaxMindDbError,
+}
 
 /// An opened country database.
 pub struct Geoip {
@@ -20,9 +30,11 @@ impl std::fmt::Debug for Geoip {
 
 impl Geoip {
     /// Reads the whole database into memory (country databases are a few MB).
-    pub fn open(path: &Path) -> Result<Geoip, String> {
-        let reader = maxminddb::Reader::open_readfile(path)
-            .map_err(|e| format!("cannot open GeoIP database {}: {e}", path.display()))?;
+    pub fn open(path: &Path) -> Result<Geoip, GeoipError> {
+        let reader = maxminddb::Reader::open_readfile(path).map_err(|source| GeoipError {
+            path: path.to_path_buf(),
+            source,
+        })?;
         Ok(Geoip { reader })
     }
 

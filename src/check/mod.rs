@@ -11,129 +11,15 @@ mod runner;
 pub use runner::{CheckError, CheckOptions, CommitHook, RoundProgress, RoundSummary, check_round};
 
 use std::fmt;
-use std::net::IpAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use serde::Serialize;
-
 use crate::config::{Config, JudgeConfig};
-use crate::proxy::{Anonymity, Country, Proxy, Scheme};
+use crate::model::{Outcome, Reason};
+use crate::proxy::{Proxy, Scheme};
 use judge::{Echo, OwnIdentity};
 use probe::{Prober, Route, Target};
-
-/// Why a check failed: a closed set, stored and counted.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Reason {
-    /// The proxy's port refused the connection.
-    Refused,
-    /// No connection within the connect timeout.
-    ConnectTimeout,
-    /// Connected, but no complete answer within the total timeout.
-    Timeout,
-    /// The connection was reset or closed mid-exchange.
-    Reset,
-    /// The proxy wants credentials we do not have (407).
-    ProxyAuthRequired,
-    /// A non-2xx answer (or a SOCKS failure reply).
-    BadStatus,
-    /// A 2xx answer that is not the judge's (ads, portals, caches).
-    ContentMismatch,
-    /// Not HTTP or SOCKS as spoken.
-    ProtocolError,
-    /// The TLS handshake through the tunnel failed.
-    TlsError,
-    /// No route to the proxy (network or host unreachable).
-    Unreachable,
-}
-
-impl Reason {
-    /// Every reason, for counters and metrics.
-    pub const ALL: [Reason; 10] = [
-        Reason::Refused,
-        Reason::ConnectTimeout,
-        Reason::Timeout,
-        Reason::Reset,
-        Reason::ProxyAuthRequired,
-        Reason::BadStatus,
-        Reason::ContentMismatch,
-        Reason::ProtocolError,
-        Reason::TlsError,
-        Reason::Unreachable,
-    ];
-
-    /// The stored spelling.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Reason::Refused => "refused",
-            Reason::ConnectTimeout => "connect_timeout",
-            Reason::Timeout => "timeout",
-            Reason::Reset => "reset",
-            Reason::ProxyAuthRequired => "proxy_auth_required",
-            Reason::BadStatus => "bad_status",
-            Reason::ContentMismatch => "content_mismatch",
-            Reason::ProtocolError => "protocol_error",
-            Reason::TlsError => "tls_error",
-            Reason::Unreachable => "unreachable",
-        }
-    }
-
-    /// True when the proxy could not even be reached: trying other
-    /// schemes or a CONNECT on the same address is pointless.
-    fn unreachable(self) -> bool {
-        matches!(
-            self,
-            Reason::Refused | Reason::ConnectTimeout | Reason::Unreachable
-        )
-    }
-}
-
-impl fmt::Display for Reason {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// What one check found.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Outcome {
-    /// `None` when alive, else why not.
-    pub failure: Option<Reason>,
-    /// Latency of the passing request.
-    pub latency: Option<Duration>,
-    /// How anonymous the proxy is (alive only).
-    pub anonymity: Option<Anonymity>,
-    /// Whether HTTPS through the proxy works (`None` when not tested).
-    pub https: Option<bool>,
-    /// The address the judge saw.
-    pub exit_ip: Option<IpAddr>,
-    /// GeoIP country of the exit address (or the proxy's own address).
-    pub country: Option<Country>,
-    /// The scheme found by detection, for `detect` entries.
-    pub detected: Option<Scheme>,
-}
-
-impl Outcome {
-    /// A failed check: only the reason is known.
-    pub fn dead(reason: Reason) -> Outcome {
-        Outcome {
-            failure: Some(reason),
-            latency: None,
-            anonymity: None,
-            https: None,
-            exit_ip: None,
-            country: None,
-            detected: None,
-        }
-    }
-
-    /// True when the proxy passed.
-    pub fn alive(&self) -> bool {
-        self.failure.is_none()
-    }
-}
 
 /// A judge ready for a round: its config, resolved address and what it
 /// saw of our own direct request.
@@ -181,8 +67,7 @@ impl Checker {
         geoip: Option<Arc<geoip::Geoip>>,
     ) -> Result<Checker, CheckError> {
         let tls =
-            crate::tls::client_config(config.check.extra_ca_file.as_deref(), crate::tls::ALPN_H1)
-                .map_err(CheckError::Setup)?;
+            crate::tls::client_config(config.check.extra_ca_file.as_deref(), crate::tls::ALPN_H1)?;
         let prober = Prober::new(
             tls,
             opts.connect_timeout,
@@ -432,6 +317,6 @@ pub fn open_geoip(config: &Config) -> Result<Option<Arc<geoip::Geoip>>, CheckErr
         None => Ok(None),
         Some(path) => geoip::Geoip::open(path)
             .map(|g| Some(Arc::new(g)))
-            .map_err(CheckError::Setup),
+            .map_err(CheckError::from),
     }
 }

@@ -19,7 +19,7 @@ use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 use url::Url;
 
-use super::Reason;
+use crate::model::Reason;
 use crate::proxy::{Proxy, Scheme};
 
 /// Judge answers are small; anything longer is not a judge answer.

@@ -13,9 +13,10 @@ use serde::Serialize;
 use tokio::sync::{Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 
-use super::{Checker, Reason};
+use super::Checker;
+use crate::model::{Reason, RecheckPolicy};
 use crate::proxy::Anonymity;
-use crate::store::{CheckRecord, DueLane, RecheckPolicy, Store, StoreError, now_ms};
+use crate::store::{CheckRecord, DueLane, Store, StoreError, now_ms};
 
 /// Results per committed batch.
 const BATCH: usize = 500;
@@ -157,9 +158,12 @@ pub enum CheckError {
         /// Results committed before the judges were lost.
         committed: u64,
     },
-    /// TLS or GeoIP setup failed.
-    #[error("{0}")]
-    Setup(String),
+    /// The TLS configuration for judges could not be built.
+    #[error(transparent)]
+    Tls(#[from] crate::tls::TlsSetupError),
+    /// The GeoIP database could not be opened.
+    #[error(transparent)]
+    Geoip(#[from] super::geoip::GeoipError),
     /// The store failed.
     #[error(transparent)]
     Store(#[from] StoreError),

@@ -84,7 +84,7 @@ impl Fetcher {
         let tls =
             crate::tls::client_config(None, crate::tls::ALPN_H2_H1).map_err(|e| FetchError {
                 status: None,
-                kind: FetchErrorKind::Client(e),
+                kind: FetchErrorKind::Client(e.to_string()),
             })?;
         let client = reqwest::Client::builder()
             .tls_backend_preconfigured(Arc::unwrap_or_clone(tls))

@@ -6,35 +6,10 @@
 use scraper::{ElementRef, Html, Selector};
 
 use super::text::{Token, first_token};
-use super::{Candidates, Hints, SourceScheme, parse_https_word, protocol_words, push_schemes};
+use super::{Candidates, parse_https_word, protocol_words, push_schemes};
+use crate::config::{HtmlColumns, HtmlOptions};
+use crate::model::{Hints, SourceScheme};
 use crate::proxy::{Anonymity, Country, parse_host, parse_port};
-
-/// Which table and columns to read; every field is optional and falls back
-/// to recognising the table by its headers.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct HtmlOptions {
-    /// A CSS selector for the table (validated when the config is loaded).
-    pub table: Option<String>,
-    /// Header texts naming the columns, overriding recognition.
-    pub columns: HtmlColumns,
-}
-
-/// Header texts of the columns to read (matched case-insensitively).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct HtmlColumns {
-    /// The address column (may also hold `host:port`).
-    pub ip: Option<String>,
-    /// The port column.
-    pub port: Option<String>,
-    /// The two-letter country code column.
-    pub country: Option<String>,
-    /// The anonymity column.
-    pub anonymity: Option<String>,
-    /// The HTTPS yes/no column.
-    pub https: Option<String>,
-    /// The protocol/type column.
-    pub protocol: Option<String>,
-}
 
 /// Parses `body` (synchronous and CPU-bound: call it off the async runtime).
 pub fn parse(body: &str, opts: &HtmlOptions, default: SourceScheme, out: &mut Candidates) {

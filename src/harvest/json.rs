@@ -4,28 +4,10 @@
 use serde_json::Value;
 
 use super::text::{Token, first_token, scan};
-use super::{Candidates, Hints, SourceScheme, parse_https_word, protocol_words, push_schemes};
+use super::{Candidates, parse_https_word, protocol_words, push_schemes};
+use crate::config::JsonOptions;
+use crate::model::{Hints, SourceScheme};
 use crate::proxy::{Anonymity, Country, Scheme, parse_host, parse_port};
-
-/// Paths into the document. A path starting with `/` is a JSON pointer;
-/// otherwise it is a key, with `.` separating nested keys.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct JsonOptions {
-    /// Path to the array of items (from the document root).
-    pub items: Option<String>,
-    /// Path to the address within an item.
-    pub ip: Option<String>,
-    /// Path to the port within an item.
-    pub port: Option<String>,
-    /// Path to the country code within an item.
-    pub country: Option<String>,
-    /// Path to the protocol list or string within an item.
-    pub protocols: Option<String>,
-    /// Path to the anonymity level within an item.
-    pub anonymity: Option<String>,
-    /// Path to the HTTPS flag within an item.
-    pub https: Option<String>,
-}
 
 /// Why a JSON body could not be read.
 #[derive(Debug, thiserror::Error)]

@@ -14,42 +14,8 @@ pub use run::{HarvestError, HarvestReport, SourceReport, harvest_all};
 use std::collections::HashSet;
 use std::net::IpAddr;
 
-use crate::proxy::{Anonymity, Country, Credentials, Proxy, Scheme};
-
-/// What a source says about entries that carry no scheme of their own.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum SourceScheme {
-    /// Every entry without a scheme is this scheme.
-    Fixed(Scheme),
-    /// The checker finds the scheme (http, then socks5, then socks4).
-    Detect,
-}
-
-impl SourceScheme {
-    /// Parses the config spelling: `http`, `socks4`, `socks5` or `detect`.
-    pub fn parse(s: &str) -> Option<SourceScheme> {
-        match s {
-            "http" => Some(SourceScheme::Fixed(Scheme::Http)),
-            "socks4" => Some(SourceScheme::Fixed(Scheme::Socks4)),
-            "socks5" => Some(SourceScheme::Fixed(Scheme::Socks5)),
-            "detect" => Some(SourceScheme::Detect),
-            _ => None,
-        }
-    }
-}
-
-/// What a source told us about a proxy besides its address. Stored as the
-/// source's hints; the checker's own findings take precedence when it has
-/// them.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Hints {
-    /// The country the source claims.
-    pub country: Option<Country>,
-    /// The anonymity level the source claims.
-    pub anonymity: Option<Anonymity>,
-    /// Whether the source claims HTTPS (CONNECT) support.
-    pub https: Option<bool>,
-}
+use crate::model::{Candidate, Hints, SourceScheme};
+use crate::proxy::Scheme;
 
 /// Reads an HTTPS-support flag as lists write it: `yes`/`no`, `true`/`false`,
 /// `+`/`-`, `1`/`0` (any case, blanks ignored). Anything else is `None`, so
@@ -63,47 +29,6 @@ pub fn parse_https_word(s: &str) -> Option<bool> {
         Some(false)
     } else {
         None
-    }
-}
-
-/// One proxy found in a source.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Candidate {
-    /// The proxy's identity. For `detect` entries the scheme is `http`
-    /// until the checker finds the real one.
-    pub proxy: Proxy,
-    /// True when the scheme is a placeholder for the checker to detect.
-    pub detect: bool,
-    /// What the source said about it.
-    pub hints: Hints,
-}
-
-impl Candidate {
-    /// Builds a candidate from parsed parts. `explicit` is the scheme the
-    /// entry itself carried, if any; otherwise the source's default applies.
-    pub fn new(
-        host: IpAddr,
-        port: u16,
-        auth: Option<Credentials>,
-        explicit: Option<Scheme>,
-        default: SourceScheme,
-        hints: Hints,
-    ) -> Candidate {
-        let (scheme, detect) = match (explicit, default) {
-            (Some(s), _) => (s, false),
-            (None, SourceScheme::Fixed(s)) => (s, false),
-            (None, SourceScheme::Detect) => (Scheme::Http, true),
-        };
-        Candidate {
-            proxy: Proxy {
-                scheme,
-                host,
-                port,
-                auth,
-            },
-            detect,
-            hints,
-        }
     }
 }
 
@@ -258,7 +183,8 @@ fn push_schemes(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::net::Ipv4Addr;
+    use crate::proxy::Credentials;
+    use std::net::{IpAddr, Ipv4Addr};
 
     fn cand(scheme: Scheme, ip: [u8; 4], port: u16, user: Option<&str>) -> Candidate {
         let auth = user.map(|u| Credentials {

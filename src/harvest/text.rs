@@ -16,7 +16,8 @@ use std::thread;
 
 use memchr::memchr;
 
-use super::{Candidate, Candidates, Hints, SourceScheme};
+use super::Candidates;
+use crate::model::{Candidate, Hints, SourceScheme};
 use crate::proxy::{Credentials, Scheme, parse_host, parse_port, percent_decode, usable_ip};
 
 /// Longest textual IPv6 (an IPv4-mapped address written in full).

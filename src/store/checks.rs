@@ -7,7 +7,7 @@ use std::time::Duration;
 use rusqlite::{OptionalExtension, params};
 
 use super::{Store, StoreError};
-use crate::check::Outcome;
+use crate::model::{Outcome, RecheckPolicy};
 use crate::proxy::{Credentials, Proxy, Scheme};
 
 /// A proxy to check.
@@ -30,28 +30,6 @@ pub struct CheckRecord {
     pub checked_at: i64,
     /// What it found.
     pub outcome: Outcome,
-}
-
-/// When proxies are checked again.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct RecheckPolicy {
-    /// After a pass.
-    pub alive: Duration,
-    /// After the first failure; doubles with each consecutive failure.
-    pub dead: Duration,
-    /// The longest wait after failures.
-    pub dead_max: Duration,
-}
-
-impl RecheckPolicy {
-    /// The policy from `[check]`.
-    pub fn from_config(c: &crate::config::CheckConfig) -> RecheckPolicy {
-        RecheckPolicy {
-            alive: c.recheck_alive,
-            dead: c.recheck_dead,
-            dead_max: c.recheck_dead_max,
-        }
-    }
 }
 
 fn ms(d: Duration) -> i64 {

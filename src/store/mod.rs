@@ -7,7 +7,7 @@ mod index;
 mod migrate;
 mod queries;
 
-pub use checks::{CheckRecord, DueLane, DueProxy, RecheckPolicy};
+pub use checks::{CheckRecord, DueLane, DueProxy};
 pub use index::{HealthIndex, ProxyQuery, Rendering, Served};
 pub use queries::{ProxyFilter, ProxyRecord, SourceRecord, SourceRun, Stats, UpsertCounts};
 

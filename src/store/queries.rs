@@ -8,7 +8,7 @@ use rusqlite::{OptionalExtension, Row, params};
 use serde::Serialize;
 
 use super::{Store, StoreError};
-use crate::harvest::Candidate;
+use crate::model::Candidate;
 use crate::proxy::{Anonymity, Country, Credentials, Proxy, Scheme, Status};
 
 /// What happened when one source was fetched.
@@ -161,7 +161,7 @@ const PROXY_COLUMNS: &str = "p.id, p.scheme, p.host, p.port, p.username, p.passw
 
 /// Turns a text column into an enum, reporting bad values as conversion
 /// errors rather than panicking (the database may have been edited by hand).
-fn parse_col<T: std::str::FromStr<Err = String>>(
+fn parse_col<T: std::str::FromStr<Err = crate::proxy::ParseError>>(
     row: &Row,
     idx: usize,
 ) -> rusqlite::Result<Option<T>> {

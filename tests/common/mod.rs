@@ -308,7 +308,7 @@ pub fn alive_at(id: i64, at: i64) -> proxywarden::store::CheckRecord {
     proxywarden::store::CheckRecord {
         id,
         checked_at: at,
-        outcome: proxywarden::check::Outcome {
+        outcome: proxywarden::model::Outcome {
             failure: None,
             latency: Some(std::time::Duration::from_millis(5)),
             anonymity: None,
