@@ -13,8 +13,9 @@ use http_body_util::{BodyExt, Empty};
 use hyper_util::rt::TokioIo;
 use proxywarden::api::{self, AppState};
 use proxywarden::config::Config;
-use proxywarden::proxy::{Anonymity, Proxy, Scheme, Status};
-use proxywarden::store::{HealthIndex, ProxyRecord, Store, now_ms};
+use proxywarden::health::{Feedback, HealthIndex};
+use proxywarden::proxy::{Anonymity, Country, Proxy, Scheme, Status};
+use proxywarden::store::{ProxyRecord, Store, now_ms};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 
@@ -56,7 +57,7 @@ fn records(now: i64) -> Vec<ProxyRecord> {
                 },
                 scheme_detect: false,
                 status: Status::Alive,
-                country: Some(COUNTRIES[(r >> 24) as usize % COUNTRIES.len()].to_owned()),
+                country: Country::parse(COUNTRIES[(r >> 24) as usize % COUNTRIES.len()]),
                 country_source: Some("source".into()),
                 anonymity: Some(anonymity),
                 https: Some(r >> 40 & 1 == 1),
@@ -172,9 +173,9 @@ fn main() {
         )
         .expect("config");
         let store = Store::open(&config.database.path).expect("store");
-        let index = HealthIndex::new();
-        index.refresh(records(now_ms()));
-        let state = AppState::new(store, index.clone(), Arc::new(config));
+        let index = HealthIndex::from_records(records(now_ms()));
+        let feedback = Feedback::new(index.clone(), store.clone());
+        let state = AppState::new(store, feedback, Arc::new(config));
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
         let stop = CancellationToken::new();

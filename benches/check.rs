@@ -31,6 +31,7 @@ use std::time::{Duration, Instant};
 use proxywarden::check::{CheckOptions, Checker, RoundProgress, check_round};
 use proxywarden::config::Config;
 use proxywarden::harvest::harvest_all;
+use proxywarden::health::{Feedback, HealthIndex};
 use proxywarden::model::Reason;
 use proxywarden::store::Store;
 use tokio_util::sync::CancellationToken;
@@ -499,9 +500,11 @@ async fn round(config: &Config, concurrency: usize, farm_pids: &[u32]) -> anyhow
     let progress = Arc::new(RoundProgress::default());
     let started = Instant::now();
     let watcher = tokio::spawn(watch(progress.clone(), started));
+    let feedback = Feedback::new(HealthIndex::new(), store.clone());
     let summary = check_round(
         checker,
         &store,
+        &feedback,
         &opts,
         policy,
         &CancellationToken::new(),

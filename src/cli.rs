@@ -267,7 +267,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Export(args) => {
             let (config, _) = load(cli.config.as_deref())?;
             let store = open_store(&config)?;
-            let mut q = crate::store::ProxyQuery {
+            let mut q = crate::health::ProxyQuery {
                 countries: args.country,
                 schemes: args.scheme,
                 min_anonymity: args.anonymity,
@@ -278,11 +278,11 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             };
             let records: Vec<crate::store::ProxyRecord> = if args.status == StatusFilter::Alive {
                 // The healthy list, chosen exactly as the API's /export does.
-                let index = crate::store::HealthIndex::load(&store)?;
+                let index = crate::health::load_index(&store)?;
                 index
                     .select(&q, crate::store::now_ms())
                     .iter()
-                    .map(|r| (**r).clone())
+                    .map(|e| (*e.record).clone())
                     .collect()
             } else {
                 q.max_age = None;
@@ -360,9 +360,13 @@ async fn check(config_path: Option<&Path>, args: CheckArgs) -> anyhow::Result<Ex
         let terminal = std::io::stderr().is_terminal();
         tokio::spawn(async move { show_progress(&progress, terminal).await })
     };
+    // Nothing is served from this process; the index only completes the
+    // one feedback path the results take to the store.
+    let feedback = crate::health::Feedback::new(crate::health::HealthIndex::new(), store.clone());
     let result = check::check_round(
         checker,
         &store,
+        &feedback,
         &opts,
         config.check.recheck_policy(),
         &cancel,

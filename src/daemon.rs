@@ -16,7 +16,8 @@ use crate::api::{self, AppState, CheckInfo, HarvestInfo};
 use crate::check::{self, CheckOptions, Checker, CommitHook, RoundProgress};
 use crate::config::Config;
 use crate::harvest;
-use crate::store::{HealthIndex, Store, now_ms, rfc3339};
+use crate::health::{self, Feedback};
+use crate::store::{Store, now_ms, rfc3339};
 
 /// How long in-flight checks may run after shutdown begins.
 const CHECK_GRACE: Duration = Duration::from_secs(5);
@@ -46,7 +47,7 @@ struct Daemon {
     state: AppState,
     /// Serialises harvests: a scheduled one never overlaps a running one.
     harvesting: Arc<Mutex<()>>,
-    /// Wakes the check loop early (new proxies, reported failures).
+    /// Wakes the check loop early when a harvest brings new proxies.
     wake: Arc<Notify>,
 }
 
@@ -62,17 +63,18 @@ pub async fn run(
     let store = Store::open(&config.database.path)?;
     let index = {
         let s = store.clone();
-        tokio::task::spawn_blocking(move || HealthIndex::load(&s))
+        tokio::task::spawn_blocking(move || health::load_index(&s))
             .await
             .context("loading the health index")??
     };
-    let state = AppState::new(store.clone(), index.clone(), config.clone());
+    let feedback = Feedback::new(index.clone(), store.clone());
+    let state = AppState::new(store.clone(), feedback, config.clone());
     let daemon = Daemon {
         config: config.clone(),
         store: store.clone(),
         state: state.clone(),
         harvesting: Arc::default(),
-        wake: state.wake.clone(),
+        wake: Arc::default(),
     };
     let addr = listener.local_addr()?;
     tracing::info!(%addr, servable = index.len(), "proxywarden serving");
@@ -216,15 +218,8 @@ impl Daemon {
 
     /// Checks whatever is due, one round at a time, until `stop`.
     async fn check_loop(&self, stop: CancellationToken, abort: CancellationToken) {
-        let index = self.state.index.clone();
         let metrics = self.state.metrics.clone();
-        let hook: CommitHook = Arc::new(move |store: &Store, batch| {
-            metrics.observe_checks(batch);
-            let ids: Vec<i64> = batch.iter().map(|r| r.id).collect();
-            if let Err(e) = index.refresh_ids(store, &ids) {
-                tracing::error!(error = %e, "cannot refresh the health index");
-            }
-        });
+        let hook: CommitHook = Arc::new(move |batch| metrics.observe_checks(batch));
         let mut opts = CheckOptions::from_config(&self.config.check);
         opts.concurrency = check::clamp_concurrency(opts.concurrency);
         opts.on_commit = Some(hook);
@@ -239,7 +234,7 @@ impl Daemon {
             }
         };
         while !stop.is_cancelled() {
-            let served = self.state.take_served();
+            let served = self.state.feedback.take_rechecks();
             if !served.is_empty()
                 && let Err(e) = self
                     .store
@@ -262,6 +257,7 @@ impl Daemon {
                         match check::check_round(
                             checker,
                             &self.store,
+                            &self.state.feedback,
                             &opts,
                             policy,
                             &stop,
@@ -314,6 +310,7 @@ impl Daemon {
         tokio::select! {
             _ = stop.cancelled() => {}
             _ = self.wake.notified() => {}
+            _ = self.state.feedback.recheck_wanted() => {}
             _ = tokio::time::sleep(d) => {}
         }
     }

@@ -132,7 +132,7 @@ impl From<&ProxyRecord> for ExportRow {
             username: auth.map(|a| a.username.clone()),
             password: auth.map(|a| a.password.clone()),
             status: r.status.as_str(),
-            country: r.country.clone(),
+            country: r.country.map(|c| c.to_string()),
             country_source: r.country_source.clone(),
             anonymity: r.anonymity.map(|a| a.as_str()),
             https: r.https,

@@ -7,7 +7,8 @@
 //! - [`config`]: raw TOML → validated [`config::Config`]
 //! - [`harvest`]: fetch sources with limits; parse text, HTML and JSON lists
 //! - [`check`]: probes per scheme, judges, anonymity, the batched check round
-//! - [`store`]: SQLite (WAL): migrations, upserts, check results, the health index
+//! - [`store`]: SQLite (WAL): migrations, upserts, check results, listings
+//! - [`health`]: the in-memory index of servable proxies, selection, the one feedback path
 //! - [`api`]: the axum router: serving, listings, reports, metrics, the judge
 //! - [`export`]: proxies as txt, json or csv, files written atomically
 //! - [`daemon`]: `serve`: scheduler, check loop, API and shutdown wired together
@@ -21,6 +22,7 @@ pub mod config;
 pub mod daemon;
 pub mod export;
 pub mod harvest;
+pub mod health;
 pub mod model;
 pub mod proxy;
 pub mod store;

@@ -20,6 +20,7 @@ use proxywarden::check::{
 };
 use proxywarden::config::Config;
 use proxywarden::harvest::harvest_all;
+use proxywarden::health::{Feedback, HealthIndex};
 use proxywarden::model::{Reason, RecheckPolicy};
 use proxywarden::proxy::{Anonymity, Status};
 use proxywarden::store::{ProxyFilter, ProxyRecord, Store, now_ms};
@@ -94,12 +95,18 @@ async fn run_round_with(
     check_round(
         checker,
         store,
+        &feedback(store),
         opts,
         config.check.recheck_policy(),
         &CancellationToken::new(),
         Arc::new(RoundProgress::default()),
     )
     .await
+}
+
+/// The feedback path a round commits through, with an index nobody serves.
+fn feedback(store: &Store) -> Feedback {
+    Feedback::new(HealthIndex::new(), store.clone())
 }
 
 fn by_addr(records: &[ProxyRecord], addr: SocketAddr) -> &ProxyRecord {
@@ -321,7 +328,7 @@ async fn httpbin_judges_and_geoip_give_the_exit_country() {
     assert_eq!(summary.alive, 1);
     let r = &store.list_proxies(&ProxyFilter::default()).unwrap()[0];
     assert_eq!(r.exit_ip.as_deref(), Some("81.2.69.160"));
-    assert_eq!(r.country.as_deref(), Some("GB"));
+    assert_eq!(r.country.map(|c| c.to_string()).as_deref(), Some("GB"));
     assert_eq!(r.country_source.as_deref(), Some("geoip"));
     assert_eq!(r.anonymity, Some(Anonymity::Elite));
     assert_eq!(r.https, None, "no https judge configured: not tested");
@@ -453,9 +460,10 @@ async fn start_round(
     let round = {
         let (store, cancel, progress) = (store.clone(), cancel.clone(), progress.clone());
         let policy = config.check.recheck_policy();
-        tokio::spawn(
-            async move { check_round(checker, &store, &opts, policy, &cancel, progress).await },
-        )
+        tokio::spawn(async move {
+            let feedback = feedback(&store);
+            check_round(checker, &store, &feedback, &opts, policy, &cancel, progress).await
+        })
     };
     (store, progress, round)
 }

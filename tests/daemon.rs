@@ -584,49 +584,14 @@ fn store_with_one_proxy(dir: &Path, addr: SocketAddr, extra: &str) -> (Config, S
     (config, store, id)
 }
 
-/// Proxies handed out whose last check is older than `SERVED_RECHECK_AFTER`
-/// (30 s) are queued for an early re-check; freshly checked ones are not.
-#[test]
-fn served_proxies_with_old_checks_are_queued_for_recheck() {
-    use proxywarden::api::AppState;
-    use proxywarden::store::{HealthIndex, ProxyFilter, now_ms};
-
-    let dir = tempfile::tempdir().unwrap();
-    let (config, store, id) = store_with_one_proxy(dir.path(), "10.2.3.4:80".parse().unwrap(), "");
-    let policy = config.check.recheck_policy();
-    let state = AppState::new(
-        store.clone(),
-        HealthIndex::new(),
-        std::sync::Arc::new(config),
-    );
-
-    let now = now_ms();
-    store
-        .record_checks(&[common::alive_at(id, now - 120_000)], policy)
-        .unwrap();
-    let old = &store.list_proxies(&ProxyFilter::default()).unwrap()[0];
-    state.note_served(old, now);
-    assert_eq!(state.take_served(), vec![id]);
-    assert!(state.take_served().is_empty(), "drained");
-
-    store
-        .record_checks(&[common::alive_at(id, now)], policy)
-        .unwrap();
-    let fresh = &store.list_proxies(&ProxyFilter::default()).unwrap()[0];
-    state.note_served(fresh, now);
-    assert!(state.take_served().is_empty());
-
-    store.mark_due_many(&[id], now).unwrap();
-    assert_eq!(store.count_due(now, false).unwrap(), 1);
-}
-
 /// A request that outlasts api.request_timeout (here a verify=true whose
 /// proxy stopped answering) is answered 503 in the JSON envelope.
 #[tokio::test]
 async fn a_request_over_the_timeout_gets_a_json_503() {
     use proxywarden::api::{self, AppState};
     use proxywarden::check::{CheckOptions, Checker};
-    use proxywarden::store::{HealthIndex, now_ms};
+    use proxywarden::health::{Feedback, load_index};
+    use proxywarden::store::now_ms;
 
     let dir = tempfile::tempdir().unwrap();
     let judge = common::judges::Judge::plain().await;
@@ -650,7 +615,7 @@ async fn a_request_over_the_timeout_gets_a_json_503() {
     let checker = Checker::prepare(&config, &opts, None).await.unwrap();
     let state = AppState::new(
         store.clone(),
-        HealthIndex::load(&store).unwrap(),
+        Feedback::new(load_index(&store).unwrap(), store.clone()),
         std::sync::Arc::new(config),
     );
     state.set_checker(std::sync::Arc::new(checker));

@@ -5,17 +5,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Json;
-use axum::body::Bytes;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
+use super::answers::Form;
 use super::query::{FILTERS, Params, proxy_query};
 use super::{ApiError, AppState};
 use crate::export::{self, ExportRow, Format};
+use crate::health::{BestOfTwo, Verdict};
 use crate::proxy::Status;
-use crate::store::{ProxyFilter, ProxyRecord, Rendering, SourceRecord, now_ms, rfc3339};
+use crate::store::{ProxyFilter, ProxyRecord, SourceRecord, now_ms, rfc3339};
 
 /// Candidates tried by `verify=true` before giving up.
 const VERIFY_TRIES: usize = 5;
@@ -44,38 +45,40 @@ pub async fn proxy(
         })?;
         let mut chosen = None;
         for _ in 0..VERIFY_TRIES {
-            let Some(r) = state.index.pick(&q, now_ms()) else {
+            let Some(e) = state.index().pick(&q, now_ms(), &BestOfTwo, &|_| false) else {
                 break;
             };
             let outcome =
-                tokio::time::timeout(VERIFY_TIMEOUT, checker.check(&r.proxy, false)).await;
+                tokio::time::timeout(VERIFY_TIMEOUT, checker.check(&e.proxy, false)).await;
             if matches!(&outcome, Ok(o) if o.alive()) {
-                chosen = Some(r);
+                chosen = Some(e);
                 break;
             }
             // Dead right now: stop serving it and have it re-checked.
-            q.exclude_ids.insert(r.id);
-            state.index.remove(r.id);
-            let id = r.id;
+            q.exclude_ids.insert(e.id);
+            let reason = match outcome {
+                Ok(o) => o.failure,
+                Err(_) => Some(crate::model::Reason::Timeout),
+            };
             state
-                .store
-                .run(move |s| s.mark_due_many(&[id], now_ms()))
+                .feedback
+                .report(e.id, Verdict::Failed(reason), None)
                 .await?;
-            state.wake.notify_one();
         }
         chosen.ok_or_else(none)?
     } else {
-        state.index.pick(&q, now_ms()).ok_or_else(none)?
+        state
+            .index()
+            .pick(&q, now_ms(), &BestOfTwo, &|_| false)
+            .ok_or_else(none)?
     };
-    state.note_served(&chosen, now_ms());
+    state.feedback.served(&chosen, now_ms());
+    let len = state.index().len();
     Ok(if text {
-        let body = chosen.rendered(Rendering::Text, |r| Bytes::from(r.proxy.to_string()));
+        let body = state.answers.get(&chosen, Form::Text, len);
         ([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], body).into_response()
     } else {
-        let body = chosen.rendered(Rendering::Json, |r| {
-            // Serialising a plain struct of strings and numbers cannot fail.
-            Bytes::from(serde_json::to_vec(&ExportRow::from(r)).unwrap_or_default())
-        });
+        let body = state.answers.get(&chosen, Form::Json, len);
         ([(header::CONTENT_TYPE, "application/json")], body).into_response()
     })
 }
@@ -112,7 +115,12 @@ pub async fn proxies(
     let offset = p.number("offset", 0, i64::MAX)?.unwrap_or(0) as usize;
 
     let mut rows: Vec<Arc<ProxyRecord>> = if status == "alive" {
-        state.index.select(&q, now_ms())
+        state
+            .index()
+            .select(&q, now_ms())
+            .into_iter()
+            .map(|e| e.record.clone())
+            .collect()
     } else {
         let filter = ProxyFilter {
             status: match status {
@@ -173,7 +181,12 @@ pub async fn export(
         "csv" => Format::Csv,
         _ => Format::Txt,
     };
-    let rows = state.index.select(&q, now_ms());
+    let rows: Vec<Arc<ProxyRecord>> = state
+        .index()
+        .select(&q, now_ms())
+        .into_iter()
+        .map(|e| e.record.clone())
+        .collect();
     let mut body = Vec::new();
     export::write(&rows, format, &mut body).map_err(|e| ApiError::Internal(e.to_string()))?;
     Ok(([(header::CONTENT_TYPE, format.content_type())], body).into_response())
@@ -210,28 +223,24 @@ pub async fn report(
         ))
     })?;
     let ok = report.ok;
-    let found = state
-        .store
-        .run(move |s| s.record_report(id, ok, now_ms()))
-        .await?;
-    if !found {
-        return Err(ApiError::NotFound(format!("no proxy with id {id}")));
-    }
-    let hidden = !ok && state.index.remove(id);
-    if !ok {
-        state.wake.notify_one();
-    }
-    if !ok {
+    let verdict = if ok {
+        Verdict::Worked
+    } else {
         tracing::debug!(
             id,
             reason = report.reason.as_deref().unwrap_or(""),
             "client reported a failing proxy"
         );
+        Verdict::Failed(None)
+    };
+    let reported = state.feedback.report(id, verdict, None).await?;
+    if !reported.found {
+        return Err(ApiError::NotFound(format!("no proxy with id {id}")));
     }
     Ok(Json(serde_json::json!({
         "id": id,
         "ok": ok,
-        "hidden": hidden,
+        "hidden": reported.hidden,
         "recheck": !ok,
     }))
     .into_response())
@@ -247,7 +256,7 @@ pub async fn stats(State(state): State<AppState>) -> Result<Response, ApiError> 
         .clone();
     Ok(Json(serde_json::json!({
         "total": stats.total,
-        "servable": state.index.len(),
+        "servable": state.index().len(),
         "by_status": stats.by_status,
         "by_scheme": stats.by_scheme,
         "by_country": stats.by_country,
@@ -308,7 +317,7 @@ pub async fn sources(State(state): State<AppState>) -> Result<Response, ApiError
 /// `GET /metrics`: Prometheus text.
 pub async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError> {
     let metrics = state.metrics.clone();
-    let len = state.index.len();
+    let len = state.index().len();
     let text = state.store.run(move |s| metrics.render(s, len)).await?;
     Ok((
         [(

@@ -3,6 +3,7 @@
 //! Every error is JSON; a bearer token guards everything but `/healthz` and
 //! `/judge` when configured.
 
+mod answers;
 mod error;
 mod handlers;
 pub mod judge;
@@ -29,14 +30,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::check::Checker;
 use crate::config::Config;
-use crate::store::{HealthIndex, Store};
+use crate::health::{Feedback, HealthIndex};
+use crate::store::Store;
 use metrics::Metrics;
-
-/// A served proxy last checked longer ago than this is re-checked early.
-pub const SERVED_RECHECK_AFTER: std::time::Duration = std::time::Duration::from_secs(30);
-
-/// The most served proxies queued for an early re-check at once.
-const MAX_SERVED_QUEUE: usize = 10_000;
 
 /// What the daemon's rounds last did, for `/stats`.
 #[derive(Clone, Debug, Default, Serialize)]
@@ -84,8 +80,9 @@ pub struct CheckInfo {
 pub struct AppState {
     /// The durable store (listings of non-alive proxies, reports, stats).
     pub store: Store,
-    /// Alive proxies, for serving without SQLite.
-    pub index: HealthIndex,
+    /// Verdicts on proxies, and the index of alive ones for serving
+    /// without SQLite.
+    pub feedback: Feedback,
     /// The validated configuration.
     pub config: Arc<Config>,
     /// The checker of the latest round, for `verify=true`.
@@ -94,11 +91,8 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     /// The last rounds.
     pub rounds: Arc<Mutex<Rounds>>,
-    /// Wakes the check loop (new proxies, a reported failure).
-    pub wake: Arc<tokio::sync::Notify>,
-    /// Proxies handed out whose last check is getting old: the check loop
-    /// re-checks them first, so what clients use stays verified.
-    pub served: Arc<Mutex<std::collections::HashSet<i64>>>,
+    /// Rendered `/proxy` answers.
+    answers: Arc<answers::Answers>,
     judge_limiter: Arc<DefaultKeyedRateLimiter<IpAddr>>,
     judge_calls: Arc<AtomicU64>,
 }
@@ -106,23 +100,22 @@ pub struct AppState {
 impl std::fmt::Debug for AppState {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AppState")
-            .field("index", &self.index)
+            .field("feedback", &self.feedback)
             .finish()
     }
 }
 
 impl AppState {
-    /// State over an opened store and index.
-    pub fn new(store: Store, index: HealthIndex, config: Arc<Config>) -> AppState {
+    /// State over an opened store, reporting verdicts through `feedback`.
+    pub fn new(store: Store, feedback: Feedback, config: Arc<Config>) -> AppState {
         let per_minute = NonZeroU32::new(config.api.judge_per_minute).unwrap_or(NonZeroU32::MIN);
         AppState {
             store,
-            index,
+            feedback,
             checker: Arc::default(),
             metrics: Arc::new(Metrics::new()),
             rounds: Arc::default(),
-            wake: Arc::default(),
-            served: Arc::default(),
+            answers: Arc::default(),
             judge_limiter: Arc::new(RateLimiter::keyed(Quota::per_minute(per_minute))),
             judge_calls: Arc::default(),
             config,
@@ -134,25 +127,9 @@ impl AppState {
         *self.checker.write().unwrap_or_else(|e| e.into_inner()) = Some(checker);
     }
 
-    /// Notes that a proxy was handed out; one last checked more than
-    /// [`SERVED_RECHECK_AFTER`] ago is queued for an early re-check.
-    pub fn note_served(&self, r: &crate::store::ProxyRecord, now: i64) {
-        let stale = r
-            .last_checked
-            .is_none_or(|t| now - t > SERVED_RECHECK_AFTER.as_millis() as i64);
-        if stale {
-            let mut served = self.served.lock().unwrap_or_else(|e| e.into_inner());
-            // Bounded: the loop drains it every few seconds.
-            if served.len() < MAX_SERVED_QUEUE {
-                served.insert(r.id);
-            }
-        }
-    }
-
-    /// Takes the queued early re-checks.
-    pub fn take_served(&self) -> Vec<i64> {
-        let mut served = self.served.lock().unwrap_or_else(|e| e.into_inner());
-        served.drain().collect()
+    /// The index of alive proxies.
+    pub fn index(&self) -> &HealthIndex {
+        self.feedback.index()
     }
 
     fn current_checker(&self) -> Option<Arc<Checker>> {

@@ -6,8 +6,8 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use super::ApiError;
+use crate::health::ProxyQuery;
 use crate::proxy::{Anonymity, Country, Scheme};
-use crate::store::ProxyQuery;
 
 /// Raw parameters, each name at most once.
 #[derive(Debug, Default)]

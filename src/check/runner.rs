@@ -14,6 +14,7 @@ use tokio::sync::{Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 
 use super::Checker;
+use crate::health::Feedback;
 use crate::model::{Reason, RecheckPolicy};
 use crate::proxy::Anonymity;
 use crate::store::{CheckRecord, DueLane, Store, StoreError, now_ms};
@@ -25,9 +26,9 @@ const FLUSH_EVERY: Duration = Duration::from_secs(1);
 /// Due proxies read per query.
 const PAGE: usize = 1000;
 
-/// Called on the blocking pool after each batch is committed, with the
-/// batch: the daemon refreshes its health index and metrics from it.
-pub type CommitHook = Arc<dyn Fn(&Store, &[CheckRecord]) + Send + Sync>;
+/// Called after each batch is committed (and the health index updated
+/// through the feedback path), with the batch: the daemon counts it.
+pub type CommitHook = Arc<dyn Fn(&[CheckRecord]) + Send + Sync>;
 
 /// How a round runs.
 #[derive(Clone)]
@@ -169,12 +170,13 @@ pub enum CheckError {
     Store(#[from] StoreError),
 }
 
-/// Runs one round over the due proxies. Results are committed as they
-/// come; on cancellation the round stops starting checks, waits for the
-/// ones in flight and commits them.
+/// Runs one round over the due proxies. Results are committed through
+/// `feedback` as they come; on cancellation the round stops starting
+/// checks, waits for the ones in flight and commits them.
 pub async fn check_round(
     checker: Arc<Checker>,
     store: &Store,
+    feedback: &Feedback,
     opts: &CheckOptions,
     policy: RecheckPolicy,
     cancel: &CancellationToken,
@@ -192,7 +194,7 @@ pub async fn check_round(
     // the writer finds every judge gone.
     let stop = cancel.child_token();
     let writer = tokio::spawn(write_results(
-        store.clone(),
+        feedback.clone(),
         rx,
         policy,
         opts.on_commit.clone(),
@@ -295,7 +297,7 @@ struct JudgeGuard {
 /// The one writer: batches results and commits them off the runtime, when
 /// a batch is full, on each tick, and when the last sender is gone.
 async fn write_results(
-    store: Store,
+    feedback: Feedback,
     mut rx: mpsc::Receiver<CheckRecord>,
     policy: RecheckPolicy,
     on_commit: Option<CommitHook>,
@@ -329,16 +331,10 @@ async fn write_results(
                 guard.lost.cancel();
                 full.retain(|r| r.outcome.alive());
             }
-            let hook = on_commit.clone();
-            let full = store
-                .run(move |s| {
-                    s.record_checks(&full, policy)?;
-                    if let Some(hook) = hook {
-                        hook(s, &full);
-                    }
-                    Ok(full)
-                })
-                .await?;
+            let full = feedback.commit_checks(full, policy).await?;
+            if let Some(hook) = &on_commit {
+                hook(&full);
+            }
             for rec in &full {
                 summary.add(rec);
             }

@@ -3,12 +3,10 @@
 //! never see a connection. Writes come in batches, one transaction each.
 
 mod checks;
-mod index;
 mod migrate;
 mod queries;
 
 pub use checks::{CheckRecord, DueLane, DueProxy};
-pub use index::{HealthIndex, ProxyQuery, Rendering, Served};
 pub use queries::{ProxyFilter, ProxyRecord, SourceRecord, SourceRun, Stats, UpsertCounts};
 
 use std::path::{Path, PathBuf};

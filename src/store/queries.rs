@@ -62,7 +62,7 @@ pub struct ProxyRecord {
     /// Last verdict.
     pub status: Status,
     /// Country code (from a source hint or GeoIP).
-    pub country: Option<String>,
+    pub country: Option<Country>,
     /// Where the country came from: `source` or `geoip`.
     pub country_source: Option<String>,
     /// Checked anonymity.
@@ -196,7 +196,10 @@ fn proxy_from_row(row: &Row) -> rusqlite::Result<ProxyRecord> {
         },
         scheme_detect: row.get(6)?,
         status: parse_col(row, 7)?.unwrap_or(Status::Unknown),
-        country: row.get(8)?,
+        country: row
+            .get::<_, Option<String>>(8)?
+            .as_deref()
+            .and_then(Country::parse),
         country_source: row.get(9)?,
         anonymity: parse_col(row, 10)?,
         https: row.get(11)?,

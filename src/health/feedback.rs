@@ -1,0 +1,390 @@
+//! The one path from the use of a proxy back to the record. The checker's
+//! committed results, `verify=true`, client reports and (later) the pool,
+//! crawler and gateway all report here: the index changes at once, early
+//! re-checks are queued, (proxy, site) bans are kept, and counters reach
+//! the store.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::Notify;
+
+use super::index::{Entry, HealthIndex};
+use crate::model::{Reason, RecheckPolicy};
+use crate::store::{CheckRecord, Store, StoreError};
+
+/// A proxy handed out whose last check is older than this is re-checked
+/// early, so that what clients use stays verified.
+pub const SERVED_RECHECK_AFTER: Duration = Duration::from_secs(30);
+
+/// The most proxies queued for an early re-check at once; the check loop
+/// drains the queue every few seconds.
+const MAX_RECHECK_QUEUE: usize = 10_000;
+
+/// How long a (proxy, site) pair stays banned after the site blocked it.
+pub const BAN_FOR: Duration = Duration::from_secs(600);
+
+/// The most (proxy, site) bans kept; expired ones are dropped first.
+const MAX_BANS: usize = 100_000;
+
+/// What using (or checking) a proxy showed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// It worked.
+    Worked,
+    /// The proxy itself failed (refused, timed out, 407, a bad tunnel…),
+    /// with the reason when it is known: it stops being served at once
+    /// and is checked again soon.
+    Failed(Option<Reason>),
+    /// The target site refused this proxy (403, 429, a captcha page): only
+    /// the (proxy, site) pair cools down.
+    Blocked,
+    /// The target failed on its own (404, a 5xx it sends itself): not the
+    /// proxy's fault.
+    TargetError,
+}
+
+/// What a report changed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Reported {
+    /// False when the store has no proxy with that id.
+    pub found: bool,
+    /// True when the proxy was being served and no longer is.
+    pub hidden: bool,
+    /// True when an early re-check was queued.
+    pub recheck: bool,
+}
+
+struct Inner {
+    index: HealthIndex,
+    store: Store,
+    /// Proxies to check again before their schedule says.
+    recheck: Mutex<HashSet<i64>>,
+    /// Wakes the check loop when a re-check is queued.
+    wake: Notify,
+    /// (proxy id, site) → banned until.
+    bans: Mutex<HashMap<(i64, String), Instant>>,
+}
+
+/// A cheap, cloneable handle: every verdict on a proxy goes through it.
+#[derive(Clone)]
+pub struct Feedback {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Feedback {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Feedback")
+            .field("index", &self.inner.index)
+            .finish()
+    }
+}
+
+impl Feedback {
+    /// Feedback that keeps `index` current and writes to `store`.
+    pub fn new(index: HealthIndex, store: Store) -> Feedback {
+        Feedback {
+            inner: Arc::new(Inner {
+                index,
+                store,
+                recheck: Mutex::default(),
+                wake: Notify::new(),
+                bans: Mutex::default(),
+            }),
+        }
+    }
+
+    /// The index this feedback keeps current.
+    pub fn index(&self) -> &HealthIndex {
+        &self.inner.index
+    }
+
+    /// A verdict on proxy `id` from its use, at `site` (a host name) when
+    /// the use was a fetch from a site.
+    pub async fn report(
+        &self,
+        id: i64,
+        verdict: Verdict,
+        site: Option<&str>,
+    ) -> Result<Reported, StoreError> {
+        let now = crate::store::now_ms();
+        let (found, hidden, recheck) = match verdict {
+            Verdict::Worked => {
+                let found = self
+                    .inner
+                    .store
+                    .run(move |s| s.record_report(id, true, now))
+                    .await?;
+                (found, false, false)
+            }
+            Verdict::Failed(reason) => {
+                // Out of the index first: the next pick must not get it.
+                let hidden = self.inner.index.remove(id);
+                let found = self
+                    .inner
+                    .store
+                    .run(move |s| s.record_report(id, false, now))
+                    .await?;
+                if found {
+                    tracing::debug!(id, reason = ?reason, "proxy failed in use");
+                    // The store made it due now; the loop only needs waking.
+                    self.inner.wake.notify_one();
+                }
+                (found, hidden, found)
+            }
+            Verdict::Blocked => {
+                if let Some(site) = site {
+                    self.ban(id, site);
+                }
+                (true, false, false)
+            }
+            Verdict::TargetError => (true, false, false),
+        };
+        Ok(Reported {
+            found,
+            hidden,
+            recheck,
+        })
+    }
+
+    /// Notes that `entry` was handed out at `now` (unix ms): one whose last
+    /// check is older than [`SERVED_RECHECK_AFTER`] is queued for an early
+    /// re-check.
+    pub fn served(&self, entry: &Entry, now: i64) {
+        let stale = entry
+            .last_checked
+            .is_none_or(|t| now - t > SERVED_RECHECK_AFTER.as_millis() as i64);
+        if stale {
+            let mut queue = lock(&self.inner.recheck);
+            if queue.len() < MAX_RECHECK_QUEUE {
+                queue.insert(entry.id);
+            }
+        }
+    }
+
+    /// Takes the proxies queued for an early re-check.
+    pub fn take_rechecks(&self) -> Vec<i64> {
+        lock(&self.inner.recheck).drain().collect()
+    }
+
+    /// Resolves when a verdict asked for an early re-check.
+    pub async fn recheck_wanted(&self) {
+        self.inner.wake.notified().await
+    }
+
+    /// Commits a batch of check results and brings the index in line with
+    /// what was committed: proxies found alive are (re)indexed with their
+    /// stored record, the others leave it.
+    pub async fn commit_checks(
+        &self,
+        batch: Vec<CheckRecord>,
+        policy: RecheckPolicy,
+    ) -> Result<Vec<CheckRecord>, StoreError> {
+        let index = self.inner.index.clone();
+        self.inner
+            .store
+            .run(move |s| {
+                s.record_checks(&batch, policy)?;
+                let ids: Vec<i64> = batch.iter().map(|r| r.id).collect();
+                let records = s.proxies_by_ids(&ids)?;
+                let present: HashSet<i64> = records.iter().map(|r| r.id).collect();
+                for id in &ids {
+                    if !present.contains(id) {
+                        index.remove(*id);
+                    }
+                }
+                index.apply(records);
+                Ok(batch)
+            })
+            .await
+    }
+
+    /// True when `site` blocked proxy `id` less than [`BAN_FOR`] ago.
+    pub fn is_banned(&self, id: i64, site: &str) -> bool {
+        let bans = lock(&self.inner.bans);
+        bans.get(&(id, site.to_owned()))
+            .is_some_and(|until| *until > Instant::now())
+    }
+
+    fn ban(&self, id: i64, site: &str) {
+        let now = Instant::now();
+        let mut bans = lock(&self.inner.bans);
+        if bans.len() >= MAX_BANS {
+            bans.retain(|_, until| *until > now);
+        }
+        if bans.len() < MAX_BANS {
+            bans.insert((id, site.to_owned()), now + BAN_FOR);
+        }
+    }
+}
+
+/// A poisoned lock only means a panic elsewhere; the data is still sound.
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{Candidate, Hints, Outcome, SourceScheme};
+    use crate::proxy::Scheme;
+    use crate::store::{ProxyFilter, SourceRun, now_ms};
+
+    const POLICY: RecheckPolicy = RecheckPolicy {
+        alive: Duration::from_secs(600),
+        dead: Duration::from_secs(900),
+        dead_max: Duration::from_secs(86_400),
+    };
+
+    /// A store in `dir` holding proxies on ports 1..=n; their ids.
+    fn store_with(dir: &std::path::Path, n: u16) -> (Store, Vec<i64>) {
+        let store = Store::open(&dir.join("f.db")).unwrap();
+        let run = SourceRun {
+            name: "s".into(),
+            url: "u".into(),
+            format: "text".into(),
+            started_at: 1,
+            http_status: None,
+            duration_ms: 0,
+            error: None,
+        };
+        let candidates: Vec<Candidate> = (1..=n)
+            .map(|port| {
+                Candidate::new(
+                    "10.1.1.1".parse().unwrap(),
+                    port,
+                    None,
+                    None,
+                    SourceScheme::Fixed(Scheme::Http),
+                    Hints::default(),
+                )
+            })
+            .collect();
+        store.record_source_run(&run, &candidates).unwrap();
+        let ids = store
+            .list_proxies(&ProxyFilter::default())
+            .unwrap()
+            .iter()
+            .map(|r| r.id)
+            .collect();
+        (store, ids)
+    }
+
+    fn checked(id: i64, at: i64, failure: Option<Reason>) -> CheckRecord {
+        CheckRecord {
+            id,
+            checked_at: at,
+            outcome: Outcome {
+                failure,
+                latency: failure.is_none().then_some(Duration::from_millis(5)),
+                ..Outcome::dead(Reason::Timeout)
+            },
+        }
+    }
+
+    #[tokio::test]
+    async fn committed_checks_update_the_index() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, ids) = store_with(dir.path(), 2);
+        let feedback = Feedback::new(HealthIndex::new(), store);
+        let now = now_ms();
+        feedback
+            .commit_checks(
+                vec![checked(ids[0], now, None), checked(ids[1], now, None)],
+                POLICY,
+            )
+            .await
+            .unwrap();
+        assert_eq!(feedback.index().len(), 2);
+        feedback
+            .commit_checks(vec![checked(ids[1], now, Some(Reason::Refused))], POLICY)
+            .await
+            .unwrap();
+        assert!(feedback.index().get(ids[0]).is_some());
+        assert!(
+            feedback.index().get(ids[1]).is_none(),
+            "dead leaves the index"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_failure_in_use_hides_the_proxy_and_asks_for_a_recheck() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, ids) = store_with(dir.path(), 1);
+        let feedback = Feedback::new(HealthIndex::new(), store.clone());
+        let now = now_ms();
+        feedback
+            .commit_checks(vec![checked(ids[0], now, None)], POLICY)
+            .await
+            .unwrap();
+        assert_eq!(store.count_due(now, false).unwrap(), 0);
+
+        let wanted = feedback.recheck_wanted();
+        let reported = feedback
+            .report(ids[0], Verdict::Failed(Some(Reason::Reset)), None)
+            .await
+            .unwrap();
+        assert_eq!(
+            reported,
+            Reported {
+                found: true,
+                hidden: true,
+                recheck: true
+            }
+        );
+        assert!(feedback.index().is_empty());
+        assert_eq!(store.count_due(now_ms(), false).unwrap(), 1);
+        tokio::time::timeout(Duration::from_secs(5), wanted)
+            .await
+            .expect("the check loop is woken");
+
+        let missing = feedback
+            .report(ids[0] + 1000, Verdict::Failed(None), None)
+            .await
+            .unwrap();
+        assert!(!missing.found);
+    }
+
+    #[tokio::test]
+    async fn a_block_bans_only_the_pair() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, ids) = store_with(dir.path(), 1);
+        let feedback = Feedback::new(HealthIndex::new(), store);
+        feedback
+            .commit_checks(vec![checked(ids[0], now_ms(), None)], POLICY)
+            .await
+            .unwrap();
+        feedback
+            .report(ids[0], Verdict::Blocked, Some("shop.example"))
+            .await
+            .unwrap();
+        assert!(feedback.is_banned(ids[0], "shop.example"));
+        assert!(!feedback.is_banned(ids[0], "news.example"));
+        assert_eq!(feedback.index().len(), 1, "still served for other sites");
+    }
+
+    #[tokio::test]
+    async fn served_proxies_with_old_checks_are_queued_for_recheck() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, ids) = store_with(dir.path(), 1);
+        let feedback = Feedback::new(HealthIndex::new(), store);
+        let now = now_ms();
+        feedback
+            .commit_checks(vec![checked(ids[0], now - 120_000, None)], POLICY)
+            .await
+            .unwrap();
+        let old = feedback.index().get(ids[0]).unwrap();
+        feedback.served(&old, now);
+        assert_eq!(feedback.take_rechecks(), vec![ids[0]]);
+        assert!(feedback.take_rechecks().is_empty(), "drained");
+
+        feedback
+            .commit_checks(vec![checked(ids[0], now, None)], POLICY)
+            .await
+            .unwrap();
+        let fresh = feedback.index().get(ids[0]).unwrap();
+        feedback.served(&fresh, now);
+        assert!(feedback.take_rechecks().is_empty());
+    }
+}

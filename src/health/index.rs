@@ -1,0 +1,463 @@
+//! The health index: alive proxies in memory, grouped by (scheme, country),
+//! so that serving one never touches SQLite. It knows nothing of the store:
+//! whoever loads or commits records hands them to it.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+
+use rand::RngExt;
+
+use super::query::ProxyQuery;
+use crate::proxy::{Country, Scheme, Status};
+use crate::store::ProxyRecord;
+
+/// An indexed proxy: its record as last committed, and a version that
+/// changes whenever the record is replaced, so that anything derived from
+/// it (a rendered answer) can tell when it is stale.
+#[derive(Debug)]
+pub struct Entry {
+    /// The record.
+    pub record: Arc<ProxyRecord>,
+    /// Unique per (re)indexing of any record.
+    pub version: u64,
+}
+
+impl std::ops::Deref for Entry {
+    type Target = ProxyRecord;
+    fn deref(&self) -> &ProxyRecord {
+        &self.record
+    }
+}
+
+/// Proxies are grouped by (scheme, country), the two filters that select
+/// the smallest shares; a pick samples only the groups a query can match.
+type Key = (Scheme, Option<Country>);
+
+fn key_of(r: &ProxyRecord) -> Key {
+    (r.proxy.scheme, r.country)
+}
+
+/// Source of entry versions.
+static VERSIONS: AtomicU64 = AtomicU64::new(1);
+
+#[derive(Default)]
+struct Inner {
+    groups: HashMap<Key, Vec<Arc<Entry>>>,
+    pos: HashMap<i64, (Key, usize)>,
+}
+
+impl Inner {
+    fn put(&mut self, r: ProxyRecord) {
+        self.remove(r.id);
+        if r.status != Status::Alive {
+            return;
+        }
+        let key = key_of(&r);
+        let group = self.groups.entry(key).or_default();
+        self.pos.insert(r.id, (key, group.len()));
+        group.push(Arc::new(Entry {
+            record: Arc::new(r),
+            version: VERSIONS.fetch_add(1, Ordering::Relaxed),
+        }));
+    }
+
+    fn remove(&mut self, id: i64) -> bool {
+        let Some((key, i)) = self.pos.remove(&id) else {
+            return false;
+        };
+        let Some(group) = self.groups.get_mut(&key) else {
+            return false;
+        };
+        group.swap_remove(i);
+        if let Some(moved) = group.get(i) {
+            self.pos.insert(moved.id, (key, i));
+        }
+        if group.is_empty() {
+            self.groups.remove(&key);
+        }
+        true
+    }
+
+    /// The groups `q` can match.
+    fn groups_for<'a>(&'a self, q: &ProxyQuery) -> Vec<&'a [Arc<Entry>]> {
+        if q.countries.is_empty() {
+            self.groups
+                .iter()
+                .filter(|((scheme, _), _)| q.schemes.is_empty() || q.schemes.contains(scheme))
+                .map(|(_, g)| g.as_slice())
+                .collect()
+        } else {
+            let schemes: &[Scheme] = if q.schemes.is_empty() {
+                &Scheme::ALL
+            } else {
+                &q.schemes
+            };
+            schemes
+                .iter()
+                .flat_map(|s| q.countries.iter().map(move |c| (*s, Some(*c))))
+                .filter_map(|k| self.groups.get(&k).map(Vec::as_slice))
+                .collect()
+        }
+    }
+}
+
+/// How a proxy is chosen among the matches of a query. The index offers
+/// random samples and a full scan ([`Matches`]); a strategy decides which
+/// to use and which match wins, so the pool can add strategies of its own.
+pub trait Strategy {
+    /// One of `matches`, or `None` when there is none.
+    fn choose(&self, matches: &mut Matches<'_>) -> Option<Arc<Entry>>;
+}
+
+/// Two random matches, the better of them (faster and more reliable): load
+/// spreads over every match while the fast and steady ones are favoured.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct BestOfTwo;
+
+impl Strategy for BestOfTwo {
+    fn choose(&self, matches: &mut Matches<'_>) -> Option<Arc<Entry>> {
+        matches
+            .sample(2)
+            .into_iter()
+            .min_by(|a, b| score(a).total_cmp(&score(b)))
+    }
+}
+
+/// Lower is better: latency divided by a smoothed success ratio, so fast
+/// and steady proxies win a pair more often.
+pub fn score(r: &ProxyRecord) -> f64 {
+    let latency = r.latency_ms.unwrap_or(10_000).max(1) as f64;
+    let reliability = (r.checks_ok as f64 + 1.0) / (r.checks_total as f64 + 2.0);
+    latency / reliability
+}
+
+/// Random probes before a sample falls back to scanning: enough to find
+/// matches quickly unless the filters select a tiny share of the index.
+const SAMPLE_TRIES: usize = 64;
+
+/// The proxies matching a query at one moment, seen under the index's read
+/// lock: sample them at random or scan them all.
+pub struct Matches<'a> {
+    groups: Vec<&'a [Arc<Entry>]>,
+    /// Where each group ends in the concatenation of all of them, so a
+    /// random position finds its group by binary search.
+    ends: Vec<usize>,
+    accept: &'a dyn Fn(&Entry) -> bool,
+}
+
+impl<'a> Matches<'a> {
+    fn total(&self) -> usize {
+        self.ends.last().copied().unwrap_or(0)
+    }
+
+    fn nth(&self, i: usize) -> &'a Arc<Entry> {
+        let g = self.ends.partition_point(|&end| end <= i);
+        let start = if g == 0 { 0 } else { self.ends[g - 1] };
+        &self.groups[g][i - start]
+    }
+
+    /// Up to `k` distinct matches chosen at random. Random probes find them
+    /// when matches are common; otherwise every match is scanned and `k`
+    /// are reservoir-sampled.
+    pub fn sample(&mut self, k: usize) -> Vec<Arc<Entry>> {
+        let n = self.total();
+        let mut found: Vec<&'a Arc<Entry>> = Vec::with_capacity(k);
+        if n == 0 || k == 0 {
+            return Vec::new();
+        }
+        let mut rng = rand::rng();
+        for _ in 0..SAMPLE_TRIES {
+            let e = self.nth(rng.random_range(0..n));
+            if (self.accept)(e) && !found.iter().any(|f| f.id == e.id) {
+                found.push(e);
+                if found.len() == k {
+                    break;
+                }
+            }
+        }
+        if found.is_empty() {
+            for (i, e) in self.iter().enumerate() {
+                let seen = i + 1;
+                if found.len() < k {
+                    found.push(e);
+                } else {
+                    let j = rng.random_range(0..seen);
+                    if j < k {
+                        found[j] = e;
+                    }
+                }
+            }
+        }
+        found.into_iter().cloned().collect()
+    }
+
+    /// Every match, in no particular order.
+    pub fn iter(&self) -> impl Iterator<Item = &'a Arc<Entry>> + '_ {
+        self.groups
+            .iter()
+            .flat_map(|g| g.iter())
+            .filter(|e| (self.accept)(e))
+    }
+}
+
+/// A cheap, cloneable handle to the in-memory set of alive proxies.
+#[derive(Clone, Default)]
+pub struct HealthIndex {
+    inner: Arc<RwLock<Inner>>,
+}
+
+impl std::fmt::Debug for HealthIndex {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HealthIndex")
+            .field("len", &self.len())
+            .finish()
+    }
+}
+
+impl HealthIndex {
+    /// An empty index.
+    pub fn new() -> HealthIndex {
+        HealthIndex::default()
+    }
+
+    /// An index of `records` (those not alive are left out).
+    pub fn from_records(records: Vec<ProxyRecord>) -> HealthIndex {
+        let index = HealthIndex::new();
+        index.apply(records);
+        index
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Inner> {
+        self.inner.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, Inner> {
+        self.inner.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Applies committed records: alive ones are added or replaced, others
+    /// removed.
+    pub fn apply(&self, records: Vec<ProxyRecord>) {
+        let mut inner = self.write();
+        for r in records {
+            inner.put(r);
+        }
+    }
+
+    /// Drops a proxy. True if it was there.
+    pub fn remove(&self, id: i64) -> bool {
+        self.write().remove(id)
+    }
+
+    /// How many alive proxies are indexed.
+    pub fn len(&self) -> usize {
+        self.read().pos.len()
+    }
+
+    /// True when no proxy is indexed.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The indexed entry of `id`.
+    pub fn get(&self, id: i64) -> Option<Arc<Entry>> {
+        let inner = self.read();
+        let (key, i) = inner.pos.get(&id)?;
+        inner.groups.get(key)?.get(*i).cloned()
+    }
+
+    /// One proxy matching `q` at `now` and not refused by `exclude`, chosen
+    /// by `strategy`.
+    pub fn pick(
+        &self,
+        q: &ProxyQuery,
+        now: i64,
+        strategy: &dyn Strategy,
+        exclude: &dyn Fn(&Entry) -> bool,
+    ) -> Option<Arc<Entry>> {
+        let inner = self.read();
+        let accept = |e: &Entry| q.matches(e, now) && !exclude(e);
+        let groups = inner.groups_for(q);
+        let ends = groups
+            .iter()
+            .scan(0, |end, g| {
+                *end += g.len();
+                Some(*end)
+            })
+            .collect();
+        let mut matches = Matches {
+            groups,
+            ends,
+            accept: &accept,
+        };
+        strategy.choose(&mut matches)
+    }
+
+    /// Every proxy matching `q`, by id.
+    pub fn select(&self, q: &ProxyQuery, now: i64) -> Vec<Arc<Entry>> {
+        let inner = self.read();
+        let mut out: Vec<Arc<Entry>> = inner
+            .groups_for(q)
+            .iter()
+            .flat_map(|g| g.iter())
+            .filter(|e| q.matches(e, now))
+            .cloned()
+            .collect();
+        out.sort_by_key(|e| e.id);
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::proxy::{Anonymity, Proxy};
+
+    fn rec(id: i64, country: &str, latency: i64, scheme: Scheme) -> ProxyRecord {
+        ProxyRecord {
+            id,
+            proxy: Proxy {
+                scheme,
+                host: format!("10.0.0.{id}").parse().unwrap(),
+                port: 8080,
+                auth: None,
+            },
+            scheme_detect: false,
+            status: Status::Alive,
+            country: Country::parse(country),
+            country_source: Some("source".into()),
+            anonymity: Some(Anonymity::Anonymous),
+            https: Some(id % 2 == 0),
+            latency_ms: Some(latency),
+            exit_ip: None,
+            last_checked: Some(1_000),
+            last_alive: Some(1_000),
+            first_seen: 0,
+            last_seen: 0,
+            reason: None,
+            hint_anonymity: None,
+            hint_https: None,
+            checks_total: 1,
+            checks_ok: 1,
+            consecutive_failures: 0,
+            next_check_at: 0,
+            sources: Vec::new(),
+        }
+    }
+
+    fn pick(index: &HealthIndex, q: &ProxyQuery, now: i64) -> Option<Arc<Entry>> {
+        index.pick(q, now, &BestOfTwo, &|_| false)
+    }
+
+    #[test]
+    fn picks_only_matches_and_spreads_load() {
+        let index = HealthIndex::from_records(
+            (1..=50)
+                .map(|i| rec(i, if i <= 5 { "DE" } else { "US" }, i * 10, Scheme::Http))
+                .collect(),
+        );
+        let q = ProxyQuery {
+            countries: vec![Country::parse("de").unwrap()],
+            ..ProxyQuery::default()
+        };
+        let mut seen = HashSet::new();
+        for _ in 0..500 {
+            let e = pick(&index, &q, 1_000).unwrap();
+            assert_eq!(e.country, Country::parse("DE"));
+            seen.insert(e.id);
+        }
+        // Not always the fastest: every DE proxy but the slowest is served.
+        assert!(seen.len() >= 4, "{seen:?}");
+        let none = ProxyQuery {
+            schemes: vec![Scheme::Socks5],
+            ..ProxyQuery::default()
+        };
+        assert!(pick(&index, &none, 1_000).is_none());
+    }
+
+    #[test]
+    fn the_exclusion_predicate_is_honoured() {
+        let index =
+            HealthIndex::from_records((1..=20).map(|i| rec(i, "US", 100, Scheme::Http)).collect());
+        let q = ProxyQuery::default();
+        for _ in 0..200 {
+            let e = index
+                .pick(&q, 1_000, &BestOfTwo, &|e| e.id != 7)
+                .expect("id 7 is left");
+            assert_eq!(e.id, 7);
+        }
+        assert!(index.pick(&q, 1_000, &BestOfTwo, &|_| true).is_none());
+    }
+
+    /// A strategy that always takes the lowest id among every match.
+    struct LowestId;
+    impl Strategy for LowestId {
+        fn choose(&self, matches: &mut Matches<'_>) -> Option<Arc<Entry>> {
+            matches.iter().min_by_key(|e| e.id).cloned()
+        }
+    }
+
+    #[test]
+    fn strategies_plug_in() {
+        let index =
+            HealthIndex::from_records((3..=9).map(|i| rec(i, "US", 100, Scheme::Http)).collect());
+        let e = index
+            .pick(&ProxyQuery::default(), 1_000, &LowestId, &|_| false)
+            .unwrap();
+        assert_eq!(e.id, 3);
+    }
+
+    #[test]
+    fn filters_and_removal() {
+        let index = HealthIndex::from_records(vec![
+            rec(1, "US", 100, Scheme::Http),
+            rec(2, "US", 900, Scheme::Socks5),
+        ]);
+        let fast = ProxyQuery {
+            max_latency_ms: Some(500),
+            ..ProxyQuery::default()
+        };
+        assert_eq!(index.select(&fast, 1_000).len(), 1);
+        let https = ProxyQuery {
+            https: true,
+            ..ProxyQuery::default()
+        };
+        assert_eq!(index.select(&https, 1_000)[0].id, 2);
+        let fresh = ProxyQuery {
+            max_age: Some(Duration::from_secs(1)),
+            ..ProxyQuery::default()
+        };
+        assert_eq!(index.select(&fresh, 1_500).len(), 2);
+        assert_eq!(index.select(&fresh, 2_001).len(), 0);
+        let elite = ProxyQuery {
+            min_anonymity: Some(Anonymity::Elite),
+            ..ProxyQuery::default()
+        };
+        assert!(index.select(&elite, 1_000).is_empty());
+        let mut excluded = ProxyQuery::default();
+        excluded.exclude_ids.insert(1);
+        excluded
+            .exclude_addrs
+            .insert("10.0.0.2:8080".parse().unwrap());
+        assert!(pick(&index, &excluded, 1_000).is_none());
+
+        let before = index.get(2).unwrap().version;
+        index.apply(vec![rec(2, "US", 800, Scheme::Socks5)]);
+        assert!(
+            index.get(2).unwrap().version > before,
+            "re-indexing bumps the version"
+        );
+
+        let mut dead = rec(1, "US", 100, Scheme::Http);
+        dead.status = Status::Dead;
+        index.apply(vec![dead]);
+        assert_eq!(index.len(), 1);
+        assert!(index.get(1).is_none());
+        assert!(index.remove(2));
+        assert!(index.is_empty());
+    }
+}

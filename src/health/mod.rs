@@ -1,0 +1,25 @@
+//! In-memory serving state: the index of servable proxies, the query that
+//! filters them, how one is chosen, and the one feedback path through which
+//! every verdict on a proxy reaches the index and the store.
+
+mod feedback;
+mod index;
+mod query;
+
+pub use feedback::{BAN_FOR, Feedback, Reported, SERVED_RECHECK_AFTER, Verdict};
+pub use index::{BestOfTwo, Entry, HealthIndex, Matches, Strategy, score};
+pub use query::ProxyQuery;
+
+use crate::proxy::Status;
+use crate::store::{ProxyFilter, Store, StoreError};
+
+/// An index of every alive proxy in `store` (blocking: call it off the
+/// async runtime).
+pub fn load_index(store: &Store) -> Result<HealthIndex, StoreError> {
+    Ok(HealthIndex::from_records(store.list_proxies(
+        &ProxyFilter {
+            status: Some(Status::Alive),
+            ..ProxyFilter::default()
+        },
+    )?))
+}
