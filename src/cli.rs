@@ -12,7 +12,7 @@ use crate::config::{self, Config, ConfigOrigin};
 use crate::export::{self, Format};
 use crate::harvest::{self, HarvestReport};
 use crate::proxy::{Country, Scheme, Status};
-use crate::store::{ProxyFilter, Stats, Store, rfc3339};
+use crate::store::{Stats, Store, rfc3339};
 
 /// Keeps a pool of working free proxies.
 #[derive(Debug, Parser)]
@@ -247,14 +247,16 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Purge => {
             let (config, _) = load(cli.config.as_deref())?;
             let store = open_store(&config)?;
-            let purged = store.purge(crate::store::now_ms(), config.check.purge_after)?;
+            let purged = store
+                .purge(crate::store::now_ms(), config.check.purge_after)
+                .await?;
             println!("purged {purged} proxies");
             Ok(ExitCode::SUCCESS)
         }
         Command::Stats(args) => {
             let (config, _) = load(cli.config.as_deref())?;
             let store = open_store(&config)?;
-            let stats = store.stats()?;
+            let stats = store.stats().await?;
             let mut out = std::io::stdout().lock();
             if args.json {
                 serde_json::to_writer_pretty(&mut out, &stats)?;
@@ -278,7 +280,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             };
             let records: Vec<crate::store::ProxyRecord> = if args.status == StatusFilter::Alive {
                 // The healthy list, chosen exactly as the API's /export does.
-                let index = crate::health::load_index(&store)?;
+                let index = crate::health::load_index(&store).await?;
                 index
                     .select(&q, crate::store::now_ms())
                     .iter()
@@ -286,20 +288,14 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     .collect()
             } else {
                 q.max_age = None;
-                let filter = ProxyFilter {
-                    status: match args.status {
-                        StatusFilter::Dead => Some(Status::Dead),
-                        StatusFilter::Unknown => Some(Status::Unknown),
-                        _ => None,
-                    },
-                    countries: q.countries.clone(),
-                    schemes: q.schemes.clone(),
+                let status = match args.status {
+                    StatusFilter::Dead => Some(Status::Dead),
+                    StatusFilter::Unknown => Some(Status::Unknown),
+                    _ => None,
                 };
                 store
-                    .list_proxies(&filter)?
-                    .into_iter()
-                    .filter(|r| q.matches_fields(r))
-                    .collect()
+                    .list_proxies(q.to_filter(status, crate::store::now_ms()))
+                    .await?
             };
             match &args.output {
                 Some(path) => {

@@ -61,12 +61,9 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     let config = Arc::new(config);
     let store = Store::open(&config.database.path)?;
-    let index = {
-        let s = store.clone();
-        tokio::task::spawn_blocking(move || health::load_index(&s))
-            .await
-            .context("loading the health index")??
-    };
+    let index = health::load_index(&store)
+        .await
+        .context("loading the health index")?;
     let feedback = Feedback::new(index.clone(), store.clone());
     let state = AppState::new(store.clone(), feedback, config.clone());
     let daemon = Daemon {
@@ -105,7 +102,7 @@ pub async fn run(
     scheduler.start().await.context("starting the scheduler")?;
 
     // An empty database gets a harvest at once rather than at the next slot.
-    let empty = store.run(|s| s.stats().map(|st| st.total == 0)).await?;
+    let empty = store.stats().await?.total == 0;
     if empty {
         let d = daemon.clone();
         tasks.spawn(async move { d.harvest().await });
@@ -210,7 +207,7 @@ impl Daemon {
     /// The daily purge.
     async fn purge(&self) {
         let after = self.config.check.purge_after;
-        match self.store.run(move |s| s.purge(now_ms(), after)).await {
+        match self.store.purge(now_ms(), after).await {
             Ok(n) => tracing::info!(purged = n, "purge finished"),
             Err(e) => tracing::error!(error = %e, "purge failed"),
         }
@@ -236,18 +233,11 @@ impl Daemon {
         while !stop.is_cancelled() {
             let served = self.state.feedback.take_rechecks();
             if !served.is_empty()
-                && let Err(e) = self
-                    .store
-                    .run(move |s| s.mark_due_many(&served, now_ms()))
-                    .await
+                && let Err(e) = self.store.mark_due_many(served, now_ms()).await
             {
                 tracing::error!(error = %e, "cannot queue served proxies for re-checking");
             }
-            let due = self
-                .store
-                .run(|s| s.count_due(now_ms(), false))
-                .await
-                .unwrap_or(0);
+            let due = self.store.count_due(now_ms(), false).await.unwrap_or(0);
             if due > 0 {
                 match Checker::prepare(&self.config, &opts, geoip.clone()).await {
                     Ok(checker) => {
@@ -297,7 +287,7 @@ impl Daemon {
 
     /// Time until the earliest scheduled check, bounded.
     async fn until_next_due(&self) -> Duration {
-        let next = self.store.run(|s| s.next_due_at()).await.ok().flatten();
+        let next = self.store.next_due_at().await.ok().flatten();
         match next {
             Some(t) => {
                 Duration::from_millis((t - now_ms()).clamp(100, IDLE_MAX.as_millis() as i64) as u64)

@@ -210,7 +210,7 @@ async fn every_kind_of_proxy_gets_the_verdict_a_user_would_find() {
         &[a(detect_me.addr())],
     );
     let (store, summary) = harvest_and_check(&config).await;
-    let all = store.list_proxies(&ProxyFilter::default()).unwrap();
+    let all = store.list_proxies(ProxyFilter::default()).await.unwrap();
     assert_eq!(summary.checked, 18);
     assert!(!summary.interrupted);
 
@@ -302,7 +302,7 @@ async fn a_judge_outage_marks_nothing_dead() {
         err.to_string()
             .contains("no proxy was checked or marked dead")
     );
-    let all = store.list_proxies(&ProxyFilter::default()).unwrap();
+    let all = store.list_proxies(ProxyFilter::default()).await.unwrap();
     assert_eq!(all[0].status, Status::Unknown);
     assert_eq!(all[0].checks_total, 0);
     assert_eq!(proxy.requests(), 0);
@@ -326,7 +326,7 @@ async fn httpbin_judges_and_geoip_give_the_exit_country() {
     config.geoip.database = Some(geoip);
     let (store, summary) = harvest_and_check(&config).await;
     assert_eq!(summary.alive, 1);
-    let r = &store.list_proxies(&ProxyFilter::default()).unwrap()[0];
+    let r = &store.list_proxies(ProxyFilter::default()).await.unwrap()[0];
     assert_eq!(r.exit_ip.as_deref(), Some("81.2.69.160"));
     assert_eq!(r.country.map(|c| c.to_string()).as_deref(), Some("GB"));
     assert_eq!(r.country_source.as_deref(), Some("geoip"));
@@ -349,7 +349,7 @@ async fn dead_proxies_back_off_doubling_up_to_the_cap_and_recover() {
     );
     let store = Store::open(&config.database.path).unwrap();
     harvest_all(&config, &store).await.unwrap();
-    let id = store.list_proxies(&ProxyFilter::default()).unwrap()[0].id;
+    let id = store.list_proxies(ProxyFilter::default()).await.unwrap()[0].id;
     let policy = RecheckPolicy {
         alive: Duration::from_secs(600),
         dead: Duration::from_secs(900),
@@ -361,22 +361,23 @@ async fn dead_proxies_back_off_doubling_up_to_the_cap_and_recover() {
     for _ in 0..5 {
         store
             .record_checks(
-                &[CheckRecord {
+                vec![CheckRecord {
                     id,
                     checked_at: t,
                     outcome: dead.clone(),
                 }],
                 policy,
             )
+            .await
             .unwrap();
-        let r = &store.list_proxies(&ProxyFilter::default()).unwrap()[0];
+        let r = &store.list_proxies(ProxyFilter::default()).await.unwrap()[0];
         waits.push((r.next_check_at - t) / 1000);
         t = r.next_check_at;
     }
     assert_eq!(waits, [900, 1800, 3600, 3600, 3600]);
     // Due exactly when its backoff ends, not before.
-    assert_eq!(store.count_due(t - 1, false).unwrap(), 0);
-    assert_eq!(store.count_due(t, false).unwrap(), 1);
+    assert_eq!(store.count_due(t - 1, false).await.unwrap(), 0);
+    assert_eq!(store.count_due(t, false).await.unwrap(), 1);
 
     let alive = Outcome {
         failure: None,
@@ -389,15 +390,16 @@ async fn dead_proxies_back_off_doubling_up_to_the_cap_and_recover() {
     };
     store
         .record_checks(
-            &[CheckRecord {
+            vec![CheckRecord {
                 id,
                 checked_at: t,
                 outcome: alive,
             }],
             policy,
         )
+        .await
         .unwrap();
-    let r = &store.list_proxies(&ProxyFilter::default()).unwrap()[0];
+    let r = &store.list_proxies(ProxyFilter::default()).await.unwrap()[0];
     assert_eq!(r.status, Status::Alive);
     assert_eq!(r.consecutive_failures, 0);
     assert_eq!(r.next_check_at, t + 600_000);
@@ -406,23 +408,29 @@ async fn dead_proxies_back_off_doubling_up_to_the_cap_and_recover() {
 
     // Purge: only dead proxies, unlisted and dead for longer than the limit.
     let week = Duration::from_secs(7 * 86_400);
-    assert_eq!(store.purge(t + 8 * 86_400_000, week).unwrap(), 0, "alive");
+    assert_eq!(
+        store.purge(t + 8 * 86_400_000, week).await.unwrap(),
+        0,
+        "alive"
+    );
     store
         .record_checks(
-            &[CheckRecord {
+            vec![CheckRecord {
                 id,
                 checked_at: t,
                 outcome: dead,
             }],
             policy,
         )
+        .await
         .unwrap();
     let now = now_ms();
-    assert_eq!(store.purge(now, week).unwrap(), 0, "listed recently");
-    assert_eq!(store.purge(now + 8 * 86_400_000, week).unwrap(), 1);
+    assert_eq!(store.purge(now, week).await.unwrap(), 0, "listed recently");
+    assert_eq!(store.purge(now + 8 * 86_400_000, week).await.unwrap(), 1);
     assert!(
         store
-            .list_proxies(&ProxyFilter::default())
+            .list_proxies(ProxyFilter::default())
+            .await
             .unwrap()
             .is_empty()
     );
@@ -489,7 +497,8 @@ async fn cancelling_a_round_keeps_every_completed_result() {
         summary.checked
     );
     let checked: Vec<ProxyRecord> = store
-        .list_proxies(&ProxyFilter::default())
+        .list_proxies(ProxyFilter::default())
+        .await
         .unwrap()
         .into_iter()
         .filter(|r| r.last_checked.is_some())
@@ -536,7 +545,7 @@ async fn a_ten_thousand_proxy_round_gives_every_proxy_a_status() {
     assert_eq!(summary.checked, 10_000);
     assert_eq!(summary.alive, 2_000, "{:?}", summary.dead_by_reason);
     assert_eq!(summary.dead_by_reason[&Reason::Timeout], 8_000);
-    let stats = store.stats().unwrap();
+    let stats = store.stats().await.unwrap();
     assert_eq!(stats.by_status["unknown"], 0);
     assert_eq!(stats.by_status["alive"], 2_000);
     assert_eq!(stats.by_status["dead"], 8_000);
@@ -639,7 +648,7 @@ async fn a_judge_dying_mid_round_marks_nothing_dead() {
     drop(judge);
     let err = round.await.unwrap().unwrap_err();
     assert!(matches!(err, CheckError::JudgeLost { .. }), "{err}");
-    let stats = store.stats().unwrap();
+    let stats = store.stats().await.unwrap();
     assert_eq!(stats.by_status["dead"], 0, "{stats:?}");
     assert!(stats.by_status["alive"] >= 10, "{stats:?}");
 }
@@ -705,7 +714,7 @@ async fn a_busy_tls_judge_does_not_decide_https() {
         asked.load(Ordering::Relaxed) > 1,
         "asked through the tunnel"
     );
-    let records = store.list_proxies(&ProxyFilter::default()).unwrap();
+    let records = store.list_proxies(ProxyFilter::default()).await.unwrap();
     assert_eq!(by_addr(&records, tunnels.addr()).https, None);
     assert_eq!(by_addr(&records, refuses.addr()).https, Some(false));
 
@@ -713,7 +722,7 @@ async fn a_busy_tls_judge_does_not_decide_https() {
     let both = format!(r#"["{}", "{}", "{}"]"#, plain.url(), busy.url(), good.url());
     let config2 = config(dir.path(), &both, &extra, &entries, &[]);
     run_round(&config2, &store, true).await.unwrap();
-    let records = store.list_proxies(&ProxyFilter::default()).unwrap();
+    let records = store.list_proxies(ProxyFilter::default()).await.unwrap();
     assert_eq!(by_addr(&records, tunnels.addr()).https, Some(true));
     assert_eq!(by_addr(&records, refuses.addr()).https, Some(false));
 }
@@ -744,15 +753,16 @@ async fn a_short_round_rechecks_alive_proxies_first() {
 
     // The working proxy passed a check an hour ago: alive, and due again.
     let id = by_addr(
-        &store.list_proxies(&ProxyFilter::default()).unwrap(),
+        &store.list_proxies(ProxyFilter::default()).await.unwrap(),
         working.addr(),
     )
     .id;
     let policy = config.check.recheck_policy();
     store
-        .record_checks(&[common::alive_at(id, now_ms() - 3_600_000)], policy)
+        .record_checks(vec![common::alive_at(id, now_ms() - 3_600_000)], policy)
+        .await
         .unwrap();
-    assert_eq!(store.count_due(now_ms(), false).unwrap(), 31);
+    assert_eq!(store.count_due(now_ms(), false).await.unwrap(), 31);
 
     // One at a time, starting checks for 300 ms: a silent proxy holds the
     // only slot for the whole 2 s timeout, so the round can start at most
@@ -766,7 +776,7 @@ async fn a_short_round_rechecks_alive_proxies_first() {
     assert_eq!(summary.alive, 1, "{summary:?}");
     assert!(summary.checked <= 2, "{summary:?}");
     assert!(!summary.interrupted);
-    let records = store.list_proxies(&ProxyFilter::default()).unwrap();
+    let records = store.list_proxies(ProxyFilter::default()).await.unwrap();
     assert_eq!(by_addr(&records, working.addr()).checks_total, 2);
-    assert!(store.count_due(now_ms(), false).unwrap() >= 29);
+    assert!(store.count_due(now_ms(), false).await.unwrap() >= 29);
 }

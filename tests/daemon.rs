@@ -549,7 +549,7 @@ async fn the_judge_can_be_switched_off_and_is_rate_limited() {
 }
 
 /// A store in `dir` holding one proxy at `addr`, and its id.
-fn store_with_one_proxy(dir: &Path, addr: SocketAddr, extra: &str) -> (Config, Store, i64) {
+async fn store_with_one_proxy(dir: &Path, addr: SocketAddr, extra: &str) -> (Config, Store, i64) {
     use proxywarden::model::{Candidate, Hints, SourceScheme};
     use proxywarden::store::{ProxyFilter, SourceRun};
 
@@ -579,8 +579,8 @@ fn store_with_one_proxy(dir: &Path, addr: SocketAddr, extra: &str) -> (Config, S
         SourceScheme::Fixed(proxywarden::proxy::Scheme::Http),
         Hints::default(),
     );
-    store.record_source_run(&run, &[c]).unwrap();
-    let id = store.list_proxies(&ProxyFilter::default()).unwrap()[0].id;
+    store.record_source_run(run, vec![c]).await.unwrap();
+    let id = store.list_proxies(ProxyFilter::default()).await.unwrap()[0].id;
     (config, store, id)
 }
 
@@ -604,18 +604,19 @@ async fn a_request_over_the_timeout_gets_a_json_503() {
         "[check]\njudges = [\"{}\"]\n[api]\nrequest_timeout = \"300ms\"\n",
         judge.url()
     );
-    let (config, store, id) = store_with_one_proxy(dir.path(), hang.addr(), &extra);
+    let (config, store, id) = store_with_one_proxy(dir.path(), hang.addr(), &extra).await;
     store
         .record_checks(
-            &[common::alive_at(id, now_ms())],
+            vec![common::alive_at(id, now_ms())],
             config.check.recheck_policy(),
         )
+        .await
         .unwrap();
     let opts = CheckOptions::from_config(&config.check);
     let checker = Checker::prepare(&config, &opts, None).await.unwrap();
     let state = AppState::new(
         store.clone(),
-        Feedback::new(load_index(&store).unwrap(), store.clone()),
+        Feedback::new(load_index(&store).await.unwrap(), store.clone()),
         std::sync::Arc::new(config),
     );
     state.set_checker(std::sync::Arc::new(checker));

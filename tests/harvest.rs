@@ -184,7 +184,7 @@ async fn harvest_stores_exactly_the_valid_proxies_and_records_every_source() {
     let toml = config_toml(dir.path(), &sources_toml(&site, dir.path()));
     let config = Config::from_toml(&toml, "test.toml").unwrap();
     let (store, report) = harvest(&config).await;
-    let all = store.list_proxies(&ProxyFilter::default()).unwrap();
+    let all = store.list_proxies(ProxyFilter::default()).await.unwrap();
 
     let expected: BTreeSet<String> = [
         // text: every valid token, duplicates once, CRLF and blanks ignored
@@ -319,7 +319,7 @@ async fn harvest_stores_exactly_the_valid_proxies_and_records_every_source() {
     assert_eq!(site.hits("/broken"), 2, "a 5xx is retried (retries = 1)");
     assert_eq!(site.hits("/forbidden"), 1, "a 4xx is not retried");
 
-    let records = store.list_sources().unwrap();
+    let records = store.list_sources().await.unwrap();
     let rec = |name: &str| records.iter().find(|r| r.name == name).unwrap();
     assert_eq!(rec("text").last_found, Some(8));
     assert_eq!(rec("text").last_error, None);
@@ -354,7 +354,7 @@ async fn a_second_harvest_keeps_checked_facts_and_updates_sightings_and_hints() 
     let config = Config::from_toml(&config_toml(dir.path(), &src(&first)), "t").unwrap();
     let (store, r1) = harvest(&config).await;
     assert_eq!(r1.new, 3);
-    let before = store.list_proxies(&ProxyFilter::default()).unwrap();
+    let before = store.list_proxies(ProxyFilter::default()).await.unwrap();
     let us_before = find(&before, "http://2.2.2.1:8080").clone();
     drop(store);
 
@@ -381,7 +381,7 @@ async fn a_second_harvest_keeps_checked_facts_and_updates_sightings_and_hints() 
     let (store, r2) = harvest(&config).await;
     assert_eq!(r2.new, 0);
     assert_eq!(source(&r2, "table").found, 3);
-    let after = store.list_proxies(&ProxyFilter::default()).unwrap();
+    let after = store.list_proxies(ProxyFilter::default()).await.unwrap();
     assert_eq!(urls(&after), urls(&before));
 
     let us = find(&after, "http://2.2.2.1:8080");
@@ -405,7 +405,7 @@ async fn a_second_harvest_keeps_checked_facts_and_updates_sightings_and_hints() 
     let de = find(&after, "http://2.2.2.2:3128");
     assert_eq!(de.country.map(|c| c.to_string()).as_deref(), Some("AT"));
     assert_eq!(de.hint_anonymity, Some(Anonymity::Elite));
-    assert_eq!(store.list_sources().unwrap()[0].fetches_total, 2);
+    assert_eq!(store.list_sources().await.unwrap()[0].fetches_total, 2);
 }
 
 #[tokio::test]
@@ -428,7 +428,11 @@ async fn a_source_over_max_per_source_is_truncated() {
     assert!(r.truncated);
     assert!(r.worked());
     assert_eq!(
-        store.list_proxies(&ProxyFilter::default()).unwrap().len(),
+        store
+            .list_proxies(ProxyFilter::default())
+            .await
+            .unwrap()
+            .len(),
         4
     );
 }
@@ -489,7 +493,7 @@ async fn requests_carry_the_user_agent_and_source_headers_and_accept_brotli() {
     assert_eq!(source(&report, "br").error, None);
     assert_eq!(source(&report, "br").found, 2);
     assert_eq!(
-        urls(&store.list_proxies(&ProxyFilter::default()).unwrap()),
+        urls(&store.list_proxies(ProxyFilter::default()).await.unwrap()),
         [
             "http://4.4.4.1:8080",
             "http://4.4.4.2:3128",

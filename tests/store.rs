@@ -5,7 +5,7 @@ use std::net::{IpAddr, Ipv4Addr};
 
 use proxywarden::model::{Candidate, Hints, SourceScheme};
 use proxywarden::proxy::Scheme;
-use proxywarden::store::{ProxyFilter, SourceRun, Store, StoreError};
+use proxywarden::store::{ProxyFilter, ProxySort, SCHEMA_VERSION, SourceRun, Store, StoreError};
 
 fn run(name: &str, at: i64) -> SourceRun {
     SourceRun {
@@ -34,14 +34,15 @@ fn candidates(n: u32) -> Vec<Candidate> {
         .collect()
 }
 
-#[test]
-fn a_fresh_file_is_migrated_in_wal_mode_and_reopens() {
+#[tokio::test]
+async fn a_fresh_file_is_migrated_in_wal_mode_and_reopens() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("fresh.db");
     let store = Store::open(&path).unwrap();
-    assert_eq!(store.schema_version().unwrap(), 2);
+    assert_eq!(store.schema_version().await.unwrap(), SCHEMA_VERSION);
     store
-        .record_source_run(&run("a", 1_000), &candidates(3))
+        .record_source_run(run("a", 1_000), candidates(3))
+        .await
         .unwrap();
     drop(store);
 
@@ -53,15 +54,19 @@ fn a_fresh_file_is_migrated_in_wal_mode_and_reopens() {
     drop(conn);
 
     let store = Store::open(&path).unwrap();
-    assert_eq!(store.schema_version().unwrap(), 2);
+    assert_eq!(store.schema_version().await.unwrap(), SCHEMA_VERSION);
     assert_eq!(
-        store.list_proxies(&ProxyFilter::default()).unwrap().len(),
+        store
+            .list_proxies(ProxyFilter::default())
+            .await
+            .unwrap()
+            .len(),
         3
     );
 }
 
-#[test]
-fn a_database_from_a_newer_version_is_refused() {
+#[tokio::test]
+async fn a_database_from_a_newer_version_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("newer.db");
     drop(Store::open(&path).unwrap());
@@ -74,7 +79,7 @@ fn a_database_from_a_newer_version_is_refused() {
         err,
         StoreError::TooNew {
             found: 99,
-            supported: 2,
+            supported: SCHEMA_VERSION,
             ..
         }
     ));
@@ -83,34 +88,38 @@ fn a_database_from_a_newer_version_is_refused() {
     assert!(msg.contains("upgrade proxywarden"), "{msg}");
 }
 
-#[test]
-fn a_missing_directory_is_a_clear_error() {
+#[tokio::test]
+async fn a_missing_directory_is_a_clear_error() {
     let err = Store::open(std::path::Path::new("/nonexistent-dir/x/proxywarden.db")).unwrap_err();
     assert!(err.to_string().contains("cannot open database"), "{err}");
 }
 
-#[test]
-fn a_large_batch_lands_and_counts_new_once() {
+#[tokio::test]
+async fn a_large_batch_lands_and_counts_new_once() {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(&dir.path().join("big.db")).unwrap();
     let batch = candidates(100_000);
-    let c = store.record_source_run(&run("big", 1_000), &batch).unwrap();
+    let c = store
+        .record_source_run(run("big", 1_000), batch.clone())
+        .await
+        .unwrap();
     assert_eq!((c.found, c.new), (100_000, 100_000));
     // A second source listing half of them links them without new rows.
     let c = store
-        .record_source_run(&run("half", 2_000), &batch[..50_000])
+        .record_source_run(run("half", 2_000), batch[..50_000].to_vec())
+        .await
         .unwrap();
     assert_eq!((c.found, c.new), (50_000, 0));
-    let stats = store.stats().unwrap();
+    let stats = store.stats().await.unwrap();
     assert_eq!(stats.total, 100_000);
     assert_eq!(stats.by_status["unknown"], 100_000);
     let half = stats.sources.iter().find(|s| s.name == "half").unwrap();
     assert_eq!(half.proxies, 50_000);
-    assert_eq!(store.count_seen_since(2_000).unwrap(), 50_000);
+    assert_eq!(store.count_seen_since(2_000).await.unwrap(), 50_000);
 }
 
-#[test]
-fn a_version_1_database_is_upgraded_in_place() {
+#[tokio::test]
+async fn a_version_1_database_is_upgraded_in_place() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("v1.db");
     {
@@ -126,9 +135,92 @@ fn a_version_1_database_is_upgraded_in_place() {
         .unwrap();
     }
     let store = Store::open(&path).unwrap();
-    assert_eq!(store.schema_version().unwrap(), 2);
-    let all = store.list_proxies(&ProxyFilter::default()).unwrap();
+    assert_eq!(store.schema_version().await.unwrap(), SCHEMA_VERSION);
+    let all = store.list_proxies(ProxyFilter::default()).await.unwrap();
     assert_eq!(all.len(), 1);
     assert_eq!(all[0].proxy.to_string(), "http://10.9.9.9:3128");
-    assert!(store.record_report(all[0].id, false, 5).unwrap());
+    assert!(store.record_report(all[0].id, false, 5).await.unwrap());
+}
+
+/// Reads go to their own connections: while one writer commits a large
+/// harvest, stats keep answering instead of queueing behind it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_do_not_wait_for_a_large_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("busy.db")).unwrap();
+    store
+        .record_source_run(run("seed", 1_000), candidates(10))
+        .await
+        .unwrap();
+    let write = {
+        let store = store.clone();
+        tokio::spawn(async move {
+            store
+                .record_source_run(run("big", 2_000), candidates(200_000))
+                .await
+        })
+    };
+    let mut reads_during_write = 0;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !write.is_finished() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the write never ended"
+        );
+        let stats = tokio::time::timeout(std::time::Duration::from_secs(10), store.stats())
+            .await
+            .expect("stats answer while the write runs")
+            .unwrap();
+        // Readers see the last committed state, never half a write.
+        assert!(
+            [10, 200_000].contains(&stats.total),
+            "saw {} proxies",
+            stats.total
+        );
+        if stats.total == 10 {
+            reads_during_write += 1;
+        }
+    }
+    write.await.unwrap().unwrap();
+    assert!(
+        reads_during_write >= 3,
+        "only {reads_during_write} reads finished while the write ran"
+    );
+    assert_eq!(store.stats().await.unwrap().total, 200_000);
+}
+
+/// A listing page is filtered, sorted and cut in SQL, with the total of
+/// all matches.
+#[tokio::test]
+async fn listing_pages_are_cut_in_sql() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("page.db")).unwrap();
+    store
+        .record_source_run(run("a", 1_000), candidates(25))
+        .await
+        .unwrap();
+    let all = store.list_proxies(ProxyFilter::default()).await.unwrap();
+    let ids: Vec<i64> = all.iter().map(|r| r.id).collect();
+    let page = store
+        .list_page(ProxyFilter::default(), ProxySort::Id, 10, 20)
+        .await
+        .unwrap();
+    assert_eq!(page.total, 25);
+    let got: Vec<i64> = page.proxies.iter().map(|r| r.id).collect();
+    assert_eq!(got, ids[20..]);
+
+    let filter = ProxyFilter {
+        exclude_ids: vec![ids[0]],
+        exclude_addrs: vec![std::net::SocketAddr::new(
+            all[1].proxy.host,
+            all[1].proxy.port,
+        )],
+        ..ProxyFilter::default()
+    };
+    let page = store
+        .list_page(filter, ProxySort::LastChecked, 5, 0)
+        .await
+        .unwrap();
+    assert_eq!(page.total, 23);
+    assert_eq!(page.proxies[0].id, ids[2], "never checked: by id");
 }

@@ -16,7 +16,7 @@ use super::{ApiError, AppState};
 use crate::export::{self, ExportRow, Format};
 use crate::health::{BestOfTwo, Verdict};
 use crate::proxy::Status;
-use crate::store::{ProxyFilter, ProxyRecord, SourceRecord, now_ms, rfc3339};
+use crate::store::{ProxyRecord, ProxySort, SourceRecord, now_ms, rfc3339};
 
 /// Candidates tried by `verify=true` before giving up.
 const VERIFY_TRIES: usize = 5;
@@ -85,7 +85,7 @@ pub async fn proxy(
 
 #[derive(Serialize)]
 struct Listing {
-    total: usize,
+    total: i64,
     limit: usize,
     offset: usize,
     proxies: Vec<ExportRow>,
@@ -114,42 +114,48 @@ pub async fn proxies(
     let limit = p.number("limit", 1, 1000)?.unwrap_or(100) as usize;
     let offset = p.number("offset", 0, i64::MAX)?.unwrap_or(0) as usize;
 
-    let mut rows: Vec<Arc<ProxyRecord>> = if status == "alive" {
-        state
+    let sort = match sort {
+        "last_checked" => ProxySort::LastChecked,
+        "uptime" => ProxySort::Uptime,
+        _ => ProxySort::Latency,
+    };
+    let (total, proxies) = if status == "alive" {
+        // Alive proxies come from memory, sorted as the store would.
+        let mut rows: Vec<Arc<ProxyRecord>> = state
             .index()
             .select(&q, now_ms())
             .into_iter()
             .map(|e| e.record.clone())
-            .collect()
+            .collect();
+        match sort {
+            ProxySort::LastChecked => rows.sort_by_key(|r| std::cmp::Reverse(r.last_checked)),
+            ProxySort::Uptime => rows.sort_by(|a, b| uptime(b).total_cmp(&uptime(a))),
+            _ => rows.sort_by_key(|r| (r.latency_ms.is_none(), r.latency_ms, r.id)),
+        }
+        let page = rows
+            .iter()
+            .skip(offset)
+            .take(limit)
+            .map(|r| ExportRow::from(&**r))
+            .collect();
+        (rows.len() as i64, page)
     } else {
-        let filter = ProxyFilter {
-            status: match status {
-                "dead" => Some(Status::Dead),
-                "unknown" => Some(Status::Unknown),
-                _ => None,
-            },
-            countries: q.countries.clone(),
-            schemes: q.schemes.clone(),
+        // Freshness only bounds alive proxies, as it always has.
+        q.max_age = None;
+        let status = match status {
+            "dead" => Some(Status::Dead),
+            "unknown" => Some(Status::Unknown),
+            _ => None,
         };
-        let records = state.store.run(move |s| s.list_proxies(&filter)).await?;
-        records
-            .into_iter()
-            .filter(|r| q.matches_fields(r))
-            .map(Arc::new)
-            .collect()
+        let page = state
+            .store
+            .list_page(q.to_filter(status, now_ms()), sort, limit, offset)
+            .await?;
+        (
+            page.total,
+            page.proxies.iter().map(ExportRow::from).collect(),
+        )
     };
-    match sort {
-        "last_checked" => rows.sort_by_key(|r| std::cmp::Reverse(r.last_checked)),
-        "uptime" => rows.sort_by(|a, b| uptime(b).total_cmp(&uptime(a))),
-        _ => rows.sort_by_key(|r| (r.latency_ms.is_none(), r.latency_ms, r.id)),
-    }
-    let total = rows.len();
-    let proxies = rows
-        .iter()
-        .skip(offset)
-        .take(limit)
-        .map(|r| ExportRow::from(&**r))
-        .collect();
     Ok(Json(Listing {
         total,
         limit,
@@ -248,7 +254,7 @@ pub async fn report(
 
 /// `GET /stats`.
 pub async fn stats(State(state): State<AppState>) -> Result<Response, ApiError> {
-    let stats = state.store.run(|s| s.stats()).await?;
+    let stats = state.store.stats().await?;
     let rounds = state
         .rounds
         .lock()
@@ -309,7 +315,7 @@ impl From<SourceRecord> for SourceView {
 
 /// `GET /sources`: each source's last fetch.
 pub async fn sources(State(state): State<AppState>) -> Result<Response, ApiError> {
-    let sources = state.store.run(|s| s.list_sources()).await?;
+    let sources = state.store.list_sources().await?;
     let view: Vec<SourceView> = sources.into_iter().map(SourceView::from).collect();
     Ok(Json(view).into_response())
 }
@@ -318,7 +324,8 @@ pub async fn sources(State(state): State<AppState>) -> Result<Response, ApiError
 pub async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError> {
     let metrics = state.metrics.clone();
     let len = state.index().len();
-    let text = state.store.run(move |s| metrics.render(s, len)).await?;
+    let counts = state.store.count_by_status_scheme().await?;
+    let text = metrics.render(&counts, len);
     Ok((
         [(
             header::CONTENT_TYPE,

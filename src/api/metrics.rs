@@ -12,7 +12,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 use crate::harvest::HarvestReport;
-use crate::store::{CheckRecord, Store, StoreError};
+use crate::store::CheckRecord;
 
 type Labels = Vec<(String, String)>;
 
@@ -139,18 +139,19 @@ impl Metrics {
             .inc();
     }
 
-    /// The text exposition, with store-derived gauges refreshed first.
-    pub fn render(&self, store: &Store, index_len: usize) -> Result<String, StoreError> {
-        for (status, scheme, n) in store.count_by_status_scheme()? {
+    /// The text exposition, with the gauges set from `counts` (proxies
+    /// per status and scheme) and `index_len` first.
+    pub fn render(&self, counts: &[(String, String, i64)], index_len: usize) -> String {
+        for (status, scheme, n) in counts {
             self.proxies
-                .get_or_create(&labels(&[("status", &status), ("scheme", &scheme)]))
-                .set(n);
+                .get_or_create(&labels(&[("status", status), ("scheme", scheme)]))
+                .set(*n);
         }
         self.index_size.set(index_len as i64);
         let mut out = String::new();
         let registry = self.registry.lock().unwrap_or_else(|e| e.into_inner());
         // Writing into a String cannot fail.
         let _ = encode(&mut out, &registry);
-        Ok(out)
+        out
     }
 }

@@ -185,7 +185,7 @@ pub async fn check_round(
     let started = Instant::now();
     let now = now_ms();
     let all = opts.all;
-    let total = store.run(move |s| s.count_due(now, all)).await?;
+    let total = store.count_due(now, all).await?;
     progress.total.store(total as u64, Ordering::Relaxed);
     let concurrency = opts.concurrency.max(1);
 
@@ -213,9 +213,7 @@ pub async fn check_round(
     'pages: for lane in DueLane::IN_ORDER {
         let mut after = i64::MIN;
         loop {
-            let page = store
-                .run(move |s| s.due_page(now, all, lane, after, PAGE))
-                .await?;
+            let page = store.due_page(now, all, lane, after, PAGE).await?;
             let Some(last) = page.last() else { break };
             after = last.id;
             for due in page {

@@ -102,7 +102,7 @@ pub async fn harvest_all(config: &Config, store: &Store) -> Result<HarvestReport
             .await;
     reports.sort_by_key(|(i, _)| *i);
     let sources: Vec<SourceReport> = reports.into_iter().map(|(_, r)| r).collect();
-    let distinct = store.run(move |s| s.count_seen_since(round_start)).await?;
+    let distinct = store.count_seen_since(round_start).await?;
     let new = sources.iter().map(|s| s.new).sum();
     let report = HarvestReport {
         sources,
@@ -202,7 +202,7 @@ async fn harvest_source(
         duration_ms: started.elapsed().as_millis() as i64,
         error: error.clone(),
     };
-    let stored = store.run(move |s| s.record_source_run(&run, &items)).await;
+    let stored = store.record_source_run(run, items).await;
     let (found, new) = match stored {
         Ok(c) => (c.found, c.new),
         Err(e) => {

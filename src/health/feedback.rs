@@ -111,21 +111,13 @@ impl Feedback {
         let now = crate::store::now_ms();
         let (found, hidden, recheck) = match verdict {
             Verdict::Worked => {
-                let found = self
-                    .inner
-                    .store
-                    .run(move |s| s.record_report(id, true, now))
-                    .await?;
+                let found = self.inner.store.record_report(id, true, now).await?;
                 (found, false, false)
             }
             Verdict::Failed(reason) => {
                 // Out of the index first: the next pick must not get it.
                 let hidden = self.inner.index.remove(id);
-                let found = self
-                    .inner
-                    .store
-                    .run(move |s| s.record_report(id, false, now))
-                    .await?;
+                let found = self.inner.store.record_report(id, false, now).await?;
                 if found {
                     tracing::debug!(id, reason = ?reason, "proxy failed in use");
                     // The store made it due now; the loop only needs waking.
@@ -181,23 +173,22 @@ impl Feedback {
         batch: Vec<CheckRecord>,
         policy: RecheckPolicy,
     ) -> Result<Vec<CheckRecord>, StoreError> {
-        let index = self.inner.index.clone();
-        self.inner
+        let ids: Vec<i64> = batch.iter().map(|r| r.id).collect();
+        let records = self
+            .inner
             .store
-            .run(move |s| {
-                s.record_checks(&batch, policy)?;
-                let ids: Vec<i64> = batch.iter().map(|r| r.id).collect();
-                let records = s.proxies_by_ids(&ids)?;
-                let present: HashSet<i64> = records.iter().map(|r| r.id).collect();
-                for id in &ids {
-                    if !present.contains(id) {
-                        index.remove(*id);
-                    }
-                }
-                index.apply(records);
-                Ok(batch)
-            })
-            .await
+            .record_checks(batch.clone(), policy)
+            .await?;
+        // A proxy whose detected scheme merged it into another row is gone
+        // under its old id.
+        let present: HashSet<i64> = records.iter().map(|r| r.id).collect();
+        for id in ids {
+            if !present.contains(&id) {
+                self.inner.index.remove(id);
+            }
+        }
+        self.inner.index.apply(records);
+        Ok(batch)
     }
 
     /// True when `site` blocked proxy `id` less than [`BAN_FOR`] ago.
@@ -238,7 +229,7 @@ mod tests {
     };
 
     /// A store in `dir` holding proxies on ports 1..=n; their ids.
-    fn store_with(dir: &std::path::Path, n: u16) -> (Store, Vec<i64>) {
+    async fn store_with(dir: &std::path::Path, n: u16) -> (Store, Vec<i64>) {
         let store = Store::open(&dir.join("f.db")).unwrap();
         let run = SourceRun {
             name: "s".into(),
@@ -261,9 +252,10 @@ mod tests {
                 )
             })
             .collect();
-        store.record_source_run(&run, &candidates).unwrap();
+        store.record_source_run(run, candidates).await.unwrap();
         let ids = store
-            .list_proxies(&ProxyFilter::default())
+            .list_proxies(ProxyFilter::default())
+            .await
             .unwrap()
             .iter()
             .map(|r| r.id)
@@ -286,7 +278,7 @@ mod tests {
     #[tokio::test]
     async fn committed_checks_update_the_index() {
         let dir = tempfile::tempdir().unwrap();
-        let (store, ids) = store_with(dir.path(), 2);
+        let (store, ids) = store_with(dir.path(), 2).await;
         let feedback = Feedback::new(HealthIndex::new(), store);
         let now = now_ms();
         feedback
@@ -311,14 +303,14 @@ mod tests {
     #[tokio::test]
     async fn a_failure_in_use_hides_the_proxy_and_asks_for_a_recheck() {
         let dir = tempfile::tempdir().unwrap();
-        let (store, ids) = store_with(dir.path(), 1);
+        let (store, ids) = store_with(dir.path(), 1).await;
         let feedback = Feedback::new(HealthIndex::new(), store.clone());
         let now = now_ms();
         feedback
             .commit_checks(vec![checked(ids[0], now, None)], POLICY)
             .await
             .unwrap();
-        assert_eq!(store.count_due(now, false).unwrap(), 0);
+        assert_eq!(store.count_due(now, false).await.unwrap(), 0);
 
         let wanted = feedback.recheck_wanted();
         let reported = feedback
@@ -334,7 +326,7 @@ mod tests {
             }
         );
         assert!(feedback.index().is_empty());
-        assert_eq!(store.count_due(now_ms(), false).unwrap(), 1);
+        assert_eq!(store.count_due(now_ms(), false).await.unwrap(), 1);
         tokio::time::timeout(Duration::from_secs(5), wanted)
             .await
             .expect("the check loop is woken");
@@ -349,7 +341,7 @@ mod tests {
     #[tokio::test]
     async fn a_block_bans_only_the_pair() {
         let dir = tempfile::tempdir().unwrap();
-        let (store, ids) = store_with(dir.path(), 1);
+        let (store, ids) = store_with(dir.path(), 1).await;
         let feedback = Feedback::new(HealthIndex::new(), store);
         feedback
             .commit_checks(vec![checked(ids[0], now_ms(), None)], POLICY)
@@ -367,7 +359,7 @@ mod tests {
     #[tokio::test]
     async fn served_proxies_with_old_checks_are_queued_for_recheck() {
         let dir = tempfile::tempdir().unwrap();
-        let (store, ids) = store_with(dir.path(), 1);
+        let (store, ids) = store_with(dir.path(), 1).await;
         let feedback = Feedback::new(HealthIndex::new(), store);
         let now = now_ms();
         feedback

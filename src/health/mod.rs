@@ -13,13 +13,13 @@ pub use query::ProxyQuery;
 use crate::proxy::Status;
 use crate::store::{ProxyFilter, Store, StoreError};
 
-/// An index of every alive proxy in `store` (blocking: call it off the
-/// async runtime).
-pub fn load_index(store: &Store) -> Result<HealthIndex, StoreError> {
-    Ok(HealthIndex::from_records(store.list_proxies(
-        &ProxyFilter {
+/// An index of every alive proxy in `store`.
+pub async fn load_index(store: &Store) -> Result<HealthIndex, StoreError> {
+    let alive = store
+        .list_proxies(ProxyFilter {
             status: Some(Status::Alive),
             ..ProxyFilter::default()
-        },
-    )?))
+        })
+        .await?;
+    Ok(HealthIndex::from_records(alive))
 }

@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use crate::proxy::{Anonymity, Country, Scheme, Status};
-use crate::store::ProxyRecord;
+use crate::store::{ProxyFilter, ProxyRecord};
 
 /// Filters on servable proxies. Empty lists mean "any".
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -43,6 +43,24 @@ impl ProxyQuery {
             }
         }
         self.matches_fields(r)
+    }
+
+    /// The same filters for a store listing of proxies of `status` (any
+    /// when `None`) at `now` (unix ms).
+    pub fn to_filter(&self, status: Option<Status>, now: i64) -> ProxyFilter {
+        ProxyFilter {
+            status,
+            countries: self.countries.clone(),
+            schemes: self.schemes.clone(),
+            min_anonymity: self.min_anonymity,
+            https: self.https,
+            max_latency_ms: self.max_latency_ms,
+            alive_since: self
+                .max_age
+                .map(|age| now - i64::try_from(age.as_millis()).unwrap_or(i64::MAX)),
+            exclude_ids: self.exclude_ids.iter().copied().collect(),
+            exclude_addrs: self.exclude_addrs.iter().copied().collect(),
+        }
     }
 
     /// The filters that do not depend on status or time.

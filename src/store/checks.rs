@@ -4,9 +4,10 @@
 
 use std::time::Duration;
 
-use rusqlite::{OptionalExtension, params};
+use rusqlite::{Connection, OptionalExtension, params};
 
-use super::{Store, StoreError};
+use super::queries::proxies_by_ids;
+use super::{ProxyRecord, Store, StoreError};
 use crate::model::{Outcome, RecheckPolicy};
 use crate::proxy::{Credentials, Proxy, Scheme};
 
@@ -56,23 +57,25 @@ impl DueLane {
 
 impl Store {
     /// How many proxies are due at `now` (all of them with `all`).
-    pub fn count_due(&self, now: i64, all: bool) -> Result<i64, StoreError> {
-        Ok(self.lock().query_row(
-            &format!("SELECT count(*) FROM proxies WHERE {DUE_WHERE}"),
-            params![all, now, i64::MIN],
-            |r| r.get(0),
-        )?)
+    pub async fn count_due(&self, now: i64, all: bool) -> Result<i64, StoreError> {
+        self.read(move |c| {
+            Ok(c.query_row(
+                &format!("SELECT count(*) FROM proxies WHERE {DUE_WHERE}"),
+                params![all, now, i64::MIN],
+                |r| r.get(0),
+            )?)
+        })
+        .await
     }
 
     /// When the next check is due (unix ms), if any proxy is stored.
-    pub fn next_due_at(&self) -> Result<Option<i64>, StoreError> {
-        Ok(self
-            .lock()
-            .query_row("SELECT min(next_check_at) FROM proxies", [], |r| r.get(0))?)
+    pub async fn next_due_at(&self) -> Result<Option<i64>, StoreError> {
+        self.read(|c| Ok(c.query_row("SELECT min(next_check_at) FROM proxies", [], |r| r.get(0))?))
+            .await
     }
 
     /// Up to `limit` due proxies of `lane` with ids above `after`, by id.
-    pub fn due_page(
+    pub async fn due_page(
         &self,
         now: i64,
         all: bool,
@@ -80,68 +83,142 @@ impl Store {
         after: i64,
         limit: usize,
     ) -> Result<Vec<DueProxy>, StoreError> {
-        let conn = self.lock();
-        let mut stmt = conn.prepare_cached(&format!(
-            "SELECT id, scheme, host, port, username, password, scheme_detect
-             FROM proxies WHERE {DUE_WHERE} AND (status = 'alive') = ?5
-             ORDER BY id LIMIT ?4"
-        ))?;
-        let alive = lane == DueLane::Alive;
-        let rows = stmt.query_map(params![all, now, after, limit as i64, alive], |r| {
-            let scheme: String = r.get(1)?;
-            let host: String = r.get(2)?;
-            let username: String = r.get(4)?;
-            let password: Option<String> = r.get(5)?;
-            Ok((
-                r.get::<_, i64>(0)?,
-                scheme,
-                host,
-                r.get::<_, u16>(3)?,
-                username,
-                password,
-                r.get::<_, bool>(6)?,
-            ))
-        })?;
-        let mut out = Vec::new();
-        for row in rows {
-            let (id, scheme, host, port, username, password, detect) = row?;
-            // Rows that do not parse were not written by us; skip them
-            // rather than fail the round.
-            let (Ok(scheme), Ok(host)) = (scheme.parse::<Scheme>(), host.parse()) else {
-                tracing::warn!(id, "skipping a proxy row that does not parse");
-                continue;
-            };
-            out.push(DueProxy {
-                id,
-                proxy: Proxy {
-                    scheme,
-                    host,
-                    port,
-                    auth: (!username.is_empty()).then(|| Credentials {
-                        username,
-                        password: password.unwrap_or_default(),
-                    }),
-                },
-                detect,
-            });
-        }
-        Ok(out)
+        self.read(move |c| due_page(c, now, all, lane, after, limit))
+            .await
     }
 
-    /// Records a batch of results in one transaction and schedules each
-    /// proxy's next check: alive after `policy.alive`; dead after
-    /// `policy.dead` doubled per consecutive failure, capped at
-    /// `policy.dead_max`.
-    pub fn record_checks(
+    /// Records a batch of results and schedules each proxy's next check:
+    /// alive after `policy.alive`; dead after `policy.dead` doubled per
+    /// consecutive failure, capped at `policy.dead_max`. Returns the stored
+    /// records of the checked proxies as committed (a proxy whose detected
+    /// scheme merged it into another row is returned as that row).
+    pub async fn record_checks(
         &self,
-        batch: &[CheckRecord],
+        batch: Vec<CheckRecord>,
         policy: RecheckPolicy,
-    ) -> Result<(), StoreError> {
-        let mut conn = self.lock();
-        let tx = conn.transaction()?;
-        {
-            let mut alive = tx.prepare_cached(
-                "UPDATE proxies SET status = 'alive', last_checked = ?2, last_alive = ?2,
+    ) -> Result<Vec<ProxyRecord>, StoreError> {
+        self.write(move |tx| {
+            let ids = record_checks(tx, &batch, policy)?;
+            proxies_by_ids(tx, &ids)
+        })
+        .await
+    }
+
+    /// Makes these proxies due now.
+    pub async fn mark_due_many(&self, ids: Vec<i64>, now: i64) -> Result<(), StoreError> {
+        self.write(move |tx| {
+            let mut stmt = tx.prepare_cached(
+                "UPDATE proxies SET next_check_at = min(next_check_at, ?2) WHERE id = ?1",
+            )?;
+            for id in ids {
+                stmt.execute(params![id, now])?;
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    /// Counts a verdict from the use of a proxy; a failure also makes it
+    /// due now. False when there is no such proxy.
+    pub async fn record_report(&self, id: i64, ok: bool, now: i64) -> Result<bool, StoreError> {
+        self.write(move |c| {
+            let changed = if ok {
+                c.execute(
+                    "UPDATE proxies SET reports_ok = reports_ok + 1 WHERE id = ?1",
+                    [id],
+                )?
+            } else {
+                c.execute(
+                    "UPDATE proxies SET reports_failed = reports_failed + 1,
+                         next_check_at = min(next_check_at, ?2) WHERE id = ?1",
+                    params![id, now],
+                )?
+            };
+            Ok(changed > 0)
+        })
+        .await
+    }
+
+    /// Deletes proxies dead for longer than `after` that no source has
+    /// listed for that long. Returns how many went.
+    pub async fn purge(&self, now: i64, after: Duration) -> Result<usize, StoreError> {
+        let cutoff = now.saturating_sub(ms(after));
+        self.write(move |c| {
+            Ok(c.execute(
+                "DELETE FROM proxies WHERE status = 'dead'
+                     AND coalesce(last_alive, first_seen) < ?1 AND last_seen < ?1",
+                [cutoff],
+            )?)
+        })
+        .await
+    }
+}
+
+fn due_page(
+    conn: &Connection,
+    now: i64,
+    all: bool,
+    lane: DueLane,
+    after: i64,
+    limit: usize,
+) -> Result<Vec<DueProxy>, StoreError> {
+    let mut stmt = conn.prepare_cached(&format!(
+        "SELECT id, scheme, host, port, username, password, scheme_detect
+             FROM proxies WHERE {DUE_WHERE} AND (status = 'alive') = ?5
+             ORDER BY id LIMIT ?4"
+    ))?;
+    let alive = lane == DueLane::Alive;
+    let rows = stmt.query_map(params![all, now, after, limit as i64, alive], |r| {
+        let scheme: String = r.get(1)?;
+        let host: String = r.get(2)?;
+        let username: String = r.get(4)?;
+        let password: Option<String> = r.get(5)?;
+        Ok((
+            r.get::<_, i64>(0)?,
+            scheme,
+            host,
+            r.get::<_, u16>(3)?,
+            username,
+            password,
+            r.get::<_, bool>(6)?,
+        ))
+    })?;
+    let mut out = Vec::new();
+    for row in rows {
+        let (id, scheme, host, port, username, password, detect) = row?;
+        // Rows that do not parse were not written by us; skip them
+        // rather than fail the round.
+        let (Ok(scheme), Ok(host)) = (scheme.parse::<Scheme>(), host.parse()) else {
+            tracing::warn!(id, "skipping a proxy row that does not parse");
+            continue;
+        };
+        out.push(DueProxy {
+            id,
+            proxy: Proxy {
+                scheme,
+                host,
+                port,
+                auth: (!username.is_empty()).then(|| Credentials {
+                    username,
+                    password: password.unwrap_or_default(),
+                }),
+            },
+            detect,
+        });
+    }
+    Ok(out)
+}
+
+/// Writes the batch; returns the ids the results landed on.
+fn record_checks(
+    tx: &Connection,
+    batch: &[CheckRecord],
+    policy: RecheckPolicy,
+) -> Result<Vec<i64>, StoreError> {
+    let mut ids = Vec::with_capacity(batch.len());
+    {
+        let mut alive = tx.prepare_cached(
+            "UPDATE proxies SET status = 'alive', last_checked = ?2, last_alive = ?2,
                      latency_ms = ?3, anonymity = ?4, https = coalesce(?5, https), exit_ip = ?6,
                      country = coalesce(?7, country),
                      country_source = CASE WHEN ?7 IS NULL THEN country_source ELSE 'geoip' END,
@@ -149,100 +226,54 @@ impl Store {
                      checks_ok = checks_ok + 1, consecutive_failures = 0,
                      next_check_at = ?2 + ?8
                  WHERE id = ?1",
-            )?;
-            // The shift uses the failures before this one: 1×, 2×, 4×, …
-            let mut dead = tx.prepare_cached(
-                "UPDATE proxies SET status = 'dead', last_checked = ?2, last_reason = ?3,
+        )?;
+        // The shift uses the failures before this one: 1×, 2×, 4×, …
+        let mut dead = tx.prepare_cached(
+            "UPDATE proxies SET status = 'dead', last_checked = ?2, last_reason = ?3,
                      checks_total = checks_total + 1,
                      consecutive_failures = consecutive_failures + 1,
                      next_check_at = ?2 + min(?4 << min(consecutive_failures, 40), ?5)
                  WHERE id = ?1",
-            )?;
-            for rec in batch {
-                let o = &rec.outcome;
-                let mut id = rec.id;
-                if let Some(scheme) = o.detected {
-                    id = settle_scheme(&tx, id, scheme)?;
+        )?;
+        for rec in batch {
+            let o = &rec.outcome;
+            let mut id = rec.id;
+            if let Some(scheme) = o.detected {
+                id = settle_scheme(tx, id, scheme)?;
+            }
+            ids.push(id);
+            match o.failure {
+                None => {
+                    alive.execute(params![
+                        id,
+                        rec.checked_at,
+                        o.latency.map(ms),
+                        o.anonymity.map(|a| a.as_str()),
+                        o.https,
+                        o.exit_ip.map(|ip| ip.to_string()),
+                        o.country.map(|c| c.as_str().to_owned()),
+                        ms(policy.alive),
+                    ])?;
                 }
-                match o.failure {
-                    None => {
-                        alive.execute(params![
-                            id,
-                            rec.checked_at,
-                            o.latency.map(ms),
-                            o.anonymity.map(|a| a.as_str()),
-                            o.https,
-                            o.exit_ip.map(|ip| ip.to_string()),
-                            o.country.map(|c| c.as_str().to_owned()),
-                            ms(policy.alive),
-                        ])?;
-                    }
-                    Some(reason) => {
-                        dead.execute(params![
-                            id,
-                            rec.checked_at,
-                            reason.as_str(),
-                            ms(policy.dead),
-                            ms(policy.dead_max),
-                        ])?;
-                    }
+                Some(reason) => {
+                    dead.execute(params![
+                        id,
+                        rec.checked_at,
+                        reason.as_str(),
+                        ms(policy.dead),
+                        ms(policy.dead_max),
+                    ])?;
                 }
             }
         }
-        tx.commit()?;
-        Ok(())
     }
-
-    /// Makes these proxies due now, in one transaction.
-    pub fn mark_due_many(&self, ids: &[i64], now: i64) -> Result<(), StoreError> {
-        let mut conn = self.lock();
-        let tx = conn.transaction()?;
-        {
-            let mut stmt = tx.prepare_cached(
-                "UPDATE proxies SET next_check_at = min(next_check_at, ?2) WHERE id = ?1",
-            )?;
-            for id in ids {
-                stmt.execute(params![id, now])?;
-            }
-        }
-        tx.commit()?;
-        Ok(())
-    }
-
-    /// Counts a client's report on a proxy; a failure also makes it due
-    /// now. False when there is no such proxy.
-    pub fn record_report(&self, id: i64, ok: bool, now: i64) -> Result<bool, StoreError> {
-        let sql = if ok {
-            "UPDATE proxies SET reports_ok = reports_ok + 1 WHERE id = ?1"
-        } else {
-            "UPDATE proxies SET reports_failed = reports_failed + 1,
-                 next_check_at = min(next_check_at, ?2) WHERE id = ?1"
-        };
-        let conn = self.lock();
-        let changed = if ok {
-            conn.execute(sql, [id])?
-        } else {
-            conn.execute(sql, params![id, now])?
-        };
-        Ok(changed > 0)
-    }
-
-    /// Deletes proxies dead for longer than `after` that no source has
-    /// listed for that long. Returns how many went.
-    pub fn purge(&self, now: i64, after: Duration) -> Result<usize, StoreError> {
-        let cutoff = now.saturating_sub(ms(after));
-        Ok(self.lock().execute(
-            "DELETE FROM proxies WHERE status = 'dead'
-                 AND coalesce(last_alive, first_seen) < ?1 AND last_seen < ?1",
-            [cutoff],
-        )?)
-    }
+    Ok(ids)
 }
 
 /// Gives a detected proxy its real scheme. If a row with that identity
 /// already exists, the placeholder row is merged into it (its source links
 /// move over) and the existing row's id is returned.
-fn settle_scheme(tx: &rusqlite::Transaction, id: i64, scheme: Scheme) -> Result<i64, StoreError> {
+fn settle_scheme(tx: &Connection, id: i64, scheme: Scheme) -> Result<i64, StoreError> {
     let changed = tx.execute(
         "UPDATE OR IGNORE proxies SET scheme = ?2, scheme_detect = 0 WHERE id = ?1",
         params![id, scheme.as_str()],

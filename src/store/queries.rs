@@ -2,9 +2,9 @@
 //! transaction), proxy listings with filters, and counts for `stats`.
 
 use std::collections::BTreeMap;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 
-use rusqlite::{OptionalExtension, Row, params};
+use rusqlite::{Connection, OptionalExtension, Row, params};
 use serde::Serialize;
 
 use super::{Store, StoreError};
@@ -39,8 +39,8 @@ pub struct UpsertCounts {
     pub new: usize,
 }
 
-/// Which proxies a listing returns. Empty lists mean "any".
-#[derive(Clone, Debug, Default)]
+/// Which proxies a listing returns. Empty lists and `None` mean "any".
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ProxyFilter {
     /// `None` for every status.
     pub status: Option<Status>,
@@ -48,6 +48,121 @@ pub struct ProxyFilter {
     pub countries: Vec<Country>,
     /// Any of these schemes.
     pub schemes: Vec<Scheme>,
+    /// At least this anonymous.
+    pub min_anonymity: Option<Anonymity>,
+    /// Only proxies that passed the HTTPS test.
+    pub https: bool,
+    /// Only proxies whose last passed check took at most this long.
+    pub max_latency_ms: Option<i64>,
+    /// Only proxies that last passed a check at or after this time (unix ms).
+    pub alive_since: Option<i64>,
+    /// Leave these ids out.
+    pub exclude_ids: Vec<i64>,
+    /// Leave these addresses out.
+    pub exclude_addrs: Vec<SocketAddr>,
+}
+
+/// The order of a listing page; ties go by id.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ProxySort {
+    /// By id.
+    #[default]
+    Id,
+    /// Fastest last passed check first; never passed last.
+    Latency,
+    /// Most recently checked first; never checked last.
+    LastChecked,
+    /// Highest share of passed checks first.
+    Uptime,
+}
+
+/// One page of a listing.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Page {
+    /// How many proxies match in all.
+    pub total: i64,
+    /// The proxies of this page.
+    pub proxies: Vec<ProxyRecord>,
+}
+
+impl ProxyFilter {
+    /// The `WHERE` clause (over `proxies p`) and its arguments.
+    fn sql(&self) -> (String, Vec<rusqlite::types::Value>) {
+        use rusqlite::types::Value;
+        let mut sql = String::from("1 = 1");
+        let mut args: Vec<Value> = Vec::new();
+        let arg = |v: Value, args: &mut Vec<Value>| {
+            args.push(v);
+            format!("?{}", args.len())
+        };
+        if let Some(s) = self.status {
+            let a = arg(Value::Text(s.as_str().into()), &mut args);
+            sql.push_str(&format!(" AND p.status = {a}"));
+        }
+        let mut any_of = |column: &str, values: Vec<String>, args: &mut Vec<Value>| {
+            if !values.is_empty() {
+                let list = serde_json::to_string(&values).unwrap_or_else(|_| "[]".into());
+                let a = arg(Value::Text(list), args);
+                sql.push_str(&format!(
+                    " AND {column} IN (SELECT value FROM json_each({a}))"
+                ));
+            }
+        };
+        any_of(
+            "p.country",
+            self.countries.iter().map(|c| c.to_string()).collect(),
+            &mut args,
+        );
+        any_of(
+            "p.scheme",
+            self.schemes.iter().map(|s| s.as_str().to_owned()).collect(),
+            &mut args,
+        );
+        if let Some(min) = self.min_anonymity {
+            let levels: Vec<String> = [
+                Anonymity::Transparent,
+                Anonymity::Anonymous,
+                Anonymity::Elite,
+            ]
+            .into_iter()
+            .filter(|a| *a >= min)
+            .map(|a| a.as_str().to_owned())
+            .collect();
+            any_of("p.anonymity", levels, &mut args);
+        }
+        if self.https {
+            sql.push_str(" AND p.https = 1");
+        }
+        if let Some(max) = self.max_latency_ms {
+            let a = arg(Value::Integer(max), &mut args);
+            sql.push_str(&format!(" AND p.latency_ms <= {a}"));
+        }
+        if let Some(since) = self.alive_since {
+            let a = arg(Value::Integer(since), &mut args);
+            sql.push_str(&format!(" AND p.last_alive >= {a}"));
+        }
+        if !self.exclude_ids.is_empty() {
+            let list = serde_json::to_string(&self.exclude_ids).unwrap_or_else(|_| "[]".into());
+            let a = arg(Value::Text(list), &mut args);
+            sql.push_str(&format!(
+                " AND p.id NOT IN (SELECT value FROM json_each({a}))"
+            ));
+        }
+        if !self.exclude_addrs.is_empty() {
+            let pairs: Vec<(String, u16)> = self
+                .exclude_addrs
+                .iter()
+                .map(|a| (a.ip().to_string(), a.port()))
+                .collect();
+            let list = serde_json::to_string(&pairs).unwrap_or_else(|_| "[]".into());
+            let a = arg(Value::Text(list), &mut args);
+            sql.push_str(&format!(
+                " AND NOT EXISTS (SELECT 1 FROM json_each({a}) x
+                   WHERE x.value ->> 0 = p.host AND x.value ->> 1 = p.port)"
+            ));
+        }
+        (sql, args)
+    }
 }
 
 /// Everything stored about one proxy.
@@ -231,43 +346,101 @@ impl Store {
     /// transaction. New proxies start `unknown` and due at once; known ones
     /// keep their checked facts and get `last_seen`, the source link and
     /// the source's hints updated.
-    pub fn record_source_run(
+    pub async fn record_source_run(
         &self,
-        run: &SourceRun,
-        candidates: &[Candidate],
+        run: SourceRun,
+        candidates: Vec<Candidate>,
     ) -> Result<UpsertCounts, StoreError> {
-        let mut conn = self.lock();
-        let tx = conn.transaction()?;
-        let now = run.started_at;
-        let source_id: i64 = tx.query_row(
-            "INSERT INTO sources (name, url, format) VALUES (?1, ?2, ?3)
+        self.write(move |tx| record_source_run(tx, &run, &candidates))
+            .await
+    }
+
+    /// Proxies matching `filter`, ordered by id.
+    pub async fn list_proxies(&self, filter: ProxyFilter) -> Result<Vec<ProxyRecord>, StoreError> {
+        self.read(move |c| list_proxies(c, &filter)).await
+    }
+
+    /// One page of the proxies matching `filter`, in `sort` order: only the
+    /// page is read, whatever the size of the table.
+    pub async fn list_page(
+        &self,
+        filter: ProxyFilter,
+        sort: ProxySort,
+        limit: usize,
+        offset: usize,
+    ) -> Result<Page, StoreError> {
+        self.read(move |c| list_page(c, &filter, sort, limit, offset))
+            .await
+    }
+
+    /// The proxies with these ids (missing ids are skipped).
+    pub async fn proxies_by_ids(&self, ids: Vec<i64>) -> Result<Vec<ProxyRecord>, StoreError> {
+        self.read(move |c| proxies_by_ids(c, &ids)).await
+    }
+
+    /// Proxy counts per (status, scheme), every combination included.
+    pub async fn count_by_status_scheme(&self) -> Result<Vec<(String, String, i64)>, StoreError> {
+        self.read(count_by_status_scheme).await
+    }
+
+    /// Every source's record with its proxy counts, by name.
+    pub async fn list_sources(&self) -> Result<Vec<SourceRecord>, StoreError> {
+        self.read(list_sources).await
+    }
+
+    /// How many distinct proxies were listed at or after `since` (unix ms).
+    pub async fn count_seen_since(&self, since: i64) -> Result<i64, StoreError> {
+        self.read(move |c| {
+            Ok(c.query_row(
+                "SELECT count(*) FROM proxies WHERE last_seen >= ?1",
+                [since],
+                |r| r.get(0),
+            )?)
+        })
+        .await
+    }
+
+    /// Counts by status, scheme, country, failure reason and source.
+    pub async fn stats(&self) -> Result<Stats, StoreError> {
+        self.read(stats).await
+    }
+}
+
+fn record_source_run(
+    tx: &Connection,
+    run: &SourceRun,
+    candidates: &[Candidate],
+) -> Result<UpsertCounts, StoreError> {
+    let now = run.started_at;
+    let source_id: i64 = tx.query_row(
+        "INSERT INTO sources (name, url, format) VALUES (?1, ?2, ?3)
              ON CONFLICT (name) DO UPDATE SET url = excluded.url, format = excluded.format
              RETURNING id",
-            params![run.name, run.url, run.format],
-            |r| r.get(0),
-        )?;
-        let mut counts = UpsertCounts::default();
-        {
-            let mut find = tx.prepare_cached(
+        params![run.name, run.url, run.format],
+        |r| r.get(0),
+    )?;
+    let mut counts = UpsertCounts::default();
+    {
+        let mut find = tx.prepare_cached(
                 "SELECT id FROM proxies WHERE scheme = ?1 AND host = ?2 AND port = ?3 AND username = ?4",
             )?;
-            // An entry whose scheme is to be detected is the same proxy as
-            // any row at its address, whatever scheme detection gave it.
-            let mut find_any = tx.prepare_cached(
-                "SELECT id FROM proxies WHERE host = ?1 AND port = ?2 AND username = ?3
+        // An entry whose scheme is to be detected is the same proxy as
+        // any row at its address, whatever scheme detection gave it.
+        let mut find_any = tx.prepare_cached(
+            "SELECT id FROM proxies WHERE host = ?1 AND port = ?2 AND username = ?3
                  ORDER BY scheme_detect, id LIMIT 1",
-            )?;
-            let mut insert = tx.prepare_cached(
+        )?;
+        let mut insert = tx.prepare_cached(
                 "INSERT INTO proxies (scheme, host, port, username, password, scheme_detect,
                      country, country_source, hint_anonymity, hint_https,
                      first_seen, last_seen, next_check_at)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, CASE WHEN ?7 IS NULL THEN NULL ELSE 'source' END,
                      ?8, ?9, ?10, ?10, ?10)",
             )?;
-            // A GeoIP country is what the exit address really is; a source's
-            // claim never overrides it.
-            let mut update = tx.prepare_cached(
-                "UPDATE proxies SET
+        // A GeoIP country is what the exit address really is; a source's
+        // claim never overrides it.
+        let mut update = tx.prepare_cached(
+            "UPDATE proxies SET
                      last_seen = max(last_seen, ?2),
                      password = coalesce(?3, password),
                      scheme_detect = min(scheme_detect, ?4),
@@ -278,66 +451,66 @@ impl Store {
                      hint_anonymity = coalesce(?6, hint_anonymity),
                      hint_https = coalesce(?7, hint_https)
                  WHERE id = ?1",
-            )?;
-            let mut link = tx.prepare_cached(
-                "INSERT INTO proxy_sources (proxy_id, source_id, first_seen, last_seen)
+        )?;
+        let mut link = tx.prepare_cached(
+            "INSERT INTO proxy_sources (proxy_id, source_id, first_seen, last_seen)
                  VALUES (?1, ?2, ?3, ?3)
                  ON CONFLICT (proxy_id, source_id) DO UPDATE SET last_seen = excluded.last_seen",
-            )?;
-            for c in candidates {
-                let p = &c.proxy;
-                let host = p.host.to_string();
-                let password = p.auth.as_ref().map(|a| a.password.as_str());
-                let country = c.hints.country.map(|c| c.as_str().to_owned());
-                let anonymity = c.hints.anonymity.map(Anonymity::as_str);
-                let id: Option<i64> = if c.detect {
-                    find_any
-                        .query_row(params![host, p.port, p.username()], |r| r.get(0))
-                        .optional()?
-                } else {
-                    find.query_row(
-                        params![p.scheme.as_str(), host, p.port, p.username()],
-                        |r| r.get(0),
-                    )
+        )?;
+        for c in candidates {
+            let p = &c.proxy;
+            let host = p.host.to_string();
+            let password = p.auth.as_ref().map(|a| a.password.as_str());
+            let country = c.hints.country.map(|c| c.as_str().to_owned());
+            let anonymity = c.hints.anonymity.map(Anonymity::as_str);
+            let id: Option<i64> = if c.detect {
+                find_any
+                    .query_row(params![host, p.port, p.username()], |r| r.get(0))
                     .optional()?
-                };
-                let id = match id {
-                    Some(id) => {
-                        update.execute(params![
-                            id,
-                            now,
-                            password,
-                            c.detect,
-                            country,
-                            anonymity,
-                            c.hints.https
-                        ])?;
-                        id
-                    }
-                    None => {
-                        insert.execute(params![
-                            p.scheme.as_str(),
-                            host,
-                            p.port,
-                            p.username(),
-                            password,
-                            c.detect,
-                            country,
-                            anonymity,
-                            c.hints.https,
-                            now
-                        ])?;
-                        counts.new += 1;
-                        tx.last_insert_rowid()
-                    }
-                };
-                link.execute(params![id, source_id, now])?;
-                counts.found += 1;
-            }
+            } else {
+                find.query_row(
+                    params![p.scheme.as_str(), host, p.port, p.username()],
+                    |r| r.get(0),
+                )
+                .optional()?
+            };
+            let id = match id {
+                Some(id) => {
+                    update.execute(params![
+                        id,
+                        now,
+                        password,
+                        c.detect,
+                        country,
+                        anonymity,
+                        c.hints.https
+                    ])?;
+                    id
+                }
+                None => {
+                    insert.execute(params![
+                        p.scheme.as_str(),
+                        host,
+                        p.port,
+                        p.username(),
+                        password,
+                        c.detect,
+                        country,
+                        anonymity,
+                        c.hints.https,
+                        now
+                    ])?;
+                    counts.new += 1;
+                    tx.last_insert_rowid()
+                }
+            };
+            link.execute(params![id, source_id, now])?;
+            counts.found += 1;
         }
-        let finished = now + run.duration_ms;
-        tx.execute(
-            "UPDATE sources SET
+    }
+    let finished = now + run.duration_ms;
+    tx.execute(
+        "UPDATE sources SET
                  last_fetch_at = ?2,
                  last_ok_at = CASE WHEN ?7 IS NULL THEN ?2 ELSE last_ok_at END,
                  last_http_status = ?3,
@@ -348,170 +521,159 @@ impl Store {
                  fetches_total = fetches_total + 1,
                  fetches_failed = fetches_failed + (?7 IS NOT NULL)
              WHERE id = ?1",
-            params![
-                source_id,
-                finished,
-                run.http_status,
-                run.duration_ms,
-                counts.found as i64,
-                counts.new as i64,
-                run.error
-            ],
-        )?;
-        tx.commit()?;
-        Ok(counts)
-    }
+        params![
+            source_id,
+            finished,
+            run.http_status,
+            run.duration_ms,
+            counts.found as i64,
+            counts.new as i64,
+            run.error
+        ],
+    )?;
+    Ok(counts)
+}
 
-    /// Proxies matching `filter`, ordered by id.
-    pub fn list_proxies(&self, filter: &ProxyFilter) -> Result<Vec<ProxyRecord>, StoreError> {
-        let mut sql = format!("SELECT {PROXY_COLUMNS} FROM proxies p WHERE 1 = 1");
-        let mut args: Vec<String> = Vec::new();
-        if let Some(s) = filter.status {
-            args.push(s.as_str().to_owned());
-            sql.push_str(&format!(" AND p.status = ?{}", args.len()));
+fn list_proxies(conn: &Connection, filter: &ProxyFilter) -> Result<Vec<ProxyRecord>, StoreError> {
+    let (clause, args) = filter.sql();
+    let mut stmt = conn.prepare(&format!(
+        "SELECT {PROXY_COLUMNS} FROM proxies p WHERE {clause} ORDER BY p.id"
+    ))?;
+    let rows = stmt.query_map(rusqlite::params_from_iter(args), proxy_from_row)?;
+    Ok(rows.collect::<Result<Vec<_>, _>>()?)
+}
+
+fn list_page(
+    conn: &Connection,
+    filter: &ProxyFilter,
+    sort: ProxySort,
+    limit: usize,
+    offset: usize,
+) -> Result<Page, StoreError> {
+    let (clause, mut args) = filter.sql();
+    let total: i64 = conn.query_row(
+        &format!("SELECT count(*) FROM proxies p WHERE {clause}"),
+        rusqlite::params_from_iter(args.iter()),
+        |r| r.get(0),
+    )?;
+    let order = match sort {
+        ProxySort::Id => "p.id",
+        ProxySort::Latency => "p.latency_ms IS NULL, p.latency_ms, p.id",
+        ProxySort::LastChecked => "p.last_checked IS NULL, p.last_checked DESC, p.id",
+        ProxySort::Uptime => {
+            "CASE WHEN p.checks_total = 0 THEN 0.0
+                  ELSE CAST(p.checks_ok AS REAL) / p.checks_total END DESC, p.id"
         }
-        for (column, values) in [
-            (
-                "p.country",
-                filter
-                    .countries
-                    .iter()
-                    .map(|c| c.as_str().to_owned())
-                    .collect::<Vec<_>>(),
-            ),
-            (
-                "p.scheme",
-                filter
-                    .schemes
-                    .iter()
-                    .map(|s| s.as_str().to_owned())
-                    .collect(),
-            ),
-        ] {
-            if values.is_empty() {
-                continue;
-            }
-            let mut marks = Vec::new();
-            for v in values {
-                args.push(v);
-                marks.push(format!("?{}", args.len()));
-            }
-            sql.push_str(&format!(" AND {column} IN ({})", marks.join(", ")));
-        }
-        sql.push_str(" ORDER BY p.id");
-        let conn = self.lock();
-        let mut stmt = conn.prepare(&sql)?;
-        let rows = stmt.query_map(rusqlite::params_from_iter(args.iter()), proxy_from_row)?;
-        Ok(rows.collect::<Result<Vec<_>, _>>()?)
-    }
+    };
+    args.push(rusqlite::types::Value::Integer(limit as i64));
+    args.push(rusqlite::types::Value::Integer(
+        i64::try_from(offset).unwrap_or(i64::MAX),
+    ));
+    let n = args.len();
+    let mut stmt = conn.prepare(&format!(
+        "SELECT {PROXY_COLUMNS} FROM proxies p WHERE {clause} ORDER BY {order} LIMIT ?{} OFFSET ?{n}",
+        n - 1
+    ))?;
+    let rows = stmt.query_map(rusqlite::params_from_iter(args), proxy_from_row)?;
+    Ok(Page {
+        total,
+        proxies: rows.collect::<Result<Vec<_>, _>>()?,
+    })
+}
 
-    /// The proxies with these ids (missing ids are skipped).
-    pub fn proxies_by_ids(&self, ids: &[i64]) -> Result<Vec<ProxyRecord>, StoreError> {
-        let list = serde_json::to_string(ids).unwrap_or_else(|_| "[]".into());
-        let conn = self.lock();
-        let mut stmt = conn.prepare_cached(&format!(
-            "SELECT {PROXY_COLUMNS} FROM proxies p WHERE p.id IN (SELECT value FROM json_each(?1))"
-        ))?;
-        let rows = stmt.query_map([list], proxy_from_row)?;
-        Ok(rows.collect::<Result<Vec<_>, _>>()?)
-    }
+/// The proxies with these ids (missing ids are skipped).
+pub(super) fn proxies_by_ids(
+    conn: &Connection,
+    ids: &[i64],
+) -> Result<Vec<ProxyRecord>, StoreError> {
+    let list = serde_json::to_string(ids).unwrap_or_else(|_| "[]".into());
+    let mut stmt = conn.prepare_cached(&format!(
+        "SELECT {PROXY_COLUMNS} FROM proxies p WHERE p.id IN (SELECT value FROM json_each(?1))"
+    ))?;
+    let rows = stmt.query_map([list], proxy_from_row)?;
+    Ok(rows.collect::<Result<Vec<_>, _>>()?)
+}
 
-    /// Proxy counts per (status, scheme), every combination included.
-    pub fn count_by_status_scheme(&self) -> Result<Vec<(String, String, i64)>, StoreError> {
-        let conn = self.lock();
-        let mut stmt = conn.prepare_cached(
+fn count_by_status_scheme(conn: &Connection) -> Result<Vec<(String, String, i64)>, StoreError> {
+    let mut stmt = conn.prepare_cached(
             "SELECT st.s, sc.s, (SELECT count(*) FROM proxies p WHERE p.status = st.s AND p.scheme = sc.s)
              FROM (SELECT 'unknown' AS s UNION ALL SELECT 'alive' UNION ALL SELECT 'dead') st,
                   (SELECT 'http' AS s UNION ALL SELECT 'socks4' UNION ALL SELECT 'socks5') sc",
         )?;
-        let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
-        Ok(rows.collect::<Result<Vec<_>, _>>()?)
-    }
+    let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
+    Ok(rows.collect::<Result<Vec<_>, _>>()?)
+}
 
-    /// Every source's record with its proxy counts, by name.
-    pub fn list_sources(&self) -> Result<Vec<SourceRecord>, StoreError> {
-        let conn = self.lock();
-        let mut stmt = conn.prepare(
-            "SELECT s.name, s.url, s.format, s.last_fetch_at, s.last_ok_at, s.last_http_status,
+fn list_sources(conn: &Connection) -> Result<Vec<SourceRecord>, StoreError> {
+    let mut stmt = conn.prepare(
+        "SELECT s.name, s.url, s.format, s.last_fetch_at, s.last_ok_at, s.last_http_status,
                     s.last_duration_ms, s.last_found, s.last_new, s.last_error,
                     s.fetches_total, s.fetches_failed,
                     (SELECT count(*) FROM proxy_sources ps WHERE ps.source_id = s.id),
                     (SELECT count(*) FROM proxy_sources ps JOIN proxies p ON p.id = ps.proxy_id
                       WHERE ps.source_id = s.id AND p.status = 'alive')
              FROM sources s ORDER BY s.name",
-        )?;
-        let rows = stmt.query_map([], |r| {
-            Ok(SourceRecord {
-                name: r.get(0)?,
-                url: r.get(1)?,
-                format: r.get(2)?,
-                last_fetch_at: r.get(3)?,
-                last_ok_at: r.get(4)?,
-                last_http_status: r.get(5)?,
-                last_duration_ms: r.get(6)?,
-                last_found: r.get(7)?,
-                last_new: r.get(8)?,
-                last_error: r.get(9)?,
-                fetches_total: r.get(10)?,
-                fetches_failed: r.get(11)?,
-                proxies: r.get(12)?,
-                alive: r.get(13)?,
-            })
-        })?;
-        Ok(rows.collect::<Result<Vec<_>, _>>()?)
-    }
+    )?;
+    let rows = stmt.query_map([], |r| {
+        Ok(SourceRecord {
+            name: r.get(0)?,
+            url: r.get(1)?,
+            format: r.get(2)?,
+            last_fetch_at: r.get(3)?,
+            last_ok_at: r.get(4)?,
+            last_http_status: r.get(5)?,
+            last_duration_ms: r.get(6)?,
+            last_found: r.get(7)?,
+            last_new: r.get(8)?,
+            last_error: r.get(9)?,
+            fetches_total: r.get(10)?,
+            fetches_failed: r.get(11)?,
+            proxies: r.get(12)?,
+            alive: r.get(13)?,
+        })
+    })?;
+    Ok(rows.collect::<Result<Vec<_>, _>>()?)
+}
 
-    /// How many distinct proxies were listed at or after `since` (unix ms).
-    pub fn count_seen_since(&self, since: i64) -> Result<i64, StoreError> {
-        Ok(self.lock().query_row(
-            "SELECT count(*) FROM proxies WHERE last_seen >= ?1",
-            [since],
-            |r| r.get(0),
-        )?)
-    }
-
-    /// Counts by status, scheme, country, failure reason and source.
-    pub fn stats(&self) -> Result<Stats, StoreError> {
-        let mut stats = Stats {
-            sources: self.list_sources()?,
-            ..Stats::default()
-        };
-        let conn = self.lock();
-        stats.total = conn.query_row("SELECT count(*) FROM proxies", [], |r| r.get(0))?;
-        for (sql, map) in [
-            (
-                "SELECT status, count(*) FROM proxies GROUP BY 1",
-                &mut stats.by_status,
-            ),
-            (
-                "SELECT scheme, count(*) FROM proxies GROUP BY 1",
-                &mut stats.by_scheme,
-            ),
-            (
-                "SELECT coalesce(country, 'unknown'), count(*) FROM proxies GROUP BY 1",
-                &mut stats.by_country,
-            ),
-            (
-                "SELECT anonymity, count(*) FROM proxies
+fn stats(conn: &Connection) -> Result<Stats, StoreError> {
+    let mut stats = Stats {
+        sources: list_sources(conn)?,
+        ..Stats::default()
+    };
+    stats.total = conn.query_row("SELECT count(*) FROM proxies", [], |r| r.get(0))?;
+    for (sql, map) in [
+        (
+            "SELECT status, count(*) FROM proxies GROUP BY 1",
+            &mut stats.by_status,
+        ),
+        (
+            "SELECT scheme, count(*) FROM proxies GROUP BY 1",
+            &mut stats.by_scheme,
+        ),
+        (
+            "SELECT coalesce(country, 'unknown'), count(*) FROM proxies GROUP BY 1",
+            &mut stats.by_country,
+        ),
+        (
+            "SELECT anonymity, count(*) FROM proxies
                   WHERE status = 'alive' AND anonymity IS NOT NULL GROUP BY 1",
-                &mut stats.by_anonymity,
-            ),
-            (
-                "SELECT last_reason, count(*) FROM proxies
+            &mut stats.by_anonymity,
+        ),
+        (
+            "SELECT last_reason, count(*) FROM proxies
                   WHERE status = 'dead' AND last_reason IS NOT NULL GROUP BY 1",
-                &mut stats.by_reason,
-            ),
-        ] {
-            let mut stmt = conn.prepare(sql)?;
-            let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))?;
-            for row in rows {
-                let (k, v) = row?;
-                map.insert(k, v);
-            }
+            &mut stats.by_reason,
+        ),
+    ] {
+        let mut stmt = conn.prepare(sql)?;
+        let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))?;
+        for row in rows {
+            let (k, v) = row?;
+            map.insert(k, v);
         }
-        for s in [Status::Unknown, Status::Alive, Status::Dead] {
-            stats.by_status.entry(s.as_str().to_owned()).or_insert(0);
-        }
-        Ok(stats)
     }
+    for s in [Status::Unknown, Status::Alive, Status::Dead] {
+        stats.by_status.entry(s.as_str().to_owned()).or_insert(0);
+    }
+    Ok(stats)
 }

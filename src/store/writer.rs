@@ -1,0 +1,169 @@
+//! The one writer: a thread that owns the write connection and takes jobs
+//! from a bounded channel. Jobs that queue up while a transaction runs are
+//! committed together in the next one, each inside its own savepoint so a
+//! failing job rolls back alone; every caller hears of its job only after
+//! the transaction holding it has committed.
+
+use std::path::PathBuf;
+
+use rusqlite::Connection;
+use tokio::sync::{mpsc, oneshot};
+
+use super::StoreError;
+
+/// Jobs waiting for the writer; senders wait when it is full.
+pub const QUEUE: usize = 256;
+
+/// The most jobs committed in one transaction.
+const MAX_BATCH: usize = 128;
+
+/// A unit of work for the writer.
+pub trait Job: Send {
+    /// Runs against the open transaction (inside a savepoint).
+    fn run(&mut self, conn: &mut Connection);
+    /// Reports the outcome once the transaction is over: the job's own
+    /// result if it committed, else the commit's error.
+    fn finish(self: Box<Self>, committed: Result<(), String>);
+}
+
+/// A job running `f` and sending its result to `reply`.
+pub struct Call<R, F> {
+    f: Option<F>,
+    result: Option<Result<R, StoreError>>,
+    reply: Option<oneshot::Sender<Result<R, StoreError>>>,
+}
+
+impl<R, F> Call<R, F>
+where
+    R: Send + 'static,
+    F: FnOnce(&Connection) -> Result<R, StoreError> + Send + 'static,
+{
+    /// A job and the receiver of its result.
+    pub fn job(f: F) -> (Box<dyn Job>, oneshot::Receiver<Result<R, StoreError>>) {
+        let (tx, rx) = oneshot::channel();
+        let job = Call {
+            f: Some(f),
+            result: None,
+            reply: Some(tx),
+        };
+        (Box::new(job), rx)
+    }
+}
+
+impl<R, F> Job for Call<R, F>
+where
+    R: Send + 'static,
+    F: FnOnce(&Connection) -> Result<R, StoreError> + Send + 'static,
+{
+    fn run(&mut self, conn: &mut Connection) {
+        let Some(f) = self.f.take() else { return };
+        let result = match conn.savepoint() {
+            Ok(sp) => match f(&sp) {
+                Ok(v) => sp.commit().map(|()| v).map_err(StoreError::from),
+                // Dropping the savepoint rolls this job back alone.
+                Err(e) => Err(e),
+            },
+            Err(e) => Err(e.into()),
+        };
+        self.result = Some(result);
+    }
+
+    fn finish(mut self: Box<Self>, committed: Result<(), String>) {
+        let result = match (committed, self.result.take()) {
+            (Ok(()), Some(r)) => r,
+            (Err(e), Some(Ok(_))) => Err(StoreError::Commit(e)),
+            (_, Some(Err(e))) => Err(e),
+            (_, None) => Err(StoreError::Commit("the job never ran".into())),
+        };
+        if let Some(reply) = self.reply.take() {
+            // The caller may have gone away (cancelled); the write stands.
+            let _ = reply.send(result);
+        }
+    }
+}
+
+/// Starts the writer thread on `conn`; it runs until every sender is gone.
+pub fn start(conn: Connection, path: PathBuf) -> Result<mpsc::Sender<Box<dyn Job>>, StoreError> {
+    let (tx, rx) = mpsc::channel(QUEUE);
+    std::thread::Builder::new()
+        .name("proxywarden-store-writer".into())
+        .spawn(move || run(conn, rx, path))
+        .map_err(StoreError::Thread)?;
+    Ok(tx)
+}
+
+fn run(mut conn: Connection, mut rx: mpsc::Receiver<Box<dyn Job>>, path: PathBuf) {
+    while let Some(first) = rx.blocking_recv() {
+        let mut jobs = vec![first];
+        while jobs.len() < MAX_BATCH {
+            match rx.try_recv() {
+                Ok(job) => jobs.push(job),
+                Err(_) => break,
+            }
+        }
+        let committed = commit(&mut conn, &mut jobs);
+        if let Err(e) = &committed {
+            tracing::error!(path = %path.display(), error = %e, jobs = jobs.len(), "database commit failed");
+        }
+        for job in jobs {
+            job.finish(committed.clone());
+        }
+    }
+}
+
+/// Runs `jobs` in one transaction and commits it.
+fn commit(conn: &mut Connection, jobs: &mut [Box<dyn Job>]) -> Result<(), String> {
+    conn.execute_batch("BEGIN IMMEDIATE")
+        .map_err(|e| e.to_string())?;
+    for job in jobs.iter_mut() {
+        job.run(conn);
+    }
+    match conn.execute_batch("COMMIT") {
+        Ok(()) => Ok(()),
+        Err(e) => {
+            let _ = conn.execute_batch("ROLLBACK");
+            Err(e.to_string())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Jobs sharing a transaction: one failing rolls back alone, and every
+    /// caller hears only after the commit.
+    #[tokio::test]
+    async fn a_failing_job_rolls_back_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("w.db");
+        let conn = Connection::open(&path).unwrap();
+        conn.execute_batch("CREATE TABLE t (v INTEGER NOT NULL)")
+            .unwrap();
+        let writer = start(conn, path.clone()).unwrap();
+        let (good, good_done) = Call::job(|c: &Connection| {
+            c.execute("INSERT INTO t (v) VALUES (1)", [])?;
+            Ok(())
+        });
+        let (bad, bad_done) = Call::job(|c: &Connection| {
+            c.execute("INSERT INTO t (v) VALUES (2)", [])?;
+            c.execute("INSERT INTO t (v) VALUES (NULL)", [])?;
+            Ok(())
+        });
+        // Queued back to back, so the writer usually takes both at once;
+        // either way the outcome must be the same.
+        writer.send(good).await.unwrap();
+        writer.send(bad).await.unwrap();
+        good_done.await.unwrap().unwrap();
+        assert!(bad_done.await.unwrap().is_err());
+        let check = Connection::open(&path).unwrap();
+        let values: Vec<i64> = check
+            .prepare("SELECT v FROM t ORDER BY v")
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(values, [1]);
+    }
+}
