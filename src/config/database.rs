@@ -1,0 +1,21 @@
+//! `[database]`: where the SQLite file lives.
+
+use std::path::PathBuf;
+
+use super::section::Section;
+
+/// `[database]`
+#[derive(Clone, Debug, PartialEq)]
+pub struct DatabaseConfig {
+    /// The SQLite file.
+    pub path: PathBuf,
+}
+
+/// Validates `[database]`.
+pub(super) fn read(s: &mut Section) -> DatabaseConfig {
+    DatabaseConfig {
+        path: s
+            .path("path")
+            .unwrap_or_else(|| PathBuf::from("proxywarden.db")),
+    }
+}
