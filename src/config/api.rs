@@ -35,27 +35,36 @@ impl fmt::Debug for Secret {
 }
 
 /// Validates `[api]`.
-pub(super) fn read(a: &mut Section) -> ApiConfig {
-    let api = ApiConfig {
-        listen: a
-            .parsed::<SocketAddr>("listen", "an address like \"127.0.0.1:8080\"")
-            .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 8080))),
-        token: a.string("token").filter(|t| !t.is_empty()).map(Secret),
-        max_age: a.duration("max_age").unwrap_or(Duration::from_secs(1800)),
-        judge: a.boolean("judge").unwrap_or(true),
-        judge_per_minute: a.int("judge_per_minute", 1, 1_000_000).unwrap_or(120) as u32,
-        request_timeout: a
-            .duration("request_timeout")
-            .unwrap_or(Duration::from_secs(15)),
-    };
-    if !api.listen.ip().is_loopback() && api.token.is_none() {
+pub(super) fn read(a: &mut Section) -> Option<ApiConfig> {
+    let listen = a.parsed::<SocketAddr>("listen", "an address like \"127.0.0.1:8080\"");
+    // "" also means no token: example files before it was commented out
+    // wrote `token = ""`.
+    let token = a
+        .optional("token", Section::string)
+        .filter(|t| !t.is_empty())
+        .map(Secret);
+    let max_age = a.duration("max_age");
+    let judge = a.boolean("judge");
+    let judge_per_minute = a.int("judge_per_minute", 1, 1_000_000);
+    let request_timeout = a.duration("request_timeout");
+    if let Some(listen) = listen
+        && !listen.ip().is_loopback()
+        && token.is_none()
+    {
         a.problem(
             "listen",
             &format!(
-                "{} is not a loopback address: set api.token so that strangers cannot use the API",
-                api.listen
+                "{listen} is not a loopback address: set api.token so that strangers cannot use the API"
             ),
         );
     }
-    api
+    Some(ApiConfig {
+        listen: listen?,
+        token,
+        max_age: max_age?,
+        judge: judge?,
+        // The range was checked, so the cast cannot truncate.
+        judge_per_minute: judge_per_minute? as u32,
+        request_timeout: request_timeout?,
+    })
 }

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use toml::Value;
+use toml::{Table, Value};
 use url::Url;
 
 use super::section::{Section, type_name};
@@ -57,60 +57,55 @@ pub struct JudgeConfig {
     pub echo: bool,
 }
 
+/// Whether a judge echoes the request URL unless its entry says `echo`.
+/// Judges are array entries, which the example cannot give defaults to, so
+/// this one default lives here (the example's comment states it).
+pub(super) const JUDGE_ECHO: bool = true;
+
 /// Validates `[check]`.
-pub(super) fn read(c: &mut Section) -> CheckConfig {
-    let judges = judges(c, "judges").unwrap_or_else(|| {
-        [
-            "http://httpbin.org/get",
-            "https://httpbin.org/get",
-            "http://azenv.net/",
-        ]
-        .iter()
-        .filter_map(|u| Url::parse(u).ok())
-        .map(|url| JudgeConfig {
-            url,
-            marker: None,
-            echo: true,
-        })
-        .collect()
-    });
-    let check = CheckConfig {
-        judges,
-        extra_ca_file: c.path("extra_ca_file"),
-        concurrency: c.int("concurrency", 1, 100_000).unwrap_or(512) as usize,
-        connect_timeout: c
-            .duration("connect_timeout")
-            .unwrap_or(Duration::from_secs(3)),
-        timeout: c.duration("timeout").unwrap_or(Duration::from_secs(8)),
-        https: c.boolean("https").unwrap_or(true),
-        recheck_alive: c
-            .duration("recheck_alive")
-            .unwrap_or(Duration::from_secs(600)),
-        recheck_dead: c
-            .duration("recheck_dead")
-            .unwrap_or(Duration::from_secs(900)),
-        recheck_dead_max: c
-            .duration("recheck_dead_max")
-            .unwrap_or(Duration::from_secs(86_400)),
-        purge_after: c
-            .duration("purge_after")
-            .unwrap_or(Duration::from_secs(7 * 86_400)),
-    };
-    if check.connect_timeout > check.timeout {
+pub(super) fn read(c: &mut Section) -> Option<CheckConfig> {
+    // The user's `judges` replaces the example's list whole, like any value.
+    let judges = judges(c, "judges");
+    let extra_ca_file = c.optional_path("extra_ca_file");
+    let concurrency = c.int("concurrency", 1, 100_000);
+    let connect_timeout = c.duration("connect_timeout");
+    let timeout = c.duration("timeout");
+    let https = c.boolean("https");
+    let recheck_alive = c.duration("recheck_alive");
+    let recheck_dead = c.duration("recheck_dead");
+    let recheck_dead_max = c.duration("recheck_dead_max");
+    let purge_after = c.duration("purge_after");
+    if let (Some(connect), Some(total)) = (connect_timeout, timeout)
+        && connect > total
+    {
         c.problem("connect_timeout", "must not be longer than check.timeout");
     }
-    if check.recheck_dead > check.recheck_dead_max {
+    if let (Some(dead), Some(max)) = (recheck_dead, recheck_dead_max)
+        && dead > max
+    {
         c.problem(
             "recheck_dead",
             "must not be longer than check.recheck_dead_max",
         );
     }
-    check
+    Some(CheckConfig {
+        judges: judges?,
+        extra_ca_file,
+        // The range was checked, so the cast cannot truncate.
+        concurrency: concurrency? as usize,
+        connect_timeout: connect_timeout?,
+        timeout: timeout?,
+        https: https?,
+        recheck_alive: recheck_alive?,
+        recheck_dead: recheck_dead?,
+        recheck_dead_max: recheck_dead_max?,
+        purge_after: purge_after?,
+    })
 }
 
 /// Judges: each a URL string or `{ url, marker, echo }`.
 fn judges(s: &mut Section, k: &str) -> Option<Vec<JudgeConfig>> {
-    let v = s.take(k)?;
+    let v = s.required(k)?;
     let Value::Array(items) = v else {
         s.problem(
             k,
@@ -125,12 +120,14 @@ fn judges(s: &mut Section, k: &str) -> Option<Vec<JudgeConfig>> {
     for (i, item) in items.into_iter().enumerate() {
         let key = format!("{k}[{i}]");
         let (url, marker, echo) = match item {
-            Value::String(u) => (Some(u), None, true),
+            Value::String(u) => (Some(u), None, JUDGE_ECHO),
             Value::Table(t) => {
-                let mut j = Section::new(&s.key(&key), t);
-                let url = j.required_string("url");
-                let marker = j.string("marker").filter(|m| !m.is_empty());
-                let echo = j.boolean("echo").unwrap_or(true);
+                let mut j = Section::new(&s.key(&key), t, Table::new());
+                let url = j.string("url");
+                let marker = j
+                    .optional("marker", Section::string)
+                    .filter(|m| !m.is_empty());
+                let echo = j.optional("echo", Section::boolean).unwrap_or(JUDGE_ECHO);
                 if !echo && marker.is_none() {
                     j.problem(
                         "marker",

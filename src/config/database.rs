@@ -12,10 +12,8 @@ pub struct DatabaseConfig {
 }
 
 /// Validates `[database]`.
-pub(super) fn read(s: &mut Section) -> DatabaseConfig {
-    DatabaseConfig {
-        path: s
-            .path("path")
-            .unwrap_or_else(|| PathBuf::from("proxywarden.db")),
-    }
+pub(super) fn read(s: &mut Section) -> Option<DatabaseConfig> {
+    Some(DatabaseConfig {
+        path: s.path("path")?,
+    })
 }

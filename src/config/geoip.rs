@@ -14,6 +14,6 @@ pub struct GeoipConfig {
 /// Validates `[geoip]`.
 pub(super) fn read(s: &mut Section) -> GeoipConfig {
     GeoipConfig {
-        database: s.path("database"),
+        database: s.optional_path("database"),
     }
 }

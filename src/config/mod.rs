@@ -1,7 +1,7 @@
-//! Configuration in two steps: TOML is read into a table, then every key is
-//! validated into a [`Config`] of real types. All problems are collected and
-//! reported together, each naming the file, the key and what was expected.
-//! Each section has its own file; this one holds the whole and its loading.
+//! Configuration in two steps: TOML is read into a table, overlaid on the
+//! example's (where every default is defined), then every key is validated
+//! into a [`Config`] of real types. All problems are reported together, each
+//! naming the file, the key and what was expected. A file per section.
 
 mod api;
 mod check;
@@ -13,6 +13,7 @@ mod sources;
 
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::sync::LazyLock;
 
 use toml::Table;
 
@@ -20,16 +21,27 @@ pub use api::{ApiConfig, Secret};
 pub use check::{CheckConfig, JudgeConfig};
 pub use database::DatabaseConfig;
 pub use geoip::GeoipConfig;
-pub use harvest::HarvestConfig;
+pub use harvest::{HarvestConfig, Schedule};
 pub use sources::{
     HtmlColumns, HtmlOptions, JsonOptions, SourceConfig, SourceFormat, SourceLocation,
 };
 
 use section::Section;
 
-/// The fully commented example configuration, which is also the source of
-/// the built-in defaults (so the two can never disagree).
+/// The fully commented example configuration, which is also where every
+/// default is defined (so the two can never disagree): a user's file is
+/// read over it.
 pub const EXAMPLE: &str = include_str!("../../config.example.toml");
+
+/// [`EXAMPLE`] parsed once: the defaults every load overlays the user's
+/// table on.
+static DEFAULTS: LazyLock<Table> = LazyLock::new(|| {
+    // The example is part of the binary and covered by tests, so a failure
+    // here is a build defect, not a user error.
+    EXAMPLE
+        .parse()
+        .expect("the built-in example config is valid TOML")
+});
 
 /// The environment variable naming a config file.
 pub const CONFIG_ENV: &str = "PROXYWARDEN_CONFIG";
@@ -131,7 +143,9 @@ impl Config {
     /// The built-in defaults: the example configuration.
     pub fn defaults() -> Config {
         // The example is part of the binary and covered by tests, so a
-        // failure here is a build defect, not a user error.
+        // failure here is a build defect, not a user error. It is read as a
+        // user's file (over itself), so a key in it that nothing reads fails
+        // as unknown instead of being silently ignored.
         Config::from_toml(EXAMPLE, "<built-in>").expect("the built-in example config is valid")
     }
 
@@ -164,18 +178,21 @@ impl Config {
         Config::from_toml(&text, &file)
     }
 
-    /// Validates TOML text; `file` names it in messages.
+    /// Validates TOML text over the defaults; `file` names it in messages.
     pub fn from_toml(text: &str, file: &str) -> Result<Config, ConfigError> {
-        let table: Table = text.parse().map_err(|e: toml::de::Error| ConfigError {
+        let user: Table = text.parse().map_err(|e: toml::de::Error| ConfigError {
             file: file.to_owned(),
             problems: vec![Problem::file(format!(
                 "not valid TOML: {}",
                 e.to_string().trim_end()
             ))],
         })?;
-        let mut root = Section::new("", table);
+        let mut root = Section::new("", user, DEFAULTS.clone());
         let config = build(&mut root);
         let problems = root.finish();
+        // Every reader that gives up records why; an error without problems
+        // would tell the user nothing.
+        debug_assert!(config.is_some() || !problems.is_empty());
         match config {
             Some(c) if problems.is_empty() => Ok(c),
             _ => Err(ConfigError {
@@ -186,8 +203,9 @@ impl Config {
     }
 }
 
-/// Validates every section. Each section reads its keys with defaults, so a
-/// missing section is the same as an empty one.
+/// Validates every section. A key the user leaves out is read from the
+/// example, so a missing section is the same as an empty one. Every section
+/// is read before giving up, so that all problems are found at once.
 fn build(root: &mut Section) -> Option<Config> {
     let database = root.read_section("database", database::read);
     let harvest = root.read_section("harvest", harvest::read);
@@ -196,12 +214,12 @@ fn build(root: &mut Section) -> Option<Config> {
     let geoip = root.read_section("geoip", geoip::read);
     let api = root.read_section("api", api::read);
     Some(Config {
-        database,
-        harvest,
+        database: database?,
+        harvest: harvest?,
         sources,
-        check,
+        check: check?,
         geoip,
-        api,
+        api: api?,
     })
 }
 
@@ -222,8 +240,11 @@ pub fn size_text(bytes: u64) -> String {
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeSet;
+    use std::time::Duration;
 
     use super::*;
+    use crate::model::SourceScheme;
+    use crate::proxy::Scheme;
 
     #[test]
     fn example_is_the_default() {
@@ -277,6 +298,136 @@ mod tests {
             assert!(all.contains(needle), "missing {needle:?} in:\n{all}");
         }
         assert!(all.starts_with("my.toml: 13 problems"), "{all}");
+    }
+
+    #[test]
+    fn a_user_key_overrides_its_default_and_siblings_keep_theirs() {
+        let defaults = Config::defaults();
+        let c = Config::from_toml("[harvest]\ntimeout = \"45s\"\n", "t").unwrap();
+        let expected = HarvestConfig {
+            timeout: Duration::from_secs(45),
+            ..defaults.harvest.clone()
+        };
+        assert_eq!(c.harvest, expected);
+        assert_ne!(c.harvest.timeout, defaults.harvest.timeout);
+        assert_eq!(c.sources, defaults.sources);
+        assert_eq!(c.check, defaults.check);
+    }
+
+    #[test]
+    fn user_sources_and_judges_replace_the_built_in_lists() {
+        let defaults = Config::defaults();
+        let text = r#"
+            [[sources]]
+            name = "mine"
+            url = "https://example.com/list.txt"
+            [check]
+            judges = ["http://judge.example/"]
+        "#;
+        let c = Config::from_toml(text, "t").unwrap();
+        assert_eq!(c.sources.len(), 1);
+        let mine = &c.sources[0];
+        assert_eq!(mine.name, "mine");
+        // Per-source keys left out take their defaults.
+        assert_eq!(mine.format, SourceFormat::Text);
+        assert_eq!(mine.scheme, SourceScheme::Fixed(Scheme::Http));
+        assert!(mine.enabled);
+        let judges: Vec<&str> = c.check.judges.iter().map(|j| j.url.as_str()).collect();
+        assert_eq!(judges, ["http://judge.example/"]);
+        assert!(c.check.judges[0].echo);
+        // The rest of [check] keeps its defaults.
+        assert_eq!(c.check.concurrency, defaults.check.concurrency);
+        assert_eq!(c.check.timeout, defaults.check.timeout);
+    }
+
+    #[test]
+    fn unknown_keys_are_the_users_only() {
+        // Keys that exist only in the example are defaults, not unknown.
+        assert!(Config::from_toml("[harvest]\n[check]\n", "t").is_ok());
+        let text = r#"
+            [harvest]
+            timout = "5s"
+            [[sources]]
+            name = "a"
+            url = "https://example.com/"
+            enabeld = false
+        "#;
+        let err = Config::from_toml(text, "my.toml").unwrap_err();
+        let keys: Vec<String> = err.problems.iter().map(|p| p.to_string()).collect();
+        assert_eq!(
+            keys,
+            [
+                "harvest.timout: unknown key",
+                "sources[0].enabeld: unknown key"
+            ]
+        );
+        assert!(err.to_string().starts_with("my.toml: 2 problems"), "{err}");
+    }
+
+    #[test]
+    fn a_duplicate_source_name_is_reported_with_the_entrys_other_problems() {
+        let text = r#"
+            [[sources]]
+            name = "x"
+            url = "a.txt"
+            [[sources]]
+            name = "x"
+            url = "b.txt"
+            scheme = "ftp"
+        "#;
+        let err = Config::from_toml(text, "t").unwrap_err();
+        let problems: Vec<String> = err.problems.iter().map(|p| p.to_string()).collect();
+        assert_eq!(
+            problems,
+            [
+                "sources[1].name: duplicate source name \"x\"",
+                "sources[1].scheme: expected \"http\", \"socks4\", \"socks5\" or \"detect\", found \"ftp\"",
+            ]
+        );
+    }
+
+    #[test]
+    fn a_section_of_the_wrong_type_is_one_problem() {
+        let err = Config::from_toml("harvest = 5\n", "t").unwrap_err();
+        let problems: Vec<String> = err.problems.iter().map(|p| p.to_string()).collect();
+        assert_eq!(problems, ["harvest: expected a table, found integer"]);
+    }
+
+    #[test]
+    fn keys_without_a_default_are_unset_and_empty_means_unset() {
+        let c = Config::defaults();
+        assert_eq!(c.api.token, None);
+        assert_eq!(c.check.extra_ca_file, None);
+        assert_eq!(c.geoip.database, None);
+        let text = "[api]\ntoken = \"\"\n[check]\nextra_ca_file = \"\"\n[geoip]\ndatabase = \"\"\n";
+        assert_eq!(Config::from_toml(text, "old.toml").unwrap(), c);
+        // A key with a default cannot be emptied into nothing.
+        let err = Config::from_toml("[database]\npath = \"\"\n", "t").unwrap_err();
+        assert_eq!(
+            err.problems[0].to_string(),
+            "database.path: must not be empty"
+        );
+    }
+
+    #[test]
+    fn defaults_of_array_entries_are_the_ones_the_example_states() {
+        // Array entries have no counterpart in the example to be read over,
+        // so their defaults are constants; the example's comments must agree.
+        for stated in [
+            format!("(default {:?})", sources::DEFAULT_FORMAT),
+            format!("(default {:?})", sources::DEFAULT_SCHEME),
+            format!("skips the source (default {})", sources::DEFAULT_ENABLED),
+            format!(
+                "echo = {} (default {})",
+                !check::JUDGE_ECHO,
+                check::JUDGE_ECHO
+            ),
+        ] {
+            assert!(
+                EXAMPLE.contains(&stated),
+                "the example does not say {stated:?}"
+            );
+        }
     }
 
     #[test]

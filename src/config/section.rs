@@ -1,31 +1,44 @@
-//! The [`Section`] reader: takes keys out of a TOML table as they are read,
-//! converts each to a real type or records a [`Problem`] naming the key, and
-//! reports whatever is left over as unknown.
+//! The [`Section`] reader: the user's table overlaid on the example's, read
+//! key by key into real types. Each bad key becomes a [`Problem`] naming it,
+//! and the user's keys left over at the end are reported as unknown.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use toml::{Table, Value};
 
+use super::harvest::Schedule;
 use super::{Problem, size_text};
 
+/// The TOML type of a value, for messages.
 pub(super) fn type_name(v: &Value) -> &'static str {
     v.type_str()
 }
 
-/// A table being validated: keys are taken out as they are read, so that
-/// whatever is left at the end is unknown.
+/// A table being validated. A key is read from the user's table, else from
+/// the example's (the defaults). Keys are taken out as they are read, so the
+/// user's keys left at the end are unknown; the example's leftovers are keys
+/// the user simply did not set.
+///
+/// The overlay happens as each key is read rather than by merging the two
+/// tables first, so that unknown keys are found in the user's table alone and
+/// a section the user gives the wrong type still gets the example's keys.
 pub(super) struct Section {
     prefix: String,
-    table: Table,
+    user: Table,
+    defaults: Table,
     problems: Vec<Problem>,
 }
 
 impl Section {
-    pub(super) fn new(prefix: &str, table: Table) -> Section {
+    /// The table at `prefix` (e.g. `harvest`, `sources[2]`): the user's keys
+    /// over `defaults`, which is empty where the example has no counterpart
+    /// (the entries of an array the user wrote).
+    pub(super) fn new(prefix: &str, user: Table, defaults: Table) -> Section {
         Section {
             prefix: prefix.to_owned(),
-            table,
+            user,
+            defaults,
             problems: Vec::new(),
         }
     }
@@ -39,6 +52,7 @@ impl Section {
         }
     }
 
+    /// Records a problem with key `k` of this section.
     pub(super) fn problem(&mut self, k: &str, msg: &str) {
         let key = self.key(k);
         self.problems.push(Problem {
@@ -47,26 +61,61 @@ impl Section {
         });
     }
 
+    /// Takes `k` out: the user's value if set (replacing the default whole,
+    /// arrays included), else the default, else `None`.
     pub(super) fn take(&mut self, k: &str) -> Option<Value> {
-        self.table.remove(k)
+        let default = self.defaults.remove(k);
+        self.user.remove(k).or(default)
     }
 
-    /// The keys not read yet, in file order.
+    /// Whether `k` has a value, from the user or the defaults.
+    fn has(&self, k: &str) -> bool {
+        self.user.contains_key(k) || self.defaults.contains_key(k)
+    }
+
+    /// Takes `k` out, recording "is required" when neither the user nor the
+    /// defaults set it.
+    pub(super) fn required(&mut self, k: &str) -> Option<Value> {
+        let v = self.take(k);
+        if v.is_none() {
+            self.problem(k, "is required");
+        }
+        v
+    }
+
+    /// Reads `k` with `read` if it is set; an unset key is `None` without a
+    /// problem. For keys that have no default.
+    pub(super) fn optional<T>(
+        &mut self,
+        k: &str,
+        read: impl FnOnce(&mut Section, &str) -> Option<T>,
+    ) -> Option<T> {
+        if self.has(k) { read(self, k) } else { None }
+    }
+
+    /// The keys not read yet, the user's first, in file order.
     pub(super) fn keys(&self) -> Vec<String> {
-        self.table.keys().cloned().collect()
+        let defaults = self.defaults.keys().filter(|k| !self.user.contains_key(*k));
+        self.user.keys().chain(defaults).cloned().collect()
     }
 
-    /// A nested table (missing = empty). Merge it back with `absorb`.
+    /// A nested table, its keys overlaid on the default table of the same
+    /// name (missing = empty). Merge it back with `absorb`.
     pub(super) fn section(&mut self, k: &str) -> Section {
         let key = self.key(k);
-        match self.take(k) {
-            None => Section::new(&key, Table::new()),
-            Some(Value::Table(t)) => Section::new(&key, t),
+        let defaults = match self.defaults.remove(k) {
+            Some(Value::Table(t)) => t,
+            _ => Table::new(),
+        };
+        let user = match self.user.remove(k) {
+            None => Table::new(),
+            Some(Value::Table(t)) => t,
             Some(other) => {
                 self.problem(k, &format!("expected a table, found {}", type_name(&other)));
-                Section::new(&key, Table::new())
+                Table::new()
             }
-        }
+        };
+        Section::new(&key, user, defaults)
     }
 
     /// Reads the nested table `k` with `read` and collects its problems.
@@ -83,17 +132,18 @@ impl Section {
         self.problems.extend(problems);
     }
 
-    /// All problems, with leftover keys reported as unknown.
+    /// All problems, with the user's leftover keys reported as unknown.
     pub(super) fn finish(mut self) -> Vec<Problem> {
-        let leftover: Vec<String> = self.table.keys().cloned().collect();
+        let leftover: Vec<String> = self.user.keys().cloned().collect();
         for k in leftover {
             self.problem(&k, "unknown key");
         }
         self.problems
     }
 
+    /// A string.
     pub(super) fn string(&mut self, k: &str) -> Option<String> {
-        match self.take(k)? {
+        match self.required(k)? {
             Value::String(s) => Some(s),
             other => {
                 self.problem(
@@ -105,14 +155,7 @@ impl Section {
         }
     }
 
-    pub(super) fn required_string(&mut self, k: &str) -> Option<String> {
-        if !self.table.contains_key(k) {
-            self.problem(k, "is required");
-            return None;
-        }
-        self.string(k)
-    }
-
+    /// A string parsed with `FromStr`; `expected` describes the form.
     pub(super) fn parsed<T: std::str::FromStr>(&mut self, k: &str, expected: &str) -> Option<T> {
         let s = self.string(k)?;
         match s.parse() {
@@ -124,10 +167,25 @@ impl Section {
         }
     }
 
+    /// A non-empty file path.
     pub(super) fn path(&mut self, k: &str) -> Option<PathBuf> {
-        self.string(k).filter(|s| !s.is_empty()).map(PathBuf::from)
+        let s = self.string(k)?;
+        if s.is_empty() {
+            self.problem(k, "must not be empty");
+            return None;
+        }
+        Some(PathBuf::from(s))
     }
 
+    /// An optional file path. `""` also means none: example files before
+    /// these keys were commented out wrote `""` for "not set".
+    pub(super) fn optional_path(&mut self, k: &str) -> Option<PathBuf> {
+        self.optional(k, Section::string)
+            .filter(|s| !s.is_empty())
+            .map(PathBuf::from)
+    }
+
+    /// A duration longer than zero, written like `"30s"`.
     pub(super) fn duration(&mut self, k: &str) -> Option<Duration> {
         let s = self.string(k)?;
         match humantime::parse_duration(&s) {
@@ -146,8 +204,9 @@ impl Section {
         }
     }
 
+    /// A byte count in `min..=max`, written as bytes or like `"10MiB"`.
     pub(super) fn size(&mut self, k: &str, min: u64, max: u64) -> Option<u64> {
-        let v = self.take(k)?;
+        let v = self.required(k)?;
         let bytes = match &v {
             Value::Integer(i) if *i >= 0 => Some(*i as u64),
             Value::String(s) => s.trim().parse::<bytesize::ByteSize>().ok().map(|b| b.0),
@@ -174,8 +233,9 @@ impl Section {
         }
     }
 
+    /// A whole number in `min..=max`.
     pub(super) fn int(&mut self, k: &str, min: i64, max: i64) -> Option<i64> {
-        match self.take(k)? {
+        match self.required(k)? {
             Value::Integer(i) if (min..=max).contains(&i) => Some(i),
             Value::Integer(i) => {
                 self.problem(k, &format!("must be between {min} and {max}, found {i}"));
@@ -191,8 +251,9 @@ impl Section {
         }
     }
 
+    /// `true` or `false`.
     pub(super) fn boolean(&mut self, k: &str) -> Option<bool> {
-        match self.take(k)? {
+        match self.required(k)? {
             Value::Boolean(b) => Some(b),
             other => {
                 self.problem(
@@ -204,14 +265,11 @@ impl Section {
         }
     }
 
-    pub(super) fn cron(&mut self, k: &str) -> Option<String> {
+    /// A cron expression with seconds.
+    pub(super) fn schedule(&mut self, k: &str) -> Option<Schedule> {
         let s = self.string(k)?;
-        let parsed = croner::parser::CronParser::builder()
-            .seconds(croner::parser::Seconds::Required)
-            .build()
-            .parse(&s);
-        match parsed {
-            Ok(_) => Some(s),
+        match Schedule::parse(&s) {
+            Ok(schedule) => Some(schedule),
             Err(e) => {
                 self.problem(
                     k,

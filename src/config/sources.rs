@@ -10,7 +10,6 @@ use reqwest::header::{HeaderName, HeaderValue};
 use toml::{Table, Value};
 use url::Url;
 
-use super::EXAMPLE;
 use super::section::{Section, type_name};
 use crate::model::SourceScheme;
 
@@ -132,10 +131,20 @@ impl fmt::Debug for SourceConfig {
     }
 }
 
-/// Validates the `sources` array of the root table.
+/// Defaults of the per-source keys. Sources are array entries, which the
+/// example cannot give defaults to, so these live here (the example's comment
+/// on `[[sources]]` states them).
+pub(super) const DEFAULT_FORMAT: &str = "text";
+/// See [`DEFAULT_FORMAT`].
+pub(super) const DEFAULT_SCHEME: &str = "http";
+/// See [`DEFAULT_FORMAT`].
+pub(super) const DEFAULT_ENABLED: bool = true;
+
+/// Validates the `sources` array of the root table: the user's list if the
+/// file has one (replacing the built-in list whole), else the example's.
 pub(super) fn read(root: &mut Section) -> Vec<SourceConfig> {
-    match root.take("sources") {
-        None => default_sources(),
+    match root.required("sources") {
+        None => Vec::new(),
         Some(Value::Array(items)) => {
             let mut out = Vec::new();
             let mut names = BTreeSet::new();
@@ -143,13 +152,8 @@ pub(super) fn read(root: &mut Section) -> Vec<SourceConfig> {
                 let key = format!("sources[{i}]");
                 match item {
                     Value::Table(t) => {
-                        let mut s = Section::new(&key, t);
-                        if let Some(src) = source(&mut s) {
-                            if !names.insert(src.name.clone()) {
-                                s.problem("name", &format!("duplicate source name {:?}", src.name));
-                            }
-                            out.push(src);
-                        }
+                        let mut s = Section::new(&key, t, Table::new());
+                        out.extend(source(&mut s, &mut names));
                         root.absorb(s);
                     }
                     other => root.problem(
@@ -173,35 +177,21 @@ pub(super) fn read(root: &mut Section) -> Vec<SourceConfig> {
     }
 }
 
-/// The built-in source list: the `[[sources]]` of the example file.
-fn default_sources() -> Vec<SourceConfig> {
-    thread_local! {
-        static SOURCES: Vec<SourceConfig> = {
-            let table: Table = EXAMPLE.parse().expect("the example config is valid TOML");
-            let mut out = Vec::new();
-            if let Some(Value::Array(items)) = table.get("sources") {
-                for (i, item) in items.iter().enumerate() {
-                    if let Value::Table(t) = item {
-                        let mut s = Section::new(&format!("sources[{i}]"), t.clone());
-                        out.extend(source(&mut s));
-                    }
-                }
-            }
-            out
-        };
+/// Validates one `[[sources]]` table; `names` are those of the entries
+/// before it.
+fn source(s: &mut Section, names: &mut BTreeSet<String>) -> Option<SourceConfig> {
+    let name = s.string("name");
+    if let Some(n) = &name {
+        if n.trim().is_empty() {
+            s.problem("name", "must not be empty");
+        }
+        // Checked whether or not the rest of the entry is valid, so that a
+        // duplicate is reported together with the entry's other problems.
+        if !names.insert(n.clone()) {
+            s.problem("name", &format!("duplicate source name {n:?}"));
+        }
     }
-    SOURCES.with(|s| s.clone())
-}
-
-/// Validates one `[[sources]]` table.
-fn source(s: &mut Section) -> Option<SourceConfig> {
-    let name = s.required_string("name");
-    if let Some(n) = &name
-        && n.trim().is_empty()
-    {
-        s.problem("name", "must not be empty");
-    }
-    let url = s.required_string("url");
+    let url = s.string("url");
     let location = url.as_deref().and_then(|u| match parse_location(u) {
         Ok(l) => Some(l),
         Err(e) => {
@@ -209,18 +199,25 @@ fn source(s: &mut Section) -> Option<SourceConfig> {
             None
         }
     });
-    let format_name = s.string("format").unwrap_or_else(|| "text".into());
-    let scheme = match s.string("scheme") {
-        None => SourceScheme::Fixed(crate::proxy::Scheme::Http),
-        Some(w) => SourceScheme::parse(&w).unwrap_or_else(|| {
-            s.problem(
-                "scheme",
-                &format!("expected \"http\", \"socks4\", \"socks5\" or \"detect\", found {w:?}"),
-            );
-            SourceScheme::Fixed(crate::proxy::Scheme::Http)
-        }),
-    };
-    let pages = s.int("pages", 1, 10_000).map(|p| p as u32);
+    let format_name = s
+        .optional("format", Section::string)
+        .unwrap_or_else(|| DEFAULT_FORMAT.to_owned());
+    let scheme_name = s
+        .optional("scheme", Section::string)
+        .unwrap_or_else(|| DEFAULT_SCHEME.to_owned());
+    let scheme = SourceScheme::parse(&scheme_name);
+    if scheme.is_none() {
+        s.problem(
+            "scheme",
+            &format!(
+                "expected \"http\", \"socks4\", \"socks5\" or \"detect\", found {scheme_name:?}"
+            ),
+        );
+    }
+    // The range was checked, so the cast cannot truncate.
+    let pages = s
+        .optional("pages", |s, k| s.int(k, 1, 10_000))
+        .map(|p| p as u32);
     if let Some(u) = &url {
         let has_page = u.contains("{page}");
         if pages.is_some() && !has_page {
@@ -234,7 +231,9 @@ fn source(s: &mut Section) -> Option<SourceConfig> {
         }
     }
     let headers = headers(s, "headers");
-    let enabled = s.boolean("enabled").unwrap_or(true);
+    let enabled = s
+        .optional("enabled", Section::boolean)
+        .unwrap_or(DEFAULT_ENABLED);
 
     const HTML_KEYS: [&str; 2] = ["table", "columns"];
     const JSON_KEYS: [&str; 7] = [
@@ -249,30 +248,30 @@ fn source(s: &mut Section) -> Option<SourceConfig> {
     let format = match format_name.as_str() {
         "text" => Some(SourceFormat::Text),
         "html" => {
-            let table = s.string("table");
+            let table = s.optional("table", Section::string);
             if let Some(sel) = &table
                 && let Err(e) = scraper::Selector::parse(sel)
             {
                 s.problem("table", &format!("invalid CSS selector {sel:?}: {e}"));
             }
             let columns = s.read_section("columns", |cols| HtmlColumns {
-                ip: cols.string("ip"),
-                port: cols.string("port"),
-                country: cols.string("country"),
-                anonymity: cols.string("anonymity"),
-                https: cols.string("https"),
-                protocol: cols.string("protocol"),
+                ip: cols.optional("ip", Section::string),
+                port: cols.optional("port", Section::string),
+                country: cols.optional("country", Section::string),
+                anonymity: cols.optional("anonymity", Section::string),
+                https: cols.optional("https", Section::string),
+                protocol: cols.optional("protocol", Section::string),
             });
             Some(SourceFormat::Html(HtmlOptions { table, columns }))
         }
         "json" => Some(SourceFormat::Json(JsonOptions {
-            items: s.string("items"),
-            ip: s.string("ip"),
-            port: s.string("port"),
-            country: s.string("country"),
-            protocols: s.string("protocols"),
-            anonymity: s.string("anonymity"),
-            https: s.string("https"),
+            items: s.optional("items", Section::string),
+            ip: s.optional("ip", Section::string),
+            port: s.optional("port", Section::string),
+            country: s.optional("country", Section::string),
+            protocols: s.optional("protocols", Section::string),
+            anonymity: s.optional("anonymity", Section::string),
+            https: s.optional("https", Section::string),
         })),
         other => {
             s.problem(
@@ -299,7 +298,7 @@ fn source(s: &mut Section) -> Option<SourceConfig> {
         url: url?,
         location: location?,
         format: format?,
-        scheme,
+        scheme: scheme?,
         pages,
         headers,
         enabled,
