@@ -1,0 +1,376 @@
+//! `[[sources]]`: where proxy lists come from and how each is parsed.
+//! [`HtmlOptions`], [`HtmlColumns`] and [`JsonOptions`] are plain data here;
+//! the parsers that use them live in `harvest`.
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::path::PathBuf;
+
+use reqwest::header::{HeaderName, HeaderValue};
+use toml::{Table, Value};
+use url::Url;
+
+use super::section::{Section, type_name};
+use crate::model::SourceScheme;
+
+/// How a source's body is parsed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SourceFormat {
+    /// Addresses anywhere in text.
+    Text,
+    /// An HTML table.
+    Html(HtmlOptions),
+    /// A JSON list.
+    Json(JsonOptions),
+}
+
+impl SourceFormat {
+    /// The config spelling.
+    pub fn name(&self) -> &'static str {
+        match self {
+            SourceFormat::Text => "text",
+            SourceFormat::Html(_) => "html",
+            SourceFormat::Json(_) => "json",
+        }
+    }
+}
+
+/// Which table and columns to read; every field is optional and falls back
+/// to recognising the table by its headers.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HtmlOptions {
+    /// A CSS selector for the table (validated when the config is loaded).
+    pub table: Option<String>,
+    /// Header texts naming the columns, overriding recognition.
+    pub columns: HtmlColumns,
+}
+
+/// Header texts of the columns to read (matched case-insensitively).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HtmlColumns {
+    /// The address column (may also hold `host:port`).
+    pub ip: Option<String>,
+    /// The port column.
+    pub port: Option<String>,
+    /// The two-letter country code column.
+    pub country: Option<String>,
+    /// The anonymity column.
+    pub anonymity: Option<String>,
+    /// The HTTPS yes/no column.
+    pub https: Option<String>,
+    /// The protocol/type column.
+    pub protocol: Option<String>,
+}
+
+/// Paths into the document. A path starting with `/` is a JSON pointer;
+/// otherwise it is a key, with `.` separating nested keys.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct JsonOptions {
+    /// Path to the array of items (from the document root).
+    pub items: Option<String>,
+    /// Path to the address within an item.
+    pub ip: Option<String>,
+    /// Path to the port within an item.
+    pub port: Option<String>,
+    /// Path to the country code within an item.
+    pub country: Option<String>,
+    /// Path to the protocol list or string within an item.
+    pub protocols: Option<String>,
+    /// Path to the anonymity level within an item.
+    pub anonymity: Option<String>,
+    /// Path to the HTTPS flag within an item.
+    pub https: Option<String>,
+}
+
+/// Where a source's body comes from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SourceLocation {
+    /// An http(s) URL, possibly with `{page}` in it.
+    Http(String),
+    /// A local file.
+    File(PathBuf),
+}
+
+/// One `[[sources]]` entry.
+#[derive(Clone, PartialEq)]
+pub struct SourceConfig {
+    /// Unique name.
+    pub name: String,
+    /// The `url` key as written.
+    pub url: String,
+    /// Where to read it from.
+    pub location: SourceLocation,
+    /// How to parse it.
+    pub format: SourceFormat,
+    /// Scheme for entries without one.
+    pub scheme: SourceScheme,
+    /// Pages to fetch when the URL has `{page}`.
+    pub pages: Option<u32>,
+    /// Extra request headers (values may be secrets; never logged).
+    pub headers: Vec<(HeaderName, HeaderValue)>,
+    /// False skips the source.
+    pub enabled: bool,
+}
+
+impl fmt::Debug for SourceConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let headers: Vec<String> = self
+            .headers
+            .iter()
+            .map(|(n, _)| format!("{n}: <redacted>"))
+            .collect();
+        f.debug_struct("SourceConfig")
+            .field("name", &self.name)
+            .field("url", &self.url)
+            .field("format", &self.format)
+            .field("scheme", &self.scheme)
+            .field("pages", &self.pages)
+            .field("headers", &headers)
+            .field("enabled", &self.enabled)
+            .finish()
+    }
+}
+
+/// Defaults of the per-source keys. Sources are array entries, which the
+/// example cannot give defaults to, so these live here (the example's comment
+/// on `[[sources]]` states them).
+pub(super) const DEFAULT_FORMAT: &str = "text";
+/// See [`DEFAULT_FORMAT`].
+pub(super) const DEFAULT_SCHEME: &str = "http";
+/// See [`DEFAULT_FORMAT`].
+pub(super) const DEFAULT_ENABLED: bool = true;
+
+/// Validates the `sources` array of the root table: the user's list if the
+/// file has one (replacing the built-in list whole), else the example's.
+pub(super) fn read(root: &mut Section) -> Vec<SourceConfig> {
+    match root.required("sources") {
+        None => Vec::new(),
+        Some(Value::Array(items)) => {
+            let mut out = Vec::new();
+            let mut names = BTreeSet::new();
+            for (i, item) in items.into_iter().enumerate() {
+                let key = format!("sources[{i}]");
+                match item {
+                    Value::Table(t) => {
+                        let mut s = Section::new(&key, t, Table::new());
+                        out.extend(source(&mut s, &mut names));
+                        root.absorb(s);
+                    }
+                    other => root.problem(
+                        &key,
+                        &format!("expected a table, found {}", type_name(&other)),
+                    ),
+                }
+            }
+            out
+        }
+        Some(other) => {
+            root.problem(
+                "sources",
+                &format!(
+                    "expected an array of tables ([[sources]]), found {}",
+                    type_name(&other)
+                ),
+            );
+            Vec::new()
+        }
+    }
+}
+
+/// Validates one `[[sources]]` table; `names` are those of the entries
+/// before it.
+fn source(s: &mut Section, names: &mut BTreeSet<String>) -> Option<SourceConfig> {
+    let name = s.string("name");
+    if let Some(n) = &name {
+        if n.trim().is_empty() {
+            s.problem("name", "must not be empty");
+        }
+        // Checked whether or not the rest of the entry is valid, so that a
+        // duplicate is reported together with the entry's other problems.
+        if !names.insert(n.clone()) {
+            s.problem("name", &format!("duplicate source name {n:?}"));
+        }
+    }
+    let url = s.string("url");
+    let location = url.as_deref().and_then(|u| match parse_location(u) {
+        Ok(l) => Some(l),
+        Err(e) => {
+            s.problem("url", &e);
+            None
+        }
+    });
+    let format_name = s
+        .optional("format", Section::string)
+        .unwrap_or_else(|| DEFAULT_FORMAT.to_owned());
+    let scheme_name = s
+        .optional("scheme", Section::string)
+        .unwrap_or_else(|| DEFAULT_SCHEME.to_owned());
+    let scheme = SourceScheme::parse(&scheme_name);
+    if scheme.is_none() {
+        s.problem(
+            "scheme",
+            &format!(
+                "expected \"http\", \"socks4\", \"socks5\" or \"detect\", found {scheme_name:?}"
+            ),
+        );
+    }
+    // The range was checked, so the cast cannot truncate.
+    let pages = s
+        .optional("pages", |s, k| s.int(k, 1, 10_000))
+        .map(|p| p as u32);
+    if let Some(u) = &url {
+        let has_page = u.contains("{page}");
+        if pages.is_some() && !has_page {
+            s.problem("pages", "needs {page} in the url");
+        }
+        if has_page && pages.is_none() {
+            s.problem("url", "contains {page} but the source has no `pages`");
+        }
+        if has_page && matches!(location, Some(SourceLocation::File(_))) {
+            s.problem("url", "{page} only works with http(s) URLs");
+        }
+    }
+    let headers = headers(s, "headers");
+    let enabled = s
+        .optional("enabled", Section::boolean)
+        .unwrap_or(DEFAULT_ENABLED);
+
+    const HTML_KEYS: [&str; 2] = ["table", "columns"];
+    const JSON_KEYS: [&str; 7] = [
+        "items",
+        "ip",
+        "port",
+        "country",
+        "protocols",
+        "anonymity",
+        "https",
+    ];
+    let format = match format_name.as_str() {
+        "text" => Some(SourceFormat::Text),
+        "html" => {
+            let table = s.optional("table", Section::string);
+            if let Some(sel) = &table
+                && let Err(e) = scraper::Selector::parse(sel)
+            {
+                s.problem("table", &format!("invalid CSS selector {sel:?}: {e}"));
+            }
+            let columns = s.read_section("columns", |cols| HtmlColumns {
+                ip: cols.optional("ip", Section::string),
+                port: cols.optional("port", Section::string),
+                country: cols.optional("country", Section::string),
+                anonymity: cols.optional("anonymity", Section::string),
+                https: cols.optional("https", Section::string),
+                protocol: cols.optional("protocol", Section::string),
+            });
+            Some(SourceFormat::Html(HtmlOptions { table, columns }))
+        }
+        "json" => Some(SourceFormat::Json(JsonOptions {
+            items: s.optional("items", Section::string),
+            ip: s.optional("ip", Section::string),
+            port: s.optional("port", Section::string),
+            country: s.optional("country", Section::string),
+            protocols: s.optional("protocols", Section::string),
+            anonymity: s.optional("anonymity", Section::string),
+            https: s.optional("https", Section::string),
+        })),
+        other => {
+            s.problem(
+                "format",
+                &format!("expected \"text\", \"html\" or \"json\", found {other:?}"),
+            );
+            None
+        }
+    };
+    // Keys of another format are mistakes, not silently ignored options.
+    let foreign: Vec<&str> = match format_name.as_str() {
+        "text" => HTML_KEYS.iter().chain(JSON_KEYS.iter()).copied().collect(),
+        "html" => JSON_KEYS.to_vec(),
+        "json" => HTML_KEYS.to_vec(),
+        _ => Vec::new(),
+    };
+    for k in foreign {
+        if s.take(k).is_some() {
+            s.problem(k, &format!("is not an option of format = {format_name:?}"));
+        }
+    }
+    Some(SourceConfig {
+        name: name?,
+        url: url?,
+        location: location?,
+        format: format?,
+        scheme: scheme?,
+        pages,
+        headers,
+        enabled,
+    })
+}
+
+/// Extra request headers: a table of header name → value.
+fn headers(s: &mut Section, k: &str) -> Vec<(HeaderName, HeaderValue)> {
+    s.read_section(k, |sec| {
+        let mut out = Vec::new();
+        for name in sec.keys() {
+            let Some(value) = sec.string(&name) else {
+                continue;
+            };
+            let n = HeaderName::from_bytes(name.as_bytes());
+            let v = HeaderValue::from_str(&value);
+            match (n, v) {
+                (Ok(n), Ok(v)) => out.push((n, v)),
+                (Err(_), _) => sec.problem(&name, "is not a valid HTTP header name"),
+                (_, Err(_)) => sec.problem(&name, "is not a valid HTTP header value"),
+            }
+        }
+        out
+    })
+}
+
+/// `http(s)://…` stays a URL (with `{page}` substituted to check it);
+/// `file://…` and anything without a scheme are local paths.
+fn parse_location(u: &str) -> Result<SourceLocation, String> {
+    let lower = u.to_ascii_lowercase();
+    if lower.starts_with("http://") || lower.starts_with("https://") {
+        let probe = u.replace("{page}", "1");
+        let parsed = Url::parse(&probe).map_err(|e| format!("invalid URL {u:?}: {e}"))?;
+        if parsed.host_str().is_none_or(str::is_empty) {
+            return Err(format!("invalid URL {u:?}: no host"));
+        }
+        Ok(SourceLocation::Http(u.to_owned()))
+    } else if lower.starts_with("file://") {
+        let parsed = Url::parse(u).map_err(|e| format!("invalid file URL {u:?}: {e}"))?;
+        let path = parsed
+            .to_file_path()
+            .map_err(|()| format!("invalid file URL {u:?}: not a local absolute path"))?;
+        Ok(SourceLocation::File(path))
+    } else if let Some((scheme, _)) = u.split_once("://") {
+        Err(format!(
+            "unsupported URL scheme {scheme:?} in {u:?} (expected http, https, file or a path)"
+        ))
+    } else if u.trim().is_empty() {
+        Err("must not be empty".into())
+    } else {
+        Ok(SourceLocation::File(PathBuf::from(u)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn locations() {
+        assert_eq!(
+            parse_location("/tmp/list.txt").unwrap(),
+            SourceLocation::File("/tmp/list.txt".into())
+        );
+        assert_eq!(
+            parse_location("file:///tmp/list.txt").unwrap(),
+            SourceLocation::File("/tmp/list.txt".into())
+        );
+        assert!(matches!(
+            parse_location("https://x.example/a?p={page}").unwrap(),
+            SourceLocation::Http(_)
+        ));
+        assert!(parse_location("https://").is_err());
+    }
+}
