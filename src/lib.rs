@@ -5,13 +5,13 @@
 //! - [`proxy`]: proxy identity, schemes, anonymity, statuses, countries
 //! - [`model`]: the shared vocabulary: candidates and hints, outcomes, failure reasons, re-check policy
 //! - [`config`]: raw TOML → validated [`config::Config`]
+//! - [`net`]: connections out: the shared rustls client configurations
 //! - [`harvest`]: fetch sources with limits; parse text, HTML and JSON lists
 //! - [`check`]: probes per scheme, judges, anonymity, the batched check round
 //! - [`store`]: SQLite (WAL): migrations, upserts, check results, the health index
 //! - [`api`]: the axum router: serving, listings, reports, metrics, the judge
 //! - [`export`]: proxies as txt, json or csv, files written atomically
 //! - [`daemon`]: `serve`: scheduler, check loop, API and shutdown wired together
-//! - [`tls`]: the shared rustls client configurations
 //! - [`cli`]: the clap command tree and each command's output
 
 pub mod api;
@@ -22,6 +22,6 @@ pub mod daemon;
 pub mod export;
 pub mod harvest;
 pub mod model;
+pub mod net;
 pub mod proxy;
 pub mod store;
-pub mod tls;
