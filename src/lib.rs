@@ -5,7 +5,7 @@
 //! - [`proxy`]: proxy identity, schemes, anonymity, statuses, countries
 //! - [`model`]: the shared vocabulary: candidates and hints, outcomes, failure reasons, re-check policy
 //! - [`config`]: raw TOML → validated [`config::Config`]
-//! - [`net`]: connections out: the shared rustls client configurations
+//! - [`net`]: the dialer: a stream to host:port directly or through any proxy; TLS setup
 //! - [`harvest`]: fetch sources with limits; parse text, HTML and JSON lists
 //! - [`check`]: probes per scheme, judges, anonymity, the batched check round
 //! - [`store`]: SQLite (WAL): migrations, upserts, check results, the health index
