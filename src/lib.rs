@@ -5,6 +5,7 @@
 //! - [`proxy`]: proxy identity, schemes, anonymity, statuses, countries
 //! - [`model`]: the shared vocabulary: candidates and hints, outcomes, failure reasons, re-check policy
 //! - [`config`]: raw TOML → validated [`config::Config`]
+//! - [`net`]: the dialer: a stream to host:port directly or through any proxy; TLS setup
 //! - [`harvest`]: fetch sources with limits; parse text, HTML and JSON lists
 //! - [`check`]: probes per scheme, judges, anonymity, the batched check round
 //! - [`store`]: SQLite (WAL): migrations, upserts, check results, listings
@@ -12,7 +13,6 @@
 //! - [`api`]: the axum router: serving, listings, reports, metrics, the judge
 //! - [`export`]: proxies as txt, json or csv, files written atomically
 //! - [`daemon`]: `serve`: scheduler, check loop, API and shutdown wired together
-//! - [`tls`]: the shared rustls client configurations
 //! - [`cli`]: the clap command tree and each command's output
 
 pub mod api;
@@ -24,6 +24,6 @@ pub mod export;
 pub mod harvest;
 pub mod health;
 pub mod model;
+pub mod net;
 pub mod proxy;
 pub mod store;
-pub mod tls;

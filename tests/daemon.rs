@@ -121,7 +121,8 @@ listen = "{addr}"
 /// A test client: direct, with the crate's TLS setup (no other provider is
 /// compiled in).
 fn client() -> reqwest::Client {
-    let tls = proxywarden::tls::client_config(None, proxywarden::tls::ALPN_H2_H1).unwrap();
+    let tls =
+        proxywarden::net::tls::client_config(None, proxywarden::net::tls::ALPN_H2_H1).unwrap();
     reqwest::Client::builder()
         .tls_backend_preconfigured(std::sync::Arc::unwrap_or_clone(tls))
         .no_proxy()

@@ -1,32 +1,27 @@
 //! One request to a judge, directly or through a proxy, without building an
-//! HTTP client per proxy: a TCP connection with its own connect timeout, the
-//! proxy's handshake (absolute-form forwarding, CONNECT, SOCKS4 or SOCKS5),
-//! TLS from the one shared rustls configuration where the judge is https,
-//! and hyper's HTTP/1.1 client connection for the request itself.
+//! HTTP client per proxy: a stream from the dialer (its own connect timeout,
+//! then absolute-form forwarding, CONNECT, SOCKS4 or SOCKS5), TLS from the
+//! one shared rustls configuration where the judge is https, and hyper's
+//! HTTP/1.1 client connection for the request itself.
 
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use base64::Engine;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Empty, Limited};
 use hyper_util::rt::TokioIo;
-use rustls_pki_types::ServerName;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
-use tokio_rustls::TlsConnector;
 use url::Url;
 
 use crate::model::Reason;
+use crate::net::{self, DialOptions, io_reason, proxy_authorization};
 use crate::proxy::{Proxy, Scheme};
 
 /// Judge answers are small; anything longer is not a judge answer.
 const MAX_BODY: usize = 64 * 1024;
-
-/// A CONNECT response head longer than this is not a proxy speaking HTTP.
-const MAX_CONNECT_HEAD: usize = 16 * 1024;
 
 /// A judge URL resolved once per round.
 #[derive(Clone, Debug)]
@@ -41,6 +36,8 @@ pub struct Target {
     pub path: String,
     /// True for https judges.
     pub tls: bool,
+    /// `host` and `port` as a CONNECT asks for them: the name, unresolved.
+    named: net::Target,
 }
 
 impl Target {
@@ -55,6 +52,7 @@ impl Target {
         let port = url
             .port_or_known_default()
             .ok_or_else(|| io::Error::other("judge URL has no port"))?;
+        let named = net::Target::new(&host, port).map_err(io::Error::other)?;
         let addr = tokio::net::lookup_host((host.as_str(), port))
             .await?
             .next()
@@ -70,16 +68,13 @@ impl Target {
             addr,
             path,
             tls: url.scheme() == "https",
+            named,
         })
     }
 
-    /// `host:port` for Host headers and CONNECT (IPv6 in brackets).
+    /// `host:port` for Host headers and absolute-form (IPv6 in brackets).
     fn authority(&self) -> String {
-        if self.host.contains(':') {
-            format!("[{}]:{}", self.host, self.port)
-        } else {
-            format!("{}:{}", self.host, self.port)
-        }
+        self.named.to_string()
     }
 
     /// The path with the nonce appended to the query.
@@ -114,7 +109,7 @@ pub struct Answer {
 /// Shared probe settings: cheap to clone.
 #[derive(Clone)]
 pub struct Prober {
-    tls: TlsConnector,
+    tls: Arc<rustls::ClientConfig>,
     connect_timeout: Duration,
     timeout: Duration,
     user_agent: Arc<str>,
@@ -138,7 +133,7 @@ impl Prober {
         user_agent: &str,
     ) -> Prober {
         Prober {
-            tls: TlsConnector::from(tls),
+            tls,
             connect_timeout,
             timeout,
             user_agent: user_agent.into(),
@@ -169,69 +164,37 @@ impl Prober {
         nonce: &str,
         start: Instant,
     ) -> Result<Answer, Reason> {
-        let peer = match route {
-            Route::Direct => target.addr,
-            Route::Forward(p) | Route::Tunnel(p) => SocketAddr::new(p.host, p.port),
+        // SOCKS gets the address resolved once per round, as the checker has
+        // always sent it (SOCKS4 has no names without 4a); CONNECT gets the
+        // judge's name.
+        let (proxy, dial_target, forward) = match route {
+            Route::Direct => (None, net::Target::from(target.addr), false),
+            Route::Forward(p) => (Some(p), target.named.clone(), true),
+            Route::Tunnel(p) if p.scheme == Scheme::Http => (Some(p), target.named.clone(), false),
+            Route::Tunnel(p) => (Some(p), net::Target::from(target.addr), false),
         };
-        let tcp = match tokio::time::timeout(self.connect_timeout, TcpStream::connect(peer)).await {
-            Ok(Ok(s)) => s,
-            Ok(Err(e)) => return Err(connect_reason(&e)),
-            Err(_) => return Err(Reason::ConnectTimeout),
+        let opts = DialOptions {
+            connect_timeout: self.connect_timeout,
+            // The total timeout around the whole fetch decides; the
+            // handshake gets no tighter bound of its own.
+            handshake_timeout: self.timeout,
+            forward,
         };
-        // Small request, small answer: no reason to wait for Nagle.
-        let _ = tcp.set_nodelay(true);
+        let dialed = net::dial(proxy, &dial_target, &opts).await?;
         let path = target.path_with(nonce);
-        let (status, body) = match route {
-            Route::Direct => self.over(tcp, target, &path, None).await?,
-            Route::Forward(p) => {
+        let (status, body) = match proxy.filter(|_| dialed.forward) {
+            Some(p) => {
                 // Absolute-form asks the proxy to fetch the URL for us.
                 let uri = format!("http://{}{path}", target.authority());
-                self.over(tcp, target, &uri, proxy_authorization(p).as_deref())
-                    .await?
+                self.over(
+                    dialed.stream,
+                    target,
+                    &uri,
+                    proxy_authorization(p).as_deref(),
+                )
+                .await?
             }
-            Route::Tunnel(p) => match p.scheme {
-                Scheme::Http => {
-                    let tcp = connect_tunnel(tcp, target, p).await?;
-                    self.over(tcp, target, &path, None).await?
-                }
-                Scheme::Socks4 => {
-                    let s = match &p.auth {
-                        Some(a) => {
-                            tokio_socks::tcp::Socks4Stream::connect_with_userid_and_socket(
-                                tcp,
-                                target.addr,
-                                &a.username,
-                            )
-                            .await
-                        }
-                        None => {
-                            tokio_socks::tcp::Socks4Stream::connect_with_socket(tcp, target.addr)
-                                .await
-                        }
-                    }
-                    .map_err(|e| socks_reason(&e))?;
-                    self.over(s, target, &path, None).await?
-                }
-                Scheme::Socks5 => {
-                    let s = match &p.auth {
-                        Some(a) => {
-                            tokio_socks::tcp::Socks5Stream::connect_with_password_and_socket(
-                                tcp,
-                                target.addr,
-                                &a.username,
-                                &a.password,
-                            )
-                            .await
-                        }
-                        None => {
-                            tokio_socks::tcp::Socks5Stream::connect_with_socket(tcp, target.addr)
-                                .await
-                        }
-                    }
-                    .map_err(|e| socks_reason(&e))?;
-                    self.over(s, target, &path, None).await?
-                }
-            },
+            None => self.over(dialed.stream, target, &path, None).await?,
         };
         Ok(Answer {
             status,
@@ -241,26 +204,15 @@ impl Prober {
     }
 
     /// TLS first when the judge is https, then the request.
-    async fn over<S>(
+    async fn over(
         &self,
-        stream: S,
+        stream: TcpStream,
         target: &Target,
         uri: &str,
         proxy_auth: Option<&str>,
-    ) -> Result<(u16, Bytes), Reason>
-    where
-        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-    {
+    ) -> Result<(u16, Bytes), Reason> {
         if target.tls {
-            let name = ServerName::try_from(target.host.clone()).map_err(|_| Reason::TlsError)?;
-            let tls = self
-                .tls
-                .connect(name, stream)
-                .await
-                .map_err(|e| match io_reason(&e) {
-                    Some(r) => r,
-                    None => Reason::TlsError,
-                })?;
+            let tls = net::tls::connect(&self.tls, &target.host, stream).await?;
             // Boxed: otherwise every check's future reserves room for the
             // TLS path (about 2.8 KiB each, 28 MB at 10,000 in flight).
             Box::pin(self.request(tls, target, uri, proxy_auth)).await
@@ -330,83 +282,6 @@ impl Prober {
     }
 }
 
-/// `Basic base64(user:pass)` for HTTP proxies with credentials.
-fn proxy_authorization(p: &Proxy) -> Option<String> {
-    let a = p.auth.as_ref()?;
-    let raw = format!("{}:{}", a.username, a.password);
-    Some(format!(
-        "Basic {}",
-        base64::engine::general_purpose::STANDARD.encode(raw)
-    ))
-}
-
-/// Opens a CONNECT tunnel. The handshake is one request and one response
-/// head, parsed with httparse; the stream then belongs to the tunnel.
-async fn connect_tunnel(
-    mut tcp: TcpStream,
-    target: &Target,
-    p: &Proxy,
-) -> Result<TcpStream, Reason> {
-    let authority = target.authority();
-    let mut head = format!("CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n");
-    if let Some(auth) = proxy_authorization(p) {
-        head.push_str(&format!("Proxy-Authorization: {auth}\r\n"));
-    }
-    head.push_str("\r\n");
-    tcp.write_all(head.as_bytes())
-        .await
-        .map_err(|e| io_reason(&e).unwrap_or(Reason::ProtocolError))?;
-    let mut buf = Vec::with_capacity(1024);
-    let mut chunk = [0u8; 1024];
-    loop {
-        let n = tcp
-            .read(&mut chunk)
-            .await
-            .map_err(|e| io_reason(&e).unwrap_or(Reason::ProtocolError))?;
-        if n == 0 {
-            return Err(Reason::Reset);
-        }
-        buf.extend_from_slice(&chunk[..n]);
-        let mut headers = [httparse::EMPTY_HEADER; 64];
-        let mut resp = httparse::Response::new(&mut headers);
-        match resp.parse(&buf) {
-            Ok(httparse::Status::Complete(len)) => {
-                let code = resp.code.unwrap_or(0);
-                return match code {
-                    200..=299 if len == buf.len() => Ok(tcp),
-                    // Bytes after the head before we said anything: not a tunnel.
-                    200..=299 => Err(Reason::ProtocolError),
-                    407 => Err(Reason::ProxyAuthRequired),
-                    _ => Err(Reason::BadStatus),
-                };
-            }
-            Ok(httparse::Status::Partial) if buf.len() < MAX_CONNECT_HEAD => continue,
-            _ => return Err(Reason::ProtocolError),
-        }
-    }
-}
-
-fn connect_reason(e: &io::Error) -> Reason {
-    match e.kind() {
-        io::ErrorKind::ConnectionRefused => Reason::Refused,
-        io::ErrorKind::TimedOut => Reason::ConnectTimeout,
-        io::ErrorKind::ConnectionReset | io::ErrorKind::ConnectionAborted => Reason::Reset,
-        _ => Reason::Unreachable,
-    }
-}
-
-/// Resets and early closes; `None` for errors that mean something else.
-fn io_reason(e: &io::Error) -> Option<Reason> {
-    match e.kind() {
-        io::ErrorKind::ConnectionReset
-        | io::ErrorKind::ConnectionAborted
-        | io::ErrorKind::BrokenPipe
-        | io::ErrorKind::UnexpectedEof => Some(Reason::Reset),
-        io::ErrorKind::TimedOut => Some(Reason::Timeout),
-        _ => None,
-    }
-}
-
 fn hyper_reason(e: &hyper::Error) -> Reason {
     if e.is_parse() || e.is_parse_status() || e.is_parse_too_large() {
         return Reason::ProtocolError;
@@ -433,25 +308,4 @@ fn hyper_reason(e: &hyper::Error) -> Reason {
         src = s.source();
     }
     Reason::ProtocolError
-}
-
-fn socks_reason(e: &tokio_socks::Error) -> Reason {
-    use tokio_socks::Error as E;
-    match e {
-        E::Io(io) => io_reason(io).unwrap_or(Reason::ProtocolError),
-        E::PasswordAuthFailure(_)
-        | E::AuthorizationRequired
-        | E::NoAcceptableAuthMethods
-        | E::IdentdAuthFailure
-        | E::InvalidUserIdAuthFailure => Reason::ProxyAuthRequired,
-        // The proxy spoke SOCKS but could not or would not reach the judge.
-        E::GeneralSocksServerFailure
-        | E::ConnectionNotAllowedByRuleset
-        | E::NetworkUnreachable
-        | E::HostUnreachable
-        | E::ConnectionRefused
-        | E::TtlExpired
-        | E::ProxyServerUnreachable => Reason::BadStatus,
-        _ => Reason::ProtocolError,
-    }
 }

@@ -161,7 +161,7 @@ pub enum CheckError {
     },
     /// The TLS configuration for judges could not be built.
     #[error(transparent)]
-    Tls(#[from] crate::tls::TlsSetupError),
+    Tls(#[from] crate::net::tls::TlsSetupError),
     /// The GeoIP database could not be opened.
     #[error(transparent)]
     Geoip(#[from] super::geoip::GeoipError),

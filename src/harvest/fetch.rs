@@ -82,9 +82,11 @@ impl Fetcher {
     /// Builds the one client every source fetch uses.
     pub fn new(cfg: &HarvestConfig) -> Result<Fetcher, FetchError> {
         let tls =
-            crate::tls::client_config(None, crate::tls::ALPN_H2_H1).map_err(|e| FetchError {
-                status: None,
-                kind: FetchErrorKind::Client(e.to_string()),
+            crate::net::tls::client_config(None, crate::net::tls::ALPN_H2_H1).map_err(|e| {
+                FetchError {
+                    status: None,
+                    kind: FetchErrorKind::Client(e.to_string()),
+                }
             })?;
         let client = reqwest::Client::builder()
             .tls_backend_preconfigured(Arc::unwrap_or_clone(tls))

@@ -1,7 +1,9 @@
-//! Loopback proxies for checker tests: HTTP forward proxies, SOCKS4/4a and
-//! SOCKS5 servers that behave or misbehave on request, a farm of thousands of
-//! them, and an echo judge that reports what it saw. Every server is bound
-//! before `start` returns and stops, with all its connections, when dropped.
+//! Loopback proxies for checker and dialer tests: HTTP forward proxies,
+//! SOCKS4/4a and SOCKS5 servers that behave or misbehave on request and
+//! record the targets asked of them, a farm of thousands of them, an echo
+//! judge that reports what it saw and a raw TCP echo server. Every server is
+//! bound before `start` returns and stops, with all its connections, when
+//! dropped.
 //!
 //! Written by hand rather than with a proxy crate: fixtures must be able to
 //! break the protocols on purpose. Targets are limited to loopback (`localhost`
@@ -13,8 +15,8 @@ use std::fmt;
 use std::future::Future;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use base64::Engine as _;
@@ -36,6 +38,9 @@ const GARBAGE: &[u8] = b"SSH-2.0-OpenSSH_8.9\r\n";
 pub const LIAR_PAGE: &str = "<html>Welcome to FreeWifi, please log in</html>";
 /// What `Via` says for anonymous and transparent proxies.
 pub const VIA: &str = "1.1 fakeproxy";
+/// Targets a fake remembers; later ones are not recorded, so a farm under
+/// load keeps a fixed footprint.
+const MAX_RECORDED: usize = 1024;
 
 // ---------------------------------------------------------------------------
 // Shared server plumbing
@@ -294,6 +299,45 @@ fn split_host_port(authority: &str, default_port: Option<u16>) -> Option<(&str, 
     }
 }
 
+/// A target as a client named it to a fake proxy: a CONNECT authority or a
+/// SOCKS request's destination, before any resolution.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Requested {
+    /// A host name left for the proxy to resolve (CONNECT with a name,
+    /// SOCKS4a, SOCKS5 address type 3).
+    Name(String, u16),
+    /// An IP address.
+    Addr(SocketAddr),
+}
+
+impl Requested {
+    /// A CONNECT authority's host: an address if it is an IP literal.
+    fn from_host(host: &str, port: u16) -> Requested {
+        match host.parse::<IpAddr>() {
+            Ok(ip) => Requested::Addr(SocketAddr::new(ip, port)),
+            Err(_) => Requested::Name(host.to_owned(), port),
+        }
+    }
+}
+
+/// The targets a fake was asked for, in arrival order (the first
+/// [`MAX_RECORDED`]).
+#[derive(Clone, Default)]
+struct Recorder(Arc<Mutex<Vec<Requested>>>);
+
+impl Recorder {
+    fn record(&self, target: Requested) {
+        let mut seen = self.0.lock().unwrap();
+        if seen.len() < MAX_RECORDED {
+            seen.push(target);
+        }
+    }
+
+    fn all(&self) -> Vec<Requested> {
+        self.0.lock().unwrap().clone()
+    }
+}
+
 // ---------------------------------------------------------------------------
 // HTTP proxy
 
@@ -358,6 +402,8 @@ pub struct FakeHttpProxy {
     server: Server,
     /// Request heads received (a CONNECT counts as one).
     count: Arc<AtomicUsize>,
+    /// CONNECT targets asked for.
+    targets: Recorder,
 }
 
 impl FakeHttpProxy {
@@ -370,10 +416,22 @@ impl FakeHttpProxy {
     fn serve(listener: TcpListener, opts: Arc<HttpProxyOpts>) -> FakeHttpProxy {
         let count = Arc::new(AtomicUsize::new(0));
         let counter = count.clone();
+        let targets = Recorder::default();
+        let recorder = targets.clone();
         let server = serve(listener, move |stream, peer| {
-            http_proxy_conn(stream, peer, opts.clone(), counter.clone())
+            http_proxy_conn(
+                stream,
+                peer,
+                opts.clone(),
+                counter.clone(),
+                recorder.clone(),
+            )
         });
-        FakeHttpProxy { server, count }
+        FakeHttpProxy {
+            server,
+            count,
+            targets,
+        }
     }
 
     /// Where it listens.
@@ -389,6 +447,11 @@ impl FakeHttpProxy {
     /// How many requests (heads) it has received so far.
     pub fn requests(&self) -> usize {
         self.count.load(Ordering::SeqCst)
+    }
+
+    /// The CONNECT targets it was asked for, as sent.
+    pub fn targets(&self) -> Vec<Requested> {
+        self.targets.all()
     }
 }
 
@@ -413,6 +476,7 @@ async fn http_proxy_conn(
     peer: SocketAddr,
     opts: Arc<HttpProxyOpts>,
     count: Arc<AtomicUsize>,
+    targets: Recorder,
 ) -> io::Result<()> {
     let Some((raw_head, rest)) = read_head(&mut client).await? else {
         return Ok(());
@@ -473,7 +537,7 @@ async fn http_proxy_conn(
         if !opts.connect {
             return respond(client, 405, &[("Allow", "GET, HEAD, POST")], b"no CONNECT").await;
         }
-        tunnel(client, &head, rest, &opts).await
+        tunnel(client, &head, rest, &opts, &targets).await
     } else {
         forward(client, peer, &head, rest, &opts).await
     }
@@ -495,10 +559,12 @@ async fn tunnel(
     head: &Head,
     rest: Vec<u8>,
     opts: &HttpProxyOpts,
+    targets: &Recorder,
 ) -> io::Result<()> {
     let Some((host, port)) = split_host_port(&head.second, None) else {
         return respond(client, 400, &[], b"bad CONNECT target").await;
     };
+    targets.record(Requested::from_host(host, port));
     let mut upstream = match connect_upstream(host, port, opts.upstream_bind).await {
         Ok(s) => s,
         Err(e) => return upstream_failure(client, e).await,
@@ -674,6 +740,8 @@ pub struct FakeSocks4 {
     server: Server,
     /// Connections accepted.
     count: Arc<AtomicUsize>,
+    /// Destinations of well-formed requests.
+    targets: Recorder,
 }
 
 /// A loopback SOCKS5 server (CONNECT only, RFC 1928/1929). Dropping it
@@ -682,6 +750,8 @@ pub struct FakeSocks5 {
     server: Server,
     /// Connections accepted.
     count: Arc<AtomicUsize>,
+    /// Destinations of well-formed requests.
+    targets: Recorder,
 }
 
 /// Which SOCKS dialect a server speaks.
@@ -695,25 +765,28 @@ fn serve_socks(
     listener: TcpListener,
     opts: SocksOpts,
     version: SocksVersion,
-) -> (Server, Arc<AtomicUsize>) {
+) -> (Server, Arc<AtomicUsize>, Recorder) {
     let opts = Arc::new(opts);
     let count = Arc::new(AtomicUsize::new(0));
     let counter = count.clone();
+    let targets = Recorder::default();
+    let recorder = targets.clone();
     let server = serve(listener, move |stream, _peer| {
         counter.fetch_add(1, Ordering::SeqCst);
-        socks_conn(stream, opts.clone(), version)
+        socks_conn(stream, opts.clone(), version, recorder.clone())
     });
-    (server, count)
+    (server, count, targets)
 }
 
 async fn socks_conn(
     mut stream: TcpStream,
     opts: Arc<SocksOpts>,
     version: SocksVersion,
+    targets: Recorder,
 ) -> io::Result<()> {
     match (opts.behavior, version) {
-        (SocksBehavior::Normal, SocksVersion::Four) => socks4_conn(stream, &opts).await,
-        (SocksBehavior::Normal, SocksVersion::Five) => socks5_conn(stream, &opts).await,
+        (SocksBehavior::Normal, SocksVersion::Four) => socks4_conn(stream, &opts, &targets).await,
+        (SocksBehavior::Normal, SocksVersion::Five) => socks5_conn(stream, &opts, &targets).await,
         (SocksBehavior::Hang, _) => drain(&mut stream).await,
         (SocksBehavior::Garbage, _) => {
             let mut greeting = [0u8; 512];
@@ -728,8 +801,12 @@ impl FakeSocks4 {
     /// Binds and starts serving; the server accepts connections on return.
     pub async fn start(opts: SocksOpts) -> FakeSocks4 {
         let listener = bind(opts.listen);
-        let (server, count) = serve_socks(listener, opts, SocksVersion::Four);
-        FakeSocks4 { server, count }
+        let (server, count, targets) = serve_socks(listener, opts, SocksVersion::Four);
+        FakeSocks4 {
+            server,
+            count,
+            targets,
+        }
     }
 
     /// Where it listens.
@@ -746,14 +823,24 @@ impl FakeSocks4 {
     pub fn requests(&self) -> usize {
         self.count.load(Ordering::SeqCst)
     }
+
+    /// The destinations it was asked for: names as sent (SOCKS4a, SOCKS5
+    /// address type 3), addresses otherwise.
+    pub fn targets(&self) -> Vec<Requested> {
+        self.targets.all()
+    }
 }
 
 impl FakeSocks5 {
     /// Binds and starts serving; the server accepts connections on return.
     pub async fn start(opts: SocksOpts) -> FakeSocks5 {
         let listener = bind(opts.listen);
-        let (server, count) = serve_socks(listener, opts, SocksVersion::Five);
-        FakeSocks5 { server, count }
+        let (server, count, targets) = serve_socks(listener, opts, SocksVersion::Five);
+        FakeSocks5 {
+            server,
+            count,
+            targets,
+        }
     }
 
     /// Where it listens.
@@ -769,6 +856,12 @@ impl FakeSocks5 {
     /// How many connections it has accepted.
     pub fn requests(&self) -> usize {
         self.count.load(Ordering::SeqCst)
+    }
+
+    /// The destinations it was asked for: names as sent (SOCKS4a, SOCKS5
+    /// address type 3), addresses otherwise.
+    pub fn targets(&self) -> Vec<Requested> {
+        self.targets.all()
     }
 }
 
@@ -788,7 +881,11 @@ async fn read_cstr(stream: &mut TcpStream) -> io::Result<Option<String>> {
     }
 }
 
-async fn socks4_conn(mut client: TcpStream, opts: &SocksOpts) -> io::Result<()> {
+async fn socks4_conn(
+    mut client: TcpStream,
+    opts: &SocksOpts,
+    targets: &Recorder,
+) -> io::Result<()> {
     const GRANTED: u8 = 0x5A;
     const REJECTED: u8 = 0x5B;
     async fn reply(client: &mut TcpStream, code: u8, bound: SocketAddr) -> io::Result<()> {
@@ -816,10 +913,16 @@ async fn socks4_conn(mut client: TcpStream, opts: &SocksOpts) -> io::Result<()> 
     // SOCKS4a: 0.0.0.x (x ≠ 0) means a hostname follows the user ID.
     let host = match ip.octets() {
         [0, 0, 0, x] if x != 0 => match read_cstr(&mut client).await? {
-            Some(name) => name,
+            Some(name) => {
+                targets.record(Requested::Name(name.clone(), port));
+                name
+            }
             None => return Ok(()),
         },
-        _ => ip.to_string(),
+        _ => {
+            targets.record(Requested::Addr(SocketAddr::new(IpAddr::V4(ip), port)));
+            ip.to_string()
+        }
     };
     let user_ok = opts.auth.as_ref().is_none_or(|(user, _)| *user == user_id);
     if req[1] != 1 || !user_ok {
@@ -834,7 +937,11 @@ async fn socks4_conn(mut client: TcpStream, opts: &SocksOpts) -> io::Result<()> 
     Ok(())
 }
 
-async fn socks5_conn(mut client: TcpStream, opts: &SocksOpts) -> io::Result<()> {
+async fn socks5_conn(
+    mut client: TcpStream,
+    opts: &SocksOpts,
+    targets: &Recorder,
+) -> io::Result<()> {
     const NO_AUTH: u8 = 0x00;
     const USER_PASS: u8 = 0x02;
     const NO_ACCEPTABLE: u8 = 0xFF;
@@ -925,6 +1032,10 @@ async fn socks5_conn(mut client: TcpStream, opts: &SocksOpts) -> io::Result<()> 
         }
     };
     let port = client.read_u16().await?;
+    targets.record(match req[3] {
+        0x03 => Requested::Name(host.clone(), port),
+        _ => Requested::from_host(&host, port),
+    });
     if req[1] != 0x01 {
         // Command not supported: only CONNECT.
         reply(&mut client, 0x07, unbound).await?;
@@ -1044,6 +1155,32 @@ impl FakeFarm {
     /// Requests received by all working proxies together.
     pub fn requests(&self) -> usize {
         self.alive.iter().map(FakeHttpProxy::requests).sum()
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Echo server
+
+/// A raw TCP echo server on 127.0.0.1: every byte a client sends comes
+/// back, so a test sees a tunnel carry data both ways. Dropping it stops it.
+pub struct EchoServer {
+    server: Server,
+}
+
+impl EchoServer {
+    /// Binds 127.0.0.1:0 and starts serving.
+    pub async fn start() -> EchoServer {
+        let server = serve(bind(None), |mut stream, _| async move {
+            let (mut rd, mut wr) = stream.split();
+            tokio::io::copy(&mut rd, &mut wr).await?;
+            Ok(())
+        });
+        EchoServer { server }
+    }
+
+    /// Where it listens.
+    pub fn addr(&self) -> SocketAddr {
+        self.server.addr
     }
 }
 

@@ -1,12 +1,18 @@
 //! rustls client configurations, built once and shared: one for fetching
 //! sources (HTTP/2 and HTTP/1.1) and one for every check's TLS to a judge
-//! (HTTP/1.1 only, with any extra roots for private judges).
+//! (HTTP/1.1 only, with any extra roots for private judges); and TLS over a
+//! dialed stream, certificates always verified.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use rustls_pki_types::CertificateDer;
 use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, ServerName};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio_rustls::TlsConnector;
+use tokio_rustls::client::TlsStream;
+
+use crate::model::Reason;
 
 /// Why a TLS client configuration could not be built.
 #[derive(Debug, thiserror::Error)]
@@ -96,3 +102,22 @@ pub const ALPN_H2_H1: &[&[u8]] = &[b"h2", b"http/1.1"];
 
 /// ALPN for probes, which speak HTTP/1.1 only.
 pub const ALPN_H1: &[&[u8]] = &[b"http/1.1"];
+
+/// Runs the TLS handshake with `server_name` (a domain name or an IP
+/// literal, verified against the certificate) over `stream`, typically a
+/// tunnel from [`super::dial()`]. Resets and timeouts keep their own reason;
+/// any other failure, a bad certificate included, is [`Reason::TlsError`].
+pub async fn connect<S>(
+    config: &Arc<rustls::ClientConfig>,
+    server_name: &str,
+    stream: S,
+) -> Result<TlsStream<S>, Reason>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let name = ServerName::try_from(server_name.to_owned()).map_err(|_| Reason::TlsError)?;
+    TlsConnector::from(Arc::clone(config))
+        .connect(name, stream)
+        .await
+        .map_err(|e| super::io_reason(&e).unwrap_or(Reason::TlsError))
+}
