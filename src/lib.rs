@@ -12,7 +12,7 @@
 //! - [`health`]: the in-memory index of servable proxies, selection, the one feedback path
 //! - [`api`]: the axum router: serving, listings, reports, metrics, the judge
 //! - [`export`]: proxies as txt, json or csv, files written atomically
-//! - [`daemon`]: `serve`: scheduler, check loop, API and shutdown wired together
+//! - [`daemon`]: `serve`: the API, check loop, harvests, purge and watchdog as components on one task tracker
 //! - [`cli`]: the clap command tree and each command's output
 
 pub mod api;

@@ -1,0 +1,123 @@
+//! The harvest component: runs a harvest whenever the cron schedule (or
+//! start-up) asks, one at a time, on the daemon's task tracker so that a
+//! shutdown cancels it like everything else.
+
+use std::sync::Arc;
+
+use tokio::sync::{Notify, mpsc};
+use tokio_util::sync::CancellationToken;
+
+use crate::api::{AppState, HarvestInfo};
+use crate::config::Config;
+use crate::harvest;
+use crate::store::{Store, now_ms, rfc3339};
+
+/// What asks for a harvest.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Trigger {
+    /// A slot of `harvest.schedule`.
+    Schedule,
+}
+
+/// Harvests on demand.
+pub struct Harvester {
+    /// The configuration (its enabled sources are harvested).
+    pub config: Arc<Config>,
+    /// Where results go.
+    pub store: Store,
+    /// Metrics and the record of the last rounds.
+    pub state: AppState,
+    /// Wakes the check loop when a harvest brought new proxies.
+    pub wake: Arc<Notify>,
+    /// Harvest requests. The channel holds one, so slots that come while a
+    /// harvest runs collapse into the next run instead of piling up.
+    pub triggers: mpsc::Receiver<Trigger>,
+}
+
+impl Harvester {
+    /// Harvests the overdue sources at once, then whenever triggered, until
+    /// `stop`. A harvest in progress is dropped at `stop`; what it already
+    /// stored is committed, the rest is harvested after the restart.
+    pub async fn run(mut self, stop: CancellationToken) {
+        let overdue = match self.overdue_sources().await {
+            Ok(names) => names,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot read the sources' last harvests; harvesting all");
+                self.config
+                    .sources
+                    .iter()
+                    .filter(|s| s.enabled)
+                    .map(|s| s.name.clone())
+                    .collect()
+            }
+        };
+        if !overdue.is_empty() {
+            tracing::info!(sources = overdue.len(), "harvesting at start-up");
+            let mut config = (*self.config).clone();
+            config.sources.retain(|s| overdue.contains(&s.name));
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = self.harvest(&config) => {}
+            }
+        }
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                t = self.triggers.recv() => match t {
+                    Some(Trigger::Schedule) => {
+                        let config = self.config.clone();
+                        tokio::select! {
+                            _ = stop.cancelled() => return,
+                            _ = self.harvest(&config) => {}
+                        }
+                    }
+                    None => return,
+                },
+            }
+        }
+    }
+
+    /// The sources to harvest at start-up: every enabled one when the
+    /// database holds no proxy yet, so a new install does not wait for
+    /// the first slot.
+    async fn overdue_sources(&self) -> Result<Vec<String>, crate::store::StoreError> {
+        if self.store.stats().await?.total > 0 {
+            return Ok(Vec::new());
+        }
+        Ok(self
+            .config
+            .sources
+            .iter()
+            .filter(|s| s.enabled)
+            .map(|s| s.name.clone())
+            .collect())
+    }
+
+    /// One harvest of `config`'s sources; failures are logged and the next
+    /// slot tries again.
+    async fn harvest(&self, config: &Config) {
+        match harvest::harvest_all(config, &self.store).await {
+            Ok(report) => {
+                self.state.metrics.observe_harvest(&report);
+                let failed = report.sources.iter().filter(|s| !s.worked()).count();
+                let info = HarvestInfo {
+                    finished_at: rfc3339(now_ms()),
+                    sources: report.sources.len(),
+                    failed,
+                    distinct: report.distinct,
+                    new: report.new,
+                    duration_ms: report.elapsed.as_millis() as u64,
+                };
+                self.state
+                    .rounds
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .last_harvest = Some(info);
+                if report.new > 0 {
+                    self.wake.notify_one();
+                }
+            }
+            Err(e) => tracing::error!(error = %e, "harvest failed"),
+        }
+    }
+}

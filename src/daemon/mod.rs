@@ -1,0 +1,157 @@
+//! `serve`: the daemon's components (the API, the check loop, harvests on
+//! the cron schedule, the daily purge, the systemd watchdog), each a task
+//! on one tracker, started together and stopped together.
+
+mod checks;
+mod harvest;
+mod purge;
+mod systemd;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+use tokio_cron_scheduler::{Job, JobScheduler};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::api::{self, AppState};
+use crate::config::Config;
+use crate::health::{self, Feedback};
+use crate::store::Store;
+use checks::CheckLoop;
+use harvest::{Harvester, Trigger};
+use purge::Purger;
+
+/// How long checks in flight may run after shutdown begins before they are
+/// stopped (their results are then not recorded).
+const CHECK_GRACE: Duration = Duration::from_secs(5);
+/// How long every component together may take to stop: well inside the
+/// unit's TimeoutStopSec, whatever is in flight.
+const STOP_LIMIT: Duration = Duration::from_secs(8);
+/// When the daily purge runs (03:17:00 UTC).
+const PURGE_SCHEDULE: &str = "0 17 3 * * *";
+
+/// Runs the daemon on an already bound listener until `shutdown` is
+/// cancelled. Every component (API, check loop, harvests, purge, watchdog)
+/// is a task on one tracker; the cron scheduler only signals the harvest
+/// and purge components. On shutdown every component is cancelled, checks
+/// in flight get [`CHECK_GRACE`], and the whole stop takes at most
+/// [`STOP_LIMIT`].
+pub async fn run(
+    config: Config,
+    listener: TcpListener,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let config = Arc::new(config);
+    let store = Store::open(&config.database.path)?;
+    let index = health::load_index(&store)
+        .await
+        .context("loading the health index")?;
+    let feedback = Feedback::new(index.clone(), store.clone());
+    let state = AppState::new(store.clone(), feedback, config.clone());
+    let addr = listener.local_addr()?;
+    tracing::info!(%addr, servable = index.len(), "proxywarden serving");
+
+    let (harvest_tx, harvest_rx) = mpsc::channel(1);
+    let (purge_tx, purge_rx) = mpsc::channel(1);
+    let mut scheduler = schedule(&config, harvest_tx, purge_tx).await?;
+
+    let tasks = TaskTracker::new();
+    let stop = CancellationToken::new();
+    let abort_checks = CancellationToken::new();
+    let wake = Arc::default();
+    {
+        let (state, stop) = (state.clone(), stop.clone());
+        tasks.spawn(async move {
+            if let Err(e) = api::serve(listener, state, stop).await {
+                tracing::error!(error = %e, "the API stopped serving");
+            }
+        });
+    }
+    tasks.spawn(
+        CheckLoop {
+            config: config.clone(),
+            store: store.clone(),
+            state: state.clone(),
+            wake: Arc::clone(&wake),
+            abort: abort_checks.clone(),
+        }
+        .run(stop.clone()),
+    );
+    tasks.spawn(
+        Harvester {
+            config: config.clone(),
+            store: store.clone(),
+            state: state.clone(),
+            wake,
+            triggers: harvest_rx,
+        }
+        .run(stop.clone()),
+    );
+    tasks.spawn(
+        Purger {
+            config: config.clone(),
+            store: store.clone(),
+            triggers: purge_rx,
+        }
+        .run(stop.clone()),
+    );
+    tasks.spawn(systemd::watchdog(stop.clone()));
+    tasks.close();
+    systemd::notify(&[sd_notify::NotifyState::Ready]);
+
+    shutdown.cancelled().await;
+    tracing::info!("shutting down");
+    systemd::notify(&[sd_notify::NotifyState::Stopping]);
+    if let Err(e) = scheduler.shutdown().await {
+        tracing::warn!(error = %e, "scheduler did not stop cleanly");
+    }
+    stop.cancel();
+    let stopped = async {
+        tokio::select! {
+            _ = tasks.wait() => {}
+            _ = tokio::time::sleep(CHECK_GRACE) => {
+                abort_checks.cancel();
+                tasks.wait().await;
+            }
+        }
+    };
+    if tokio::time::timeout(STOP_LIMIT, stopped).await.is_err() {
+        tracing::warn!(
+            unfinished = tasks.len(),
+            "components did not stop in time; exiting anyway"
+        );
+    }
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// Starts the cron scheduler. Its jobs only send a request to the harvest
+/// or purge component (dropped when one is already waiting), so the work
+/// itself runs on the daemon's tracker and stops with it.
+async fn schedule(
+    config: &Config,
+    harvest: mpsc::Sender<Trigger>,
+    purge: mpsc::Sender<()>,
+) -> anyhow::Result<JobScheduler> {
+    let scheduler = JobScheduler::new()
+        .await
+        .context("starting the scheduler")?;
+    let job = Job::new(config.harvest.schedule.as_str(), move |_, _| {
+        if harvest.try_send(Trigger::Schedule).is_err() {
+            tracing::info!("harvest still running; this slot joins the next run");
+        }
+    })
+    .context("scheduling the harvest")?;
+    scheduler.add(job).await.context("scheduling the harvest")?;
+    let job = Job::new(PURGE_SCHEDULE, move |_, _| {
+        let _ = purge.try_send(());
+    })
+    .context("scheduling the purge")?;
+    scheduler.add(job).await.context("scheduling the purge")?;
+    scheduler.start().await.context("starting the scheduler")?;
+    Ok(scheduler)
+}
