@@ -643,3 +643,85 @@ async fn a_request_over_the_timeout_gets_a_json_503() {
     stop.cancel();
     server.await.unwrap().unwrap();
 }
+
+/// At start-up the daemon harvests the sources whose last harvest is
+/// missing or older than the schedule's interval (a crash during the last
+/// harvest must not leave them waiting for the next slot), and only those.
+#[tokio::test]
+async fn overdue_sources_are_harvested_at_start_up() {
+    use proxywarden::model::{Candidate, Hints, SourceScheme};
+    use proxywarden::store::SourceRun;
+
+    let dir = tempfile::tempdir().unwrap();
+    let site = common::FakeSite::start(vec![
+        ("/stale.txt", common::Behavior::ok("10.7.7.1:8080\n")),
+        ("/fresh.txt", common::Behavior::ok("10.7.7.2:8080\n")),
+    ])
+    .await;
+    {
+        // A database that already holds proxies: "stale" was last fetched
+        // two hours ago (the schedule runs every 30 minutes), "fresh" just
+        // now, and "new" never.
+        let store = Store::open(&dir.path().join("daemon.db")).unwrap();
+        let now = proxywarden::store::now_ms();
+        for (name, path, at) in [
+            ("stale", "/stale.txt", now - 2 * 3_600_000),
+            ("fresh", "/fresh.txt", now),
+        ] {
+            let run = SourceRun {
+                name: name.into(),
+                url: site.url(path),
+                format: "text".into(),
+                started_at: at,
+                http_status: Some(200),
+                duration_ms: 1,
+                error: None,
+            };
+            let c = Candidate::new(
+                "10.7.7.9".parse().unwrap(),
+                8080,
+                None,
+                None,
+                SourceScheme::Fixed(proxywarden::proxy::Scheme::Http),
+                Hints::default(),
+            );
+            store.record_source_run(run, vec![c]).await.unwrap();
+        }
+    }
+    let new_list = dir.path().join("new.txt");
+    std::fs::write(&new_list, "10.7.7.3:8080\n").unwrap();
+    let sources = format!(
+        "[[sources]]\nname = \"stale\"\nurl = \"{}\"\n\
+         [[sources]]\nname = \"fresh\"\nurl = \"{}\"\n\
+         [[sources]]\nname = \"new\"\nurl = \"{}\"\n",
+        site.url("/stale.txt"),
+        site.url("/fresh.txt"),
+        new_list.display()
+    );
+    let d = Daemon::start(dir.path(), &sources, "").await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let fetches = loop {
+        let (_, sources) = d.json("/sources").await;
+        let fetches = |name: &str| {
+            sources
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|s| s["name"] == name)
+                .map_or(0, |s| s["fetches_total"].as_i64().unwrap())
+        };
+        let got = (fetches("stale"), fetches("fresh"), fetches("new"));
+        if got.0 >= 2 && got.2 >= 1 {
+            break got;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "overdue sources not harvested: {got:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(fetches, (2, 1, 1), "only the overdue sources are harvested");
+    assert_eq!(site.hits("/fresh.txt"), 0);
+    assert_eq!(site.hits("/stale.txt"), 1);
+    d.stop().await;
+}

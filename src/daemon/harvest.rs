@@ -52,7 +52,10 @@ impl Harvester {
             }
         };
         if !overdue.is_empty() {
-            tracing::info!(sources = overdue.len(), "harvesting at start-up");
+            tracing::info!(
+                sources = overdue.len(),
+                "harvesting the sources overdue at start-up"
+            );
             let mut config = (*self.config).clone();
             config.sources.retain(|s| overdue.contains(&s.name));
             tokio::select! {
@@ -77,18 +80,33 @@ impl Harvester {
         }
     }
 
-    /// The sources to harvest at start-up: every enabled one when the
-    /// database holds no proxy yet, so a new install does not wait for
-    /// the first slot.
+    /// Enabled sources never harvested, or not since longer than the
+    /// schedule's interval: a crash or a stop during a harvest must not
+    /// leave them waiting for the next slot (on a new install that is
+    /// every source).
     async fn overdue_sources(&self) -> Result<Vec<String>, crate::store::StoreError> {
-        if self.store.stats().await?.total > 0 {
-            return Ok(Vec::new());
-        }
+        let records = self.store.list_sources().await?;
+        let now = chrono::Utc::now();
+        let interval = self
+            .config
+            .harvest
+            .schedule
+            .interval_after(now)
+            .and_then(|d| i64::try_from(d.as_millis()).ok())
+            .unwrap_or(i64::MAX);
+        let cutoff = now.timestamp_millis().saturating_sub(interval);
         Ok(self
             .config
             .sources
             .iter()
             .filter(|s| s.enabled)
+            .filter(|s| {
+                records
+                    .iter()
+                    .find(|r| r.name == s.name)
+                    .and_then(|r| r.last_fetch_at)
+                    .is_none_or(|at| at < cutoff)
+            })
             .map(|s| s.name.clone())
             .collect())
     }
