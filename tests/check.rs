@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use common::TestConfig;
 use common::fakes::{
     self, FakeFarm, FakeHttpProxy, FakeSocks4, FakeSocks5, HttpProxyOpts, ProxyKind, SocksOpts,
 };
@@ -43,32 +44,16 @@ fn config(
 ) -> Config {
     std::fs::write(dir.join("list.txt"), entries.join("\n")).unwrap();
     std::fs::write(dir.join("detect.txt"), detect.join("\n")).unwrap();
-    let toml = format!(
-        r#"
-[database]
-path = "{db}"
-
-[check]
-judges = {judges}
-concurrency = 64
-connect_timeout = "1s"
-timeout = "2s"
-{check_extra}
-
-[[sources]]
-name = "list"
-url = "{list}"
-
-[[sources]]
-name = "detect"
-url = "{detect}"
-scheme = "detect"
-"#,
-        db = dir.join("test.db").display(),
-        list = dir.join("list.txt").display(),
-        detect = dir.join("detect.txt").display(),
-    );
-    Config::from_toml(&toml, "test.toml").unwrap()
+    TestConfig::new(dir)
+        .judges(judges)
+        .lines("check", check_extra)
+        .source("list", &dir.join("list.txt").display().to_string(), "")
+        .source(
+            "detect",
+            &dir.join("detect.txt").display().to_string(),
+            "scheme = \"detect\"",
+        )
+        .build()
 }
 
 async fn harvest_and_check(config: &Config) -> (Store, RoundSummary) {
@@ -102,6 +87,18 @@ async fn run_round_with(
         Arc::new(RoundProgress::default()),
     )
     .await
+}
+
+/// Waits until `done` holds, failing the test after 30 s instead of
+/// hanging it.
+async fn until(done: impl Fn() -> bool) {
+    tokio::time::timeout(Duration::from_secs(30), async {
+        while !done() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the condition never held within 30 s");
 }
 
 /// The feedback path a round commits through, with an index nobody serves.
@@ -485,11 +482,9 @@ async fn cancelling_a_round_keeps_every_completed_result() {
     let cancel = CancellationToken::new();
     let (store, progress, round) = start_round(dir.path(), &judge, &farm, 8, &cancel).await;
     // Interrupt once the first results are in (as Ctrl-C would).
-    while progress.done.load(Ordering::Relaxed) < 10 {
-        tokio::task::yield_now().await;
-    }
+    until(|| progress.done.load(Ordering::Relaxed) >= 10).await;
     cancel.cancel();
-    let summary = round.await.unwrap().unwrap();
+    let summary = common::within(round).await.unwrap().unwrap();
     assert!(summary.interrupted);
     assert!(
         summary.checked >= 10 && summary.checked < 240,
@@ -642,11 +637,9 @@ async fn a_judge_dying_mid_round_marks_nothing_dead() {
     let farm = FakeFarm::start(20, 100, Some(exit_ip())).await;
     let (store, progress, round) =
         start_round(dir.path(), &judge, &farm, 10, &CancellationToken::new()).await;
-    while progress.done.load(Ordering::Relaxed) < 10 {
-        tokio::task::yield_now().await;
-    }
+    until(|| progress.done.load(Ordering::Relaxed) >= 10).await;
     drop(judge);
-    let err = round.await.unwrap().unwrap_err();
+    let err = common::within(round).await.unwrap().unwrap_err();
     assert!(matches!(err, CheckError::JudgeLost { .. }), "{err}");
     let stats = store.stats().await.unwrap();
     assert_eq!(stats.by_status["dead"], 0, "{stats:?}");

@@ -43,27 +43,17 @@ impl Daemon {
         } else {
             sources
         };
-        let toml = format!(
-            r#"
-[database]
-path = "{db}"
-
-[check]
-judges = [{{ url = "http://{addr}/judge", marker = "proxywarden-judge" }}]
-concurrency = 32
-connect_timeout = "1s"
-timeout = "2s"
-https = false
-
-[api]
-listen = "{addr}"
-{api_extra}
-
-{sources}
-"#,
-            db = dir.join("daemon.db").display(),
-        );
-        let config = Config::from_toml(&toml, "daemon.toml").unwrap();
+        let config = common::TestConfig::new(dir)
+            .db("daemon.db")
+            .judges(&format!(
+                "[{{ url = \"http://{addr}/judge\", marker = \"proxywarden-judge\" }}]"
+            ))
+            .set("check", "concurrency", "32")
+            .set("check", "https", "false")
+            .set("api", "listen", &format!("\"{addr}\""))
+            .lines("api", api_extra)
+            .sources_toml(sources)
+            .build();
         let token = config.api.token.as_ref().map(|t| t.0.clone());
         let shutdown = CancellationToken::new();
         let task = tokio::spawn(proxywarden::daemon::run(config, listener, shutdown.clone()));
@@ -113,7 +103,7 @@ listen = "{addr}"
     async fn stop(self) -> Duration {
         let started = Instant::now();
         self.shutdown.cancel();
-        self.task.await.unwrap().unwrap();
+        common::within(self.task).await.unwrap().unwrap();
         started.elapsed()
     }
 }
@@ -126,6 +116,7 @@ fn client() -> reqwest::Client {
     reqwest::Client::builder()
         .tls_backend_preconfigured(std::sync::Arc::unwrap_or_clone(tls))
         .no_proxy()
+        .timeout(Duration::from_secs(30))
         .build()
         .unwrap()
 }
@@ -158,126 +149,153 @@ fn proxy_set(rows: &serde_json::Value) -> BTreeSet<String> {
         .collect()
 }
 
+/// A daemon that has checked five proxies: three alive (an elite http one
+/// in the US, an anonymous http one and a socks5 one in Germany), a liar
+/// and a closed port.
+struct Checked {
+    d: Daemon,
+    us_elite: FakeHttpProxy,
+    de_anon: FakeHttpProxy,
+    de_socks: FakeSocks5,
+    _liar: FakeHttpProxy,
+    _closed: fakes::ClosedPort,
+    _dir: tempfile::TempDir,
+}
+
+impl Checked {
+    async fn start() -> Checked {
+        let dir = tempfile::tempdir().unwrap();
+        let us_elite = FakeHttpProxy::start(HttpProxyOpts {
+            kind: ProxyKind::Elite,
+            upstream_bind: exit(),
+            ..HttpProxyOpts::default()
+        })
+        .await;
+        let de_anon = FakeHttpProxy::start(HttpProxyOpts {
+            kind: ProxyKind::Anonymous,
+            upstream_bind: exit(),
+            ..HttpProxyOpts::default()
+        })
+        .await;
+        let de_socks = FakeSocks5::start(SocksOpts {
+            upstream_bind: exit(),
+            ..SocksOpts::default()
+        })
+        .await;
+        let liar = FakeHttpProxy::start(HttpProxyOpts {
+            behavior: fakes::Behavior::Liar,
+            ..HttpProxyOpts::default()
+        })
+        .await;
+        let closed = fakes::closed_port();
+        let sources = json_source(
+            dir.path(),
+            &[
+                (us_elite.addr(), "http", "US"),
+                (de_anon.addr(), "http", "DE"),
+                (de_socks.addr(), "socks5", "DE"),
+                (liar.addr(), "http", "US"),
+                (closed.addr(), "http", "US"),
+            ],
+        );
+        let d = Daemon::start(dir.path(), &sources, "").await;
+        let stats = d.checked().await;
+        assert_eq!(stats["last_check"]["checked"], 5);
+        assert_eq!(stats["last_check"]["alive"], 3);
+        assert_eq!(stats["servable"], 3);
+        Checked {
+            d,
+            us_elite,
+            de_anon,
+            de_socks,
+            _liar: liar,
+            _closed: closed,
+            _dir: dir,
+        }
+    }
+
+    fn alive(&self) -> BTreeSet<String> {
+        [self.us_elite.addr(), self.de_anon.addr()]
+            .iter()
+            .map(|a| format!("http://{a}"))
+            .chain([format!("socks5://{}", self.de_socks.addr())])
+            .collect()
+    }
+
+    async fn one(&self, query: &str) -> (u16, serde_json::Value) {
+        self.d.json(&format!("/proxy?{query}")).await
+    }
+
+    async fn report(&self, id: i64, body: reqwest::Body) -> reqwest::Response {
+        self.d
+            .http
+            .post(self.d.url(&format!("/proxies/{id}/report")))
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .unwrap()
+    }
+
+    async fn stop(self) {
+        let took = self.d.stop().await;
+        assert!(took < Duration::from_secs(10), "shutdown took {took:?}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_api_serves_only_alive_proxies_matching_the_filters() {
-    let dir = tempfile::tempdir().unwrap();
-    let us_elite = FakeHttpProxy::start(HttpProxyOpts {
-        kind: ProxyKind::Elite,
-        upstream_bind: exit(),
-        ..HttpProxyOpts::default()
-    })
-    .await;
-    let de_anon = FakeHttpProxy::start(HttpProxyOpts {
-        kind: ProxyKind::Anonymous,
-        upstream_bind: exit(),
-        ..HttpProxyOpts::default()
-    })
-    .await;
-    let de_socks = FakeSocks5::start(SocksOpts {
-        upstream_bind: exit(),
-        ..SocksOpts::default()
-    })
-    .await;
-    let liar = FakeHttpProxy::start(HttpProxyOpts {
-        behavior: fakes::Behavior::Liar,
-        ..HttpProxyOpts::default()
-    })
-    .await;
-    let closed = fakes::closed_port();
-    let sources = json_source(
-        dir.path(),
-        &[
-            (us_elite.addr(), "http", "US"),
-            (de_anon.addr(), "http", "DE"),
-            (de_socks.addr(), "socks5", "DE"),
-            (liar.addr(), "http", "US"),
-            (closed.addr(), "http", "US"),
-        ],
-    );
-    let d = Daemon::start(dir.path(), &sources, "").await;
-    let stats = d.checked().await;
-    assert_eq!(stats["last_check"]["checked"], 5);
-    assert_eq!(stats["last_check"]["alive"], 3);
-    assert_eq!(stats["servable"], 3);
-
-    let alive: BTreeSet<String> = [us_elite.addr(), de_anon.addr()]
-        .iter()
-        .map(|a| format!("http://{a}"))
-        .chain([format!("socks5://{}", de_socks.addr())])
-        .collect();
-
-    // Plain /proxy: only ever one of the alive three.
+async fn plain_proxy_serves_only_alive_proxies_and_spreads_load() {
+    let c = Checked::start().await;
     let mut served = BTreeSet::new();
     for _ in 0..60 {
-        let (status, p) = d.json("/proxy").await;
+        let (status, p) = c.d.json("/proxy").await;
         assert_eq!(status, 200, "{p}");
         assert_eq!(p["status"], "alive");
         served.insert(p["url"].as_str().unwrap().to_owned());
     }
-    assert!(served.is_subset(&alive), "{served:?}");
+    assert!(served.is_subset(&c.alive()), "{served:?}");
     assert!(served.len() >= 2, "load is spread: {served:?}");
+    c.stop().await;
+}
 
-    // Filters.
-    let one = |q: &'static str| {
-        let d = &d;
-        async move { d.json(&format!("/proxy?{q}")).await }
-    };
-    let (_, p) = one("country=de&scheme=socks5").await;
-    assert_eq!(p["url"], format!("socks5://{}", de_socks.addr()));
-    let (_, p) = one("country=US,FR").await;
-    assert_eq!(p["url"], format!("http://{}", us_elite.addr()));
-    let (_, p) = one("anonymity=elite&scheme=http").await;
-    assert_eq!(p["url"], format!("http://{}", us_elite.addr()));
-    let (_, p) = one("anonymity=anonymous&country=DE&scheme=http").await;
-    assert_eq!(p["url"], format!("http://{}", de_anon.addr()));
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn filters_text_and_verify_select_the_matching_proxy() {
+    let c = Checked::start().await;
+    let (_, p) = c.one("country=de&scheme=socks5").await;
+    assert_eq!(p["url"], format!("socks5://{}", c.de_socks.addr()));
+    let (_, p) = c.one("country=US,FR").await;
+    assert_eq!(p["url"], format!("http://{}", c.us_elite.addr()));
+    let (_, p) = c.one("anonymity=elite&scheme=http").await;
+    assert_eq!(p["url"], format!("http://{}", c.us_elite.addr()));
+    let (_, p) = c.one("anonymity=anonymous&country=DE&scheme=http").await;
+    assert_eq!(p["url"], format!("http://{}", c.de_anon.addr()));
     assert_eq!(p["anonymity"], "anonymous");
-    let (status, e) = one("country=FR").await;
+    let (status, e) = c.one("country=FR").await;
     assert_eq!(status, 404);
     assert_eq!(e["error"]["code"], "not_found");
-    let (status, _) = one("https=true").await;
+    let (status, _) = c.one("https=true").await;
     assert_eq!(status, 404, "https was not tested, so nothing qualifies");
-    let excl = format!("/proxy?country=US&exclude={}", us_elite.addr());
-    assert_eq!(d.json(&excl).await.0, 404);
+    let excl = format!("country=US&exclude={}", c.us_elite.addr());
+    assert_eq!(c.one(&excl).await.0, 404);
 
-    let text = d.get("/proxy?format=text&country=US").await;
+    let text = c.d.get("/proxy?format=text&country=US").await;
     assert_eq!(text.status(), 200);
     assert_eq!(
         text.text().await.unwrap(),
-        format!("http://{}", us_elite.addr())
+        format!("http://{}", c.us_elite.addr())
     );
 
     // verify=true re-checks through the judge before answering.
-    let (status, p) = one("verify=true&country=US").await;
+    let (status, p) = c.one("verify=true&country=US").await;
     assert_eq!(status, 200);
-    assert_eq!(p["url"], format!("http://{}", us_elite.addr()));
+    assert_eq!(p["url"], format!("http://{}", c.us_elite.addr()));
+    c.stop().await;
+}
 
-    // Bad parameters name themselves.
-    for (q, needle) in [
-        ("country=USA", "country"),
-        ("scheme=ftp", "scheme"),
-        ("anonymity=high", "anonymity"),
-        ("max_latency_ms=fast", "max_latency_ms"),
-        ("max_age=soon", "max_age"),
-        ("https=maybe", "https"),
-        ("colour=red", "colour"),
-        ("format=xml", "format"),
-    ] {
-        let (status, e) = d.json(&format!("/proxy?{q}")).await;
-        assert_eq!(status, 400, "{q}");
-        assert_eq!(e["error"]["code"], "bad_request");
-        assert!(
-            e["error"]["message"].as_str().unwrap().contains(needle),
-            "{q}: {e}"
-        );
-    }
-    let (status, e) = d.json("/proxies?limit=5000").await;
-    assert_eq!(status, 400);
-    assert!(e["error"]["message"].as_str().unwrap().contains("limit"));
-    let (status, e) = d.json("/no/such/route").await;
-    assert_eq!(status, 404);
-    assert_eq!(e["error"]["code"], "not_found");
-
-    // /proxies: paging and sorting, every status.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listings_page_and_sort_every_status() {
+    let c = Checked::start().await;
+    let d = &c.d;
     let (_, page) = d
         .json("/proxies?status=all&sort=latency&limit=2&offset=0")
         .await;
@@ -303,6 +321,11 @@ async fn the_api_serves_only_alive_proxies_matching_the_filters() {
         .collect();
     let known: Vec<i64> = latencies.iter().flatten().copied().collect();
     assert!(known.windows(2).all(|w| w[0] <= w[1]), "{latencies:?}");
+    assert_eq!(
+        latencies.iter().position(Option::is_none).unwrap_or(4),
+        known.len(),
+        "never-passed proxies sort last: {latencies:?}"
+    );
     let (_, dead) = d.json("/proxies?status=dead").await;
     assert_eq!(dead["total"], 2);
     let reasons: BTreeSet<&str> = dead["proxies"]
@@ -312,25 +335,37 @@ async fn the_api_serves_only_alive_proxies_matching_the_filters() {
         .map(|r| r["reason"].as_str().unwrap())
         .collect();
     assert_eq!(reasons, BTreeSet::from(["content_mismatch", "refused"]));
+    let (_, alive) = d.json("/proxies?status=alive&scheme=http").await;
+    assert_eq!(alive["total"], 2);
+    c.stop().await;
+}
 
-    // Exports parse back to the healthy set.
-    let (_, json) = d.json("/export?format=json").await;
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exports_parse_back_to_the_healthy_set() {
+    let c = Checked::start().await;
+    let alive = c.alive();
+    let (_, json) = c.d.json("/export?format=json").await;
     assert_eq!(proxy_set(&json), alive);
-    let txt = d.get("/export?format=txt").await.text().await.unwrap();
+    let txt = c.d.get("/export?format=txt").await.text().await.unwrap();
     assert_eq!(
         txt.lines().map(str::to_owned).collect::<BTreeSet<_>>(),
         alive
     );
-    let csv_body = d.get("/export?format=csv").await.text().await.unwrap();
+    let csv_body = c.d.get("/export?format=csv").await.text().await.unwrap();
     let mut reader = csv::Reader::from_reader(csv_body.as_bytes());
     let from_csv: BTreeSet<String> = reader
         .records()
         .map(|r| r.unwrap()[1].to_string())
         .collect();
     assert_eq!(from_csv, alive);
+    c.stop().await;
+}
 
-    // Metrics parse as Prometheus text.
-    let metrics = d.get("/metrics").await.text().await.unwrap();
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_parse_as_prometheus_text() {
+    let c = Checked::start().await;
+    c.d.json("/proxy").await;
+    let metrics = c.d.get("/metrics").await.text().await.unwrap();
     let lines = metrics.lines().map(|l| Ok(l.to_owned()));
     let scrape = prometheus_parse::Scrape::parse(lines).unwrap();
     let value = |name: &str, label: (&str, &str)| {
@@ -353,11 +388,9 @@ async fn the_api_serves_only_alive_proxies_matching_the_filters() {
         value("proxywarden_checks_total", ("outcome", "refused")),
         Some(1.0)
     );
-    assert!(
-        scrape
-            .samples
-            .iter()
-            .any(|s| s.metric == "proxywarden_api_requests_total")
+    assert_eq!(
+        value("proxywarden_api_requests_total", ("route", "/proxy")),
+        Some(1.0)
     );
     assert!(
         scrape
@@ -365,48 +398,31 @@ async fn the_api_serves_only_alive_proxies_matching_the_filters() {
             .iter()
             .any(|s| s.metric.starts_with("proxywarden_check_latency_seconds"))
     );
+    c.stop().await;
+}
 
-    // A report hides a proxy at once.
-    let (_, p) = one("country=DE&scheme=socks5").await;
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_report_hides_a_proxy_at_once() {
+    let c = Checked::start().await;
+    let (_, p) = c.one("country=DE&scheme=socks5").await;
     let id = p["id"].as_i64().unwrap();
-    let resp = d
-        .http
-        .post(d.url(&format!("/proxies/{id}/report")))
-        .json(&serde_json::json!({"ok": false, "reason": "timeout"}))
-        .send()
-        .await
-        .unwrap();
+    let resp = c
+        .report(id, r#"{"ok": false, "reason": "timeout"}"#.into())
+        .await;
     assert_eq!(resp.status(), 200);
-    assert_eq!(one("country=DE&scheme=socks5").await.0, 404);
-    let resp = d
-        .http
-        .post(d.url(&format!("/proxies/{id}/report")))
-        .body("not json")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 400);
-    let resp = d
-        .http
-        .post(d.url(&format!("/proxies/{id}/report")))
-        .body(vec![b' '; 100_000])
-        .send()
-        .await
-        .unwrap();
+    let body: serde_json::Value = resp.json().await.unwrap();
+    assert_eq!(body["hidden"], true);
+    assert_eq!(c.one("country=DE&scheme=socks5").await.0, 404);
+    assert_eq!(c.report(id, "not json".into()).await.status(), 400);
+    let resp = c.report(id, vec![b' '; 100_000].into()).await;
     assert_eq!(resp.status(), 413);
     let e: serde_json::Value = resp.json().await.unwrap();
     assert_eq!(e["error"]["code"], "payload_too_large");
-    let resp = d
-        .http
-        .post(d.url("/proxies/999999/report"))
-        .json(&serde_json::json!({"ok": true}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 404);
-
-    let took = d.stop().await;
-    assert!(took < Duration::from_secs(10), "shutdown took {took:?}");
+    assert_eq!(
+        c.report(999_999, r#"{"ok": true}"#.into()).await.status(),
+        404
+    );
+    c.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -549,19 +565,11 @@ async fn the_judge_can_be_switched_off_and_is_rate_limited() {
     d.stop().await;
 }
 
-/// A store in `dir` holding one proxy at `addr`, and its id.
-async fn store_with_one_proxy(dir: &Path, addr: SocketAddr, extra: &str) -> (Config, Store, i64) {
+/// The store of `config` holding one proxy at `addr`, and its id.
+async fn store_with_one_proxy(config: Config, addr: SocketAddr) -> (Config, Store, i64) {
     use proxywarden::model::{Candidate, Hints, SourceScheme};
     use proxywarden::store::{ProxyFilter, SourceRun};
 
-    let config = Config::from_toml(
-        &format!(
-            "[database]\npath = \"{}\"\n{extra}",
-            dir.join("q.db").display()
-        ),
-        "t",
-    )
-    .unwrap();
     let store = Store::open(&config.database.path).unwrap();
     let run = SourceRun {
         name: "s".into(),
@@ -601,11 +609,11 @@ async fn a_request_over_the_timeout_gets_a_json_503() {
         ..HttpProxyOpts::default()
     })
     .await;
-    let extra = format!(
-        "[check]\njudges = [\"{}\"]\n[api]\nrequest_timeout = \"300ms\"\n",
-        judge.url()
-    );
-    let (config, store, id) = store_with_one_proxy(dir.path(), hang.addr(), &extra).await;
+    let config = common::TestConfig::new(dir.path())
+        .judges(&format!("[\"{}\"]", judge.url()))
+        .set("api", "request_timeout", "\"300ms\"")
+        .build();
+    let (config, store, id) = store_with_one_proxy(config, hang.addr()).await;
     store
         .record_checks(
             vec![common::alive_at(id, now_ms())],

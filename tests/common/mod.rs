@@ -3,8 +3,11 @@
 
 #![allow(dead_code)]
 
+pub mod config;
 pub mod fakes;
 pub mod judges;
+
+pub use config::TestConfig;
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -275,25 +278,10 @@ async fn write_response(
     stream.shutdown().await
 }
 
-/// A config with fast timeouts and no retry delays worth waiting for, the
-/// database in `dir`, and `sources` (TOML `[[sources]]` blocks) appended.
+/// A config with fast timeouts (see [`TestConfig::new`]) and `sources`
+/// (TOML `[[sources]]` blocks) appended.
 pub fn config_toml(dir: &Path, sources: &str) -> String {
-    format!(
-        r#"
-[database]
-path = "{db}"
-
-[harvest]
-connect_timeout = "1s"
-timeout = "2s"
-max_body = "1MiB"
-retries = 1
-retry_backoff = "10ms"
-
-{sources}
-"#,
-        db = dir.join("test.db").display()
-    )
+    TestConfig::new(dir).sources_toml(sources).toml()
 }
 
 /// Writes `toml` to `dir/proxywarden.toml` and returns the path.
@@ -318,4 +306,11 @@ pub fn alive_at(id: i64, at: i64) -> proxywarden::store::CheckRecord {
             detected: None,
         },
     }
+}
+
+/// Awaits `f`, failing the test after 60 s instead of hanging it.
+pub async fn within<F: std::future::Future>(f: F) -> F::Output {
+    tokio::time::timeout(std::time::Duration::from_secs(60), f)
+        .await
+        .expect("timed out after 60 s")
 }
