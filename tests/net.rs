@@ -372,34 +372,56 @@ async fn a_closed_port_is_refused() {
     .await;
 }
 
+/// One proxy of every scheme, all misbehaving the same way; the fakes
+/// stop when this is dropped.
+struct OneOfEach {
+    _http: FakeHttpProxy,
+    _socks4: FakeSocks4,
+    _socks5: FakeSocks5,
+    proxies: [Proxy; 3],
+}
+
+impl OneOfEach {
+    async fn start(http: Behavior, socks: SocksBehavior) -> OneOfEach {
+        let http = FakeHttpProxy::start(HttpProxyOpts {
+            connect: true,
+            behavior: http,
+            ..HttpProxyOpts::default()
+        })
+        .await;
+        let opts = SocksOpts {
+            behavior: socks,
+            ..SocksOpts::default()
+        };
+        let socks4 = FakeSocks4::start(opts.clone()).await;
+        let socks5 = FakeSocks5::start(opts).await;
+        let proxies = [
+            proxy(Scheme::Http, http.addr(), None),
+            proxy(Scheme::Socks4, socks4.addr(), None),
+            proxy(Scheme::Socks5, socks5.addr(), None),
+        ];
+        OneOfEach {
+            _http: http,
+            _socks4: socks4,
+            _socks5: socks5,
+            proxies,
+        }
+    }
+}
+
 #[tokio::test]
 async fn a_proxy_that_never_answers_hits_the_handshake_timeout() {
     within(async {
         let echo = EchoServer::start().await;
         let target = Target::from(echo.addr());
-        let http = FakeHttpProxy::start(HttpProxyOpts {
-            connect: true,
-            behavior: Behavior::Hang,
-            ..HttpProxyOpts::default()
-        })
-        .await;
-        let hang = SocksOpts {
-            behavior: SocksBehavior::Hang,
-            ..SocksOpts::default()
-        };
-        let socks4 = FakeSocks4::start(hang.clone()).await;
-        let socks5 = FakeSocks5::start(hang).await;
+        let each = OneOfEach::start(Behavior::Hang, SocksBehavior::Hang).await;
         let opts = DialOptions {
             handshake_timeout: HANDSHAKE,
             ..tunnel()
         };
-        for p in [
-            proxy(Scheme::Http, http.addr(), None),
-            proxy(Scheme::Socks4, socks4.addr(), None),
-            proxy(Scheme::Socks5, socks5.addr(), None),
-        ] {
+        for p in &each.proxies {
             let start = Instant::now();
-            let r = dial(Some(&p), &target, &opts).await;
+            let r = dial(Some(p), &target, &opts).await;
             let took = start.elapsed();
             assert_eq!(r.err(), Some(Reason::Timeout), "{:?}", p.scheme);
             // The other timeouts are 2 s: well before that, it was this one.
@@ -418,24 +440,9 @@ async fn a_garbage_reply_is_a_protocol_error() {
     within(async {
         let echo = EchoServer::start().await;
         let target = Target::from(echo.addr());
-        let http = FakeHttpProxy::start(HttpProxyOpts {
-            connect: true,
-            behavior: Behavior::Garbage,
-            ..HttpProxyOpts::default()
-        })
-        .await;
-        let garbage = SocksOpts {
-            behavior: SocksBehavior::Garbage,
-            ..SocksOpts::default()
-        };
-        let socks4 = FakeSocks4::start(garbage.clone()).await;
-        let socks5 = FakeSocks5::start(garbage).await;
-        for p in [
-            proxy(Scheme::Http, http.addr(), None),
-            proxy(Scheme::Socks4, socks4.addr(), None),
-            proxy(Scheme::Socks5, socks5.addr(), None),
-        ] {
-            let r = dial(Some(&p), &target, &tunnel()).await;
+        let each = OneOfEach::start(Behavior::Garbage, SocksBehavior::Garbage).await;
+        for p in &each.proxies {
+            let r = dial(Some(p), &target, &tunnel()).await;
             assert_eq!(r.err(), Some(Reason::ProtocolError), "{:?}", p.scheme);
         }
     })

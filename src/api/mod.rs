@@ -127,6 +127,11 @@ impl AppState {
         *self.checker.write().unwrap_or_else(|e| e.into_inner()) = Some(checker);
     }
 
+    /// Records what a round did, for `/stats`.
+    pub fn record_round(&self, update: impl FnOnce(&mut Rounds)) {
+        update(&mut self.rounds.lock().unwrap_or_else(|e| e.into_inner()));
+    }
+
     /// The index of alive proxies.
     pub fn index(&self) -> &HealthIndex {
         self.feedback.index()

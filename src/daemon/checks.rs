@@ -126,11 +126,7 @@ impl CheckLoop {
                     dead: summary.dead,
                     duration_ms: summary.elapsed.as_millis() as u64,
                 };
-                self.state
-                    .rounds
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .last_check = Some(info);
+                self.state.record_round(|r| r.last_check = Some(info));
             }
             Err(e) => tracing::error!(error = %e, "check round failed"),
         }

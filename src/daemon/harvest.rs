@@ -126,11 +126,7 @@ impl Harvester {
                     new: report.new,
                     duration_ms: report.elapsed.as_millis() as u64,
                 };
-                self.state
-                    .rounds
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .last_harvest = Some(info);
+                self.state.record_round(|r| r.last_harvest = Some(info));
                 if report.new > 0 {
                     self.wake.notify_one();
                 }
