@@ -118,47 +118,6 @@ async fn http_forward_hands_back_the_proxy_for_absolute_form_requests() {
 }
 
 #[tokio::test]
-async fn connect_sends_the_target_name_unresolved_and_carries_bytes() {
-    within(async {
-        let echo = EchoServer::start().await;
-        let http = FakeHttpProxy::start(HttpProxyOpts {
-            connect: true,
-            ..HttpProxyOpts::default()
-        })
-        .await;
-        let p = proxy(Scheme::Http, http.addr(), None);
-        let target = localhost(echo.addr().port());
-        let mut dialed = dial(Some(&p), &target, &tunnel()).await.unwrap();
-        assert!(!dialed.forward);
-        assert_echoes(&mut dialed.stream).await;
-        assert_eq!(
-            http.targets(),
-            [Requested::Name("localhost".into(), echo.addr().port())]
-        );
-    })
-    .await;
-}
-
-#[tokio::test]
-async fn connect_sends_an_address_target_as_an_address() {
-    within(async {
-        let echo = EchoServer::start().await;
-        let http = FakeHttpProxy::start(HttpProxyOpts {
-            connect: true,
-            ..HttpProxyOpts::default()
-        })
-        .await;
-        let p = proxy(Scheme::Http, http.addr(), None);
-        let mut dialed = dial(Some(&p), &Target::from(echo.addr()), &tunnel())
-            .await
-            .unwrap();
-        assert_echoes(&mut dialed.stream).await;
-        assert_eq!(http.targets(), [Requested::Addr(echo.addr())]);
-    })
-    .await;
-}
-
-#[tokio::test]
 async fn connect_with_the_right_credentials_opens_the_tunnel() {
     within(async {
         let echo = EchoServer::start().await;
@@ -221,39 +180,6 @@ async fn connect_answered_with_an_error_status_is_bad_status() {
 }
 
 #[tokio::test]
-async fn socks4_sends_an_ip_target_as_an_address() {
-    within(async {
-        let echo = EchoServer::start().await;
-        let socks = FakeSocks4::start(SocksOpts::default()).await;
-        let p = proxy(Scheme::Socks4, socks.addr(), None);
-        let mut dialed = dial(Some(&p), &Target::from(echo.addr()), &tunnel())
-            .await
-            .unwrap();
-        assert!(!dialed.forward);
-        assert_echoes(&mut dialed.stream).await;
-        assert_eq!(socks.targets(), [Requested::Addr(echo.addr())]);
-    })
-    .await;
-}
-
-#[tokio::test]
-async fn socks4a_sends_a_domain_target_unresolved() {
-    within(async {
-        let echo = EchoServer::start().await;
-        let socks = FakeSocks4::start(SocksOpts::default()).await;
-        let p = proxy(Scheme::Socks4, socks.addr(), None);
-        let target = localhost(echo.addr().port());
-        let mut dialed = dial(Some(&p), &target, &tunnel()).await.unwrap();
-        assert_echoes(&mut dialed.stream).await;
-        assert_eq!(
-            socks.targets(),
-            [Requested::Name("localhost".into(), echo.addr().port())]
-        );
-    })
-    .await;
-}
-
-#[tokio::test]
 async fn socks4_sends_the_username_as_its_user_id() {
     within(async {
         let echo = EchoServer::start().await;
@@ -271,24 +197,6 @@ async fn socks4_sends_the_username_as_its_user_id() {
         let p = proxy(Scheme::Socks4, socks.addr(), Some(("bob", "")));
         let r = dial(Some(&p), &target, &tunnel()).await;
         assert_eq!(r.err(), Some(Reason::BadStatus));
-    })
-    .await;
-}
-
-#[tokio::test]
-async fn socks5h_sends_a_domain_target_unresolved() {
-    within(async {
-        let echo = EchoServer::start().await;
-        let socks = FakeSocks5::start(SocksOpts::default()).await;
-        let p = proxy(Scheme::Socks5, socks.addr(), None);
-        let target = localhost(echo.addr().port());
-        let mut dialed = dial(Some(&p), &target, &tunnel()).await.unwrap();
-        assert!(!dialed.forward);
-        assert_echoes(&mut dialed.stream).await;
-        assert_eq!(
-            socks.targets(),
-            [Requested::Name("localhost".into(), echo.addr().port())]
-        );
     })
     .await;
 }
@@ -375,9 +283,9 @@ async fn a_closed_port_is_refused() {
 /// One proxy of every scheme, all misbehaving the same way; the fakes
 /// stop when this is dropped.
 struct OneOfEach {
-    _http: FakeHttpProxy,
-    _socks4: FakeSocks4,
-    _socks5: FakeSocks5,
+    http: FakeHttpProxy,
+    socks4: FakeSocks4,
+    socks5: FakeSocks5,
     proxies: [Proxy; 3],
 }
 
@@ -401,12 +309,66 @@ impl OneOfEach {
             proxy(Scheme::Socks5, socks5.addr(), None),
         ];
         OneOfEach {
-            _http: http,
-            _socks4: socks4,
-            _socks5: socks5,
+            http,
+            socks4,
+            socks5,
             proxies,
         }
     }
+
+    /// What the proxy of `scheme` was asked to connect to.
+    fn targets(&self, scheme: Scheme) -> Vec<Requested> {
+        match scheme {
+            Scheme::Http => self.http.targets(),
+            Scheme::Socks4 => self.socks4.targets(),
+            Scheme::Socks5 => self.socks5.targets(),
+        }
+    }
+}
+
+/// CONNECT, SOCKS4a and SOCKS5h hand a name to the proxy as it is: the
+/// proxy resolves it, never we. Bytes then go through end to end.
+#[tokio::test]
+async fn every_tunnel_sends_a_name_target_unresolved() {
+    within(async {
+        let echo = EchoServer::start().await;
+        let each = OneOfEach::start(Behavior::Normal, SocksBehavior::Normal).await;
+        let target = localhost(echo.addr().port());
+        for p in &each.proxies {
+            let mut dialed = dial(Some(p), &target, &tunnel()).await.unwrap();
+            assert!(!dialed.forward, "{:?}", p.scheme);
+            assert_echoes(&mut dialed.stream).await;
+            assert_eq!(
+                each.targets(p.scheme),
+                [Requested::Name("localhost".into(), echo.addr().port())],
+                "{:?}",
+                p.scheme
+            );
+        }
+    })
+    .await;
+}
+
+/// An address target reaches every kind of proxy as an address.
+#[tokio::test]
+async fn every_tunnel_sends_an_address_target_as_an_address() {
+    within(async {
+        let echo = EchoServer::start().await;
+        let each = OneOfEach::start(Behavior::Normal, SocksBehavior::Normal).await;
+        for p in &each.proxies {
+            let mut dialed = dial(Some(p), &Target::from(echo.addr()), &tunnel())
+                .await
+                .unwrap();
+            assert_echoes(&mut dialed.stream).await;
+            assert_eq!(
+                each.targets(p.scheme),
+                [Requested::Addr(echo.addr())],
+                "{:?}",
+                p.scheme
+            );
+        }
+    })
+    .await;
 }
 
 #[tokio::test]
