@@ -2,16 +2,18 @@
 //! lists, checks every proxy, records the results in SQLite and serves the
 //! ones that work.
 //!
+//! Modules, lowest first; a module imports only from those above it here:
+//!
 //! - [`proxy`]: proxy identity, schemes, anonymity, statuses, countries
 //! - [`model`]: the shared vocabulary: candidates and hints, outcomes, failure reasons, re-check policy
-//! - [`config`]: raw TOML → validated [`config::Config`]
+//! - [`config`]: raw TOML over the example's defaults → validated [`config::Config`]
 //! - [`net`]: the dialer: a stream to host:port directly or through any proxy; TLS setup
-//! - [`harvest`]: fetch sources with limits; parse text, HTML and JSON lists
-//! - [`check`]: probes per scheme, judges, anonymity, the batched check round
-//! - [`store`]: SQLite (WAL): migrations, upserts, check results, listings
+//! - [`store`]: SQLite (WAL): one writer thread, read-only connections, migrations, listings
 //! - [`health`]: the in-memory index of servable proxies, selection, the one feedback path
-//! - [`api`]: the axum router: serving, listings, reports, metrics, the judge
+//! - [`harvest`]: fetch sources with limits; parse text, HTML and JSON lists
+//! - [`check`]: probes per scheme over the dialer, judges, anonymity, the batched check round
 //! - [`export`]: proxies as txt, json or csv, files written atomically
+//! - [`api`]: the axum router: serving, listings, reports, metrics, the judge
 //! - [`daemon`]: `serve`: the API, check loop, harvests, purge and watchdog as components on one task tracker
 //! - [`cli`]: the clap command tree and each command's output
 
