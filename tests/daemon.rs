@@ -733,3 +733,41 @@ async fn overdue_sources_are_harvested_at_start_up() {
     assert_eq!(site.hits("/stale.txt"), 1);
     d.stop().await;
 }
+
+/// Verdicts another process writes to the same database (a `proxywarden
+/// check` run beside the daemon) reach what the daemon serves within
+/// seconds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verdicts_written_by_another_process_are_served_within_seconds() {
+    let c = Checked::start().await;
+    let (status, p) = c.one("country=US").await;
+    assert_eq!(status, 200);
+    let id = p["id"].as_i64().unwrap();
+    // Another writer on the same file, as the CLI would be.
+    let other = Store::open(&c._dir.path().join("daemon.db")).unwrap();
+    let dead = proxywarden::store::CheckRecord {
+        id,
+        checked_at: proxywarden::store::now_ms(),
+        outcome: proxywarden::model::Outcome::dead(proxywarden::model::Reason::Refused),
+    };
+    other
+        .record_checks(
+            vec![dead],
+            proxywarden::model::RecheckPolicy {
+                alive: Duration::from_secs(600),
+                dead: Duration::from_secs(900),
+                dead_max: Duration::from_secs(86_400),
+            },
+        )
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while c.one("country=US").await.0 != 404 {
+        assert!(
+            Instant::now() < deadline,
+            "the daemon still serves a proxy the database says is dead"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    c.stop().await;
+}

@@ -5,6 +5,7 @@
 mod checks;
 mod harvest;
 mod purge;
+mod sync;
 mod systemd;
 
 use std::sync::Arc;
@@ -24,6 +25,7 @@ use crate::store::Store;
 use checks::CheckLoop;
 use harvest::{Harvester, Trigger};
 use purge::Purger;
+use sync::IndexSync;
 
 /// How long checks in flight may run after shutdown begins before they are
 /// stopped (their results are then not recorded).
@@ -35,7 +37,8 @@ const STOP_LIMIT: Duration = Duration::from_secs(8);
 const PURGE_SCHEDULE: &str = "0 17 3 * * *";
 
 /// Runs the daemon on an already bound listener until `shutdown` is
-/// cancelled. Every component (API, check loop, harvests, purge, watchdog)
+/// cancelled. Every component (API, check loop, harvests, purge, the index
+/// sync, watchdog)
 /// is a task on one tracker; the cron scheduler only signals the harvest
 /// and purge components. On shutdown every component is cancelled, checks
 /// in flight get [`CHECK_GRACE`], and the whole stop takes at most
@@ -47,6 +50,8 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     let config = Arc::new(config);
     let store = Store::open(&config.database.path)?;
+    // Read before the index, so rows changed while it loads are read again.
+    let mark = store.change_seq().await?;
     let index = health::load_index(&store)
         .await
         .context("loading the health index")?;
@@ -96,6 +101,14 @@ pub async fn run(
             config: config.clone(),
             store: store.clone(),
             triggers: purge_rx,
+        }
+        .run(stop.clone()),
+    );
+    tasks.spawn(
+        IndexSync {
+            store: store.clone(),
+            index: index.clone(),
+            mark,
         }
         .run(stop.clone()),
     );

@@ -97,9 +97,47 @@ impl Store {
         batch: Vec<CheckRecord>,
         policy: RecheckPolicy,
     ) -> Result<Vec<ProxyRecord>, StoreError> {
-        self.write(move |tx| {
+        self.write_weighted(batch.len(), move |tx| {
             let ids = record_checks(tx, &batch, policy)?;
             proxies_by_ids(tx, &ids)
+        })
+        .await
+    }
+
+    /// The latest change number: rows changed after this are newer than
+    /// anything read before.
+    pub async fn change_seq(&self) -> Result<i64, StoreError> {
+        self.read(|c| Ok(c.query_row("SELECT change_seq FROM meta", [], |r| r.get(0))?))
+            .await
+    }
+
+    /// The proxies changed after change number `after` (at most `limit`,
+    /// oldest change first) and the change number to ask from next time.
+    pub async fn changed_since(
+        &self,
+        after: i64,
+        limit: usize,
+    ) -> Result<(Vec<ProxyRecord>, i64), StoreError> {
+        self.read(move |c| {
+            let ids: Vec<(i64, i64)> = c
+                .prepare_cached(
+                    "SELECT id, changed_seq FROM proxies WHERE changed_seq > ?1
+                     ORDER BY changed_seq LIMIT ?2",
+                )?
+                .query_map(params![after, limit as i64], |r| Ok((r.get(0)?, r.get(1)?)))?
+                .collect::<Result<_, _>>()?;
+            let first = ids.first().map_or(after, |(_, seq)| *seq);
+            let last = ids.last().map_or(after, |(_, seq)| *seq);
+            // A full page may end inside one change number: ask again from
+            // just below it so none of its rows is skipped (unless the page
+            // holds nothing else, which would never move on).
+            let mark = if ids.len() == limit && first < last {
+                last - 1
+            } else {
+                last
+            };
+            let ids: Vec<i64> = ids.into_iter().map(|(id, _)| id).collect();
+            Ok((proxies_by_ids(c, &ids)?, mark.max(after)))
         })
         .await
     }
@@ -215,6 +253,7 @@ fn record_checks(
     batch: &[CheckRecord],
     policy: RecheckPolicy,
 ) -> Result<Vec<i64>, StoreError> {
+    bump_change_seq(tx)?;
     let mut ids = Vec::with_capacity(batch.len());
     {
         let mut alive = tx.prepare_cached(
@@ -224,7 +263,7 @@ fn record_checks(
                      country_source = CASE WHEN ?7 IS NULL THEN country_source ELSE 'geoip' END,
                      last_reason = NULL, checks_total = checks_total + 1,
                      checks_ok = checks_ok + 1, consecutive_failures = 0,
-                     next_check_at = ?2 + ?8
+                     next_check_at = ?2 + ?8, changed_seq = (SELECT change_seq FROM meta)
                  WHERE id = ?1",
         )?;
         // The shift uses the failures before this one: 1×, 2×, 4×, …
@@ -232,7 +271,8 @@ fn record_checks(
             "UPDATE proxies SET status = 'dead', last_checked = ?2, last_reason = ?3,
                      checks_total = checks_total + 1,
                      consecutive_failures = consecutive_failures + 1,
-                     next_check_at = ?2 + min(?4 << min(consecutive_failures, 40), ?5)
+                     next_check_at = ?2 + min(?4 << min(consecutive_failures, 40), ?5),
+                     changed_seq = (SELECT change_seq FROM meta)
                  WHERE id = ?1",
         )?;
         for rec in batch {
@@ -270,12 +310,20 @@ fn record_checks(
     Ok(ids)
 }
 
+/// Starts a new change number for the rows this transaction writes (see
+/// migration 0003).
+pub(super) fn bump_change_seq(tx: &Connection) -> Result<(), StoreError> {
+    tx.execute("UPDATE meta SET change_seq = change_seq + 1", [])?;
+    Ok(())
+}
+
 /// Gives a detected proxy its real scheme. If a row with that identity
 /// already exists, the placeholder row is merged into it (its source links
 /// move over) and the existing row's id is returned.
 fn settle_scheme(tx: &Connection, id: i64, scheme: Scheme) -> Result<i64, StoreError> {
     let changed = tx.execute(
-        "UPDATE OR IGNORE proxies SET scheme = ?2, scheme_detect = 0 WHERE id = ?1",
+        "UPDATE OR IGNORE proxies SET scheme = ?2, scheme_detect = 0,
+             changed_seq = (SELECT change_seq FROM meta) WHERE id = ?1",
         params![id, scheme.as_str()],
     )?;
     if changed > 0 {

@@ -204,7 +204,17 @@ impl Store {
         T: Send + 'static,
         F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
     {
-        let (job, done) = writer::Call::job(f);
+        self.write_weighted(1, f).await
+    }
+
+    /// [`Store::write`] for a job writing about `weight` rows, so that the
+    /// writer keeps each transaction small.
+    pub(crate) async fn write_weighted<T, F>(&self, weight: usize, f: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
+    {
+        let (job, done) = writer::Call::job(weight, f);
         self.inner
             .writer
             .send(job)

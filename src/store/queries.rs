@@ -11,6 +11,10 @@ use super::{Store, StoreError};
 use crate::model::Candidate;
 use crate::proxy::{Anonymity, Country, Credentials, Proxy, Scheme, Status};
 
+/// Candidates written per transaction: a few tens of milliseconds of
+/// work, far below the busy timeout of anyone waiting for the lock.
+const SOURCE_CHUNK: usize = 5_000;
+
 /// What happened when one source was fetched.
 #[derive(Clone, Debug)]
 pub struct SourceRun {
@@ -342,17 +346,38 @@ fn proxy_from_row(row: &Row) -> rusqlite::Result<ProxyRecord> {
 }
 
 impl Store {
-    /// Records one source fetch and writes its candidates, all in one
-    /// transaction. New proxies start `unknown` and due at once; known ones
-    /// keep their checked facts and get `last_seen`, the source link and
-    /// the source's hints updated.
+    /// Records one source fetch and writes its candidates. New proxies
+    /// start `unknown` and due at once; known ones keep their checked facts
+    /// and get `last_seen`, the source link and the source's hints updated.
+    /// The candidates go in chunks of bounded transactions, so a huge list
+    /// never holds the write lock longer than another process waits for it;
+    /// the source's row records the run once every chunk is in.
     pub async fn record_source_run(
         &self,
         run: SourceRun,
         candidates: Vec<Candidate>,
     ) -> Result<UpsertCounts, StoreError> {
-        self.write(move |tx| record_source_run(tx, &run, &candidates))
-            .await
+        let run = std::sync::Arc::new(run);
+        let source = {
+            let run = run.clone();
+            self.write(move |tx| source_id(tx, &run)).await?
+        };
+        let now = run.started_at;
+        let mut counts = UpsertCounts::default();
+        let mut rest = candidates;
+        while !rest.is_empty() {
+            let tail = rest.split_off(rest.len().min(SOURCE_CHUNK));
+            let chunk = std::mem::replace(&mut rest, tail);
+            let weight = chunk.len();
+            let c = self
+                .write_weighted(weight, move |tx| upsert_candidates(tx, source, now, &chunk))
+                .await?;
+            counts.found += c.found;
+            counts.new += c.new;
+        }
+        self.write(move |tx| finish_source_run(tx, source, &run, counts))
+            .await?;
+        Ok(counts)
     }
 
     /// Proxies matching `filter`, ordered by id.
@@ -406,19 +431,26 @@ impl Store {
     }
 }
 
-fn record_source_run(
-    tx: &Connection,
-    run: &SourceRun,
-    candidates: &[Candidate],
-) -> Result<UpsertCounts, StoreError> {
-    let now = run.started_at;
-    let source_id: i64 = tx.query_row(
+/// The source's row id, creating the row on its first run.
+fn source_id(tx: &Connection, run: &SourceRun) -> Result<i64, StoreError> {
+    Ok(tx.query_row(
         "INSERT INTO sources (name, url, format) VALUES (?1, ?2, ?3)
              ON CONFLICT (name) DO UPDATE SET url = excluded.url, format = excluded.format
              RETURNING id",
         params![run.name, run.url, run.format],
         |r| r.get(0),
-    )?;
+    )?)
+}
+
+/// Writes one chunk of a source's candidates, linked to the source.
+fn upsert_candidates(
+    tx: &Connection,
+    source_id: i64,
+    now: i64,
+    candidates: &[Candidate],
+) -> Result<UpsertCounts, StoreError> {
+    // A country from the source changes what filters select.
+    super::checks::bump_change_seq(tx)?;
     let mut counts = UpsertCounts::default();
     {
         let mut find = tx.prepare_cached(
@@ -449,7 +481,10 @@ fn record_source_run(
                      country_source = CASE WHEN country_source = 'geoip' OR ?5 IS NULL
                                     THEN country_source ELSE 'source' END,
                      hint_anonymity = coalesce(?6, hint_anonymity),
-                     hint_https = coalesce(?7, hint_https)
+                     hint_https = coalesce(?7, hint_https),
+                     changed_seq = CASE WHEN country_source IS NOT 'geoip' AND ?5 IS NOT NULL
+                                             AND country IS NOT ?5
+                                        THEN (SELECT change_seq FROM meta) ELSE changed_seq END
                  WHERE id = ?1",
         )?;
         let mut link = tx.prepare_cached(
@@ -508,7 +543,17 @@ fn record_source_run(
             counts.found += 1;
         }
     }
-    let finished = now + run.duration_ms;
+    Ok(counts)
+}
+
+/// Records the end of a source run with what it found.
+fn finish_source_run(
+    tx: &Connection,
+    source_id: i64,
+    run: &SourceRun,
+    counts: UpsertCounts,
+) -> Result<(), StoreError> {
+    let finished = run.started_at + run.duration_ms;
     tx.execute(
         "UPDATE sources SET
                  last_fetch_at = ?2,
@@ -531,7 +576,7 @@ fn record_source_run(
             run.error
         ],
     )?;
-    Ok(counts)
+    Ok(())
 }
 
 fn list_proxies(conn: &Connection, filter: &ProxyFilter) -> Result<Vec<ProxyRecord>, StoreError> {

@@ -17,8 +17,20 @@ pub const QUEUE: usize = 256;
 /// The most jobs committed in one transaction.
 const MAX_BATCH: usize = 128;
 
+/// The most weight (rows, roughly) committed in one transaction: enough to
+/// make batching pay, small enough that the write lock is held for tens of
+/// milliseconds, never for as long as another process waits for it.
+const MAX_WEIGHT: usize = 10_000;
+
+/// Attempts to take the write lock (each waits out the busy timeout)
+/// before a transaction is given up; another process holding the lock for
+/// minutes is a fault worth reporting.
+const LOCK_ATTEMPTS: u32 = 24;
+
 /// A unit of work for the writer.
 pub trait Job: Send {
+    /// Roughly how many rows the job writes.
+    fn weight(&self) -> usize;
     /// Runs against the open transaction (inside a savepoint).
     fn run(&mut self, conn: &mut Connection);
     /// Reports the outcome once the transaction is over: the job's own
@@ -29,6 +41,7 @@ pub trait Job: Send {
 /// A job running `f` and sending its result to `reply`.
 pub struct Call<R, F> {
     f: Option<F>,
+    weight: usize,
     result: Option<Result<R, StoreError>>,
     reply: Option<oneshot::Sender<Result<R, StoreError>>>,
 }
@@ -38,11 +51,12 @@ where
     R: Send + 'static,
     F: FnOnce(&Connection) -> Result<R, StoreError> + Send + 'static,
 {
-    /// A job and the receiver of its result.
-    pub fn job(f: F) -> (Box<dyn Job>, oneshot::Receiver<Result<R, StoreError>>) {
+    /// A job writing about `weight` rows, and the receiver of its result.
+    pub fn job(weight: usize, f: F) -> (Box<dyn Job>, oneshot::Receiver<Result<R, StoreError>>) {
         let (tx, rx) = oneshot::channel();
         let job = Call {
             f: Some(f),
+            weight: weight.max(1),
             result: None,
             reply: Some(tx),
         };
@@ -55,6 +69,10 @@ where
     R: Send + 'static,
     F: FnOnce(&Connection) -> Result<R, StoreError> + Send + 'static,
 {
+    fn weight(&self) -> usize {
+        self.weight
+    }
+
     fn run(&mut self, conn: &mut Connection) {
         let Some(f) = self.f.take() else { return };
         let result = match conn.savepoint() {
@@ -93,11 +111,28 @@ pub fn start(conn: Connection, path: PathBuf) -> Result<mpsc::Sender<Box<dyn Job
 }
 
 fn run(mut conn: Connection, mut rx: mpsc::Receiver<Box<dyn Job>>, path: PathBuf) {
-    while let Some(first) = rx.blocking_recv() {
+    // A job taken from the queue that did not fit the last transaction.
+    let mut next: Option<Box<dyn Job>> = None;
+    loop {
+        let first = match next.take() {
+            Some(job) => job,
+            None => match rx.blocking_recv() {
+                Some(job) => job,
+                None => return,
+            },
+        };
+        let mut weight = first.weight();
         let mut jobs = vec![first];
-        while jobs.len() < MAX_BATCH {
+        while jobs.len() < MAX_BATCH && weight < MAX_WEIGHT {
             match rx.try_recv() {
-                Ok(job) => jobs.push(job),
+                Ok(job) if weight + job.weight() > MAX_WEIGHT => {
+                    next = Some(job);
+                    break;
+                }
+                Ok(job) => {
+                    weight += job.weight();
+                    jobs.push(job);
+                }
                 Err(_) => break,
             }
         }
@@ -111,18 +146,43 @@ fn run(mut conn: Connection, mut rx: mpsc::Receiver<Box<dyn Job>>, path: PathBuf
     }
 }
 
-/// Runs `jobs` in one transaction and commits it.
+/// Runs `jobs` in one transaction and commits it. Another process (a
+/// `proxywarden check` beside the daemon) may hold the write lock: taking
+/// it and committing are retried while the database says it is busy, so a
+/// write is delayed, never dropped.
 fn commit(conn: &mut Connection, jobs: &mut [Box<dyn Job>]) -> Result<(), String> {
-    conn.execute_batch("BEGIN IMMEDIATE")
-        .map_err(|e| e.to_string())?;
+    retry_busy("BEGIN IMMEDIATE", || conn.execute_batch("BEGIN IMMEDIATE"))?;
     for job in jobs.iter_mut() {
         job.run(conn);
     }
-    match conn.execute_batch("COMMIT") {
+    match retry_busy("COMMIT", || conn.execute_batch("COMMIT")) {
         Ok(()) => Ok(()),
         Err(e) => {
             let _ = conn.execute_batch("ROLLBACK");
-            Err(e.to_string())
+            Err(e)
+        }
+    }
+}
+
+/// Runs `step` until it succeeds, fails with something other than a busy
+/// database, or [`LOCK_ATTEMPTS`] attempts (each waiting out the busy
+/// timeout) have passed.
+fn retry_busy(what: &str, mut step: impl FnMut() -> rusqlite::Result<()>) -> Result<(), String> {
+    let mut attempt = 1;
+    loop {
+        match step() {
+            Ok(()) => return Ok(()),
+            Err(rusqlite::Error::SqliteFailure(e, _))
+                if e.code == rusqlite::ErrorCode::DatabaseBusy && attempt < LOCK_ATTEMPTS =>
+            {
+                tracing::warn!(
+                    step = what,
+                    attempt,
+                    "the database is locked by another writer; retrying"
+                );
+                attempt += 1;
+            }
+            Err(e) => return Err(e.to_string()),
         }
     }
 }
@@ -141,11 +201,11 @@ mod tests {
         conn.execute_batch("CREATE TABLE t (v INTEGER NOT NULL)")
             .unwrap();
         let writer = start(conn, path.clone()).unwrap();
-        let (good, good_done) = Call::job(|c: &Connection| {
+        let (good, good_done) = Call::job(1, |c: &Connection| {
             c.execute("INSERT INTO t (v) VALUES (1)", [])?;
             Ok(())
         });
-        let (bad, bad_done) = Call::job(|c: &Connection| {
+        let (bad, bad_done) = Call::job(1, |c: &Connection| {
             c.execute("INSERT INTO t (v) VALUES (2)", [])?;
             c.execute("INSERT INTO t (v) VALUES (NULL)", [])?;
             Ok(())
