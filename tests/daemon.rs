@@ -27,6 +27,15 @@ struct Daemon {
 
 impl Daemon {
     async fn start(dir: &Path, sources: &str, api_extra: &str) -> Daemon {
+        Daemon::start_with(dir, sources, |c| c.lines("api", api_extra)).await
+    }
+
+    /// A daemon whose config `tune` adjusts last.
+    async fn start_with(
+        dir: &Path,
+        sources: &str,
+        tune: impl FnOnce(common::TestConfig) -> common::TestConfig,
+    ) -> Daemon {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         // Without sources the built-in public ones would be used: tests
@@ -51,9 +60,8 @@ impl Daemon {
             .set("check", "concurrency", "32")
             .set("check", "https", "false")
             .set("api", "listen", &format!("\"{addr}\""))
-            .lines("api", api_extra)
-            .sources_toml(sources)
-            .build();
+            .sources_toml(sources);
+        let config = tune(config).build();
         let token = config.api.token.as_ref().map(|t| t.0.clone());
         let shutdown = CancellationToken::new();
         let task = tokio::spawn(proxywarden::daemon::run(config, listener, shutdown.clone()));
@@ -82,22 +90,6 @@ impl Daemon {
         let resp = self.get(path).await;
         let status = resp.status().as_u16();
         (status, resp.json().await.unwrap())
-    }
-
-    /// Waits until a check round has finished (polling `/stats`).
-    async fn checked(&self) -> serde_json::Value {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let (_, stats) = self.json("/stats").await;
-            if !stats["last_check"].is_null() {
-                return stats;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "no check round within 30 s: {stats}"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
     }
 
     async fn stop(self) -> Duration {
@@ -199,9 +191,9 @@ impl Checked {
             ],
         );
         let d = Daemon::start(dir.path(), &sources, "").await;
-        let stats = d.checked().await;
-        assert_eq!(stats["last_check"]["checked"], 5);
-        assert_eq!(stats["last_check"]["alive"], 3);
+        until_checked(&d, 5).await;
+        let (_, stats) = d.json("/stats").await;
+        assert_eq!(stats["by_status"]["alive"], 3);
         assert_eq!(stats["servable"], 3);
         Checked {
             d,
@@ -448,7 +440,7 @@ async fn a_restart_serves_the_same_healthy_set_from_sqlite() {
         ],
     );
     let d = Daemon::start(dir.path(), &sources, "").await;
-    d.checked().await;
+    until_checked(&d, 3).await;
     let (_, before) = d.json("/export?format=json").await;
     assert_eq!(proxy_set(&before).len(), 2);
     d.stop().await;
@@ -556,7 +548,12 @@ async fn the_judge_can_be_switched_off_and_is_rate_limited() {
     for _ in 0..5 {
         codes.push(d.get("/judge").await.status().as_u16());
     }
-    assert_eq!(codes, [200, 200, 200, 429, 429]);
+    // The daemon asks its own judge directly too (from the same address),
+    // so the test's first or second request may already be one too many.
+    let ok = codes.iter().filter(|c| **c == 200).count();
+    assert!((2..=3).contains(&ok), "{codes:?}");
+    assert!(codes[..ok].iter().all(|c| *c == 200), "{codes:?}");
+    assert!(codes[ok..].iter().all(|c| *c == 429), "{codes:?}");
     d.stop().await;
 
     let dir = tempfile::tempdir().unwrap();
@@ -770,4 +767,141 @@ async fn verdicts_written_by_another_process_are_served_within_seconds() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     c.stop().await;
+}
+
+/// Waits until `n` proxies have a verdict.
+async fn until_checked(d: &Daemon, n: u64) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (_, stats) = d.json("/stats").await;
+        if stats["by_status"]["unknown"] == 0 && stats["total"].as_u64() == Some(n) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "never {n} checked: {stats}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Waits until the daemon serves `n` proxies.
+async fn until_servable(d: &Daemon, n: u64) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (_, stats) = d.json("/stats").await;
+        if stats["servable"].as_u64() == Some(n) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "never {n} servable: {stats}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// When 30% of the served proxies die at once, plain `/proxy` answers
+/// (no verify) hardly ever name a dead one afterwards: served proxies are
+/// re-checked on a short cycle, and a burst of failures among them makes
+/// every other one suspect until it passes a check again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_mass_death_plain_proxy_answers_are_alive() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut proxies = Vec::new();
+    for _ in 0..100 {
+        proxies.push(
+            FakeHttpProxy::start(HttpProxyOpts {
+                upstream_bind: exit(),
+                ..HttpProxyOpts::default()
+            })
+            .await,
+        );
+    }
+    let items: Vec<(SocketAddr, &str, &str)> =
+        proxies.iter().map(|p| (p.addr(), "http", "US")).collect();
+    let sources = json_source(dir.path(), &items);
+    // The cycle scales down with the pool: 100 proxies at most every second
+    // stand for the default's 2,000 every 13 s.
+    let d = Daemon::start_with(dir.path(), &sources, |c| {
+        c.set("check", "serve_recheck_min", "\"1s\"")
+    })
+    .await;
+    until_servable(&d, 100).await;
+
+    let killed: BTreeSet<String> = proxies
+        .drain(..30)
+        .map(|p| format!("http://{}", p.addr()))
+        .collect();
+    let measured = Instant::now();
+    let (mut answers, mut dead) = (0u32, 0u32);
+    while measured.elapsed() < Duration::from_secs(15) {
+        let resp = d.get("/proxy?format=text").await;
+        assert_eq!(resp.status(), 200);
+        answers += 1;
+        if killed.contains(&resp.text().await.unwrap()) {
+            dead += 1;
+        }
+    }
+    eprintln!("mass death: {dead} of {answers} answers named a dead proxy");
+    assert!(answers >= 200, "only {answers} answers");
+    assert!(
+        f64::from(dead) <= 0.01 * f64::from(answers),
+        "{dead} of {answers} answers named a dead proxy"
+    );
+    d.stop().await;
+}
+
+/// After a restart on a database of checked proxies, `verify=true` works at
+/// once; candidates that fail their fresh check are named in the 404 and are
+/// not served afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verify_works_from_the_first_second_and_hides_what_it_finds_dead() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = FakeHttpProxy::start(HttpProxyOpts {
+        upstream_bind: exit(),
+        ..HttpProxyOpts::default()
+    })
+    .await;
+    let doomed = FakeHttpProxy::start(HttpProxyOpts {
+        upstream_bind: exit(),
+        ..HttpProxyOpts::default()
+    })
+    .await;
+    let sources = json_source(
+        dir.path(),
+        &[(good.addr(), "http", "US"), (doomed.addr(), "http", "DE")],
+    );
+    let d = Daemon::start(dir.path(), &sources, "").await;
+    until_servable(&d, 2).await;
+    d.stop().await;
+
+    // Restarted: nothing is due for minutes, yet verify answers at once.
+    let d = Daemon::start(dir.path(), &sources, "").await;
+    let started = Instant::now();
+    let (status, p) = d.json("/proxy?verify=true&country=US").await;
+    assert_eq!(status, 200, "{p}");
+    assert_eq!(p["url"], format!("http://{}", good.addr()));
+    assert!(started.elapsed() < Duration::from_secs(5));
+
+    drop(doomed);
+    let (status, e) = d.json("/proxy?verify=true&country=DE").await;
+    assert_eq!(status, 404, "{e}");
+    let message = e["error"]["message"].as_str().unwrap();
+    assert!(message.contains("the 1 tried failed"), "{message}");
+    assert_eq!(
+        d.json("/proxy?country=DE").await.0,
+        404,
+        "served after failing"
+    );
+    d.stop().await;
+}
+
+/// With no judge answering, `verify=true` is a 503 that says why, not a 404.
+#[tokio::test]
+async fn verify_without_a_judge_is_not_ready() {
+    let dir = tempfile::tempdir().unwrap();
+    let closed = fakes::closed_port();
+    let d = Daemon::start_with(dir.path(), "", |c| {
+        c.judges(&format!("[\"http://{}/judge\"]", closed.addr()))
+    })
+    .await;
+    let (status, e) = d.json("/proxy?verify=true").await;
+    assert_eq!(status, 503, "{e}");
+    assert_eq!(e["error"]["code"], "not_ready");
+    d.stop().await;
 }

@@ -27,6 +27,9 @@ pub enum ApiError {
     /// The request took longer than `api.request_timeout`.
     #[error("the request took too long (api.request_timeout)")]
     Timeout,
+    /// The daemon cannot answer this yet (no judge has answered).
+    #[error("{0}")]
+    NotReady(String),
     /// Switched off by configuration.
     #[error("{0}")]
     Disabled(String),
@@ -47,7 +50,7 @@ impl ApiError {
             ApiError::NotFound(_) | ApiError::Disabled(_) => StatusCode::NOT_FOUND,
             ApiError::TooManyRequests => StatusCode::TOO_MANY_REQUESTS,
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
-            ApiError::Timeout => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Timeout | ApiError::NotReady(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Store(_) | ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -61,6 +64,7 @@ impl ApiError {
             ApiError::TooManyRequests => "too_many_requests",
             ApiError::PayloadTooLarge(_) => "payload_too_large",
             ApiError::Timeout => "timeout",
+            ApiError::NotReady(_) => "not_ready",
             ApiError::Store(_) | ApiError::Internal(_) => "internal",
         }
     }

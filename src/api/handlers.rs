@@ -19,10 +19,18 @@ use crate::proxy::Status;
 use crate::store::{ProxyRecord, ProxySort, SourceRecord, now_ms, rfc3339};
 
 /// Candidates tried by `verify=true` before giving up.
-const VERIFY_TRIES: usize = 5;
+const VERIFY_TRIES: usize = 10;
 
 /// The longest a `verify=true` re-check may take per candidate.
 const VERIFY_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// How long `verify=true` waits for the first checker after start-up
+/// (asking the judges directly takes a moment).
+const CHECKER_WAIT: Duration = Duration::from_secs(3);
+
+/// The longest `verify=true` spends re-checking candidates in all, well
+/// inside the API's default request timeout.
+const VERIFY_BUDGET: Duration = Duration::from_secs(10);
 
 fn with(extra: &[&'static str]) -> Vec<&'static str> {
     FILTERS.iter().chain(extra).copied().collect()
@@ -40,16 +48,23 @@ pub async fn proxy(
     let none = || ApiError::NotFound("no alive proxy matches the filters".into());
 
     let chosen = if verify {
-        let checker = state.current_checker().ok_or_else(|| {
-            ApiError::NotFound("no check round has run yet, so nothing can be verified".into())
+        let checker = state.checker(CHECKER_WAIT).await.ok_or_else(|| {
+            ApiError::NotReady(
+                "no judge has answered yet, so nothing can be verified; try again shortly".into(),
+            )
         })?;
+        let started = std::time::Instant::now();
         let mut chosen = None;
-        for _ in 0..VERIFY_TRIES {
-            let Some(e) = state.index().pick(&q, now_ms(), &BestOfTwo, &|_| false) else {
+        let mut tried = 0;
+        while tried < VERIFY_TRIES && started.elapsed() < VERIFY_BUDGET {
+            let Some(e) = state.feedback.pick(&q, now_ms(), &BestOfTwo, &|_| false) else {
                 break;
             };
+            tried += 1;
+            let left = VERIFY_BUDGET.saturating_sub(started.elapsed());
             let outcome =
-                tokio::time::timeout(VERIFY_TIMEOUT, checker.check(&e.proxy, false)).await;
+                tokio::time::timeout(VERIFY_TIMEOUT.min(left), checker.check(&e.proxy, false))
+                    .await;
             if matches!(&outcome, Ok(o) if o.alive()) {
                 chosen = Some(e);
                 break;
@@ -65,10 +80,16 @@ pub async fn proxy(
                 .report(e.id, Verdict::Failed(reason), None)
                 .await?;
         }
-        chosen.ok_or_else(none)?
+        chosen.ok_or_else(|| match tried {
+            0 => none(),
+            n => ApiError::NotFound(format!(
+                "no alive proxy matches the filters: the {n} tried failed a fresh check \
+                 and will not be served until they pass one"
+            )),
+        })?
     } else {
         state
-            .index()
+            .feedback
             .pick(&q, now_ms(), &BestOfTwo, &|_| false)
             .ok_or_else(none)?
     };
@@ -188,7 +209,7 @@ pub async fn export(
         _ => Format::Txt,
     };
     let rows: Vec<Arc<ProxyRecord>> = state
-        .index()
+        .feedback
         .select(&q, now_ms())
         .into_iter()
         .map(|e| e.record.clone())

@@ -15,7 +15,7 @@ pub use error::ApiError;
 use std::net::{IpAddr, SocketAddr};
 use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex};
 
 use axum::Router;
 use axum::extract::{MatchedPath, Request, State};
@@ -86,7 +86,7 @@ pub struct AppState {
     /// The validated configuration.
     pub config: Arc<Config>,
     /// The checker of the latest round, for `verify=true`.
-    pub checker: Arc<RwLock<Option<Arc<Checker>>>>,
+    checker: Arc<tokio::sync::watch::Sender<Option<Arc<Checker>>>>,
     /// Metrics.
     pub metrics: Arc<Metrics>,
     /// The last rounds.
@@ -112,7 +112,7 @@ impl AppState {
         AppState {
             store,
             feedback,
-            checker: Arc::default(),
+            checker: Arc::new(tokio::sync::watch::Sender::new(None)),
             metrics: Arc::new(Metrics::new()),
             rounds: Arc::default(),
             answers: Arc::default(),
@@ -124,7 +124,7 @@ impl AppState {
 
     /// The checker for `verify=true`, once a round has prepared one.
     pub fn set_checker(&self, checker: Arc<Checker>) {
-        *self.checker.write().unwrap_or_else(|e| e.into_inner()) = Some(checker);
+        self.checker.send_replace(Some(checker));
     }
 
     /// Records what a round did, for `/stats`.
@@ -137,11 +137,15 @@ impl AppState {
         self.feedback.index()
     }
 
-    fn current_checker(&self) -> Option<Arc<Checker>> {
-        self.checker
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+    /// The current checker; right after start-up, when the first one is
+    /// still being prepared, waits for it up to `wait`.
+    async fn checker(&self, wait: std::time::Duration) -> Option<Arc<Checker>> {
+        let mut rx = self.checker.subscribe();
+        let ready = tokio::time::timeout(wait, rx.wait_for(Option::is_some)).await;
+        match ready {
+            Ok(Ok(checker)) => checker.clone(),
+            _ => None,
+        }
     }
 }
 

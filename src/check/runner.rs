@@ -4,9 +4,9 @@
 //! Cancelling stops new checks; in-flight ones finish within their timeout
 //! and every completed result is committed before the round returns.
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -25,6 +25,8 @@ const BATCH: usize = 500;
 const FLUSH_EVERY: Duration = Duration::from_secs(1);
 /// Due proxies read per query.
 const PAGE: usize = 1000;
+/// How often a following round looks for proxies that fell due.
+pub const FOLLOW_POLL: Duration = Duration::from_millis(100);
 
 /// Called after each batch is committed (and the health index updated
 /// through the feedback path), with the batch: the daemon counts it.
@@ -54,6 +56,11 @@ pub struct CheckOptions {
     /// so that alive proxies falling due (taken first in every round) and
     /// proxies queued for a re-check wait at most one short round.
     pub dispatch_for: Option<Duration>,
+    /// With `dispatch_for`: when nothing more is due, look again every
+    /// [`FOLLOW_POLL`] (or when a re-check is asked for) until the round's
+    /// time is up, instead of ending the round. The daemon's rounds follow,
+    /// so a served proxy falls due and is checked within moments.
+    pub follow: bool,
 }
 
 impl std::fmt::Debug for CheckOptions {
@@ -66,6 +73,7 @@ impl std::fmt::Debug for CheckOptions {
             .field("https", &self.https)
             .field("on_commit", &self.on_commit.is_some())
             .field("dispatch_for", &self.dispatch_for)
+            .field("follow", &self.follow)
             .finish()
     }
 }
@@ -82,6 +90,7 @@ impl CheckOptions {
             on_commit: None,
             abort_in_flight: None,
             dispatch_for: None,
+            follow: false,
         }
     }
 }
@@ -193,11 +202,16 @@ pub async fn check_round(
     // The round stops taking new proxies when the caller cancels or when
     // the writer finds every judge gone.
     let stop = cancel.child_token();
+    // Proxies dispatched and not yet committed: a following round must not
+    // take them again while their stored schedule still says they are due.
+    let in_flight: Arc<Mutex<HashSet<i64>>> = Arc::default();
+    let follow = opts.follow && opts.dispatch_for.is_some();
     let writer = tokio::spawn(write_results(
         feedback.clone(),
         rx,
         policy,
         opts.on_commit.clone(),
+        in_flight.clone(),
         JudgeGuard {
             checker: checker.clone(),
             lost: stop.clone(),
@@ -210,50 +224,87 @@ pub async fn check_round(
     let deadline =
         tokio::time::sleep_until((started + opts.dispatch_for.unwrap_or_default()).into());
     tokio::pin!(deadline);
-    'pages: for lane in DueLane::IN_ORDER {
-        let mut after = i64::MIN;
-        loop {
-            let page = store.due_page(now, all, lane, after, PAGE).await?;
-            let Some(last) = page.last() else { break };
-            after = last.id;
-            for due in page {
-                let permit = tokio::select! {
-                    biased;
-                    _ = stop.cancelled() => {
-                        interrupted = true;
-                        break 'pages;
+    let mut now = now;
+    'round: loop {
+        for lane in DueLane::IN_ORDER {
+            let mut after = i64::MIN;
+            loop {
+                let page = store.due_page(now, all, lane, after, PAGE).await?;
+                let Some(last) = page.last() else { break };
+                after = last.id;
+                for due in page {
+                    if follow && lock(&in_flight).contains(&due.id) {
+                        continue;
                     }
-                    _ = &mut deadline, if opts.dispatch_for.is_some() => {
-                        paused = true;
-                        break 'pages;
-                    }
-                    p = permits.clone().acquire_owned() => p.expect("the semaphore is never closed"),
-                };
-                let checker = checker.clone();
-                let tx = tx.clone();
-                let progress = progress.clone();
-                let abort = opts.abort_in_flight.clone().unwrap_or_default();
-                tokio::spawn(async move {
-                    let outcome = tokio::select! {
-                        o = checker.check(&due.proxy, due.detect) => o,
-                        _ = abort.cancelled() => return,
+                    let permit = tokio::select! {
+                        biased;
+                        _ = stop.cancelled() => {
+                            interrupted = true;
+                            break 'round;
+                        }
+                        _ = &mut deadline, if opts.dispatch_for.is_some() => {
+                            paused = true;
+                            break 'round;
+                        }
+                        p = permits.clone().acquire_owned() => p.expect("the semaphore is never closed"),
                     };
-                    if outcome.alive() {
-                        progress.alive.fetch_add(1, Ordering::Relaxed);
+                    if follow {
+                        lock(&in_flight).insert(due.id);
                     }
-                    progress.done.fetch_add(1, Ordering::Relaxed);
-                    let rec = CheckRecord {
-                        id: due.id,
-                        checked_at: now_ms(),
-                        outcome,
-                    };
-                    // The writer outlives every sender; a send can only fail if
-                    // it died, and then the round reports its error.
-                    let _ = tx.send(rec).await;
-                    drop(permit);
-                });
+                    let checker = checker.clone();
+                    let tx = tx.clone();
+                    let progress = progress.clone();
+                    let feedback = feedback.clone();
+                    let abort = opts.abort_in_flight.clone().unwrap_or_default();
+                    tokio::spawn(async move {
+                        let outcome = tokio::select! {
+                            o = checker.check(&due.proxy, due.detect) => o,
+                            _ = abort.cancelled() => return,
+                        };
+                        if outcome.alive() {
+                            progress.alive.fetch_add(1, Ordering::Relaxed);
+                        }
+                        progress.done.fetch_add(1, Ordering::Relaxed);
+                        let checked_at = now_ms();
+                        // Served proxies that failed stop being served now,
+                        // not when the batch commits.
+                        feedback.checked(due.id, &outcome, checked_at);
+                        let rec = CheckRecord {
+                            id: due.id,
+                            checked_at,
+                            outcome,
+                        };
+                        // The writer outlives every sender; a send can only fail if
+                        // it died, and then the round reports its error.
+                        let _ = tx.send(rec).await;
+                        drop(permit);
+                    });
+                }
             }
         }
+        if !follow {
+            break;
+        }
+        let rechecks = feedback.take_rechecks();
+        if !rechecks.is_empty()
+            && let Err(e) = store.mark_due_many(rechecks, now_ms()).await
+        {
+            tracing::error!(error = %e, "cannot queue proxies for an early re-check");
+        }
+        tokio::select! {
+            biased;
+            _ = stop.cancelled() => {
+                interrupted = true;
+                break;
+            }
+            _ = &mut deadline => {
+                paused = true;
+                break;
+            }
+            _ = feedback.recheck_wanted() => {}
+            _ = tokio::time::sleep(FOLLOW_POLL) => {}
+        }
+        now = now_ms();
     }
     drop(tx);
     // Wait for every check in flight: they hold their permits until sent.
@@ -299,6 +350,7 @@ async fn write_results(
     mut rx: mpsc::Receiver<CheckRecord>,
     policy: RecheckPolicy,
     on_commit: Option<CommitHook>,
+    in_flight: Arc<Mutex<HashSet<i64>>>,
     guard: JudgeGuard,
 ) -> Result<RoundSummary, StoreError> {
     let mut summary = RoundSummary::default();
@@ -330,6 +382,12 @@ async fn write_results(
                 full.retain(|r| r.outcome.alive());
             }
             let full = feedback.commit_checks(full, policy).await?;
+            {
+                let mut in_flight = lock(&in_flight);
+                for rec in &full {
+                    in_flight.remove(&rec.id);
+                }
+            }
             if let Some(hook) = &on_commit {
                 hook(&full);
             }
@@ -341,4 +399,9 @@ async fn write_results(
             return Ok(summary);
         }
     }
+}
+
+/// A poisoned lock only means a panic elsewhere; the set is still sound.
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }

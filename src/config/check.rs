@@ -26,6 +26,10 @@ pub struct CheckConfig {
     pub https: bool,
     /// Re-check interval for alive proxies.
     pub recheck_alive: Duration,
+    /// Re-checks per second spent keeping served proxies fresh.
+    pub serve_recheck_rate: u32,
+    /// The shortest re-check cycle of served proxies.
+    pub serve_recheck_min: Duration,
     /// First backoff for dead proxies.
     pub recheck_dead: Duration,
     /// Backoff cap.
@@ -35,6 +39,16 @@ pub struct CheckConfig {
 }
 
 impl CheckConfig {
+    /// How often the daemon re-checks each of `served` proxies: long enough
+    /// to stay within `serve_recheck_rate`, at least `serve_recheck_min`,
+    /// at most `recheck_alive`.
+    pub fn serve_cycle(&self, served: usize) -> Duration {
+        let rate = f64::from(self.serve_recheck_rate.max(1));
+        Duration::from_secs_f64(served as f64 / rate)
+            .max(self.serve_recheck_min)
+            .min(self.recheck_alive)
+    }
+
     /// When proxies are checked again, as `[check]` sets it.
     pub fn recheck_policy(&self) -> RecheckPolicy {
         RecheckPolicy {
@@ -72,6 +86,8 @@ pub(super) fn read(c: &mut Section) -> Option<CheckConfig> {
     let timeout = c.duration("timeout");
     let https = c.boolean("https");
     let recheck_alive = c.duration("recheck_alive");
+    let serve_recheck_rate = c.int("serve_recheck_rate", 1, 1_000_000);
+    let serve_recheck_min = c.duration("serve_recheck_min");
     let recheck_dead = c.duration("recheck_dead");
     let recheck_dead_max = c.duration("recheck_dead_max");
     let purge_after = c.duration("purge_after");
@@ -97,6 +113,9 @@ pub(super) fn read(c: &mut Section) -> Option<CheckConfig> {
         timeout: timeout?,
         https: https?,
         recheck_alive: recheck_alive?,
+        // The range was checked, so the cast cannot truncate.
+        serve_recheck_rate: serve_recheck_rate? as u32,
+        serve_recheck_min: serve_recheck_min?,
         recheck_dead: recheck_dead?,
         recheck_dead_max: recheck_dead_max?,
         purge_after: purge_after?,

@@ -1,10 +1,11 @@
-//! The check component: checks whatever is due, one round at a time, with
-//! the proxies handed out and those that failed in use re-checked first.
+//! The check component: checks proxies as they fall due, in following
+//! rounds, and keeps the proxies it serves fresh: they are re-checked on a
+//! short cycle that grows with how many are served, and not served once
+//! their last check is older than two cycles.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::api::{AppState, CheckInfo};
@@ -12,19 +13,18 @@ use crate::check::{self, CheckOptions, Checker, CommitHook, RoundProgress};
 use crate::config::Config;
 use crate::store::{Store, now_ms, rfc3339};
 
-/// The longest the loop sleeps when nothing is due; also how often
-/// proxies handed out are queued for their early re-check.
-const IDLE_MAX: Duration = Duration::from_secs(5);
-/// Pause between rounds, so a trickle of due proxies does not turn into a
-/// stream of tiny rounds (each asks every judge directly first).
-const ROUND_GAP: Duration = Duration::from_secs(2);
-/// How long a round starts checks before it yields to the next one. Each
-/// round takes alive proxies first, so after a harvest floods the database
-/// with new proxies, the re-checks of those being served still come round
-/// within about this long plus one check timeout.
+/// How long a round dispatches checks before the next one starts. Rounds
+/// follow: within a round, proxies are checked as they fall due, so this
+/// only sets how often the judges are asked directly again (to learn our
+/// own address and find judges that stopped answering) and how often a
+/// line is logged.
 const ROUND_DISPATCH: Duration = Duration::from_secs(20);
-/// Wait before retrying when no judge answers.
-const JUDGE_RETRY: Duration = Duration::from_secs(30);
+/// Waits before asking the judges again when none answered: short at
+/// first (a judge that is this daemon's own API may not be up yet),
+/// doubling up to the longest.
+const JUDGE_RETRY_FIRST: Duration = Duration::from_secs(1);
+/// See [`JUDGE_RETRY_FIRST`].
+const JUDGE_RETRY_MAX: Duration = Duration::from_secs(30);
 
 /// Checks due proxies continuously.
 pub struct CheckLoop {
@@ -35,8 +35,6 @@ pub struct CheckLoop {
     /// The feedback path results are committed through, metrics, the
     /// record of the last rounds and the checker `verify=true` uses.
     pub state: AppState,
-    /// Woken when a harvest brought new proxies.
-    pub wake: Arc<Notify>,
     /// Cancelled when checks in flight must stop at once (their results
     /// are not recorded).
     pub abort: CancellationToken,
@@ -53,7 +51,7 @@ impl CheckLoop {
         opts.on_commit = Some(hook);
         opts.abort_in_flight = Some(self.abort.clone());
         opts.dispatch_for = Some(ROUND_DISPATCH);
-        let policy = self.config.check.recheck_policy();
+        opts.follow = true;
         let geoip = match check::open_geoip(&self.config) {
             Ok(g) => g,
             Err(e) => {
@@ -61,51 +59,47 @@ impl CheckLoop {
                 None
             }
         };
+        let mut retry = JUDGE_RETRY_FIRST;
         while !stop.is_cancelled() {
-            let served = self.state.feedback.take_rechecks();
-            if !served.is_empty()
-                && let Err(e) = self.store.mark_due_many(served, now_ms()).await
-            {
-                tracing::error!(error = %e, "cannot queue served proxies for re-checking");
-            }
-            let due = match self.store.count_due(now_ms(), false).await {
-                Ok(n) => n,
+            match Checker::prepare(&self.config, &opts, geoip.clone()).await {
+                Ok(checker) => {
+                    retry = JUDGE_RETRY_FIRST;
+                    let checker = Arc::new(checker);
+                    // verify=true works from the first round on, which
+                    // starts at once: no waiting for something to fall due.
+                    self.state.set_checker(checker.clone());
+                    self.round(checker, &opts, &stop).await;
+                }
                 Err(e) => {
-                    tracing::error!(error = %e, "cannot count the proxies due for a check");
-                    0
-                }
-            };
-            if due > 0 {
-                match Checker::prepare(&self.config, &opts, geoip.clone()).await {
-                    Ok(checker) => {
-                        let checker = Arc::new(checker);
-                        self.state.set_checker(checker.clone());
-                        self.round(checker, &opts, policy, &stop).await;
-                        tokio::select! {
-                            _ = stop.cancelled() => {}
-                            _ = tokio::time::sleep(ROUND_GAP) => {}
-                        }
-                        continue;
+                    tracing::error!(error = %e, "cannot check now");
+                    tokio::select! {
+                        _ = stop.cancelled() => {}
+                        _ = tokio::time::sleep(retry) => {}
                     }
-                    Err(e) => {
-                        tracing::error!(error = %e, "cannot check now");
-                        self.pause(&stop, JUDGE_RETRY).await;
-                        continue;
-                    }
+                    retry = (retry * 2).min(JUDGE_RETRY_MAX);
                 }
             }
-            let wait = self.until_next_due().await;
-            self.pause(&stop, wait).await;
         }
     }
 
-    async fn round(
-        &self,
-        checker: Arc<Checker>,
-        opts: &CheckOptions,
-        policy: crate::model::RecheckPolicy,
-        stop: &CancellationToken,
-    ) {
+    /// The re-check policy for the next round: served proxies come round
+    /// every [`CheckConfig::serve_cycle`](crate::config::CheckConfig::serve_cycle),
+    /// and are not served once two cycles (and a check's timeout) have
+    /// passed without a check.
+    fn freshness(&self) -> crate::model::RecheckPolicy {
+        let check = &self.config.check;
+        let cycle = check.serve_cycle(self.state.index().len());
+        self.state
+            .feedback
+            .set_fresh_within(2 * cycle + check.timeout);
+        crate::model::RecheckPolicy {
+            alive: cycle,
+            ..check.recheck_policy()
+        }
+    }
+
+    async fn round(&self, checker: Arc<Checker>, opts: &CheckOptions, stop: &CancellationToken) {
+        let policy = self.freshness();
         let progress = Arc::new(RoundProgress::default());
         match check::check_round(
             checker,
@@ -129,32 +123,6 @@ impl CheckLoop {
                 self.state.record_round(|r| r.last_check = Some(info));
             }
             Err(e) => tracing::error!(error = %e, "check round failed"),
-        }
-    }
-
-    /// Time until the earliest scheduled check, bounded.
-    async fn until_next_due(&self) -> Duration {
-        let next = match self.store.next_due_at().await {
-            Ok(next) => next,
-            Err(e) => {
-                tracing::error!(error = %e, "cannot read when the next check is due");
-                None
-            }
-        };
-        match next {
-            Some(t) => {
-                Duration::from_millis((t - now_ms()).clamp(100, IDLE_MAX.as_millis() as i64) as u64)
-            }
-            None => IDLE_MAX,
-        }
-    }
-
-    async fn pause(&self, stop: &CancellationToken, d: Duration) {
-        tokio::select! {
-            _ = stop.cancelled() => {}
-            _ = self.wake.notified() => {}
-            _ = self.state.feedback.recheck_wanted() => {}
-            _ = tokio::time::sleep(d) => {}
         }
     }
 }

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use tokio::sync::{Notify, mpsc};
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::api::{AppState, HarvestInfo};
@@ -27,8 +27,6 @@ pub struct Harvester {
     pub store: Store,
     /// Metrics and the record of the last rounds.
     pub state: AppState,
-    /// Wakes the check loop when a harvest brought new proxies.
-    pub wake: Arc<Notify>,
     /// Harvest requests. The channel holds one, so slots that come while a
     /// harvest runs collapse into the next run instead of piling up.
     pub triggers: mpsc::Receiver<Trigger>,
@@ -127,9 +125,6 @@ impl Harvester {
                     duration_ms: report.elapsed.as_millis() as u64,
                 };
                 self.state.record_round(|r| r.last_harvest = Some(info));
-                if report.new > 0 {
-                    self.wake.notify_one();
-                }
             }
             Err(e) => tracing::error!(error = %e, "harvest failed"),
         }

@@ -67,7 +67,6 @@ pub async fn run(
     let tasks = TaskTracker::new();
     let stop = CancellationToken::new();
     let abort_checks = CancellationToken::new();
-    let wake = Arc::default();
     {
         let (state, stop) = (state.clone(), stop.clone());
         tasks.spawn(async move {
@@ -81,7 +80,6 @@ pub async fn run(
             config: config.clone(),
             store: store.clone(),
             state: state.clone(),
-            wake: Arc::clone(&wake),
             abort: abort_checks.clone(),
         }
         .run(stop.clone()),
@@ -91,7 +89,6 @@ pub async fn run(
             config: config.clone(),
             store: store.clone(),
             state: state.clone(),
-            wake,
             triggers: harvest_rx,
         }
         .run(stop.clone()),
@@ -107,7 +104,7 @@ pub async fn run(
     tasks.spawn(
         IndexSync {
             store: store.clone(),
-            index: index.clone(),
+            feedback: state.feedback.clone(),
             mark,
         }
         .run(stop.clone()),

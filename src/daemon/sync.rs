@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::health::HealthIndex;
+use crate::health::Feedback;
 use crate::store::Store;
 
 /// How often changed rows are read back.
@@ -20,8 +20,9 @@ const PAGE: usize = 10_000;
 pub struct IndexSync {
     /// Where rows are read.
     pub store: Store,
-    /// What they update.
-    pub index: HealthIndex,
+    /// What they update: the index, through the feedback path, so rows
+    /// older than a verdict it already has do not undo it.
+    pub feedback: Feedback,
     /// The change number the index is current with.
     pub mark: i64,
 }
@@ -46,7 +47,7 @@ impl IndexSync {
                     let n = records.len();
                     // Rows no longer alive leave the index; alive ones are
                     // (re)indexed with what the record says now.
-                    self.index.apply(records);
+                    self.feedback.apply(records);
                     let moved = mark != self.mark;
                     self.mark = mark;
                     if n < PAGE || !moved {

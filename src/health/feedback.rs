@@ -4,15 +4,17 @@
 //! re-checks are queued, (proxy, site) bans are kept, and counters reach
 //! the store.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
-use super::index::{Entry, HealthIndex};
-use crate::model::{Reason, RecheckPolicy};
-use crate::store::{CheckRecord, Store, StoreError};
+use super::index::{Entry, HealthIndex, Strategy};
+use super::query::ProxyQuery;
+use crate::model::{Outcome, Reason, RecheckPolicy};
+use crate::store::{CheckRecord, ProxyRecord, Store, StoreError};
 
 /// A proxy handed out whose last check is older than this is re-checked
 /// early, so that what clients use stays verified.
@@ -27,6 +29,22 @@ pub const BAN_FOR: Duration = Duration::from_secs(600);
 
 /// The most (proxy, site) bans kept; expired ones are dropped first.
 const MAX_BANS: usize = 100_000;
+
+/// The most proxies kept hidden awaiting the record of their verdict.
+const MAX_HIDDEN: usize = 100_000;
+/// Hidden proxies older than this are forgotten when the map is full.
+const HIDDEN_FOR_MS: i64 = 600_000;
+
+/// Re-checks of served proxies remembered to spot a burst of failures.
+const BURST_WINDOW: usize = 32;
+/// Failures among them that make a burst: this many, and at least
+/// [`BURST_SHARE`] of the window's checks. One proxy dying now and then is
+/// routine; an eighth of the recent re-checks failing together means others
+/// may have died unseen (a provider or an upstream went down). A false
+/// alarm costs one early re-check of every served proxy.
+const BURST_MIN: usize = 4;
+/// See [`BURST_MIN`].
+const BURST_SHARE: f64 = 0.125;
 
 /// What using (or checking) a proxy showed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -59,6 +77,19 @@ pub struct Reported {
 struct Inner {
     index: HealthIndex,
     store: Store,
+    /// Recent re-check results of served proxies (true: failed).
+    recent: Mutex<VecDeque<bool>>,
+    /// During a burst, proxies last checked before this time (unix ms) are
+    /// suspect: served only when nothing re-checked since matches.
+    suspect_before: AtomicI64,
+    /// When the current burst's suspicion ends (unix ms).
+    suspect_until: AtomicI64,
+    /// The freshness window in ms (0: none): a proxy whose last check is
+    /// older is never served.
+    fresh_within: AtomicI64,
+    /// Proxies hidden by a verdict the store has not recorded yet, and when
+    /// it came (unix ms).
+    hidden: Mutex<HashMap<i64, i64>>,
     /// Proxies to check again before their schedule says.
     recheck: Mutex<HashSet<i64>>,
     /// Wakes the check loop when a re-check is queued.
@@ -88,6 +119,11 @@ impl Feedback {
             inner: Arc::new(Inner {
                 index,
                 store,
+                recent: Mutex::default(),
+                suspect_before: AtomicI64::new(0),
+                suspect_until: AtomicI64::new(0),
+                fresh_within: AtomicI64::new(0),
+                hidden: Mutex::default(),
                 recheck: Mutex::default(),
                 wake: Notify::new(),
                 bans: Mutex::default(),
@@ -116,7 +152,7 @@ impl Feedback {
             }
             Verdict::Failed(reason) => {
                 // Out of the index first: the next pick must not get it.
-                let hidden = self.inner.index.remove(id);
+                let hidden = self.hide(id, now);
                 let found = self.inner.store.record_report(id, false, now).await?;
                 if found {
                     tracing::debug!(id, reason = ?reason, "proxy failed in use");
@@ -138,6 +174,105 @@ impl Feedback {
             hidden,
             recheck,
         })
+    }
+
+    /// Learns from a check of proxy `id` as soon as it finished, before the
+    /// result is committed: a served proxy that failed stops being served
+    /// at once, and a burst of failures among served proxies puts every
+    /// other served proxy up for an early re-check and under suspicion
+    /// until it passes one.
+    pub fn checked(&self, id: i64, outcome: &Outcome, now: i64) {
+        let served = if outcome.alive() {
+            self.inner.index.get(id).is_some()
+        } else {
+            self.hide(id, now)
+        };
+        if !served {
+            return;
+        }
+        let burst = {
+            let mut recent = lock(&self.inner.recent);
+            if recent.len() == BURST_WINDOW {
+                recent.pop_front();
+            }
+            recent.push_back(!outcome.alive());
+            let failed = recent.iter().filter(|f| **f).count();
+            let burst = failed >= BURST_MIN && failed as f64 >= BURST_SHARE * recent.len() as f64;
+            if burst {
+                // One burst, one sweep: the next needs fresh evidence.
+                recent.clear();
+            }
+            burst
+        };
+        if burst && self.inner.suspect_until.load(Ordering::Relaxed) <= now {
+            self.sweep(now);
+        }
+    }
+
+    /// Treats every served proxy as suspect until it passes a check again,
+    /// and asks for those checks at once.
+    fn sweep(&self, now: i64) {
+        let fresh = self.inner.fresh_within.load(Ordering::Relaxed);
+        let hold = if fresh > 0 { fresh } else { 60_000 };
+        self.inner.suspect_before.store(now, Ordering::Relaxed);
+        self.inner
+            .suspect_until
+            .store(now + hold, Ordering::Relaxed);
+        let ids = self.inner.index.ids();
+        tracing::warn!(
+            served = ids.len(),
+            "a burst of failures among served proxies; re-checking all of them now"
+        );
+        let mut queue = lock(&self.inner.recheck);
+        queue.extend(ids);
+        drop(queue);
+        self.inner.wake.notify_one();
+    }
+
+    /// Sets the freshness window: proxies whose last check is older are
+    /// never served (`Duration::ZERO`: no window).
+    pub fn set_fresh_within(&self, window: Duration) {
+        let ms = i64::try_from(window.as_millis()).unwrap_or(i64::MAX);
+        self.inner.fresh_within.store(ms, Ordering::Relaxed);
+    }
+
+    /// One proxy to serve: matching `q` at `now`, checked within the
+    /// freshness window, not refused by `exclude`, chosen by `strategy`.
+    /// During a burst, proxies re-checked since it began are preferred.
+    pub fn pick(
+        &self,
+        q: &ProxyQuery,
+        now: i64,
+        strategy: &dyn Strategy,
+        exclude: &dyn Fn(&Entry) -> bool,
+    ) -> Option<Arc<Entry>> {
+        let fresh = self.inner.fresh_within.load(Ordering::Relaxed);
+        let stale = |e: &Entry| fresh > 0 && e.last_checked.is_none_or(|t| t < now - fresh);
+        if self.inner.suspect_until.load(Ordering::Relaxed) > now {
+            let before = self.inner.suspect_before.load(Ordering::Relaxed);
+            let suspect = |e: &Entry| e.last_checked.is_none_or(|t| t < before);
+            let verified = self
+                .inner
+                .index
+                .pick(q, now, strategy, &|e| exclude(e) || stale(e) || suspect(e));
+            if verified.is_some() {
+                return verified;
+            }
+        }
+        self.inner
+            .index
+            .pick(q, now, strategy, &|e| exclude(e) || stale(e))
+    }
+
+    /// Every proxy to serve matching `q` at `now` (checked within the
+    /// freshness window), by id.
+    pub fn select(&self, q: &ProxyQuery, now: i64) -> Vec<Arc<Entry>> {
+        let fresh = self.inner.fresh_within.load(Ordering::Relaxed);
+        let mut all = self.inner.index.select(q, now);
+        if fresh > 0 {
+            all.retain(|e| e.last_checked.is_some_and(|t| t >= now - fresh));
+        }
+        all
     }
 
     /// Notes that `entry` was handed out at `now` (unix ms): one whose last
@@ -187,8 +322,46 @@ impl Feedback {
                 self.inner.index.remove(id);
             }
         }
-        self.inner.index.apply(records);
+        self.apply(records);
         Ok(batch)
+    }
+
+    /// Brings stored records into the index, except that a proxy hidden
+    /// by a verdict newer than its record (a failed check not committed
+    /// yet, a failure in use) stays hidden: a batch committed late must not
+    /// bring back a proxy that has died since.
+    pub fn apply(&self, records: Vec<ProxyRecord>) {
+        let mut hidden = lock(&self.inner.hidden);
+        let records: Vec<ProxyRecord> = records
+            .into_iter()
+            .filter(|r| match hidden.get(&r.id) {
+                Some(&at) if r.last_checked.is_none_or(|t| t < at) => false,
+                Some(_) => {
+                    hidden.remove(&r.id);
+                    true
+                }
+                None => true,
+            })
+            .collect();
+        drop(hidden);
+        self.inner.index.apply(records);
+    }
+
+    /// Takes proxy `id` out of the index because of a verdict at `at`
+    /// (unix ms) that its stored record does not know yet. True if it was
+    /// being served.
+    fn hide(&self, id: i64, at: i64) -> bool {
+        let mut hidden = lock(&self.inner.hidden);
+        if hidden.len() >= MAX_HIDDEN {
+            // Verdicts this old have been committed long since.
+            let horizon = at - HIDDEN_FOR_MS;
+            hidden.retain(|_, t| *t > horizon);
+        }
+        if hidden.len() < MAX_HIDDEN {
+            hidden.insert(id, at);
+        }
+        drop(hidden);
+        self.inner.index.remove(id)
     }
 
     /// True when `site` blocked proxy `id` less than [`BAN_FOR`] ago.

@@ -250,6 +250,11 @@ impl HealthIndex {
         self.write().remove(id)
     }
 
+    /// The ids of every indexed proxy.
+    pub fn ids(&self) -> Vec<i64> {
+        self.read().pos.keys().copied().collect()
+    }
+
     /// How many alive proxies are indexed.
     pub fn len(&self) -> usize {
         self.read().pos.len()

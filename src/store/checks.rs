@@ -88,7 +88,8 @@ impl Store {
     }
 
     /// Records a batch of results and schedules each proxy's next check:
-    /// alive after `policy.alive`; dead after `policy.dead` doubled per
+    /// alive after `policy.alive` less up to a quarter (so re-checks spread
+    /// out over time instead of coming in waves); dead after `policy.dead` doubled per
     /// consecutive failure, capped at `policy.dead_max`. Returns the stored
     /// records of the checked proxies as committed (a proxy whose detected
     /// scheme merged it into another row is returned as that row).
@@ -263,7 +264,8 @@ fn record_checks(
                      country_source = CASE WHEN ?7 IS NULL THEN country_source ELSE 'geoip' END,
                      last_reason = NULL, checks_total = checks_total + 1,
                      checks_ok = checks_ok + 1, consecutive_failures = 0,
-                     next_check_at = ?2 + ?8, changed_seq = (SELECT change_seq FROM meta)
+                     next_check_at = ?2 + ?8 - abs(random() % (?8 / 4 + 1)),
+                     changed_seq = (SELECT change_seq FROM meta)
                  WHERE id = ?1",
         )?;
         // The shift uses the failures before this one: 1×, 2×, 4×, …
