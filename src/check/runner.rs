@@ -26,7 +26,7 @@ const FLUSH_EVERY: Duration = Duration::from_secs(1);
 /// Due proxies read per query.
 const PAGE: usize = 1000;
 /// How often a following round looks for proxies that fell due.
-pub const FOLLOW_POLL: Duration = Duration::from_millis(100);
+pub const FOLLOW_POLL: Duration = Duration::from_millis(250);
 
 /// Called after each batch is committed (and the health index updated
 /// through the feedback path), with the batch: the daemon counts it.

@@ -46,7 +46,13 @@ impl IndexSync {
                 Ok((records, mark)) => {
                     let n = records.len();
                     // Rows no longer alive leave the index; alive ones are
-                    // (re)indexed with what the record says now.
+                    // (re)indexed with what the record says now. Most rows
+                    // are this daemon's own writes, indexed already.
+                    let index = self.feedback.index();
+                    let records: Vec<_> = records
+                        .into_iter()
+                        .filter(|r| index.get(r.id).is_none_or(|e| *e.record != *r))
+                        .collect();
                     self.feedback.apply(records);
                     let moved = mark != self.mark;
                     self.mark = mark;
