@@ -46,9 +46,10 @@ const HTML_TABLE: &str = r#"<html><body>
 <tr><td>2.2.2.5</td><td>0</td><td>US</td><td>United States</td><td>elite proxy</td><td>no</td><td>no</td><td>x</td></tr>
 </tbody></table></body></html>"#;
 
-/// Unclosed cells and rows, and the document simply stops.
-const HTML_TRUNCATED: &str =
-    "<table><tr><th>IP</th><th>Port</th></tr><tr><td>3.3.3.1<td>8080<tr><td>3.3.3.2</td><td>3128";
+/// Unclosed cells and rows, and the document simply stops in a row (whose
+/// port may have been cut: `3128` could have been `31280`).
+const HTML_TRUNCATED: &str = "<table><tr><th>IP</th><th>Port</th></tr><tr><td>3.3.3.1<td>8080<tr><td>3.3.3.4<td>1080\n\
+    <tr><td>3.3.3.2</td><td>3128";
 
 const GEONODE_PAGE_1: &str = r#"{"data":[
  {"ip":"4.4.4.1","port":"8080","protocols":["socks4","socks5"],"country":"FR","anonymityLevel":"elite"},
@@ -200,9 +201,9 @@ async fn harvest_stores_exactly_the_valid_proxies_and_records_every_source() {
         "http://2.2.2.1:8080",
         "http://2.2.2.2:3128",
         "http://2.2.2.3:80",
-        // truncated html still yields its rows
+        // truncated html still yields its complete rows, not the cut one
         "http://3.3.3.1:8080",
-        "http://3.3.3.2:3128",
+        "http://3.3.3.4:1080",
         // paged json: one candidate per protocol, pages 1..3
         "socks4://4.4.4.1:8080",
         "socks5://4.4.4.1:8080",

@@ -2,14 +2,16 @@
 //! other columns recognised by their header. Parsing goes through html5ever
 //! (via `scraper`), which recovers from malformed and truncated markup the
 //! way browsers do, so a broken page yields what it can instead of failing.
+//! A page cut off inside a row yields the rows before it: the last one may
+//! hold a cut port or address.
 
 use scraper::{ElementRef, Html, Selector};
 
 use super::text::{Token, first_token};
-use super::{Candidates, parse_https_word, protocol_words, push_schemes};
+use super::{Candidates, country_hint, parse_https_word, protocol_words, push_schemes};
 use crate::config::{HtmlColumns, HtmlOptions};
 use crate::model::{Hints, SourceScheme};
-use crate::proxy::{Anonymity, Country, parse_host, parse_port};
+use crate::proxy::{Anonymity, parse_host, parse_port};
 
 /// Parses `body` (synchronous and CPU-bound: call it off the async runtime).
 pub fn parse(body: &str, opts: &HtmlOptions, default: SourceScheme, out: &mut Candidates) {
@@ -39,13 +41,22 @@ pub fn parse(body: &str, opts: &HtmlOptions, default: SourceScheme, out: &mut Ca
         },
         None => doc.select(&table_sel).collect(),
     };
+    // The row the page was cut off in, if it was: `8` may be what is left
+    // of `8080`, so that row is not read.
+    let cut_row = match (ends_inside_a_row(body), Selector::parse("tr")) {
+        (true, Ok(tr)) => doc.select(&tr).next_back().map(|r| r.id()),
+        _ => None,
+    };
     for table in tables {
         let rows = rows_of(table);
         let Some((layout, header)) = Layout::detect(&rows, &opts.columns) else {
             continue;
         };
         for (i, row) in rows.iter().enumerate() {
-            if i != header && !read_row(*row, &layout, default, out) {
+            if i == header || Some(row.id()) == cut_row {
+                continue;
+            }
+            if !read_row(*row, &layout, default, out) {
                 return;
             }
         }
@@ -53,6 +64,32 @@ pub fn parse(body: &str, opts: &HtmlOptions, default: SourceScheme, out: &mut Ca
             return;
         }
     }
+}
+
+/// True when the markup ends inside a table row: after the last `<tr` no
+/// tag closes the row, its table or the document. A page that simply leaves
+/// its last row open at the end is read the same way, as nothing tells the
+/// two apart.
+fn ends_inside_a_row(body: &str) -> bool {
+    let b = body.as_bytes();
+    let is_tr_start = |i: usize| {
+        b[i..].len() >= 3
+            && b[i] == b'<'
+            && b[i + 1..i + 3].eq_ignore_ascii_case(b"tr")
+            && b.get(i + 3)
+                .is_none_or(|c| c.is_ascii_whitespace() || matches!(c, b'>' | b'/'))
+    };
+    let Some(start) = memchr::memrchr_iter(b'<', b).find(|&i| is_tr_start(i)) else {
+        return false;
+    };
+    let tail = &b[start..];
+    const CLOSERS: [&[u8]; 7] = [
+        b"</tr", b"</table", b"</tbody", b"</tfoot", b"</thead", b"</body", b"</html",
+    ];
+    !CLOSERS.iter().any(|closer| {
+        tail.windows(closer.len())
+            .any(|w| w.eq_ignore_ascii_case(closer))
+    })
 }
 
 /// The rows of `table` itself, in document order, leaving out the rows of
@@ -247,7 +284,7 @@ fn read_row(
         _ => (Vec::new(), false),
     };
     let hints = Hints {
-        country: text(layout.country).and_then(|c| Country::parse(&c)),
+        country: text(layout.country).and_then(|c| country_hint(&c)),
         anonymity: text(layout.anonymity).and_then(|a| Anonymity::from_loose(&a)),
         https: text(layout.https)
             .and_then(|h| parse_https_word(&h))
@@ -259,7 +296,7 @@ fn read_row(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::proxy::Scheme;
+    use crate::proxy::{Country, Scheme};
 
     const HTTP: SourceScheme = SourceScheme::Fixed(Scheme::Http);
 
@@ -457,18 +494,56 @@ mod tests {
 
     #[test]
     fn malformed_and_truncated_html() {
+        // Cut off mid-row: the last row's `8` may be the start of `8080`.
         let body = "<table><tr><th>IP<th>Port<tr><td>1.2.3.4<td>80<tr><td>5.6.7.8<td>81</tr>\
             <tr><td>9.9.9.9</td><td>8";
-        assert_eq!(
-            urls(body),
-            ["http://1.2.3.4:80", "http://5.6.7.8:81", "http://9.9.9.9:8"]
-        );
+        assert_eq!(urls(body), ["http://1.2.3.4:80", "http://5.6.7.8:81"]);
         for cut in 0..FREE_PROXY_LIST.len() {
             if FREE_PROXY_LIST.is_char_boundary(cut) {
                 let _ = urls(&FREE_PROXY_LIST[..cut]);
             }
         }
         assert!(urls("<<<table>>></tr></td><th>").is_empty());
+    }
+
+    /// A `/broken.html`-style page: no closing tags, unknown country codes,
+    /// and the file cut off in the middle of a row (in a cell, in a tag).
+    #[test]
+    fn a_page_cut_off_mid_row_yields_its_complete_rows() {
+        let page = "<html><body><h1>Proxies<table class=list>\
+            <tr><th>IP Address<th>Port<th>Code<th>Https\n\
+            <tr><td>1.1.1.1<td>8080<td>US<td>yes\n\
+            <tr><td><b>2.2.2.2</b><td>3128<td>ZZ<td>no\n\
+            <tr><td>3.3.3.3<td>80<td>--<td>\n\
+            <tr><td>4.4.4.4<td>1080<td>XX<td>no\n\
+            <tr><td>5.5.5.5<td>808";
+        let complete = [
+            ("http://1.1.1.1:8080", Country::parse("US")),
+            ("http://2.2.2.2:3128", None),
+            ("http://3.3.3.3:80", None),
+            ("http://4.4.4.4:1080", None),
+        ];
+        let got = |body: &str| -> Vec<(String, Option<Country>)> {
+            run(body, &HtmlOptions::default(), HTTP)
+                .items()
+                .iter()
+                .map(|c| (c.proxy.to_string(), c.hints.country))
+                .collect()
+        };
+        let expected: Vec<_> = complete.iter().map(|(u, c)| (u.to_string(), *c)).collect();
+        assert_eq!(got(page), expected);
+        // Cut inside a tag or a cell of the last row, or right after its start.
+        for tail in ["<td", "<td>US<t", "<TD>U", ""] {
+            assert_eq!(got(&format!("{page}{tail}")), expected, "{tail:?}");
+        }
+        let cut_in_row_start = page.rsplit_once("<tr>").unwrap().0.to_owned() + "<tr>";
+        assert_eq!(got(&cut_in_row_start), expected);
+        // Once something closes the row, the page was not cut there.
+        for end in ["</tr>", "</TABLE>", "</body></html>"] {
+            let mut all = expected.clone();
+            all.push(("http://5.5.5.5:808".into(), None));
+            assert_eq!(got(&format!("{page}{end}")), all, "{end:?}");
+        }
     }
 
     #[test]
