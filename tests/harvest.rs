@@ -518,3 +518,49 @@ async fn requests_carry_the_user_agent_and_source_headers_and_accept_brotli() {
     assert_eq!(header("/br.txt", "x-extra").as_deref(), Some("1"));
     assert_eq!(header("/plain.txt", "authorization"), None);
 }
+
+/// Issue 10, Must 1: html5ever's cost per element grows with the nesting
+/// depth, so 60,000 nested `<div>`s (300 KB) would take minutes of CPU. The
+/// source must fail quickly with a clear error, the others unharmed.
+#[tokio::test]
+async fn deeply_nested_html_fails_its_source_instead_of_pinning_a_core() {
+    let dir = tempfile::tempdir().unwrap();
+    let nested = "<div>".repeat(60_000)
+        + "<table><tr><th>IP</th><th>Port</th></tr><tr><td>8.8.8.1</td><td>80</td></tr></table>";
+    let site = FakeSite::start(vec![
+        ("/nested.html", Behavior::ok(nested)),
+        ("/list.txt", Behavior::ok("8.8.8.2:8080\n")),
+    ])
+    .await;
+    let sources = format!(
+        "[[sources]]\nname = \"nested\"\nurl = \"{}\"\nformat = \"html\"\n\
+         [[sources]]\nname = \"list\"\nurl = \"{}\"\n",
+        site.url("/nested.html"),
+        site.url("/list.txt")
+    );
+    let config = Config::from_toml(&config_toml(dir.path(), &sources), "t").unwrap();
+    let started = std::time::Instant::now();
+    let (store, report) = tokio::time::timeout(Duration::from_secs(20), harvest(&config))
+        .await
+        .expect("the harvest waited on a nested page for 20 s");
+    assert!(
+        started.elapsed() < config.harvest.timeout + Duration::from_secs(2),
+        "took {:?}",
+        started.elapsed()
+    );
+    let nested = source(&report, "nested");
+    assert_eq!(
+        nested.error.as_deref(),
+        Some("HTML nested deeper than 1024 elements; not parsed")
+    );
+    assert!(!nested.worked());
+    assert!(source(&report, "list").worked());
+    let stored = urls(&store.list_proxies(ProxyFilter::default()).await.unwrap());
+    assert_eq!(stored, BTreeSet::from(["http://8.8.8.2:8080".to_owned()]));
+    let rec = store.list_sources().await.unwrap();
+    let rec = rec.iter().find(|s| s.name == "nested").unwrap();
+    assert_eq!(
+        rec.last_error.as_deref(),
+        Some("HTML nested deeper than 1024 elements; not parsed")
+    );
+}

@@ -90,12 +90,17 @@ pub async fn harvest_all(config: &Config, store: &Store) -> Result<HarvestReport
     let started = Instant::now();
     let round_start = now_ms();
     let limit = config.harvest.max_per_source;
+    // A page may not cost more to parse than it may take to fetch.
+    let parse_time = config.harvest.timeout;
     let mut reports: Vec<(usize, SourceReport)> =
         futures::stream::iter(sources.into_iter().enumerate())
             .map(|(i, src)| {
                 let fetcher = fetcher.clone();
                 let store = store.clone();
-                async move { (i, harvest_source(&fetcher, &store, &src, limit).await) }
+                async move {
+                    let report = harvest_source(&fetcher, &store, &src, limit, parse_time).await;
+                    (i, report)
+                }
             })
             .buffer_unordered(config.harvest.concurrency)
             .collect()
@@ -129,6 +134,7 @@ async fn harvest_source(
     store: &Store,
     src: &SourceConfig,
     limit: usize,
+    parse_time: Duration,
 ) -> SourceReport {
     let started = Instant::now();
     let started_at = now_ms();
@@ -161,7 +167,7 @@ async fn harvest_source(
         http_status = status;
         let before = candidates.len();
         let (parsed, parse_error) =
-            parse_off_runtime(src.format.clone(), src.scheme, body, candidates).await;
+            parse_off_runtime(src.format.clone(), src.scheme, body, candidates, parse_time).await;
         candidates = parsed;
         if let Some(e) = parse_error {
             error = Some(if page_count > 1 {
@@ -227,14 +233,18 @@ async fn harvest_source(
 }
 
 /// Parsing a 10 MiB body is CPU work; it runs on the blocking pool so the
-/// runtime keeps serving other sources. Returns what was parsed and the
-/// parse error, if any (candidates found before an error are kept).
+/// runtime keeps serving other sources. HTML, the one format whose parsing
+/// is not linear, gives up after `allowed` (counted from now, so that time
+/// spent waiting for a blocking thread counts too). Returns what was parsed
+/// and the parse error, if any (candidates found before an error are kept).
 async fn parse_off_runtime(
     format: SourceFormat,
     scheme: super::SourceScheme,
     body: String,
     mut out: Candidates,
+    allowed: Duration,
 ) -> (Candidates, Option<String>) {
+    let started = Instant::now();
     let joined = tokio::task::spawn_blocking(move || {
         let error = match &format {
             SourceFormat::Text => {
@@ -242,8 +252,9 @@ async fn parse_off_runtime(
                 None
             }
             SourceFormat::Html(opts) => {
-                html::parse(&body, opts, scheme, &mut out);
-                None
+                html::parse_bounded(&body, opts, scheme, &mut out, Some((started, allowed)))
+                    .err()
+                    .map(|e| e.to_string())
             }
             SourceFormat::Json(opts) => json::parse(&body, opts, scheme, &mut out)
                 .err()
