@@ -564,3 +564,55 @@ async fn deeply_nested_html_fails_its_source_instead_of_pinning_a_core() {
         Some("HTML nested deeper than 1024 elements; not parsed")
     );
 }
+
+/// Issue 10, Must 10: a source's own headers (here an API key and a bearer
+/// token) and its URL must not leak to another origin it redirects to; a
+/// redirect within the source's origin keeps them.
+#[tokio::test]
+async fn a_redirect_to_another_origin_gets_no_source_headers_and_no_referer() {
+    let dir = tempfile::tempdir().unwrap();
+    // Two loopback sites on different ports: different origins.
+    let other = FakeSite::start(vec![("/list.txt", Behavior::ok("9.8.7.1:8080\n"))]).await;
+    let site = FakeSite::start(vec![
+        (
+            "/api?key=s3cret",
+            Behavior::Redirect(other.url("/list.txt")),
+        ),
+        ("/same?key=s3cret", Behavior::Redirect("/here.txt".into())),
+        ("/here.txt", Behavior::ok("9.8.7.2:8080\n")),
+    ])
+    .await;
+    let headers = "headers = { X-Api-Key = \"k3y\", Authorization = \"Bearer t0ken\" }";
+    let toml = config_toml(
+        dir.path(),
+        &format!(
+            "[[sources]]\nname = \"away\"\nurl = \"{}\"\n{headers}\n\
+             [[sources]]\nname = \"home\"\nurl = \"{}\"\n{headers}\n",
+            site.url("/api?key=s3cret"),
+            site.url("/same?key=s3cret"),
+        ),
+    );
+    let config = Config::from_toml(&toml, "t").unwrap();
+    let (_store, report) = harvest(&config).await;
+    assert_eq!(source(&report, "away").error, None);
+    assert_eq!(source(&report, "away").found, 1);
+    assert_eq!(source(&report, "home").found, 1);
+
+    assert_eq!(
+        site.last_header("/api?key=s3cret", "x-api-key").as_deref(),
+        Some("k3y")
+    );
+    for name in ["x-api-key", "authorization", "referer"] {
+        assert_eq!(
+            other.last_header("/list.txt", name),
+            None,
+            "{name} was sent to the other origin"
+        );
+    }
+    assert_eq!(
+        site.last_header("/here.txt", "x-api-key").as_deref(),
+        Some("k3y"),
+        "the same origin keeps the source's headers"
+    );
+    assert_eq!(site.last_header("/here.txt", "referer"), None);
+}

@@ -2,21 +2,27 @@
 //! system proxy), separate connect and total timeouts, a body-size cap that
 //! stops reading, at most five redirects, and retries with backoff for
 //! transient failures that honour `Retry-After`. Local files get the same
-//! size cap.
+//! size cap. Redirects are followed here rather than by reqwest, so that a
+//! source's own headers (often API keys) never reach another origin and no
+//! `Referer` tells it the original URL.
 
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use reqwest::StatusCode;
-use reqwest::header::{HeaderName, HeaderValue, RETRY_AFTER};
+use reqwest::header::{HeaderName, HeaderValue, LOCATION, RETRY_AFTER};
 use tokio::io::AsyncReadExt;
+use url::Url;
 
 use crate::config::HarvestConfig;
 
 /// The longest `Retry-After` honoured; a source asking for more is treated
 /// as failing this round rather than stalling the harvest.
 const MAX_RETRY_AFTER: Duration = Duration::from_secs(60);
+
+/// Redirects followed per attempt.
+const MAX_REDIRECTS: usize = 5;
 
 /// A fetched body, decoded lossily as UTF-8 (lists are ASCII; stray bytes
 /// must not reject the whole source).
@@ -93,7 +99,9 @@ impl Fetcher {
             .user_agent(cfg.user_agent.clone())
             .connect_timeout(cfg.connect_timeout)
             .timeout(cfg.timeout)
-            .redirect(reqwest::redirect::Policy::limited(5))
+            // Followed by `attempt`, which decides per hop what is sent.
+            .redirect(reqwest::redirect::Policy::none())
+            .referer(false)
             // Sources are fetched directly: a system HTTP_PROXY must not
             // silently route them elsewhere.
             .no_proxy()
@@ -181,13 +189,9 @@ impl Fetcher {
         url: &str,
         headers: &[(HeaderName, HeaderValue)],
     ) -> (Result<Fetched, FetchError>, Option<Duration>) {
-        let mut req = self.client.get(url);
-        for (n, v) in headers {
-            req = req.header(n.clone(), v.clone());
-        }
-        let mut resp = match req.send().await {
+        let mut resp = match self.follow(url, headers).await {
             Ok(r) => r,
-            Err(e) => return (Err(request_error(None, &e)), None),
+            Err(e) => return (Err(e), None),
         };
         let status = resp.status();
         let code = Some(status.as_u16());
@@ -236,6 +240,60 @@ impl Fetcher {
         )
     }
 
+    /// GETs `url`, following up to [`MAX_REDIRECTS`] redirects. The
+    /// source's `headers` go to the source's own origin (scheme, host and
+    /// port) only, and no hop carries a `Referer`.
+    async fn follow(
+        &self,
+        url: &str,
+        headers: &[(HeaderName, HeaderValue)],
+    ) -> Result<reqwest::Response, FetchError> {
+        let network = |msg: String| FetchError {
+            status: None,
+            kind: FetchErrorKind::Network(msg),
+        };
+        let first = Url::parse(url).map_err(|e| network(format!("invalid URL {url:?}: {e}")))?;
+        let origin = first.origin();
+        let mut current = first;
+        let mut hops = 0;
+        loop {
+            let mut req = self.client.get(current.clone());
+            if current.origin() == origin {
+                for (n, v) in headers {
+                    req = req.header(n.clone(), v.clone());
+                }
+            }
+            let resp = req.send().await.map_err(|e| request_error(None, &e))?;
+            let status = resp.status();
+            let location = resp.headers().get(LOCATION);
+            let (true, Some(location)) = (status.is_redirection(), location) else {
+                return Ok(resp);
+            };
+            let code = Some(status.as_u16());
+            if hops >= MAX_REDIRECTS {
+                return Err(FetchError {
+                    status: code,
+                    kind: FetchErrorKind::Network(format!(
+                        "too many redirects (at most {MAX_REDIRECTS} are followed)"
+                    )),
+                });
+            }
+            let next = location
+                .to_str()
+                .ok()
+                .and_then(|l| current.join(l).ok())
+                .filter(|u| matches!(u.scheme(), "http" | "https"));
+            current = next.ok_or_else(|| FetchError {
+                status: code,
+                kind: FetchErrorKind::Network(format!(
+                    "redirect to an unusable location {:?}",
+                    String::from_utf8_lossy(location.as_bytes())
+                )),
+            })?;
+            hops += 1;
+        }
+    }
+
     fn limit_text(&self) -> String {
         crate::config::size_text(self.max_body)
     }
@@ -256,8 +314,6 @@ fn request_error(status: Option<u16>, e: &reqwest::Error) -> FetchError {
         } else {
             FetchErrorKind::Timeout
         }
-    } else if e.is_redirect() {
-        FetchErrorKind::Network("too many redirects (at most 5 are followed)".into())
     } else {
         FetchErrorKind::Network(error_chain(e))
     };
