@@ -18,9 +18,12 @@ pub enum ApiError {
     /// Nothing matches (no proxy, unknown id, unknown route).
     #[error("{0}")]
     NotFound(String),
-    /// The client asks too often.
-    #[error("too many requests; slow down")]
-    TooManyRequests,
+    /// The client asks too often; it may ask again in `retry_after` seconds.
+    #[error("too many requests; try again in {retry_after} s")]
+    TooManyRequests {
+        /// Seconds until the next request is allowed (the `Retry-After`).
+        retry_after: u64,
+    },
     /// The request body is larger than the API accepts.
     #[error("request body larger than {0} bytes")]
     PayloadTooLarge(usize),
@@ -45,7 +48,7 @@ impl ApiError {
             ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
             ApiError::NotFound(_) | ApiError::Disabled(_) => StatusCode::NOT_FOUND,
-            ApiError::TooManyRequests => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::TooManyRequests { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::Timeout => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Store(_) | ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -58,7 +61,7 @@ impl ApiError {
             ApiError::BadRequest(_) => "bad_request",
             ApiError::Unauthorized => "unauthorized",
             ApiError::NotFound(_) | ApiError::Disabled(_) => "not_found",
-            ApiError::TooManyRequests => "too_many_requests",
+            ApiError::TooManyRequests { .. } => "too_many_requests",
             ApiError::PayloadTooLarge(_) => "payload_too_large",
             ApiError::Timeout => "timeout",
             ApiError::Store(_) | ApiError::Internal(_) => "internal",
@@ -77,11 +80,20 @@ impl IntoResponse for ApiError {
             "error": { "code": self.code(), "message": self.to_string() }
         });
         let mut resp = (self.status_code(), Json(body)).into_response();
-        if matches!(self, ApiError::Unauthorized) {
-            resp.headers_mut().insert(
-                axum::http::header::WWW_AUTHENTICATE,
-                axum::http::HeaderValue::from_static("Bearer"),
-            );
+        match self {
+            ApiError::Unauthorized => {
+                resp.headers_mut().insert(
+                    axum::http::header::WWW_AUTHENTICATE,
+                    axum::http::HeaderValue::from_static("Bearer"),
+                );
+            }
+            ApiError::TooManyRequests { retry_after } => {
+                resp.headers_mut().insert(
+                    axum::http::header::RETRY_AFTER,
+                    axum::http::HeaderValue::from(retry_after),
+                );
+            }
+            _ => {}
         }
         resp
     }

@@ -12,7 +12,7 @@ mod query;
 
 pub use error::ApiError;
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -93,6 +93,7 @@ pub struct AppState {
     pub rounds: Arc<Mutex<Rounds>>,
     /// Rendered `/proxy` answers.
     answers: Arc<answers::Answers>,
+    /// `/judge` calls per client network (see [`client_network`]).
     judge_limiter: Arc<DefaultKeyedRateLimiter<IpAddr>>,
     judge_calls: Arc<AtomicU64>,
 }
@@ -192,8 +193,14 @@ async fn judge_route(
         return ApiError::Disabled("the judge is switched off (api.judge = false)".into())
             .into_response();
     }
-    if state.judge_limiter.check_key(&info.0.ip()).is_err() {
-        return ApiError::TooManyRequests.into_response();
+    if let Err(not_until) = state.judge_limiter.check_key(&client_network(info.0.ip())) {
+        let wait =
+            not_until.wait_time_from(governor::clock::Clock::now(state.judge_limiter.clock()));
+        return ApiError::TooManyRequests {
+            // Whole seconds, rounded up: a client that waits this long gets through.
+            retry_after: wait.as_secs() + u64::from(wait.subsec_nanos() > 0),
+        }
+        .into_response();
     }
     // Forget idle clients now and then so the limiter's memory stays small.
     if state.judge_calls.fetch_add(1, Ordering::Relaxed) % 4096 == 4095 {
@@ -202,6 +209,17 @@ async fn judge_route(
     judge::judge(info, method, uri, headers)
         .await
         .into_response()
+}
+
+/// The network a client address counts for in rate limits: its /24 for
+/// IPv4, its /64 for IPv6 (one customer's usual allocation), so that rotating
+/// through the addresses one holds does not multiply the allowance.
+/// IPv4-mapped IPv6 addresses count as the IPv4 address.
+pub fn client_network(ip: IpAddr) -> IpAddr {
+    match ip.to_canonical() {
+        IpAddr::V4(v4) => IpAddr::V4(Ipv4Addr::from(u32::from(v4) & 0xffff_ff00)),
+        IpAddr::V6(v6) => IpAddr::V6(Ipv6Addr::from(u128::from(v6) & !((1u128 << 64) - 1))),
+    }
 }
 
 /// Answers 503 (in the JSON envelope) when a request outlasts
@@ -223,18 +241,36 @@ async fn authorize(State(state): State<AppState>, req: Request, next: Next) -> R
     if path == "/healthz" || path == "/judge" {
         return next.run(req).await;
     }
-    let presented = req
+    let mut values = req
         .headers()
-        .get(axum::http::header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim)
-        .unwrap_or("");
-    if bool::from(presented.as_bytes().ct_eq(token.0.as_bytes())) {
+        .get_all(axum::http::header::AUTHORIZATION)
+        .iter();
+    let (first, second) = (values.next(), values.next());
+    if second.is_some() {
+        return ApiError::BadRequest("more than one Authorization header".into()).into_response();
+    }
+    let presented = first
+        .and_then(|v| bearer_token(v.as_bytes()))
+        .unwrap_or(b"");
+    if bool::from(presented.ct_eq(token.0.as_bytes())) {
         next.run(req).await
     } else {
         ApiError::Unauthorized.into_response()
     }
+}
+
+/// The credentials of a `Bearer` Authorization value, exactly as sent. The
+/// scheme is case-insensitive and separated by one or more spaces (RFC 9110
+/// §11.4); nothing else is trimmed, so a token is compared as written.
+fn bearer_token(value: &[u8]) -> Option<&[u8]> {
+    const SCHEME: &[u8] = b"bearer ";
+    let head = value.get(..SCHEME.len())?;
+    if !head.eq_ignore_ascii_case(SCHEME) {
+        return None;
+    }
+    let rest = &value[SCHEME.len()..];
+    let start = rest.iter().position(|&b| b != b' ')?;
+    Some(&rest[start..])
 }
 
 /// Counts requests by matched route and status.

@@ -17,7 +17,7 @@ use std::sync::LazyLock;
 
 use toml::Table;
 
-pub use api::{ApiConfig, Secret};
+pub use api::{ApiConfig, MIN_PUBLIC_TOKEN, Secret};
 pub use check::{CheckConfig, JudgeConfig};
 pub use database::DatabaseConfig;
 pub use geoip::GeoipConfig;
@@ -399,7 +399,8 @@ mod tests {
         assert_eq!(c.api.token, None);
         assert_eq!(c.check.extra_ca_file, None);
         assert_eq!(c.geoip.database, None);
-        let text = "[api]\ntoken = \"\"\n[check]\nextra_ca_file = \"\"\n[geoip]\ndatabase = \"\"\n";
+        // (A blank api.token is an error instead: see tokens_are_taken_as_written.)
+        let text = "[check]\nextra_ca_file = \"\"\n[geoip]\ndatabase = \"\"\n";
         assert_eq!(Config::from_toml(text, "old.toml").unwrap(), c);
         // A key with a default cannot be emptied into nothing.
         let err = Config::from_toml("[database]\npath = \"\"\n", "t").unwrap_err();
@@ -428,6 +429,48 @@ mod tests {
                 "the example does not say {stated:?}"
             );
         }
+    }
+
+    #[test]
+    fn tokens_are_taken_as_written_and_must_be_long_off_loopback() {
+        let problems = |text: &str| -> Vec<String> {
+            match Config::from_toml(text, "t") {
+                Ok(_) => Vec::new(),
+                Err(e) => e.problems.iter().map(|p| p.to_string()).collect(),
+            }
+        };
+        for blank in ["", " ", "\t"] {
+            assert_eq!(
+                problems(&format!("[api]\ntoken = {blank:?}\n")),
+                ["api.token: must not be blank (leave the key out for an API without a token)"],
+                "{blank:?}"
+            );
+        }
+        assert_eq!(
+            problems("[api]\ntoken = \" x \"\n"),
+            [
+                "api.token: must not start or end with blanks: HTTP strips them from headers, so it could never match"
+            ]
+        );
+        // Loopback takes any token; another address needs 16 characters.
+        assert!(problems("[api]\ntoken = \"short\"\n").is_empty());
+        assert_eq!(
+            problems("[api]\nlisten = \"0.0.0.0:8080\"\ntoken = \"fifteen-chars-x\"\n"),
+            [
+                "api.token: must be at least 16 characters when api.listen (0.0.0.0:8080) is not a loopback address, found 15"
+            ]
+        );
+        assert!(
+            problems("[api]\nlisten = \"[::]:8080\"\ntoken = \"sixteen-chars-xy\"\n").is_empty()
+        );
+        // A blank token off loopback is one problem, not two.
+        assert_eq!(
+            problems("[api]\nlisten = \"0.0.0.0:8080\"\ntoken = \"\"\n").len(),
+            1
+        );
+        // Inner blanks are part of the token, kept as written.
+        let c = Config::from_toml("[api]\ntoken = \"a b\"\n", "t").unwrap();
+        assert_eq!(c.api.token, Some(Secret("a b".into())));
     }
 
     #[test]

@@ -1,0 +1,232 @@
+//! The API as a hostile client meets it: tokens, the judge, error envelopes
+//! and connections. Handler logic goes through `Router::oneshot`; what needs
+//! real sockets runs `api::serve` on 127.0.0.1:0.
+
+mod common;
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::Path;
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::ConnectInfo;
+use axum::http::{HeaderName, HeaderValue, Request, StatusCode, header};
+use http_body_util::BodyExt;
+use proxywarden::api::{self, AppState};
+use proxywarden::config::Config;
+use proxywarden::health::{Feedback, load_index};
+use proxywarden::store::Store;
+use tower::ServiceExt;
+
+const TOKEN: &str = "a token with  inner blanks";
+
+/// State over an empty store in `dir`, with `api` appended to `[api]`.
+async fn state(dir: &Path, api: &str) -> AppState {
+    let toml = format!(
+        "[database]\npath = \"{}\"\n[api]\n{api}\n",
+        dir.join("api.db").display()
+    );
+    let config = Config::from_toml(&toml, "api.toml").unwrap();
+    let store = Store::open(&config.database.path).unwrap();
+    let index = load_index(&store).await.unwrap();
+    AppState::new(store.clone(), Feedback::new(index, store), Arc::new(config))
+}
+
+/// A GET of `path` from `peer`, with `headers`.
+fn get(path: &str, peer: &str, headers: &[(&str, &str)]) -> Request<Body> {
+    let mut req = Request::get(path).body(Body::empty()).unwrap();
+    for (n, v) in headers {
+        req.headers_mut().append(
+            HeaderName::from_bytes(n.as_bytes()).unwrap(),
+            HeaderValue::from_bytes(v.as_bytes()).unwrap(),
+        );
+    }
+    let peer: SocketAddr = peer.parse().unwrap();
+    req.extensions_mut().insert(ConnectInfo(peer));
+    req
+}
+
+/// Status, headers and body of one request through the router.
+async fn call(state: &AppState, req: Request<Body>) -> (StatusCode, header::HeaderMap, Vec<u8>) {
+    let resp = api::router(state.clone()).oneshot(req).await.unwrap();
+    let (parts, body) = resp.into_parts();
+    let body = body.collect().await.unwrap().to_bytes().to_vec();
+    (parts.status, parts.headers, body)
+}
+
+fn json(body: &[u8]) -> serde_json::Value {
+    serde_json::from_slice(body)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(body)))
+}
+
+#[tokio::test]
+async fn the_bearer_scheme_is_case_insensitive_and_the_token_compared_as_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = state(dir.path(), &format!("token = {TOKEN:?}")).await;
+    let status = |auth: String| {
+        let s = s.clone();
+        async move {
+            let (status, headers, body) = call(
+                &s,
+                get("/sources", "127.0.0.1:1", &[("authorization", &auth)]),
+            )
+            .await;
+            if status == StatusCode::UNAUTHORIZED {
+                assert_eq!(json(&body)["error"]["code"], "unauthorized");
+                assert_eq!(headers[header::WWW_AUTHENTICATE], "Bearer");
+            }
+            status
+        }
+    };
+    for scheme in ["Bearer", "bearer", "BEARER", "bEaReR"] {
+        assert_eq!(
+            status(format!("{scheme} {TOKEN}")).await,
+            StatusCode::OK,
+            "{scheme}"
+        );
+    }
+    // Spaces after the scheme separate it from the token (RFC 9110).
+    assert_eq!(status(format!("Bearer   {TOKEN}")).await, StatusCode::OK);
+    // Nothing else is trimmed or folded: the token's own inner blanks count.
+    for wrong in [
+        format!("Bearer {TOKEN} "),
+        format!("Bearer {TOKEN}\t"),
+        format!("Bearer {}", TOKEN.replace("  ", " ")),
+        format!("Bearer {}", TOKEN.to_uppercase()),
+        format!("Basic {TOKEN}"),
+        format!("Bearer{TOKEN}"),
+        TOKEN.to_owned(),
+        "Bearer ".to_owned(),
+    ] {
+        assert_eq!(
+            status(wrong.clone()).await,
+            StatusCode::UNAUTHORIZED,
+            "{wrong:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn two_authorization_headers_are_a_bad_request() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = state(dir.path(), &format!("token = {TOKEN:?}")).await;
+    let right = format!("Bearer {TOKEN}");
+    for pair in [
+        [right.as_str(), "Bearer wrong"],
+        [right.as_str(), right.as_str()],
+    ] {
+        let (status, _, body) = call(
+            &s,
+            get(
+                "/sources",
+                "127.0.0.1:1",
+                &[("authorization", pair[0]), ("authorization", pair[1])],
+            ),
+        )
+        .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{pair:?}");
+        let e = json(&body);
+        assert_eq!(e["error"]["code"], "bad_request");
+        assert_eq!(e["error"]["message"], "more than one Authorization header");
+    }
+}
+
+#[tokio::test]
+async fn the_judge_never_echoes_secrets_and_its_answer_is_bounded() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = state(dir.path(), "").await;
+    let huge = "x".repeat(8 * 1024);
+    let mut headers = vec![
+        ("authorization", "Bearer client-secret"),
+        ("cookie", "session=cookie-secret"),
+        ("proxy-authorization", "Basic cHJveHk6c2VjcmV0"),
+        ("x-forwarded-for", "203.0.113.9"),
+    ];
+    let names: Vec<String> = (0..90).map(|i| format!("x-filler-{i}")).collect();
+    headers.extend(names.iter().map(|n| (n.as_str(), huge.as_str())));
+    let query = "a".repeat(6000);
+    let (status, _, body) = call(
+        &s,
+        get(
+            &format!("/judge?pwcheck=n0nce&{query}"),
+            "192.0.2.1:5000",
+            &headers,
+        ),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let text = String::from_utf8_lossy(&body);
+    for secret in ["client-secret", "cookie-secret", "cHJveHk6c2VjcmV0"] {
+        assert!(!text.contains(secret), "{secret} echoed");
+    }
+    let answer = json(&body);
+    for name in ["authorization", "cookie", "proxy-authorization"] {
+        assert_eq!(answer["headers"][name], "<redacted>", "{name}");
+    }
+    // What a check needs is still there: the proxy headers and the nonce.
+    assert_eq!(answer["headers"]["x-forwarded-for"], "203.0.113.9");
+    assert!(
+        answer["url"]
+            .as_str()
+            .unwrap()
+            .starts_with("/judge?pwcheck=n0nce&")
+    );
+    assert_eq!(answer["marker"], "proxywarden-judge");
+    // 720 KB of headers and a 6 KB URL in, a bounded answer out.
+    assert_eq!(answer["truncated"], true);
+    assert!(body.len() < 24 * 1024, "answer of {} bytes", body.len());
+}
+
+#[tokio::test]
+async fn the_judge_limit_counts_a_v4_slash_24_or_v6_slash_64_as_one_client() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = state(dir.path(), "judge_per_minute = 2").await;
+    let judge = |peer: &'static str| {
+        let s = s.clone();
+        async move { call(&s, get("/judge", peer, &[])).await }
+    };
+    for (first, second, third, elsewhere) in [
+        (
+            "198.51.100.7:1",
+            "198.51.100.8:2",
+            "198.51.100.250:3",
+            "198.51.101.7:4",
+        ),
+        (
+            "[2001:db8:1:2::1]:1",
+            "[2001:db8:1:2::2]:2",
+            "[2001:db8:1:2:ffff::9]:3",
+            "[2001:db8:1:3::1]:4",
+        ),
+        // An IPv4-mapped IPv6 peer is its IPv4 address.
+        (
+            "203.0.113.1:1",
+            "[::ffff:203.0.113.2]:2",
+            "203.0.113.3:3",
+            "[::ffff:203.0.114.1]:4",
+        ),
+    ] {
+        assert_eq!(judge(first).await.0, StatusCode::OK);
+        assert_eq!(judge(second).await.0, StatusCode::OK);
+        let (status, headers, body) = judge(third).await;
+        assert_eq!(
+            status,
+            StatusCode::TOO_MANY_REQUESTS,
+            "{third} after {first}, {second}"
+        );
+        assert_eq!(json(&body)["error"]["code"], "too_many_requests");
+        // Two per minute: the next one is allowed within 30 s.
+        let retry: u64 = headers[header::RETRY_AFTER]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!((1..=30).contains(&retry), "Retry-After: {retry}");
+        assert_eq!(judge(elsewhere).await.0, StatusCode::OK, "{elsewhere}");
+    }
+    let v4: IpAddr = "198.51.100.7".parse().unwrap();
+    assert_eq!(
+        api::client_network(v4),
+        "198.51.100.0".parse::<IpAddr>().unwrap()
+    );
+}
