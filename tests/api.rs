@@ -135,15 +135,18 @@ async fn two_authorization_headers_are_a_bad_request() {
 async fn the_judge_never_echoes_secrets_and_its_answer_is_bounded() {
     let dir = tempfile::tempdir().unwrap();
     let s = state(dir.path(), "").await;
-    let huge = "x".repeat(8 * 1024);
+    let long = "y".repeat(3000);
+    let filler = "x".repeat(2000);
     let mut headers = vec![
         ("authorization", "Bearer client-secret"),
         ("cookie", "session=cookie-secret"),
         ("proxy-authorization", "Basic cHJveHk6c2VjcmV0"),
         ("x-forwarded-for", "203.0.113.9"),
+        ("x-long", long.as_str()),
     ];
-    let names: Vec<String> = (0..90).map(|i| format!("x-filler-{i}")).collect();
-    headers.extend(names.iter().map(|n| (n.as_str(), huge.as_str())));
+    // Under the API's 64 KiB header limit, over what the judge echoes.
+    let names: Vec<String> = (0..28).map(|i| format!("x-filler-{i}")).collect();
+    headers.extend(names.iter().map(|n| (n.as_str(), filler.as_str())));
     let query = "a".repeat(6000);
     let (status, _, body) = call(
         &s,
@@ -172,8 +175,10 @@ async fn the_judge_never_echoes_secrets_and_its_answer_is_bounded() {
             .starts_with("/judge?pwcheck=n0nce&")
     );
     assert_eq!(answer["marker"], "proxywarden-judge");
-    // 720 KB of headers and a 6 KB URL in, a bounded answer out.
+    // 60 KB of headers and a 6 KB URL in, a bounded answer out.
     assert_eq!(answer["truncated"], true);
+    assert_eq!(answer["headers"]["x-long"].as_str().unwrap().len(), 2048);
+    assert_eq!(answer["url"].as_str().unwrap().len(), 2048);
     assert!(body.len() < 24 * 1024, "answer of {} bytes", body.len());
 }
 
@@ -228,5 +233,114 @@ async fn the_judge_limit_counts_a_v4_slash_24_or_v6_slash_64_as_one_client() {
     assert_eq!(
         api::client_network(v4),
         "198.51.100.0".parse::<IpAddr>().unwrap()
+    );
+}
+
+/// Issue 10, Must 5: every 4xx is the JSON envelope, whoever answers it.
+#[tokio::test]
+async fn every_client_error_is_the_json_envelope() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = state(dir.path(), "").await;
+    let post = |path: &str| {
+        let mut req = Request::post(path)
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(Body::from(r#"{"ok": false}"#))
+            .unwrap();
+        req.extensions_mut()
+            .insert(ConnectInfo("127.0.0.1:1".parse::<SocketAddr>().unwrap()));
+        req
+    };
+    let long_uri = format!("/healthz?{}", "a".repeat(9000));
+    let filler = "z".repeat(1000);
+    let many: Vec<(String, &str)> = (0..70)
+        .map(|i| (format!("x-f{i}"), filler.as_str()))
+        .collect();
+    let many: Vec<(&str, &str)> = many.iter().map(|(n, v)| (n.as_str(), *v)).collect();
+    let numerous: Vec<(String, &str)> = (0..101).map(|i| (format!("x-n{i}"), "1")).collect();
+    let numerous: Vec<(&str, &str)> = numerous.iter().map(|(n, v)| (n.as_str(), *v)).collect();
+    let cases: Vec<(Request<Body>, u16, &str)> = vec![
+        (post("/proxies/abc/report"), 400, "bad_request"),
+        // Not UTF-8 once decoded: axum's path extractor rejects it.
+        (post("/proxies/%FF/report"), 400, "bad_request"),
+        (post("/proxies/12345/report"), 404, "not_found"),
+        (post("/proxy"), 405, "method_not_allowed"),
+        (get("/nowhere", "127.0.0.1:1", &[]), 404, "not_found"),
+        (
+            get("/proxy?country=USA", "127.0.0.1:1", &[]),
+            400,
+            "bad_request",
+        ),
+        (get(&long_uri, "127.0.0.1:1", &[]), 414, "uri_too_long"),
+        (
+            get("/healthz", "127.0.0.1:1", &many),
+            431,
+            "headers_too_large",
+        ),
+        (
+            get("/healthz", "127.0.0.1:1", &numerous),
+            431,
+            "headers_too_large",
+        ),
+    ];
+    for (req, status, code) in cases {
+        let what = format!("{} {}", req.method(), req.uri().path());
+        let (got, headers, body) = call(&s, req).await;
+        assert_eq!(got.as_u16(), status, "{what}");
+        assert_eq!(headers[header::CONTENT_TYPE], "application/json", "{what}");
+        let e = json(&body);
+        assert_eq!(e["error"]["code"], code, "{what}: {e}");
+        assert!(
+            e["error"]["message"]
+                .as_str()
+                .is_some_and(|m| !m.is_empty()),
+            "{what}: {e}"
+        );
+    }
+}
+
+/// Issue 10, Must 5: a client asking `/proxy?format=text` reads errors as
+/// text too, with the same status (and headers).
+#[tokio::test]
+async fn proxy_as_text_answers_errors_as_text() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = state(dir.path(), "").await;
+    for (path, status, message) in [
+        (
+            "/proxy?format=text",
+            404,
+            "no alive proxy matches the filters\n",
+        ),
+        (
+            "/proxy?country=USA&format=TEXT",
+            400,
+            "parameter country=\"USA\" is invalid: expected two-letter country codes\n",
+        ),
+        (
+            "/proxy?format=text&colour=red",
+            400,
+            "unknown parameter \"colour\" (expected one of: country, scheme, anonymity, https, max_latency_ms, max_age, exclude, format, verify)\n",
+        ),
+    ] {
+        let (got, headers, body) = call(&s, get(path, "127.0.0.1:1", &[])).await;
+        assert_eq!(got.as_u16(), status, "{path}");
+        assert_eq!(
+            headers[header::CONTENT_TYPE],
+            "text/plain; charset=utf-8",
+            "{path}"
+        );
+        assert_eq!(String::from_utf8_lossy(&body), message, "{path}");
+    }
+    // The JSON form keeps the envelope.
+    let (_, headers, body) = call(&s, get("/proxy", "127.0.0.1:1", &[])).await;
+    assert_eq!(headers[header::CONTENT_TYPE], "application/json");
+    assert_eq!(json(&body)["error"]["code"], "not_found");
+
+    let s = state(dir.path(), &format!("token = {TOKEN:?}")).await;
+    let (got, headers, body) = call(&s, get("/proxy?format=text", "127.0.0.1:1", &[])).await;
+    assert_eq!(got, StatusCode::UNAUTHORIZED);
+    assert_eq!(headers[header::WWW_AUTHENTICATE], "Bearer");
+    assert_eq!(
+        String::from_utf8_lossy(&body),
+        "missing or invalid bearer token\n"
     );
 }

@@ -33,6 +33,24 @@ pub enum ApiError {
     /// Switched off by configuration.
     #[error("{0}")]
     Disabled(String),
+    /// The route exists but not for this method.
+    #[error("method not allowed on this route")]
+    MethodNotAllowed,
+    /// The request target is longer than the API reads.
+    #[error("request URI longer than {0} bytes")]
+    UriTooLong(usize),
+    /// The request's headers are larger than the API reads.
+    #[error("request headers larger than {0} bytes in all, or more than {1} of them")]
+    HeadersTooLarge(usize, usize),
+    /// An error answered below the handlers (an extractor's rejection, the
+    /// HTTP layer), put into the envelope with its status and text.
+    #[error("{message}")]
+    Other {
+        /// The status it was answered with.
+        status: StatusCode,
+        /// What it said.
+        message: String,
+    },
     /// The store failed; details are logged.
     #[error("internal error")]
     Store(#[from] crate::store::StoreError),
@@ -51,6 +69,10 @@ impl ApiError {
             ApiError::TooManyRequests { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::Timeout => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            ApiError::UriTooLong(_) => StatusCode::URI_TOO_LONG,
+            ApiError::HeadersTooLarge(..) => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            ApiError::Other { status, .. } => *status,
             ApiError::Store(_) | ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -64,10 +86,31 @@ impl ApiError {
             ApiError::TooManyRequests { .. } => "too_many_requests",
             ApiError::PayloadTooLarge(_) => "payload_too_large",
             ApiError::Timeout => "timeout",
+            ApiError::MethodNotAllowed => "method_not_allowed",
+            ApiError::UriTooLong(_) => "uri_too_long",
+            ApiError::HeadersTooLarge(..) => "headers_too_large",
+            ApiError::Other { status, .. } => match status.as_u16() {
+                400 | 422 => "bad_request",
+                401 => "unauthorized",
+                404 => "not_found",
+                405 => "method_not_allowed",
+                413 => "payload_too_large",
+                414 => "uri_too_long",
+                415 => "unsupported_media_type",
+                429 => "too_many_requests",
+                431 => "headers_too_large",
+                503 => "unavailable",
+                s if s >= 500 => "internal",
+                _ => "client_error",
+            },
             ApiError::Store(_) | ApiError::Internal(_) => "internal",
         }
     }
 }
+
+/// Marks a response as an [`ApiError`] in the envelope, with its message.
+#[derive(Clone, Debug)]
+pub(super) struct Enveloped(pub(super) String);
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
@@ -76,10 +119,14 @@ impl IntoResponse for ApiError {
             ApiError::Internal(e) => tracing::error!(error = %e, "request failed"),
             _ => {}
         }
+        let message = self.to_string();
         let body = serde_json::json!({
-            "error": { "code": self.code(), "message": self.to_string() }
+            "error": { "code": self.code(), "message": message }
         });
         let mut resp = (self.status_code(), Json(body)).into_response();
+        // Lets the outer layer tell an enveloped error from a foreign one,
+        // and give `/proxy?format=text` the message as text.
+        resp.extensions_mut().insert(Enveloped(message));
         match self {
             ApiError::Unauthorized => {
                 resp.headers_mut().insert(

@@ -163,7 +163,104 @@ pub fn router(state: AppState) -> Router {
         ))
         .layer(middleware::from_fn_with_state(state.clone(), authorize))
         .layer(middleware::from_fn_with_state(state.clone(), limit_time))
+        .layer(middleware::from_fn(envelope))
         .with_state(state)
+}
+
+/// The longest request target read (path and query), in bytes.
+pub const MAX_URI: usize = 8 * 1024;
+
+/// The most header bytes (names and values) read per request.
+pub const MAX_HEADER_BYTES: usize = 64 * 1024;
+
+/// The most header fields read per request (hyper's own limit is 100).
+pub const MAX_HEADERS: usize = 100;
+
+/// The outermost layer: refuses oversized URIs and headers, puts every
+/// error that did not come from an [`ApiError`] (axum's rejections) into the
+/// JSON envelope, and answers `/proxy?format=text` errors as plain text.
+async fn envelope(req: Request, next: Next) -> Response {
+    let text = wants_text(req.uri());
+    let uri_len = req.uri().path_and_query().map_or(0, |pq| pq.as_str().len());
+    let header_bytes: usize = req
+        .headers()
+        .iter()
+        .map(|(n, v)| n.as_str().len() + v.len())
+        .sum();
+    let resp = if uri_len > MAX_URI {
+        ApiError::UriTooLong(MAX_URI).into_response()
+    } else if header_bytes > MAX_HEADER_BYTES || req.headers().len() > MAX_HEADERS {
+        ApiError::HeadersTooLarge(MAX_HEADER_BYTES, MAX_HEADERS).into_response()
+    } else {
+        next.run(req).await
+    };
+    let status = resp.status();
+    if !status.is_client_error() && !status.is_server_error() {
+        return resp;
+    }
+    let resp = match resp.extensions().get::<error::Enveloped>() {
+        Some(_) => resp,
+        None => foreign_error(resp).await,
+    };
+    if text { as_text(resp) } else { resp }
+}
+
+/// True for `/proxy` asked with `format=text`: its errors are text too, as
+/// a client reading one line of text expects.
+fn wants_text(uri: &axum::http::Uri) -> bool {
+    uri.path() == "/proxy"
+        && url::form_urlencoded::parse(uri.query().unwrap_or("").as_bytes())
+            .any(|(k, v)| k == "format" && v.trim().eq_ignore_ascii_case("text"))
+}
+
+/// An error response made below the handlers, in the envelope: its status,
+/// and its body as the message when that is short text.
+async fn foreign_error(resp: Response) -> Response {
+    let (parts, body) = resp.into_parts();
+    let bytes = http_body_util::BodyExt::collect(http_body_util::Limited::new(body, 1024))
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
+    let message = std::str::from_utf8(&bytes)
+        .map(str::trim)
+        .ok()
+        .filter(|m| !m.is_empty())
+        .map(str::to_owned)
+        .unwrap_or_else(|| {
+            parts
+                .status
+                .canonical_reason()
+                .unwrap_or("error")
+                .to_lowercase()
+        });
+    let mut enveloped = ApiError::Other {
+        status: parts.status,
+        message,
+    }
+    .into_response();
+    // Keep what the original said besides its body (e.g. Allow).
+    for (name, value) in &parts.headers {
+        if name != axum::http::header::CONTENT_TYPE && name != axum::http::header::CONTENT_LENGTH {
+            enveloped.headers_mut().insert(name.clone(), value.clone());
+        }
+    }
+    enveloped
+}
+
+/// An enveloped error as `text/plain`: its message on one line, with the
+/// same status and headers.
+fn as_text(resp: Response) -> Response {
+    let Some(error::Enveloped(message)) = resp.extensions().get::<error::Enveloped>().cloned()
+    else {
+        return resp;
+    };
+    let (mut parts, _) = resp.into_parts();
+    parts.headers.insert(
+        axum::http::header::CONTENT_TYPE,
+        axum::http::HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    parts.headers.remove(axum::http::header::CONTENT_LENGTH);
+    Response::from_parts(parts, axum::body::Body::from(format!("{message}\n")))
 }
 
 /// Serves `router(state)` on an already bound listener until `shutdown`
