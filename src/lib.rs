@@ -10,7 +10,7 @@
 //! - [`check`]: probes per scheme, judges, anonymity, the batched check round
 //! - [`store`]: SQLite (WAL): migrations, upserts, check results, listings
 //! - [`health`]: the in-memory index of servable proxies, selection, the one feedback path
-//! - [`api`]: the axum router: serving, listings, reports, metrics, the judge
+//! - [`api`]: the axum router: serving, listings, reports, metrics, the judge; bounded connections
 //! - [`export`]: proxies as txt, json or csv, files written atomically
 //! - [`daemon`]: `serve`: scheduler, check loop, API and shutdown wired together
 //! - [`cli`]: the clap command tree and each command's output

@@ -344,3 +344,207 @@ async fn proxy_as_text_answers_errors_as_text() {
         "missing or invalid bearer token\n"
     );
 }
+
+/// `api::serve` on 127.0.0.1:0 with `api` appended to `[api]`.
+struct Server {
+    addr: SocketAddr,
+    stop: tokio_util::sync::CancellationToken,
+    task: tokio::task::JoinHandle<std::io::Result<()>>,
+    _dir: tempfile::TempDir,
+}
+
+impl Server {
+    async fn start(api: &str) -> Server {
+        let dir = tempfile::tempdir().unwrap();
+        let s = state(dir.path(), api).await;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let stop = tokio_util::sync::CancellationToken::new();
+        let task = tokio::spawn(api::serve(listener, s, stop.clone()));
+        Server {
+            addr,
+            stop,
+            task,
+            _dir: dir,
+        }
+    }
+
+    /// A raw `GET /healthz` on a new connection: its time and status line.
+    async fn healthz(&self) -> (std::time::Duration, String) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let started = std::time::Instant::now();
+        let mut c = tokio::net::TcpStream::connect(self.addr).await.unwrap();
+        c.write_all(b"GET /healthz HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let mut answer = Vec::new();
+        tokio::time::timeout(SECONDS_5, c.read_to_end(&mut answer))
+            .await
+            .expect("/healthz did not answer within 5 s")
+            .unwrap();
+        let took = started.elapsed();
+        let text = String::from_utf8_lossy(&answer);
+        (took, text.lines().next().unwrap_or("").to_owned())
+    }
+
+    async fn stop(self) {
+        self.stop.cancel();
+        tokio::time::timeout(SECONDS_5, self.task)
+            .await
+            .expect("the server did not stop within 5 s")
+            .unwrap()
+            .unwrap();
+    }
+}
+
+const SECONDS_5: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Waits until the server closes `c` (EOF or reset), up to `within`; the
+/// time it took, or `None` if it stayed open.
+async fn closed_within(
+    c: &mut tokio::net::tcp::OwnedReadHalf,
+    within: std::time::Duration,
+) -> Option<std::time::Duration> {
+    use tokio::io::AsyncReadExt;
+    let started = std::time::Instant::now();
+    let mut buf = [0u8; 1024];
+    let closed = tokio::time::timeout(within, async {
+        loop {
+            match c.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    })
+    .await;
+    closed.ok().map(|()| started.elapsed())
+}
+
+/// Issue 10, Must 2: idle and slow-header clients are held without
+/// starving `/healthz`, and closed once their time is up.
+#[tokio::test]
+async fn idle_and_slow_header_clients_do_not_starve_healthz_and_are_closed() {
+    use tokio::io::AsyncWriteExt;
+    let header_timeout = std::time::Duration::from_secs(3);
+    let idle_timeout = std::time::Duration::from_secs(2);
+    let server =
+        Server::start("header_timeout = \"3s\"\nidle_timeout = \"2s\"\nmax_connections = 1000")
+            .await;
+    let opened = std::time::Instant::now();
+    let mut idle = Vec::new();
+    for _ in 0..300 {
+        let c = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+        idle.push(c.into_split());
+    }
+    // Slow clients send a header line every 100 ms and never finish the head.
+    let mut slow = Vec::new();
+    for _ in 0..50 {
+        let c = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+        let (read, mut write) = c.into_split();
+        let trickle = tokio::spawn(async move {
+            let mut line: &[u8] = b"GET /healthz HTTP/1.1\r\nHost: t\r\n";
+            while write.write_all(line).await.is_ok() {
+                line = b"X-Slow: 1\r\n";
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+        });
+        slow.push((read, trickle));
+    }
+    let mut times = Vec::new();
+    for _ in 0..5 {
+        let (took, status) = server.healthz().await;
+        assert_eq!(status, "HTTP/1.1 200 OK");
+        times.push(took);
+    }
+    assert!(
+        opened.elapsed() < idle_timeout,
+        "setting up took {:?}: the clients were not all held while /healthz was asked",
+        opened.elapsed()
+    );
+    times.sort();
+    assert!(
+        times[2] < std::time::Duration::from_millis(100),
+        "/healthz took {times:?}"
+    );
+
+    // Silent clients go at the idle timeout, trickling ones at the header
+    // timeout; none before.
+    let deadline = std::time::Duration::from_secs(8);
+    for (read, _) in &mut idle {
+        closed_within(read, deadline)
+            .await
+            .expect("an idle client stayed open");
+        assert!(opened.elapsed() + std::time::Duration::from_millis(100) >= idle_timeout);
+    }
+    for (read, trickle) in &mut slow {
+        closed_within(read, deadline)
+            .await
+            .expect("a slow client stayed open");
+        assert!(opened.elapsed() + std::time::Duration::from_millis(100) >= header_timeout);
+        trickle.abort();
+    }
+    server.stop().await;
+}
+
+/// Issue 10, Must 2: at `max_connections` a new client closes the one
+/// quiet longest, so idle clients cannot lock anyone out.
+#[tokio::test]
+async fn the_connection_cap_closes_the_quietest_to_make_room() {
+    let server =
+        Server::start("header_timeout = \"60s\"\nidle_timeout = \"60s\"\nmax_connections = 20")
+            .await;
+    let mut idle = Vec::new();
+    for _ in 0..50 {
+        let c = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+        idle.push(c.into_split());
+    }
+    let (_, status) = server.healthz().await;
+    assert_eq!(status, "HTTP/1.1 200 OK");
+    // 51 connections came; at most 20 were ever open: the oldest 31 idle
+    // ones were closed, and the newest are still held.
+    let mut closed = Vec::new();
+    for (i, (read, _)) in idle.iter_mut().enumerate() {
+        let within = std::time::Duration::from_millis(if i < 31 { 3000 } else { 200 });
+        closed.push(closed_within(read, within).await.is_some());
+    }
+    let expected: Vec<bool> = (0..50).map(|i| i < 31).collect();
+    assert_eq!(closed, expected);
+    server.stop().await;
+}
+
+/// Issue 10, Must 5 over a real connection: URIs and headers too large for
+/// the API but within what the HTTP layer reads get the JSON envelope.
+#[tokio::test]
+async fn oversized_uris_and_headers_get_the_envelope_over_http() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let server = Server::start("").await;
+    let long_uri = format!("/proxy?country={}", "US,".repeat(7000));
+    let big_header = format!("X-Big: {}\r\n", "b".repeat(100 * 1024));
+    for (head, status, code) in [
+        (
+            format!("GET {long_uri} HTTP/1.1\r\nHost: t\r\n"),
+            414,
+            "uri_too_long",
+        ),
+        (
+            format!("GET /healthz HTTP/1.1\r\nHost: t\r\n{big_header}"),
+            431,
+            "headers_too_large",
+        ),
+    ] {
+        let mut c = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+        c.write_all(format!("{head}Connection: close\r\n\r\n").as_bytes())
+            .await
+            .unwrap();
+        let mut answer = Vec::new();
+        tokio::time::timeout(SECONDS_5, c.read_to_end(&mut answer))
+            .await
+            .unwrap()
+            .unwrap();
+        let answer = String::from_utf8_lossy(&answer);
+        let (head, body) = answer.split_once("\r\n\r\n").unwrap();
+        assert!(head.starts_with(&format!("HTTP/1.1 {status} ")), "{head}");
+        assert_eq!(json(body.as_bytes())["error"]["code"], code);
+    }
+    server.stop().await;
+}

@@ -9,6 +9,7 @@ mod handlers;
 pub mod judge;
 pub mod metrics;
 mod query;
+pub mod server;
 
 pub use error::ApiError;
 
@@ -264,18 +265,16 @@ fn as_text(resp: Response) -> Response {
 }
 
 /// Serves `router(state)` on an already bound listener until `shutdown`
-/// is cancelled, then drains open requests.
+/// is cancelled, then drains open requests. Connections are bounded by
+/// `api.header_timeout`, `api.idle_timeout` and `api.max_connections` (see
+/// [`server`]).
 pub async fn serve(
     listener: TcpListener,
     state: AppState,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
-    axum::serve(
-        listener,
-        router(state).into_make_service_with_connect_info::<SocketAddr>(),
-    )
-    .with_graceful_shutdown(shutdown.cancelled_owned())
-    .await
+    let limits = server::Limits::from(&state.config.api);
+    server::run(listener, router(state), limits, shutdown).await
 }
 
 /// `/judge`, unless switched off; rate-limited per client address.

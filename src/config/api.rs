@@ -22,6 +22,15 @@ pub struct ApiConfig {
     pub judge_per_minute: u32,
     /// Longest a request may take before it is answered 503.
     pub request_timeout: Duration,
+    /// Time a client has to send a request's head, from when the connection
+    /// opens or its previous response has gone out.
+    pub header_timeout: Duration,
+    /// A connection on which nothing moves this long, outside a request
+    /// being handled, is closed.
+    pub idle_timeout: Duration,
+    /// Open connections at most; at the cap the quietest one is closed to
+    /// make room for a new one.
+    pub max_connections: usize,
 }
 
 /// A string that never appears in `Debug` output or logs.
@@ -70,6 +79,9 @@ pub(super) fn read(a: &mut Section) -> Option<ApiConfig> {
     let judge = a.boolean("judge");
     let judge_per_minute = a.int("judge_per_minute", 1, 1_000_000);
     let request_timeout = a.duration("request_timeout");
+    let header_timeout = a.duration("header_timeout");
+    let idle_timeout = a.duration("idle_timeout");
+    let max_connections = a.int("max_connections", 1, 1_000_000);
     if let Some(listen) = listen
         && !listen.ip().is_loopback()
     {
@@ -98,5 +110,9 @@ pub(super) fn read(a: &mut Section) -> Option<ApiConfig> {
         // The range was checked, so the cast cannot truncate.
         judge_per_minute: judge_per_minute? as u32,
         request_timeout: request_timeout?,
+        header_timeout: header_timeout?,
+        idle_timeout: idle_timeout?,
+        // The range was checked, so the cast cannot truncate.
+        max_connections: max_connections? as usize,
     })
 }
