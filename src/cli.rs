@@ -192,6 +192,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Config(ConfigCommand::Check) => {
             let (config, origin) = Config::discover(cli.config.as_deref())?;
+            // What would only fail later: files that cannot be read.
+            config.check_files(&origin.to_string())?;
             let enabled = config.sources.iter().filter(|s| s.enabled).count();
             println!(
                 "{origin}: ok ({} sources, {enabled} enabled; database {})",
@@ -228,6 +230,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Serve => {
             let (config, origin) = load(cli.config.as_deref())?;
+            config.check_runtime_files(&origin.to_string())?;
             let listener = tokio::net::TcpListener::bind(config.api.listen)
                 .await
                 .with_context(|| format!("cannot listen on {} (api.listen)", config.api.listen))?;
@@ -319,7 +322,8 @@ async fn check(config_path: Option<&Path>, args: CheckArgs) -> anyhow::Result<Ex
 
     use crate::check::{self, CheckOptions, Checker, RoundProgress};
 
-    let (config, _) = load(config_path)?;
+    let (config, origin) = load(config_path)?;
+    config.check_runtime_files(&origin.to_string())?;
     let store = open_store(&config)?;
     let mut opts = CheckOptions::from_config(&config.check);
     opts.all = args.all;

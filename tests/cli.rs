@@ -328,3 +328,83 @@ async fn a_newer_database_is_refused_with_a_clear_message() {
         stderr(&out)
     );
 }
+
+/// Issue 10, Must 8: `config check` fails on what would only fail later:
+/// files that cannot be read, and a source URL that is neither a URL nor an
+/// existing path. `serve` and `check` refuse to start on the files they read.
+#[tokio::test]
+async fn config_check_fails_on_files_that_would_fail_later() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("list.txt"), "1.2.3.4:80\n").unwrap();
+    std::fs::create_dir(dir.path().join("geo.mmdb")).unwrap();
+    let src = |name: &str, url: &str, extra: &str| {
+        format!("[[sources]]\nname = \"{name}\"\nurl = \"{url}\"\n{extra}\n")
+    };
+    let sources = [
+        src("here", "list.txt", ""),
+        src("no-scheme", "example.com/list.txt", ""),
+        src("gone", "/nope/list.txt", ""),
+        src("off", "/nope/off.txt", "enabled = false"),
+        src("web", "http://127.0.0.1:9/list.txt", ""),
+    ]
+    .concat();
+    let toml = format!(
+        "[check]\nextra_ca_file = \"missing-ca.pem\"\n[geoip]\ndatabase = \"geo.mmdb\"\n{sources}"
+    );
+    std::fs::write(dir.path().join("files.toml"), &toml).unwrap();
+    let out = proxywarden(dir.path(), &["config", "check", "-c", "files.toml"]).await;
+    assert_eq!(out.status.code(), Some(2));
+    let err = stderr(&out);
+    for needle in [
+        "files.toml: 4 problems",
+        "files.toml: check.extra_ca_file: cannot read missing-ca.pem: No such file or directory",
+        "files.toml: geoip.database: cannot read geo.mmdb: it is a directory",
+        "files.toml: sources[1].url: \"example.com/list.txt\" is neither an http(s) URL nor a readable file",
+        "files.toml: sources[2].url: cannot read /nope/list.txt: No such file or directory",
+    ] {
+        assert!(err.contains(needle), "{needle:?} not in {err}");
+    }
+    assert!(
+        !err.contains("off.txt"),
+        "a disabled source is not checked: {err}"
+    );
+
+    // The daemon and `check` read the CA file and the database at start.
+    for command in [&["serve"][..], &["check"][..]] {
+        let mut args = command.to_vec();
+        args.extend(["-c", "files.toml"]);
+        let out = proxywarden(dir.path(), &args).await;
+        assert_eq!(out.status.code(), Some(2), "{command:?}");
+        assert!(
+            stderr(&out).contains("check.extra_ca_file: cannot read missing-ca.pem"),
+            "{command:?}: {}",
+            stderr(&out)
+        );
+    }
+
+    // Duplicate names are reported whatever else is wrong.
+    let dup = format!(
+        "{}{}",
+        src("x", "list.txt", ""),
+        src("x", "/nope/b.txt", "")
+    );
+    std::fs::write(dir.path().join("dup.toml"), dup).unwrap();
+    let out = proxywarden(dir.path(), &["config", "check", "-c", "dup.toml"]).await;
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("sources[1].name: duplicate source name \"x\""),
+        "{}",
+        stderr(&out)
+    );
+
+    // Once the files exist, the same config passes.
+    std::fs::write(dir.path().join("missing-ca.pem"), "").unwrap();
+    std::fs::remove_dir(dir.path().join("geo.mmdb")).unwrap();
+    std::fs::write(dir.path().join("geo.mmdb"), "x").unwrap();
+    let fixed = toml
+        .replace("example.com/list.txt", "list.txt")
+        .replace("/nope/list.txt", "list.txt");
+    std::fs::write(dir.path().join("files.toml"), fixed).unwrap();
+    let out = proxywarden(dir.path(), &["config", "check", "-c", "files.toml"]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+}

@@ -203,6 +203,96 @@ impl Config {
     }
 }
 
+impl Config {
+    /// Checks the files the config names, as `config check` does: the
+    /// extra CA file, the GeoIP database and every enabled local source
+    /// must be readable files. Kept apart from [`Config::from_toml`] so that
+    /// validating text stays pure (and testable with paths that do not
+    /// exist); `file` names the config in messages.
+    pub fn check_files(&self, file: &str) -> Result<(), ConfigError> {
+        self.file_problems(file, true)
+    }
+
+    /// The files a running `serve` or `check` reads at start-up (the extra
+    /// CA file and the GeoIP database). A missing local source only fails
+    /// that source, as at every harvest.
+    pub fn check_runtime_files(&self, file: &str) -> Result<(), ConfigError> {
+        self.file_problems(file, false)
+    }
+
+    fn file_problems(&self, file: &str, sources: bool) -> Result<(), ConfigError> {
+        let mut problems = Vec::new();
+        let mut check = |key: String, path: &Path| {
+            if let Err(e) = readable_file(path) {
+                problems.push(Problem {
+                    key,
+                    message: format!("cannot read {}: {e}", path.display()),
+                });
+            }
+        };
+        if let Some(ca) = &self.check.extra_ca_file {
+            check("check.extra_ca_file".into(), ca);
+        }
+        if let Some(db) = &self.geoip.database {
+            check("geoip.database".into(), db);
+        }
+        if sources {
+            for (i, s) in self.sources.iter().enumerate() {
+                let SourceLocation::File(path) = &s.location else {
+                    continue;
+                };
+                if !s.enabled {
+                    continue;
+                }
+                if let Err(e) = readable_file(path) {
+                    // `example.com/list.txt` is more likely a URL missing
+                    // its scheme than a relative path.
+                    let looks_like_a_path = Path::new(&s.url).is_absolute()
+                        || s.url.starts_with("./")
+                        || s.url.starts_with("../")
+                        || s.url.to_ascii_lowercase().starts_with("file:");
+                    let message = if looks_like_a_path {
+                        format!("cannot read {}: {e}", path.display())
+                    } else {
+                        format!(
+                            "{:?} is neither an http(s) URL nor a readable file ({e}); a URL needs http:// or https://",
+                            s.url
+                        )
+                    };
+                    problems.push(Problem {
+                        key: format!("sources[{i}].url"),
+                        message,
+                    });
+                }
+            }
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(ConfigError {
+                file: file.to_owned(),
+                problems,
+            })
+        }
+    }
+}
+
+/// Ok when `path` is a file this process can read.
+fn readable_file(path: &Path) -> std::io::Result<()> {
+    use std::io::Read;
+    // Looked at before opening: opening a FIFO would wait for a writer.
+    let meta = std::fs::metadata(path)?;
+    if meta.is_dir() {
+        return Err(std::io::Error::other("it is a directory"));
+    }
+    if !meta.is_file() {
+        return Err(std::io::Error::other("not a regular file"));
+    }
+    // Opening can succeed where reading does not (a broken mount).
+    let _bytes = std::fs::File::open(path)?.read(&mut [0u8; 1])?;
+    Ok(())
+}
+
 /// Validates every section. A key the user leaves out is read from the
 /// example, so a missing section is the same as an empty one. Every section
 /// is read before giving up, so that all problems are found at once.
