@@ -408,3 +408,118 @@ async fn config_check_fails_on_files_that_would_fail_later() {
     let out = proxywarden(dir.path(), &["config", "check", "-c", "files.toml"]).await;
     assert!(out.status.success(), "{}", stderr(&out));
 }
+
+/// A store in `dir/test.db` (the database of `config_toml`) holding
+/// `proxies` (`host:port` or `user:pass@host:port`).
+async fn store_with(dir: &Path, proxies: &[&str]) {
+    use proxywarden::model::{Candidate, Hints, SourceScheme};
+    let store = proxywarden::store::Store::open(&dir.join("test.db")).unwrap();
+    let candidates = proxies
+        .iter()
+        .map(|p| {
+            let p = proxywarden::proxy::Proxy::parse_url(&format!("http://{p}")).unwrap();
+            Candidate::new(
+                p.host,
+                p.port,
+                p.auth,
+                None,
+                SourceScheme::Fixed(proxywarden::proxy::Scheme::Http),
+                Hints::default(),
+            )
+        })
+        .collect();
+    let run = proxywarden::store::SourceRun {
+        name: "s".into(),
+        url: "u".into(),
+        format: "text".into(),
+        started_at: 1,
+        http_status: None,
+        duration_ms: 0,
+        error: None,
+    };
+    store.record_source_run(run, candidates).await.unwrap();
+}
+
+#[cfg(unix)]
+fn mode(path: &Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(path).unwrap().permissions().mode() & 0o7777
+}
+
+/// Issue 10, Must 4: an export keeps the mode of the file it replaces, a
+/// new one holding credentials is private, and temporaries a killed export
+/// left behind are cleaned up.
+#[cfg(unix)]
+#[tokio::test]
+async fn export_keeps_modes_and_cleans_stale_temporaries() {
+    use std::os::unix::fs::PermissionsExt;
+    let with_creds = tempfile::tempdir().unwrap();
+    let without = tempfile::tempdir().unwrap();
+    for (dir, proxies) in [
+        (
+            &with_creds,
+            &["alice:s3cret@10.0.0.1:8080", "10.0.0.2:3128"][..],
+        ),
+        (&without, &["10.0.0.3:80"][..]),
+    ] {
+        write_config(dir.path(), &config_toml(dir.path(), ""));
+        store_with(dir.path(), proxies).await;
+    }
+    let export = |dir: &Path, file: &str| {
+        let dir = dir.to_path_buf();
+        let file = file.to_owned();
+        async move {
+            let out = proxywarden(&dir, &["export", "--status", "all", "--output", &file]).await;
+            assert!(out.status.success(), "{}", stderr(&out));
+        }
+    };
+
+    // New files: private when they hold a password, the usual mode if not.
+    export(with_creds.path(), "new.txt").await;
+    let new = with_creds.path().join("new.txt");
+    assert!(
+        std::fs::read_to_string(&new)
+            .unwrap()
+            .contains("alice:s3cret@")
+    );
+    assert_eq!(mode(&new), 0o600);
+    export(without.path(), "new.txt").await;
+    assert_eq!(mode(&without.path().join("new.txt")), 0o644);
+
+    // An existing file keeps its mode, whatever the export holds.
+    for (dir, file, m) in [
+        (&with_creds, "kept.txt", 0o600),
+        (&with_creds, "shared.txt", 0o640),
+        (&without, "kept.txt", 0o600),
+    ] {
+        let path = dir.path().join(file);
+        std::fs::write(&path, "old list\n").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(m)).unwrap();
+        export(dir.path(), file).await;
+        assert_ne!(std::fs::read_to_string(&path).unwrap(), "old list\n");
+        assert_eq!(mode(&path), m, "{file}");
+    }
+
+    // A killed export's temporary is removed once stale; a fresh one (an
+    // export in progress) is left alone.
+    let stale = with_creds.path().join(".proxywarden-exportAbC123");
+    let fresh = with_creds.path().join(".proxywarden-exportXyZ789");
+    std::fs::write(&stale, "half a list").unwrap();
+    std::fs::write(&fresh, "half a list").unwrap();
+    let hour_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+    std::fs::File::options()
+        .write(true)
+        .open(&stale)
+        .unwrap()
+        .set_modified(hour_ago)
+        .unwrap();
+    export(with_creds.path(), "new.txt").await;
+    assert!(!stale.exists(), "the stale temporary is still there");
+    assert!(fresh.exists(), "a fresh temporary was removed");
+    let left: Vec<String> = std::fs::read_dir(with_creds.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(".proxywarden-export"))
+        .collect();
+    assert_eq!(left, [".proxywarden-exportXyZ789"]);
+}
