@@ -22,7 +22,9 @@ pub struct Cli {
     /// built-in defaults).
     #[arg(short, long, global = true, value_name = "FILE")]
     pub config: Option<PathBuf>,
-    /// More log output on stderr (-v info, -vv debug); RUST_LOG overrides.
+    /// More log output (-v info, -vv debug; RUST_LOG overrides). Logs go to
+    /// stderr, except for `serve`, which logs to stdout (for journald).
+    /// Colours only on a terminal and never with NO_COLOR set.
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
     pub verbose: u8,
     /// What to do.
@@ -187,7 +189,10 @@ fn parse_scheme(s: &str) -> Result<Scheme, crate::proxy::ParseError> {
 pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Config(ConfigCommand::Example) => {
-            print!("{}", config::EXAMPLE);
+            // Not print!, which panics on a closed pipe.
+            std::io::stdout()
+                .lock()
+                .write_all(config::EXAMPLE.as_bytes())?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Config(ConfigCommand::Check) => {
@@ -306,8 +311,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                         .with_context(|| format!("cannot write {}", path.display()))?;
                     eprintln!("wrote {} proxies to {}", records.len(), path.display());
                 }
-                None => export::write(&records, args.format.into(), std::io::stdout().lock())
-                    .or_else(ignore_broken_pipe)?,
+                // `export | head` closing the pipe early ends quietly (main).
+                None => export::write(&records, args.format.into(), std::io::stdout().lock())?,
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -396,8 +401,18 @@ async fn show_progress(progress: &crate::check::RoundProgress, terminal: bool) {
         let bar = indicatif::ProgressBar::new(0);
         bar.set_style(
             indicatif::ProgressStyle::with_template(
-                "{bar:30} {pos}/{len} checked, {msg}, {per_sec}, ETA {eta}",
+                "{bar:30} {pos}/{len} checked, {msg}, {rate}, ETA {eta}",
             )
+            .map(|style| {
+                // indicatif's {per_sec} has four decimals; a rate of checks
+                // reads as a whole number.
+                style.with_key(
+                    "rate",
+                    |s: &indicatif::ProgressState, w: &mut dyn std::fmt::Write| {
+                        let _ = w.write_str(&rate_text(s.per_sec()));
+                    },
+                )
+            })
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
         );
         bar
@@ -422,10 +437,20 @@ async fn show_progress(progress: &crate::check::RoundProgress, terminal: bool) {
             }
             None => {
                 let rate = done as f64 / started.elapsed().as_secs_f64().max(0.001);
-                eprintln!("checked {done}/{total}, {alive} alive, {rate:.0}/s");
+                eprintln!("checked {done}/{total}, {alive} alive, {}", rate_text(rate));
             }
         }
     }
+}
+
+/// A rate as people read it: a whole number per second.
+pub fn rate_text(per_sec: f64) -> String {
+    let per_sec = if per_sec.is_finite() {
+        per_sec.max(0.0)
+    } else {
+        0.0
+    };
+    format!("{per_sec:.0}/s")
 }
 
 /// The end-of-round summary.
@@ -484,13 +509,24 @@ async fn wait_for_signal() {
     }
 }
 
-/// `export | head` closing the pipe early is not an error.
-fn ignore_broken_pipe(e: std::io::Error) -> std::io::Result<()> {
-    if e.kind() == std::io::ErrorKind::BrokenPipe {
-        Ok(())
-    } else {
-        Err(e)
-    }
+/// True when `e` comes from writing to a pipe whose reader has gone
+/// (`stats | head -1`): the command ends quietly with status 0. Looks
+/// through the cause chain, as writers such as csv wrap the I/O error.
+pub fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    use std::io::ErrorKind::BrokenPipe;
+    e.chain().any(|cause| {
+        if let Some(j) = cause.downcast_ref::<serde_json::Error>() {
+            return j.io_error_kind() == Some(BrokenPipe);
+        }
+        let Some(io) = cause.downcast_ref::<std::io::Error>() else {
+            return false;
+        };
+        let csv = io
+            .get_ref()
+            .and_then(|inner| inner.downcast_ref::<csv::Error>())
+            .is_some_and(|c| matches!(c.kind(), csv::ErrorKind::Io(e) if e.kind() == BrokenPipe));
+        io.kind() == BrokenPipe || csv
+    })
 }
 
 fn load(explicit: Option<&Path>) -> anyhow::Result<(Config, ConfigOrigin)> {
@@ -588,4 +624,17 @@ pub fn print_stats(stats: &Stats, out: &mut impl Write) -> std::io::Result<()> {
         )?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rates_are_whole_numbers() {
+        assert_eq!(rate_text(1234.5678), "1235/s");
+        assert_eq!(rate_text(0.4), "0/s");
+        assert_eq!(rate_text(f64::NAN), "0/s");
+        assert_eq!(rate_text(f64::INFINITY), "0/s");
+    }
 }

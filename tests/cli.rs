@@ -523,3 +523,121 @@ async fn export_keeps_modes_and_cleans_stale_temporaries() {
         .collect();
     assert_eq!(left, [".proxywarden-exportXyZ789"]);
 }
+
+/// Runs the binary with stdout on a pipe whose reader is already gone, as
+/// in `proxywarden stats | head -1` once `head` has exited.
+#[cfg(unix)]
+async fn into_closed_pipe(dir: &Path, args: &[&str]) -> Output {
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    tokio::process::Command::new(env!("CARGO_BIN_EXE_proxywarden"))
+        .args(args)
+        .current_dir(dir)
+        .env_remove("PROXYWARDEN_CONFIG")
+        .env_remove("RUST_LOG")
+        .stdout(writer)
+        .stderr(std::process::Stdio::piped())
+        // Not output(), which would replace stdout with a pipe of its own.
+        .spawn()
+        .unwrap()
+        .wait_with_output()
+        .await
+        .unwrap()
+}
+
+/// Issue 10, Must 15: a closed pipe ends a command quietly with status 0.
+#[cfg(unix)]
+#[tokio::test]
+async fn a_closed_pipe_ends_quietly_with_status_0() {
+    let dir = tempfile::tempdir().unwrap();
+    write_config(dir.path(), &config_toml(dir.path(), ""));
+    store_with(dir.path(), &["10.0.0.1:80", "10.0.0.2:80"]).await;
+    for args in [
+        &["stats"][..],
+        &["stats", "--json"],
+        &["export", "--status", "all", "--format", "csv"],
+        &["export", "--status", "all", "--format", "json"],
+        &["export", "--status", "all"],
+        &["config", "example"],
+    ] {
+        let out = into_closed_pipe(dir.path(), args).await;
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {}", stderr(&out));
+        assert_eq!(stderr(&out), "", "{args:?}");
+    }
+}
+
+/// Issue 10, Must 15: logs go where `--help` says (stderr, but stdout for
+/// `serve`), with colours only on a terminal and never with NO_COLOR.
+#[tokio::test]
+async fn logs_go_where_help_says_without_colours_off_a_terminal() {
+    let dir = tempfile::tempdir().unwrap();
+    let list = dir.path().join("list.txt");
+    std::fs::write(&list, "10.0.0.1:80\n").unwrap();
+    let sources = format!(
+        "[[sources]]\nname = \"local\"\nurl = \"{}\"\n",
+        list.display()
+    );
+    write_config(
+        dir.path(),
+        &format!(
+            "{}\n[api]\nlisten = \"127.0.0.1:0\"\n",
+            config_toml(dir.path(), &sources)
+        ),
+    );
+    let help = stdout(&proxywarden(dir.path(), &["--help"]).await);
+    assert!(
+        help.contains("Logs go to stderr, except for `serve`, which logs to stdout"),
+        "{help}"
+    );
+
+    // A command logs on stderr, its results on stdout; piped, no colours.
+    for no_color in [None, Some("1")] {
+        let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_proxywarden"));
+        cmd.args(["harvest", "-v"])
+            .current_dir(dir.path())
+            .env_remove("PROXYWARDEN_CONFIG")
+            .env_remove("RUST_LOG")
+            .env_remove("JOURNAL_STREAM");
+        match no_color {
+            Some(v) => cmd.env("NO_COLOR", v),
+            None => cmd.env_remove("NO_COLOR"),
+        };
+        let out = cmd.output().await.unwrap();
+        assert!(out.status.success(), "{}", stderr(&out));
+        assert!(
+            stderr(&out).contains("harvest finished"),
+            "{}",
+            stderr(&out)
+        );
+        assert!(!stdout(&out).contains("harvest finished"));
+        assert!(stdout(&out).contains("local"));
+        assert!(
+            !stderr(&out).contains('\x1b'),
+            "colours off a terminal: {:?}",
+            stderr(&out)
+        );
+    }
+
+    // `serve` logs on stdout.
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_proxywarden"))
+        .arg("serve")
+        .current_dir(dir.path())
+        .env_remove("PROXYWARDEN_CONFIG")
+        .env_remove("RUST_LOG")
+        .env_remove("JOURNAL_STREAM")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let mut lines = tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(stdout));
+    let first = tokio::time::timeout(std::time::Duration::from_secs(10), lines.next_line())
+        .await
+        .expect("serve logged nothing on stdout within 10 s")
+        .unwrap()
+        .unwrap_or_default();
+    assert!(first.contains("starting"), "{first}");
+    assert!(!first.contains('\x1b'), "{first:?}");
+    child.kill().await.unwrap();
+}
