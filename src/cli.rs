@@ -1,7 +1,7 @@
 //! The command tree and what each command prints. Commands return an exit
 //! code; errors carry context for the user and are printed by `main`.
 
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -10,7 +10,7 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::config::{self, Config, ConfigOrigin};
 use crate::export::{self, Format};
-use crate::harvest::{self, HarvestReport};
+use crate::harvest::{self, HarvestReport, Progress, SourceReport};
 use crate::proxy::{Country, Scheme, Status};
 use crate::store::{Stats, Store, rfc3339};
 
@@ -221,7 +221,15 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 }
             }
             let store = open_store(&config)?;
-            let report = harvest::harvest_all(&config, &store).await?;
+            // On a terminal each source is shown as it finishes, so a slow
+            // one does not look like a hang; piped, only the table is printed.
+            let terminal = std::io::stderr().is_terminal();
+            let show = |r: &SourceReport, p: Progress| {
+                if terminal {
+                    eprintln!("[{}/{}] {}", p.finished, p.total, progress_line(r));
+                }
+            };
+            let report = harvest::harvest_all_reporting(&config, &store, &show).await?;
             print_harvest(&report, &mut std::io::stdout().lock())?;
             if report.any_worked() {
                 Ok(ExitCode::SUCCESS)
@@ -322,7 +330,6 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 /// `proxywarden check`: one round with a progress display, Ctrl-C stopping
 /// it gracefully (exit status 130 after committing what was checked).
 async fn check(config_path: Option<&Path>, args: CheckArgs) -> anyhow::Result<ExitCode> {
-    use std::io::IsTerminal;
     use std::sync::Arc;
 
     use crate::check::{self, CheckOptions, Checker, RoundProgress};
@@ -330,6 +337,13 @@ async fn check(config_path: Option<&Path>, args: CheckArgs) -> anyhow::Result<Ex
     let (config, origin) = load(config_path)?;
     config.check_runtime_files(&origin.to_string())?;
     let store = open_store(&config)?;
+    if store.stats().await?.total == 0 {
+        eprintln!(
+            "error: the database {} holds no proxies yet: run `proxywarden harvest` first",
+            config.database.path.display()
+        );
+        return Ok(ExitCode::from(1));
+    }
     let mut opts = CheckOptions::from_config(&config.check);
     opts.all = args.all;
     if let Some(c) = args.concurrency {
@@ -540,6 +554,15 @@ fn open_store(config: &Config) -> anyhow::Result<Store> {
 /// The width of a SOURCE column holding `names`.
 fn name_width<'a>(names: impl Iterator<Item = &'a str>) -> usize {
     names.map(str::len).max().unwrap_or(0).max("SOURCE".len())
+}
+
+/// What a finished source did, in one line for progress.
+pub fn progress_line(s: &SourceReport) -> String {
+    let took = s.duration.as_secs_f64();
+    match &s.error {
+        Some(e) if !s.worked() => format!("{}: failed after {took:.1}s: {e}", s.name),
+        _ => format!("{}: {} found, {} new in {took:.1}s", s.name, s.found, s.new),
+    }
 }
 
 /// One line per source and a total.

@@ -641,3 +641,98 @@ async fn logs_go_where_help_says_without_colours_off_a_terminal() {
     assert!(!first.contains('\x1b'), "{first:?}");
     child.kill().await.unwrap();
 }
+
+/// Issue 10, Must 14: on a terminal `harvest` shows each source as it
+/// finishes (not everything at the end), and a source that timed out says
+/// after how many attempts; piped, only the table is printed.
+#[tokio::test]
+async fn harvest_shows_each_source_as_it_finishes_on_a_terminal() {
+    use tokio::io::AsyncBufReadExt;
+    let dir = tempfile::tempdir().unwrap();
+    let site = FakeSite::start(vec![
+        ("/fast", Behavior::ok("10.0.0.1:80\n")),
+        ("/hang", Behavior::Hang),
+    ])
+    .await;
+    let sources = format!(
+        "[[sources]]\nname = \"fast\"\nurl = \"{}\"\n[[sources]]\nname = \"hang\"\nurl = \"{}\"\n",
+        site.url("/fast"),
+        site.url("/hang")
+    );
+    // timeout 2s, retries 1: the hanging source takes about 4 s.
+    write_config(dir.path(), &config_toml(dir.path(), &sources));
+
+    // Piped: the table only, and the timeout says how often it was tried.
+    let out = proxywarden(dir.path(), &["harvest"]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(!stderr(&out).contains("[1/2]"), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("timed out after 2 attempts"),
+        "{}",
+        stdout(&out)
+    );
+
+    // On a terminal (script(1) gives the command a pseudo-terminal).
+    let started = std::time::Instant::now();
+    let mut child = tokio::process::Command::new("script")
+        .args([
+            "-qec",
+            &format!("'{}' harvest", env!("CARGO_BIN_EXE_proxywarden")),
+            "/dev/null",
+        ])
+        .current_dir(dir.path())
+        .env_remove("PROXYWARDEN_CONFIG")
+        .env_remove("RUST_LOG")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("script(1) from util-linux runs the command on a terminal");
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let first = tokio::time::timeout(std::time::Duration::from_secs(10), lines.next_line())
+        .await
+        .expect("no output within 10 s")
+        .unwrap()
+        .unwrap_or_default();
+    // (Not new: the piped run above stored it.)
+    assert!(first.contains("[1/2] fast: 1 found, 0 new in"), "{first:?}");
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(3),
+        "the fast source was shown only after {:?}, not as it finished",
+        started.elapsed()
+    );
+    let mut rest = Vec::new();
+    while let Some(line) =
+        tokio::time::timeout(std::time::Duration::from_secs(20), lines.next_line())
+            .await
+            .expect("harvest did not end within 20 s")
+            .unwrap()
+    {
+        rest.push(line);
+    }
+    let rest = rest.join("\n");
+    assert!(
+        rest.contains("[2/2] hang: failed after") && rest.contains("timed out after 2 attempts"),
+        "{rest}"
+    );
+    assert!(child.wait().await.unwrap().success());
+}
+
+/// Issue 10, Must 14: `check` on an empty database says to harvest first
+/// (instead of contacting judges to check nothing).
+#[tokio::test]
+async fn check_on_an_empty_database_says_to_harvest_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let toml = format!(
+        "{}\n[check]\njudges = [\"http://127.0.0.1:9/judge\"]\n",
+        config_toml(dir.path(), "")
+    );
+    write_config(dir.path(), &toml);
+    let out = proxywarden(dir.path(), &["check"]).await;
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("holds no proxies yet: run `proxywarden harvest` first"),
+        "{}",
+        stderr(&out)
+    );
+}

@@ -34,14 +34,32 @@ pub struct Fetched {
     pub body: String,
 }
 
-/// Why a fetch failed, with the last HTTP status seen if any.
+/// Why a fetch failed, with the last HTTP status seen if any. A timeout
+/// says after how many attempts it gave up (`timed out after 3 attempts`),
+/// so that a long wait on a source is explained.
 #[derive(Debug, thiserror::Error)]
-#[error("{kind}")]
 pub struct FetchError {
     /// The last HTTP status received.
     pub status: Option<u16>,
     /// What went wrong.
     pub kind: FetchErrorKind,
+    /// Attempts made (1 + retries), once the fetch gave up; 0 until then.
+    pub attempts: u32,
+}
+
+impl std::fmt::Display for FetchError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.kind)?;
+        let timeout = matches!(
+            self.kind,
+            FetchErrorKind::Timeout | FetchErrorKind::ConnectTimeout
+        );
+        match self.attempts {
+            n if !timeout || n == 0 => Ok(()),
+            1 => f.write_str(" after 1 attempt"),
+            n => write!(f, " after {n} attempts"),
+        }
+    }
 }
 
 /// What went wrong with a fetch; the messages are what users see per source.
@@ -90,6 +108,7 @@ impl Fetcher {
         let tls =
             crate::net::tls::client_config(None, crate::net::tls::ALPN_H2_H1).map_err(|e| {
                 FetchError {
+                    attempts: 0,
                     status: None,
                     kind: FetchErrorKind::Client(e.to_string()),
                 }
@@ -107,6 +126,7 @@ impl Fetcher {
             .no_proxy()
             .build()
             .map_err(|e| FetchError {
+                attempts: 0,
                 status: None,
                 kind: FetchErrorKind::Client(error_chain(&e)),
             })?;
@@ -121,6 +141,7 @@ impl Fetcher {
     /// Reads a local file, refusing one larger than the body limit.
     pub async fn fetch_file(&self, path: &Path) -> Result<Fetched, FetchError> {
         let file_err = |error| FetchError {
+            attempts: 0,
             status: None,
             kind: FetchErrorKind::File {
                 path: path.display().to_string(),
@@ -136,6 +157,7 @@ impl Fetcher {
             .map_err(file_err)?;
         if buf.len() as u64 > self.max_body {
             return Err(FetchError {
+                attempts: 0,
                 status: None,
                 kind: FetchErrorKind::TooLarge(self.limit_text()),
             });
@@ -168,12 +190,16 @@ impl Fetcher {
                 | FetchErrorKind::Network(_) => true,
                 _ => false,
             };
+            let gave_up = |mut err: FetchError| {
+                err.attempts = attempt + 1;
+                Err(err)
+            };
             if !transient || attempt >= self.retries {
-                return Err(err);
+                return gave_up(err);
             }
             let backoff = self.retry_backoff.saturating_mul(1 << attempt.min(16));
             let wait = match retry_after {
-                Some(ra) if ra > MAX_RETRY_AFTER => return Err(err),
+                Some(ra) if ra > MAX_RETRY_AFTER => return gave_up(err),
                 Some(ra) => ra,
                 None => backoff,
             };
@@ -203,6 +229,7 @@ impl Fetcher {
                 .and_then(parse_retry_after);
             return (
                 Err(FetchError {
+                    attempts: 0,
                     status: code,
                     kind: FetchErrorKind::Status(status),
                 }),
@@ -210,6 +237,7 @@ impl Fetcher {
             );
         }
         let too_large = || FetchError {
+            attempts: 0,
             status: code,
             kind: FetchErrorKind::TooLarge(self.limit_text()),
         };
@@ -249,6 +277,7 @@ impl Fetcher {
         headers: &[(HeaderName, HeaderValue)],
     ) -> Result<reqwest::Response, FetchError> {
         let network = |msg: String| FetchError {
+            attempts: 0,
             status: None,
             kind: FetchErrorKind::Network(msg),
         };
@@ -272,6 +301,7 @@ impl Fetcher {
             let code = Some(status.as_u16());
             if hops >= MAX_REDIRECTS {
                 return Err(FetchError {
+                    attempts: 0,
                     status: code,
                     kind: FetchErrorKind::Network(format!(
                         "too many redirects (at most {MAX_REDIRECTS} are followed)"
@@ -284,6 +314,7 @@ impl Fetcher {
                 .and_then(|l| current.join(l).ok())
                 .filter(|u| matches!(u.scheme(), "http" | "https"));
             current = next.ok_or_else(|| FetchError {
+                attempts: 0,
                 status: code,
                 kind: FetchErrorKind::Network(format!(
                     "redirect to an unusable location {:?}",
@@ -317,7 +348,11 @@ fn request_error(status: Option<u16>, e: &reqwest::Error) -> FetchError {
     } else {
         FetchErrorKind::Network(error_chain(e))
     };
-    FetchError { status, kind }
+    FetchError {
+        status,
+        kind,
+        attempts: 0,
+    }
 }
 
 /// reqwest's top-level message is often just "error sending request"; the

@@ -9,7 +9,9 @@ pub mod text;
 
 mod run;
 
-pub use run::{HarvestError, HarvestReport, SourceReport, harvest_all};
+pub use run::{
+    HarvestError, HarvestReport, Progress, SourceReport, harvest_all, harvest_all_reporting,
+};
 
 use std::collections::HashSet;
 use std::net::IpAddr;

@@ -39,6 +39,15 @@ impl SourceReport {
     }
 }
 
+/// How far a round is, for progress displays.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Progress {
+    /// Sources finished so far, this one included.
+    pub finished: usize,
+    /// Sources in the round.
+    pub total: usize,
+}
+
 /// What a whole round did.
 #[derive(Clone, Debug)]
 pub struct HarvestReport {
@@ -75,6 +84,17 @@ pub enum HarvestError {
 
 /// Harvests every enabled source once into `store`.
 pub async fn harvest_all(config: &Config, store: &Store) -> Result<HarvestReport, HarvestError> {
+    harvest_all_reporting(config, store, &|_, _| {}).await
+}
+
+/// Like [`harvest_all`], calling `done` with each source's report as soon as
+/// that source is finished, and how many of the round's sources are
+/// finished by then (for progress on a terminal).
+pub async fn harvest_all_reporting(
+    config: &Config,
+    store: &Store,
+    done: &(dyn Fn(&SourceReport, Progress) + Sync),
+) -> Result<HarvestReport, HarvestError> {
     // Owned copies keep the stream's futures free of borrowed lifetimes, so
     // the round can run inside spawned tasks.
     let sources: Vec<SourceConfig> = config
@@ -92,19 +112,23 @@ pub async fn harvest_all(config: &Config, store: &Store) -> Result<HarvestReport
     let limit = config.harvest.max_per_source;
     // A page may not cost more to parse than it may take to fetch.
     let parse_time = config.harvest.timeout;
-    let mut reports: Vec<(usize, SourceReport)> =
-        futures::stream::iter(sources.into_iter().enumerate())
-            .map(|(i, src)| {
-                let fetcher = fetcher.clone();
-                let store = store.clone();
-                async move {
-                    let report = harvest_source(&fetcher, &store, &src, limit, parse_time).await;
-                    (i, report)
-                }
-            })
-            .buffer_unordered(config.harvest.concurrency)
-            .collect()
-            .await;
+    let total = sources.len();
+    let mut stream = futures::stream::iter(sources.into_iter().enumerate())
+        .map(|(i, src)| {
+            let fetcher = fetcher.clone();
+            let store = store.clone();
+            async move {
+                let report = harvest_source(&fetcher, &store, &src, limit, parse_time).await;
+                (i, report)
+            }
+        })
+        .buffer_unordered(config.harvest.concurrency);
+    let mut reports: Vec<(usize, SourceReport)> = Vec::with_capacity(total);
+    while let Some((i, report)) = stream.next().await {
+        let finished = reports.len() + 1;
+        done(&report, Progress { finished, total });
+        reports.push((i, report));
+    }
     reports.sort_by_key(|(i, _)| *i);
     let sources: Vec<SourceReport> = reports.into_iter().map(|(_, r)| r).collect();
     let distinct = store.count_seen_since(round_start).await?;
