@@ -1,7 +1,7 @@
 //! The command tree and what each command prints. Commands return an exit
 //! code; errors carry context for the user and are printed by `main`.
 
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -10,7 +10,7 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::config::{self, Config, ConfigOrigin};
 use crate::export::{self, Format};
-use crate::harvest::{self, HarvestReport};
+use crate::harvest::{self, HarvestReport, Progress, SourceReport};
 use crate::proxy::{Country, Scheme, Status};
 use crate::store::{Stats, Store, rfc3339};
 
@@ -22,7 +22,9 @@ pub struct Cli {
     /// built-in defaults).
     #[arg(short, long, global = true, value_name = "FILE")]
     pub config: Option<PathBuf>,
-    /// More log output on stderr (-v info, -vv debug); RUST_LOG overrides.
+    /// More log output (-v info, -vv debug; RUST_LOG overrides). Logs go to
+    /// stderr, except for `serve`, which logs to stdout (for journald).
+    /// Colours only on a terminal and never with NO_COLOR set.
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
     pub verbose: u8,
     /// What to do.
@@ -187,11 +189,16 @@ fn parse_scheme(s: &str) -> Result<Scheme, crate::proxy::ParseError> {
 pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Config(ConfigCommand::Example) => {
-            print!("{}", config::EXAMPLE);
+            // Not print!, which panics on a closed pipe.
+            std::io::stdout()
+                .lock()
+                .write_all(config::EXAMPLE.as_bytes())?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Config(ConfigCommand::Check) => {
             let (config, origin) = Config::discover(cli.config.as_deref())?;
+            // What would only fail later: files that cannot be read.
+            config.check_files(&origin.to_string())?;
             let enabled = config.sources.iter().filter(|s| s.enabled).count();
             println!(
                 "{origin}: ok ({} sources, {enabled} enabled; database {})",
@@ -214,7 +221,15 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 }
             }
             let store = open_store(&config)?;
-            let report = harvest::harvest_all(&config, &store).await?;
+            // On a terminal each source is shown as it finishes, so a slow
+            // one does not look like a hang; piped, only the table is printed.
+            let terminal = std::io::stderr().is_terminal();
+            let show = |r: &SourceReport, p: Progress| {
+                if terminal {
+                    eprintln!("[{}/{}] {}", p.finished, p.total, progress_line(r));
+                }
+            };
+            let report = harvest::harvest_all_reporting(&config, &store, &show).await?;
             print_harvest(&report, &mut std::io::stdout().lock())?;
             if report.any_worked() {
                 Ok(ExitCode::SUCCESS)
@@ -228,6 +243,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Serve => {
             let (config, origin) = load(cli.config.as_deref())?;
+            config.check_runtime_files(&origin.to_string())?;
             let listener = tokio::net::TcpListener::bind(config.api.listen)
                 .await
                 .with_context(|| format!("cannot listen on {} (api.listen)", config.api.listen))?;
@@ -303,8 +319,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                         .with_context(|| format!("cannot write {}", path.display()))?;
                     eprintln!("wrote {} proxies to {}", records.len(), path.display());
                 }
-                None => export::write(&records, args.format.into(), std::io::stdout().lock())
-                    .or_else(ignore_broken_pipe)?,
+                // `export | head` closing the pipe early ends quietly (main).
+                None => export::write(&records, args.format.into(), std::io::stdout().lock())?,
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -314,13 +330,20 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 /// `proxywarden check`: one round with a progress display, Ctrl-C stopping
 /// it gracefully (exit status 130 after committing what was checked).
 async fn check(config_path: Option<&Path>, args: CheckArgs) -> anyhow::Result<ExitCode> {
-    use std::io::IsTerminal;
     use std::sync::Arc;
 
     use crate::check::{self, CheckOptions, Checker, RoundProgress};
 
-    let (config, _) = load(config_path)?;
+    let (config, origin) = load(config_path)?;
+    config.check_runtime_files(&origin.to_string())?;
     let store = open_store(&config)?;
+    if store.stats().await?.total == 0 {
+        eprintln!(
+            "error: the database {} holds no proxies yet: run `proxywarden harvest` first",
+            config.database.path.display()
+        );
+        return Ok(ExitCode::from(1));
+    }
     let mut opts = CheckOptions::from_config(&config.check);
     opts.all = args.all;
     if let Some(c) = args.concurrency {
@@ -392,8 +415,18 @@ async fn show_progress(progress: &crate::check::RoundProgress, terminal: bool) {
         let bar = indicatif::ProgressBar::new(0);
         bar.set_style(
             indicatif::ProgressStyle::with_template(
-                "{bar:30} {pos}/{len} checked, {msg}, {per_sec}, ETA {eta}",
+                "{bar:30} {pos}/{len} checked, {msg}, {rate}, ETA {eta}",
             )
+            .map(|style| {
+                // indicatif's {per_sec} has four decimals; a rate of checks
+                // reads as a whole number.
+                style.with_key(
+                    "rate",
+                    |s: &indicatif::ProgressState, w: &mut dyn std::fmt::Write| {
+                        let _ = w.write_str(&rate_text(s.per_sec()));
+                    },
+                )
+            })
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
         );
         bar
@@ -418,10 +451,20 @@ async fn show_progress(progress: &crate::check::RoundProgress, terminal: bool) {
             }
             None => {
                 let rate = done as f64 / started.elapsed().as_secs_f64().max(0.001);
-                eprintln!("checked {done}/{total}, {alive} alive, {rate:.0}/s");
+                eprintln!("checked {done}/{total}, {alive} alive, {}", rate_text(rate));
             }
         }
     }
+}
+
+/// A rate as people read it: a whole number per second.
+pub fn rate_text(per_sec: f64) -> String {
+    let per_sec = if per_sec.is_finite() {
+        per_sec.max(0.0)
+    } else {
+        0.0
+    };
+    format!("{per_sec:.0}/s")
 }
 
 /// The end-of-round summary.
@@ -480,13 +523,24 @@ async fn wait_for_signal() {
     }
 }
 
-/// `export | head` closing the pipe early is not an error.
-fn ignore_broken_pipe(e: std::io::Error) -> std::io::Result<()> {
-    if e.kind() == std::io::ErrorKind::BrokenPipe {
-        Ok(())
-    } else {
-        Err(e)
-    }
+/// True when `e` comes from writing to a pipe whose reader has gone
+/// (`stats | head -1`): the command ends quietly with status 0. Looks
+/// through the cause chain, as writers such as csv wrap the I/O error.
+pub fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    use std::io::ErrorKind::BrokenPipe;
+    e.chain().any(|cause| {
+        if let Some(j) = cause.downcast_ref::<serde_json::Error>() {
+            return j.io_error_kind() == Some(BrokenPipe);
+        }
+        let Some(io) = cause.downcast_ref::<std::io::Error>() else {
+            return false;
+        };
+        let csv = io
+            .get_ref()
+            .and_then(|inner| inner.downcast_ref::<csv::Error>())
+            .is_some_and(|c| matches!(c.kind(), csv::ErrorKind::Io(e) if e.kind() == BrokenPipe));
+        io.kind() == BrokenPipe || csv
+    })
 }
 
 fn load(explicit: Option<&Path>) -> anyhow::Result<(Config, ConfigOrigin)> {
@@ -500,6 +554,15 @@ fn open_store(config: &Config) -> anyhow::Result<Store> {
 /// The width of a SOURCE column holding `names`.
 fn name_width<'a>(names: impl Iterator<Item = &'a str>) -> usize {
     names.map(str::len).max().unwrap_or(0).max("SOURCE".len())
+}
+
+/// What a finished source did, in one line for progress.
+pub fn progress_line(s: &SourceReport) -> String {
+    let took = s.duration.as_secs_f64();
+    match &s.error {
+        Some(e) if !s.worked() => format!("{}: failed after {took:.1}s: {e}", s.name),
+        _ => format!("{}: {} found, {} new in {took:.1}s", s.name, s.found, s.new),
+    }
 }
 
 /// One line per source and a total.
@@ -584,4 +647,17 @@ pub fn print_stats(stats: &Stats, out: &mut impl Write) -> std::io::Result<()> {
         )?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rates_are_whole_numbers() {
+        assert_eq!(rate_text(1234.5678), "1235/s");
+        assert_eq!(rate_text(0.4), "0/s");
+        assert_eq!(rate_text(f64::NAN), "0/s");
+        assert_eq!(rate_text(f64::INFINITY), "0/s");
+    }
 }

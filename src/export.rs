@@ -198,8 +198,20 @@ pub fn write<R: Borrow<ProxyRecord>>(
     w.flush()
 }
 
+/// The prefix of the temporary files an export writes before renaming.
+pub const TEMP_PREFIX: &str = ".proxywarden-export";
+
+/// Temporaries older than this are left over from a killed export (one in
+/// progress touches its file as it writes) and are removed.
+pub const STALE_TEMP_AGE: std::time::Duration = std::time::Duration::from_secs(10 * 60);
+
 /// Writes `records` to `path` through a temporary file in the same
 /// directory and a rename, so the file is either the old or the new list.
+///
+/// The file keeps the mode of the one it replaces; a new file is `0600`
+/// when the export holds credentials (proxy passwords) and `0644` otherwise.
+/// Temporaries a killed export left in the directory (older than
+/// [`STALE_TEMP_AGE`]) are removed first.
 pub fn write_file<R: Borrow<ProxyRecord>>(
     records: &[R],
     format: Format,
@@ -209,19 +221,57 @@ pub fn write_file<R: Borrow<ProxyRecord>>(
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
     };
+    remove_stale_temps(dir, STALE_TEMP_AGE);
     let mut tmp = tempfile::Builder::new()
-        .prefix(".proxywarden-export")
+        .prefix(TEMP_PREFIX)
         .tempfile_in(dir)?;
     write(records, format, tmp.as_file_mut())?;
-    // Temporary files are created private; an exported list is not secret
-    // beyond what the directory allows, so give it the usual file mode.
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt;
+        let secret = records.iter().any(|r| r.borrow().proxy.auth.is_some());
+        let mode = match std::fs::metadata(path) {
+            Ok(existing) => existing.permissions().mode() & 0o7777,
+            Err(_) if secret => 0o600,
+            // Not secret beyond what the directory allows: the usual mode.
+            Err(_) => 0o644,
+        };
         tmp.as_file()
-            .set_permissions(std::fs::Permissions::from_mode(0o644))?;
+            .set_permissions(std::fs::Permissions::from_mode(mode))?;
     }
     tmp.as_file().sync_all()?;
     tmp.persist(path).map_err(|e| e.error)?;
     Ok(())
+}
+
+/// Removes this tool's export temporaries in `dir` last modified more than
+/// `age` ago. Best effort: what cannot be listed or removed is left.
+pub fn remove_stale_temps(dir: &Path, age: std::time::Duration) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        if !entry.file_name().to_string_lossy().starts_with(TEMP_PREFIX) {
+            continue;
+        }
+        // Not following links: only a plain file of ours is removed.
+        let Ok(meta) = entry.path().symlink_metadata() else {
+            continue;
+        };
+        let stale = meta
+            .modified()
+            .ok()
+            .and_then(|m| m.elapsed().ok())
+            .is_some_and(|elapsed| elapsed > age);
+        if meta.is_file() && stale {
+            match std::fs::remove_file(entry.path()) {
+                Ok(()) => {
+                    tracing::info!(file = %entry.path().display(), "removed a stale export temporary")
+                }
+                Err(e) => {
+                    tracing::debug!(file = %entry.path().display(), error = %e, "cannot remove a stale export temporary")
+                }
+            }
+        }
+    }
 }

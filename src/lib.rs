@@ -13,7 +13,7 @@
 //! - [`harvest`]: fetch sources with limits; parse text, HTML and JSON lists
 //! - [`check`]: probes per scheme over the dialer, judges, anonymity, the batched check round
 //! - [`export`]: proxies as txt, json or csv, files written atomically
-//! - [`api`]: the axum router: serving, listings, reports, metrics, the judge
+//! - [`api`]: the axum router: serving, listings, reports, metrics, the judge; bounded connections
 //! - [`daemon`]: `serve`: the API, check loop, harvests, purge and watchdog as components on one task tracker
 //! - [`cli`]: the clap command tree and each command's output
 

@@ -1,5 +1,6 @@
 //! The `proxywarden` binary: parse the command line, start logging, run.
 
+use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use clap::Parser;
@@ -23,16 +24,25 @@ async fn main() -> ExitCode {
     // Under systemd, journald adds its own timestamps and shows no colours.
     let journald = std::env::var_os("JOURNAL_STREAM").is_some();
     // The daemon logs to stdout (journald's stream); commands keep stdout
-    // for their results.
-    let writer = if serving {
-        BoxMakeWriter::new(std::io::stdout)
+    // for their results. `--help` says the same.
+    let (writer, terminal) = if serving {
+        (
+            BoxMakeWriter::new(std::io::stdout),
+            std::io::stdout().is_terminal(),
+        )
     } else {
-        BoxMakeWriter::new(std::io::stderr)
+        (
+            BoxMakeWriter::new(std::io::stderr),
+            std::io::stderr().is_terminal(),
+        )
     };
+    // Colours only for a person at a terminal, and never with NO_COLOR set
+    // (https://no-color.org: any non-empty value).
+    let no_color = std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(writer)
-        .with_ansi(!journald);
+        .with_ansi(terminal && !no_color && !journald);
     if journald {
         builder.without_time().init();
     } else {
@@ -40,6 +50,8 @@ async fn main() -> ExitCode {
     }
     match cli::run(cli).await {
         Ok(code) => code,
+        // `proxywarden stats | head -1`: the reader has all it wanted.
+        Err(e) if cli::is_broken_pipe(&e) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
             ExitCode::from(2)

@@ -328,3 +328,409 @@ async fn a_newer_database_is_refused_with_a_clear_message() {
         stderr(&out)
     );
 }
+
+/// Issue 10, Must 8: `config check` fails on what would only fail later:
+/// files that cannot be read, and a source URL that is neither a URL nor an
+/// existing path. `serve` and `check` refuse to start on the files they read.
+#[tokio::test]
+async fn config_check_fails_on_files_that_would_fail_later() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("list.txt"), "1.2.3.4:80\n").unwrap();
+    std::fs::create_dir(dir.path().join("geo.mmdb")).unwrap();
+    let src = |name: &str, url: &str, extra: &str| {
+        format!("[[sources]]\nname = \"{name}\"\nurl = \"{url}\"\n{extra}\n")
+    };
+    let sources = [
+        src("here", "list.txt", ""),
+        src("no-scheme", "example.com/list.txt", ""),
+        src("gone", "/nope/list.txt", ""),
+        src("off", "/nope/off.txt", "enabled = false"),
+        src("web", "http://127.0.0.1:9/list.txt", ""),
+    ]
+    .concat();
+    let toml = format!(
+        "[check]\nextra_ca_file = \"missing-ca.pem\"\n[geoip]\ndatabase = \"geo.mmdb\"\n{sources}"
+    );
+    std::fs::write(dir.path().join("files.toml"), &toml).unwrap();
+    let out = proxywarden(dir.path(), &["config", "check", "-c", "files.toml"]).await;
+    assert_eq!(out.status.code(), Some(2));
+    let err = stderr(&out);
+    for needle in [
+        "files.toml: 4 problems",
+        "files.toml: check.extra_ca_file: cannot read missing-ca.pem: No such file or directory",
+        "files.toml: geoip.database: cannot read geo.mmdb: it is a directory",
+        "files.toml: sources[1].url: \"example.com/list.txt\" is neither an http(s) URL nor a readable file",
+        "files.toml: sources[2].url: cannot read /nope/list.txt: No such file or directory",
+    ] {
+        assert!(err.contains(needle), "{needle:?} not in {err}");
+    }
+    assert!(
+        !err.contains("off.txt"),
+        "a disabled source is not checked: {err}"
+    );
+
+    // The daemon and `check` read the CA file and the database at start.
+    for command in [&["serve"][..], &["check"][..]] {
+        let mut args = command.to_vec();
+        args.extend(["-c", "files.toml"]);
+        let out = proxywarden(dir.path(), &args).await;
+        assert_eq!(out.status.code(), Some(2), "{command:?}");
+        assert!(
+            stderr(&out).contains("check.extra_ca_file: cannot read missing-ca.pem"),
+            "{command:?}: {}",
+            stderr(&out)
+        );
+    }
+
+    // Duplicate names are reported whatever else is wrong.
+    let dup = format!(
+        "{}{}",
+        src("x", "list.txt", ""),
+        src("x", "/nope/b.txt", "")
+    );
+    std::fs::write(dir.path().join("dup.toml"), dup).unwrap();
+    let out = proxywarden(dir.path(), &["config", "check", "-c", "dup.toml"]).await;
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("sources[1].name: duplicate source name \"x\""),
+        "{}",
+        stderr(&out)
+    );
+
+    // Once the files exist, the same config passes.
+    std::fs::write(dir.path().join("missing-ca.pem"), "").unwrap();
+    std::fs::remove_dir(dir.path().join("geo.mmdb")).unwrap();
+    std::fs::write(dir.path().join("geo.mmdb"), "x").unwrap();
+    let fixed = toml
+        .replace("example.com/list.txt", "list.txt")
+        .replace("/nope/list.txt", "list.txt");
+    std::fs::write(dir.path().join("files.toml"), fixed).unwrap();
+    let out = proxywarden(dir.path(), &["config", "check", "-c", "files.toml"]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+}
+
+/// A store in `dir/test.db` (the database of `config_toml`) holding
+/// `proxies` (`host:port` or `user:pass@host:port`).
+async fn store_with(dir: &Path, proxies: &[&str]) {
+    use proxywarden::model::{Candidate, Hints, SourceScheme};
+    let store = proxywarden::store::Store::open(&dir.join("test.db")).unwrap();
+    let candidates = proxies
+        .iter()
+        .map(|p| {
+            let p = proxywarden::proxy::Proxy::parse_url(&format!("http://{p}")).unwrap();
+            Candidate::new(
+                p.host,
+                p.port,
+                p.auth,
+                None,
+                SourceScheme::Fixed(proxywarden::proxy::Scheme::Http),
+                Hints::default(),
+            )
+        })
+        .collect();
+    let run = proxywarden::store::SourceRun {
+        name: "s".into(),
+        url: "u".into(),
+        format: "text".into(),
+        started_at: 1,
+        http_status: None,
+        duration_ms: 0,
+        error: None,
+    };
+    store.record_source_run(run, candidates).await.unwrap();
+}
+
+#[cfg(unix)]
+fn mode(path: &Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(path).unwrap().permissions().mode() & 0o7777
+}
+
+/// Issue 10, Must 4: an export keeps the mode of the file it replaces, a
+/// new one holding credentials is private, and temporaries a killed export
+/// left behind are cleaned up.
+#[cfg(unix)]
+#[tokio::test]
+async fn export_keeps_modes_and_cleans_stale_temporaries() {
+    use std::os::unix::fs::PermissionsExt;
+    let with_creds = tempfile::tempdir().unwrap();
+    let without = tempfile::tempdir().unwrap();
+    for (dir, proxies) in [
+        (
+            &with_creds,
+            &["alice:s3cret@10.0.0.1:8080", "10.0.0.2:3128"][..],
+        ),
+        (&without, &["10.0.0.3:80"][..]),
+    ] {
+        write_config(dir.path(), &config_toml(dir.path(), ""));
+        store_with(dir.path(), proxies).await;
+    }
+    let export = |dir: &Path, file: &str| {
+        let dir = dir.to_path_buf();
+        let file = file.to_owned();
+        async move {
+            let out = proxywarden(&dir, &["export", "--status", "all", "--output", &file]).await;
+            assert!(out.status.success(), "{}", stderr(&out));
+        }
+    };
+
+    // New files: private when they hold a password, the usual mode if not.
+    export(with_creds.path(), "new.txt").await;
+    let new = with_creds.path().join("new.txt");
+    assert!(
+        std::fs::read_to_string(&new)
+            .unwrap()
+            .contains("alice:s3cret@")
+    );
+    assert_eq!(mode(&new), 0o600);
+    export(without.path(), "new.txt").await;
+    assert_eq!(mode(&without.path().join("new.txt")), 0o644);
+
+    // An existing file keeps its mode, whatever the export holds.
+    for (dir, file, m) in [
+        (&with_creds, "kept.txt", 0o600),
+        (&with_creds, "shared.txt", 0o640),
+        (&without, "kept.txt", 0o600),
+    ] {
+        let path = dir.path().join(file);
+        std::fs::write(&path, "old list\n").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(m)).unwrap();
+        export(dir.path(), file).await;
+        assert_ne!(std::fs::read_to_string(&path).unwrap(), "old list\n");
+        assert_eq!(mode(&path), m, "{file}");
+    }
+
+    // A killed export's temporary is removed once stale; a fresh one (an
+    // export in progress) is left alone.
+    let stale = with_creds.path().join(".proxywarden-exportAbC123");
+    let fresh = with_creds.path().join(".proxywarden-exportXyZ789");
+    std::fs::write(&stale, "half a list").unwrap();
+    std::fs::write(&fresh, "half a list").unwrap();
+    let hour_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+    std::fs::File::options()
+        .write(true)
+        .open(&stale)
+        .unwrap()
+        .set_modified(hour_ago)
+        .unwrap();
+    export(with_creds.path(), "new.txt").await;
+    assert!(!stale.exists(), "the stale temporary is still there");
+    assert!(fresh.exists(), "a fresh temporary was removed");
+    let left: Vec<String> = std::fs::read_dir(with_creds.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(".proxywarden-export"))
+        .collect();
+    assert_eq!(left, [".proxywarden-exportXyZ789"]);
+}
+
+/// Runs the binary with stdout on a pipe whose reader is already gone, as
+/// in `proxywarden stats | head -1` once `head` has exited.
+#[cfg(unix)]
+async fn into_closed_pipe(dir: &Path, args: &[&str]) -> Output {
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    tokio::process::Command::new(env!("CARGO_BIN_EXE_proxywarden"))
+        .args(args)
+        .current_dir(dir)
+        .env_remove("PROXYWARDEN_CONFIG")
+        .env_remove("RUST_LOG")
+        .stdout(writer)
+        .stderr(std::process::Stdio::piped())
+        // Not output(), which would replace stdout with a pipe of its own.
+        .spawn()
+        .unwrap()
+        .wait_with_output()
+        .await
+        .unwrap()
+}
+
+/// Issue 10, Must 15: a closed pipe ends a command quietly with status 0.
+#[cfg(unix)]
+#[tokio::test]
+async fn a_closed_pipe_ends_quietly_with_status_0() {
+    let dir = tempfile::tempdir().unwrap();
+    write_config(dir.path(), &config_toml(dir.path(), ""));
+    store_with(dir.path(), &["10.0.0.1:80", "10.0.0.2:80"]).await;
+    for args in [
+        &["stats"][..],
+        &["stats", "--json"],
+        &["export", "--status", "all", "--format", "csv"],
+        &["export", "--status", "all", "--format", "json"],
+        &["export", "--status", "all"],
+        &["config", "example"],
+    ] {
+        let out = into_closed_pipe(dir.path(), args).await;
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {}", stderr(&out));
+        assert_eq!(stderr(&out), "", "{args:?}");
+    }
+}
+
+/// Issue 10, Must 15: logs go where `--help` says (stderr, but stdout for
+/// `serve`), with colours only on a terminal and never with NO_COLOR.
+#[tokio::test]
+async fn logs_go_where_help_says_without_colours_off_a_terminal() {
+    let dir = tempfile::tempdir().unwrap();
+    let list = dir.path().join("list.txt");
+    std::fs::write(&list, "10.0.0.1:80\n").unwrap();
+    let sources = format!(
+        "[[sources]]\nname = \"local\"\nurl = \"{}\"\n",
+        list.display()
+    );
+    write_config(
+        dir.path(),
+        &format!(
+            "{}\n[api]\nlisten = \"127.0.0.1:0\"\n",
+            config_toml(dir.path(), &sources)
+        ),
+    );
+    let help = stdout(&proxywarden(dir.path(), &["--help"]).await);
+    assert!(
+        help.contains("Logs go to stderr, except for `serve`, which logs to stdout"),
+        "{help}"
+    );
+
+    // A command logs on stderr, its results on stdout; piped, no colours.
+    for no_color in [None, Some("1")] {
+        let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_proxywarden"));
+        cmd.args(["harvest", "-v"])
+            .current_dir(dir.path())
+            .env_remove("PROXYWARDEN_CONFIG")
+            .env_remove("RUST_LOG")
+            .env_remove("JOURNAL_STREAM");
+        match no_color {
+            Some(v) => cmd.env("NO_COLOR", v),
+            None => cmd.env_remove("NO_COLOR"),
+        };
+        let out = cmd.output().await.unwrap();
+        assert!(out.status.success(), "{}", stderr(&out));
+        assert!(
+            stderr(&out).contains("harvest finished"),
+            "{}",
+            stderr(&out)
+        );
+        assert!(!stdout(&out).contains("harvest finished"));
+        assert!(stdout(&out).contains("local"));
+        assert!(
+            !stderr(&out).contains('\x1b'),
+            "colours off a terminal: {:?}",
+            stderr(&out)
+        );
+    }
+
+    // `serve` logs on stdout.
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_proxywarden"))
+        .arg("serve")
+        .current_dir(dir.path())
+        .env_remove("PROXYWARDEN_CONFIG")
+        .env_remove("RUST_LOG")
+        .env_remove("JOURNAL_STREAM")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let mut lines = tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(stdout));
+    let first = tokio::time::timeout(std::time::Duration::from_secs(10), lines.next_line())
+        .await
+        .expect("serve logged nothing on stdout within 10 s")
+        .unwrap()
+        .unwrap_or_default();
+    assert!(first.contains("starting"), "{first}");
+    assert!(!first.contains('\x1b'), "{first:?}");
+    child.kill().await.unwrap();
+}
+
+/// Issue 10, Must 14: on a terminal `harvest` shows each source as it
+/// finishes (not everything at the end), and a source that timed out says
+/// after how many attempts; piped, only the table is printed.
+#[tokio::test]
+async fn harvest_shows_each_source_as_it_finishes_on_a_terminal() {
+    use tokio::io::AsyncBufReadExt;
+    let dir = tempfile::tempdir().unwrap();
+    let site = FakeSite::start(vec![
+        ("/fast", Behavior::ok("10.0.0.1:80\n")),
+        ("/hang", Behavior::Hang),
+    ])
+    .await;
+    let sources = format!(
+        "[[sources]]\nname = \"fast\"\nurl = \"{}\"\n[[sources]]\nname = \"hang\"\nurl = \"{}\"\n",
+        site.url("/fast"),
+        site.url("/hang")
+    );
+    // timeout 2s, retries 1: the hanging source takes about 4 s.
+    write_config(dir.path(), &config_toml(dir.path(), &sources));
+
+    // Piped: the table only, and the timeout says how often it was tried.
+    let out = proxywarden(dir.path(), &["harvest"]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(!stderr(&out).contains("[1/2]"), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("timed out after 2 attempts"),
+        "{}",
+        stdout(&out)
+    );
+
+    // On a terminal (script(1) gives the command a pseudo-terminal).
+    let started = std::time::Instant::now();
+    let mut child = tokio::process::Command::new("script")
+        .args([
+            "-qec",
+            &format!("'{}' harvest", env!("CARGO_BIN_EXE_proxywarden")),
+            "/dev/null",
+        ])
+        .current_dir(dir.path())
+        .env_remove("PROXYWARDEN_CONFIG")
+        .env_remove("RUST_LOG")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("script(1) from util-linux runs the command on a terminal");
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let first = tokio::time::timeout(std::time::Duration::from_secs(10), lines.next_line())
+        .await
+        .expect("no output within 10 s")
+        .unwrap()
+        .unwrap_or_default();
+    // (Not new: the piped run above stored it.)
+    assert!(first.contains("[1/2] fast: 1 found, 0 new in"), "{first:?}");
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(3),
+        "the fast source was shown only after {:?}, not as it finished",
+        started.elapsed()
+    );
+    let mut rest = Vec::new();
+    while let Some(line) =
+        tokio::time::timeout(std::time::Duration::from_secs(20), lines.next_line())
+            .await
+            .expect("harvest did not end within 20 s")
+            .unwrap()
+    {
+        rest.push(line);
+    }
+    let rest = rest.join("\n");
+    assert!(
+        rest.contains("[2/2] hang: failed after") && rest.contains("timed out after 2 attempts"),
+        "{rest}"
+    );
+    assert!(child.wait().await.unwrap().success());
+}
+
+/// Issue 10, Must 14: `check` on an empty database says to harvest first
+/// (instead of contacting judges to check nothing).
+#[tokio::test]
+async fn check_on_an_empty_database_says_to_harvest_first() {
+    let dir = tempfile::tempdir().unwrap();
+    common::TestConfig::new(dir.path())
+        .judges("[\"http://127.0.0.1:9/judge\"]")
+        .write();
+    let out = proxywarden(dir.path(), &["check"]).await;
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("holds no proxies yet: run `proxywarden harvest` first"),
+        "{}",
+        stderr(&out)
+    );
+}

@@ -537,7 +537,17 @@ fn binding_a_public_address_without_a_token_is_refused() {
     let msg = err.to_string();
     assert!(msg.contains("api.listen"), "{msg}");
     assert!(msg.contains("api.token"), "{msg}");
-    assert!(Config::from_toml("[api]\nlisten = \"0.0.0.0:8080\"\ntoken = \"t\"\n", "t").is_ok());
+    // A token guessable by whoever can reach the port is refused (issue 10).
+    let err =
+        Config::from_toml("[api]\nlisten = \"0.0.0.0:8080\"\ntoken = \"t\"\n", "t").unwrap_err();
+    assert!(err.to_string().contains("at least 16 characters"), "{err}");
+    assert!(
+        Config::from_toml(
+            "[api]\nlisten = \"0.0.0.0:8080\"\ntoken = \"a-long-enough-token\"\n",
+            "t"
+        )
+        .is_ok()
+    );
 }
 
 #[tokio::test]

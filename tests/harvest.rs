@@ -46,9 +46,10 @@ const HTML_TABLE: &str = r#"<html><body>
 <tr><td>2.2.2.5</td><td>0</td><td>US</td><td>United States</td><td>elite proxy</td><td>no</td><td>no</td><td>x</td></tr>
 </tbody></table></body></html>"#;
 
-/// Unclosed cells and rows, and the document simply stops.
-const HTML_TRUNCATED: &str =
-    "<table><tr><th>IP</th><th>Port</th></tr><tr><td>3.3.3.1<td>8080<tr><td>3.3.3.2</td><td>3128";
+/// Unclosed cells and rows, and the document simply stops in a row (whose
+/// port may have been cut: `3128` could have been `31280`).
+const HTML_TRUNCATED: &str = "<table><tr><th>IP</th><th>Port</th></tr><tr><td>3.3.3.1<td>8080<tr><td>3.3.3.4<td>1080\n\
+    <tr><td>3.3.3.2</td><td>3128";
 
 const GEONODE_PAGE_1: &str = r#"{"data":[
  {"ip":"4.4.4.1","port":"8080","protocols":["socks4","socks5"],"country":"FR","anonymityLevel":"elite"},
@@ -200,9 +201,9 @@ async fn harvest_stores_exactly_the_valid_proxies_and_records_every_source() {
         "http://2.2.2.1:8080",
         "http://2.2.2.2:3128",
         "http://2.2.2.3:80",
-        // truncated html still yields its rows
+        // truncated html still yields its complete rows, not the cut one
         "http://3.3.3.1:8080",
-        "http://3.3.3.2:3128",
+        "http://3.3.3.4:1080",
         // paged json: one candidate per protocol, pages 1..3
         "socks4://4.4.4.1:8080",
         "socks5://4.4.4.1:8080",
@@ -516,4 +517,102 @@ async fn requests_carry_the_user_agent_and_source_headers_and_accept_brotli() {
     );
     assert_eq!(header("/br.txt", "x-extra").as_deref(), Some("1"));
     assert_eq!(header("/plain.txt", "authorization"), None);
+}
+
+/// Issue 10, Must 1: html5ever's cost per element grows with the nesting
+/// depth, so 60,000 nested `<div>`s (300 KB) would take minutes of CPU. The
+/// source must fail quickly with a clear error, the others unharmed.
+#[tokio::test]
+async fn deeply_nested_html_fails_its_source_instead_of_pinning_a_core() {
+    let dir = tempfile::tempdir().unwrap();
+    let nested = "<div>".repeat(60_000)
+        + "<table><tr><th>IP</th><th>Port</th></tr><tr><td>8.8.8.1</td><td>80</td></tr></table>";
+    let site = FakeSite::start(vec![
+        ("/nested.html", Behavior::ok(nested)),
+        ("/list.txt", Behavior::ok("8.8.8.2:8080\n")),
+    ])
+    .await;
+    let sources = format!(
+        "[[sources]]\nname = \"nested\"\nurl = \"{}\"\nformat = \"html\"\n\
+         [[sources]]\nname = \"list\"\nurl = \"{}\"\n",
+        site.url("/nested.html"),
+        site.url("/list.txt")
+    );
+    let config = Config::from_toml(&config_toml(dir.path(), &sources), "t").unwrap();
+    let started = std::time::Instant::now();
+    let (store, report) = tokio::time::timeout(Duration::from_secs(20), harvest(&config))
+        .await
+        .expect("the harvest waited on a nested page for 20 s");
+    assert!(
+        started.elapsed() < config.harvest.timeout + Duration::from_secs(2),
+        "took {:?}",
+        started.elapsed()
+    );
+    let nested = source(&report, "nested");
+    assert_eq!(
+        nested.error.as_deref(),
+        Some("HTML nested deeper than 1024 elements; not parsed")
+    );
+    assert!(!nested.worked());
+    assert!(source(&report, "list").worked());
+    let stored = urls(&store.list_proxies(ProxyFilter::default()).await.unwrap());
+    assert_eq!(stored, BTreeSet::from(["http://8.8.8.2:8080".to_owned()]));
+    let rec = store.list_sources().await.unwrap();
+    let rec = rec.iter().find(|s| s.name == "nested").unwrap();
+    assert_eq!(
+        rec.last_error.as_deref(),
+        Some("HTML nested deeper than 1024 elements; not parsed")
+    );
+}
+
+/// Issue 10, Must 10: a source's own headers (here an API key and a bearer
+/// token) and its URL must not leak to another origin it redirects to; a
+/// redirect within the source's origin keeps them.
+#[tokio::test]
+async fn a_redirect_to_another_origin_gets_no_source_headers_and_no_referer() {
+    let dir = tempfile::tempdir().unwrap();
+    // Two loopback sites on different ports: different origins.
+    let other = FakeSite::start(vec![("/list.txt", Behavior::ok("9.8.7.1:8080\n"))]).await;
+    let site = FakeSite::start(vec![
+        (
+            "/api?key=s3cret",
+            Behavior::Redirect(other.url("/list.txt")),
+        ),
+        ("/same?key=s3cret", Behavior::Redirect("/here.txt".into())),
+        ("/here.txt", Behavior::ok("9.8.7.2:8080\n")),
+    ])
+    .await;
+    let headers = "headers = { X-Api-Key = \"k3y\", Authorization = \"Bearer t0ken\" }";
+    let toml = config_toml(
+        dir.path(),
+        &format!(
+            "[[sources]]\nname = \"away\"\nurl = \"{}\"\n{headers}\n\
+             [[sources]]\nname = \"home\"\nurl = \"{}\"\n{headers}\n",
+            site.url("/api?key=s3cret"),
+            site.url("/same?key=s3cret"),
+        ),
+    );
+    let config = Config::from_toml(&toml, "t").unwrap();
+    let (_store, report) = harvest(&config).await;
+    assert_eq!(source(&report, "away").error, None);
+    assert_eq!(source(&report, "away").found, 1);
+    assert_eq!(source(&report, "home").found, 1);
+
+    assert_eq!(
+        site.last_header("/api?key=s3cret", "x-api-key").as_deref(),
+        Some("k3y")
+    );
+    for name in ["x-api-key", "authorization", "referer"] {
+        assert_eq!(
+            other.last_header("/list.txt", name),
+            None,
+            "{name} was sent to the other origin"
+        );
+    }
+    assert_eq!(
+        site.last_header("/here.txt", "x-api-key").as_deref(),
+        Some("k3y"),
+        "the same origin keeps the source's headers"
+    );
+    assert_eq!(site.last_header("/here.txt", "referer"), None);
 }

@@ -18,9 +18,12 @@ pub enum ApiError {
     /// Nothing matches (no proxy, unknown id, unknown route).
     #[error("{0}")]
     NotFound(String),
-    /// The client asks too often.
-    #[error("too many requests; slow down")]
-    TooManyRequests,
+    /// The client asks too often; it may ask again in `retry_after` seconds.
+    #[error("too many requests; try again in {retry_after} s")]
+    TooManyRequests {
+        /// Seconds until the next request is allowed (the `Retry-After`).
+        retry_after: u64,
+    },
     /// The request body is larger than the API accepts.
     #[error("request body larger than {0} bytes")]
     PayloadTooLarge(usize),
@@ -33,6 +36,24 @@ pub enum ApiError {
     /// Switched off by configuration.
     #[error("{0}")]
     Disabled(String),
+    /// The route exists but not for this method.
+    #[error("method not allowed on this route")]
+    MethodNotAllowed,
+    /// The request target is longer than the API reads.
+    #[error("request URI longer than {0} bytes")]
+    UriTooLong(usize),
+    /// The request's headers are larger than the API reads.
+    #[error("request headers larger than {0} bytes in all, or more than {1} of them")]
+    HeadersTooLarge(usize, usize),
+    /// An error answered below the handlers (an extractor's rejection, the
+    /// HTTP layer), put into the envelope with its status and text.
+    #[error("{message}")]
+    Other {
+        /// The status it was answered with.
+        status: StatusCode,
+        /// What it said.
+        message: String,
+    },
     /// The store failed; details are logged.
     #[error("internal error")]
     Store(#[from] crate::store::StoreError),
@@ -48,9 +69,13 @@ impl ApiError {
             ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
             ApiError::NotFound(_) | ApiError::Disabled(_) => StatusCode::NOT_FOUND,
-            ApiError::TooManyRequests => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::TooManyRequests { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::Timeout | ApiError::NotReady(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            ApiError::UriTooLong(_) => StatusCode::URI_TOO_LONG,
+            ApiError::HeadersTooLarge(..) => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            ApiError::Other { status, .. } => *status,
             ApiError::Store(_) | ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -61,14 +86,35 @@ impl ApiError {
             ApiError::BadRequest(_) => "bad_request",
             ApiError::Unauthorized => "unauthorized",
             ApiError::NotFound(_) | ApiError::Disabled(_) => "not_found",
-            ApiError::TooManyRequests => "too_many_requests",
+            ApiError::TooManyRequests { .. } => "too_many_requests",
             ApiError::PayloadTooLarge(_) => "payload_too_large",
             ApiError::Timeout => "timeout",
             ApiError::NotReady(_) => "not_ready",
+            ApiError::MethodNotAllowed => "method_not_allowed",
+            ApiError::UriTooLong(_) => "uri_too_long",
+            ApiError::HeadersTooLarge(..) => "headers_too_large",
+            ApiError::Other { status, .. } => match status.as_u16() {
+                400 | 422 => "bad_request",
+                401 => "unauthorized",
+                404 => "not_found",
+                405 => "method_not_allowed",
+                413 => "payload_too_large",
+                414 => "uri_too_long",
+                415 => "unsupported_media_type",
+                429 => "too_many_requests",
+                431 => "headers_too_large",
+                503 => "unavailable",
+                s if s >= 500 => "internal",
+                _ => "client_error",
+            },
             ApiError::Store(_) | ApiError::Internal(_) => "internal",
         }
     }
 }
+
+/// Marks a response as an [`ApiError`] in the envelope, with its message.
+#[derive(Clone, Debug)]
+pub(super) struct Enveloped(pub(super) String);
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
@@ -77,15 +123,28 @@ impl IntoResponse for ApiError {
             ApiError::Internal(e) => tracing::error!(error = %e, "request failed"),
             _ => {}
         }
+        let message = self.to_string();
         let body = serde_json::json!({
-            "error": { "code": self.code(), "message": self.to_string() }
+            "error": { "code": self.code(), "message": message }
         });
         let mut resp = (self.status_code(), Json(body)).into_response();
-        if matches!(self, ApiError::Unauthorized) {
-            resp.headers_mut().insert(
-                axum::http::header::WWW_AUTHENTICATE,
-                axum::http::HeaderValue::from_static("Bearer"),
-            );
+        // Lets the outer layer tell an enveloped error from a foreign one,
+        // and give `/proxy?format=text` the message as text.
+        resp.extensions_mut().insert(Enveloped(message));
+        match self {
+            ApiError::Unauthorized => {
+                resp.headers_mut().insert(
+                    axum::http::header::WWW_AUTHENTICATE,
+                    axum::http::HeaderValue::from_static("Bearer"),
+                );
+            }
+            ApiError::TooManyRequests { retry_after } => {
+                resp.headers_mut().insert(
+                    axum::http::header::RETRY_AFTER,
+                    axum::http::HeaderValue::from(retry_after),
+                );
+            }
+            _ => {}
         }
         resp
     }

@@ -5,8 +5,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Json;
+use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, RawQuery, State};
-use axum::http::{StatusCode, header};
+use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
@@ -233,9 +234,12 @@ const MAX_REPORT_BODY: usize = 64 * 1024;
 /// `POST /proxies/{id}/report` with `{"ok": false, "reason": "..."}`.
 pub async fn report(
     State(state): State<AppState>,
-    Path(id): Path<String>,
+    id: Result<Path<String>, PathRejection>,
     body: axum::body::Body,
 ) -> Result<Response, ApiError> {
+    // axum's own rejection (e.g. `%FF`, not UTF-8) would be plain text.
+    let Path(id) =
+        id.map_err(|e| ApiError::BadRequest(format!("invalid proxy id in the path: {e}")))?;
     let id: i64 = id
         .parse()
         .map_err(|_| ApiError::BadRequest(format!("proxy id {id:?} is not a number")))?;
@@ -370,8 +374,5 @@ pub async fn not_found(State(state): State<AppState>) -> Response {
 
 /// Known routes with the wrong method.
 pub async fn method_not_allowed() -> Response {
-    let body = serde_json::json!({
-        "error": { "code": "method_not_allowed", "message": "method not allowed on this route" }
-    });
-    (StatusCode::METHOD_NOT_ALLOWED, Json(body)).into_response()
+    ApiError::MethodNotAllowed.into_response()
 }

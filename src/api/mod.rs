@@ -9,10 +9,11 @@ mod handlers;
 pub mod judge;
 pub mod metrics;
 mod query;
+pub mod server;
 
 pub use error::ApiError;
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -93,6 +94,7 @@ pub struct AppState {
     pub rounds: Arc<Mutex<Rounds>>,
     /// Rendered `/proxy` answers.
     answers: Arc<answers::Answers>,
+    /// `/judge` calls per client network (see [`client_network`]).
     judge_limiter: Arc<DefaultKeyedRateLimiter<IpAddr>>,
     judge_calls: Arc<AtomicU64>,
 }
@@ -171,22 +173,117 @@ pub fn router(state: AppState) -> Router {
         ))
         .layer(middleware::from_fn_with_state(state.clone(), authorize))
         .layer(middleware::from_fn_with_state(state.clone(), limit_time))
+        .layer(middleware::from_fn(envelope))
         .with_state(state)
 }
 
+/// The longest request target read (path and query), in bytes.
+pub const MAX_URI: usize = 8 * 1024;
+
+/// The most header bytes (names and values) read per request.
+pub const MAX_HEADER_BYTES: usize = 64 * 1024;
+
+/// The most header fields read per request (hyper's own limit is 100).
+pub const MAX_HEADERS: usize = 100;
+
+/// The outermost layer: refuses oversized URIs and headers, puts every
+/// error that did not come from an [`ApiError`] (axum's rejections) into the
+/// JSON envelope, and answers `/proxy?format=text` errors as plain text.
+async fn envelope(req: Request, next: Next) -> Response {
+    let text = wants_text(req.uri());
+    let uri_len = req.uri().path_and_query().map_or(0, |pq| pq.as_str().len());
+    let header_bytes: usize = req
+        .headers()
+        .iter()
+        .map(|(n, v)| n.as_str().len() + v.len())
+        .sum();
+    let resp = if uri_len > MAX_URI {
+        ApiError::UriTooLong(MAX_URI).into_response()
+    } else if header_bytes > MAX_HEADER_BYTES || req.headers().len() > MAX_HEADERS {
+        ApiError::HeadersTooLarge(MAX_HEADER_BYTES, MAX_HEADERS).into_response()
+    } else {
+        next.run(req).await
+    };
+    let status = resp.status();
+    if !status.is_client_error() && !status.is_server_error() {
+        return resp;
+    }
+    let resp = match resp.extensions().get::<error::Enveloped>() {
+        Some(_) => resp,
+        None => foreign_error(resp).await,
+    };
+    if text { as_text(resp) } else { resp }
+}
+
+/// True for `/proxy` asked with `format=text`: its errors are text too, as
+/// a client reading one line of text expects.
+fn wants_text(uri: &axum::http::Uri) -> bool {
+    uri.path() == "/proxy"
+        && url::form_urlencoded::parse(uri.query().unwrap_or("").as_bytes())
+            .any(|(k, v)| k == "format" && v.trim().eq_ignore_ascii_case("text"))
+}
+
+/// An error response made below the handlers, in the envelope: its status,
+/// and its body as the message when that is short text.
+async fn foreign_error(resp: Response) -> Response {
+    let (parts, body) = resp.into_parts();
+    let bytes = http_body_util::BodyExt::collect(http_body_util::Limited::new(body, 1024))
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
+    let message = std::str::from_utf8(&bytes)
+        .map(str::trim)
+        .ok()
+        .filter(|m| !m.is_empty())
+        .map(str::to_owned)
+        .unwrap_or_else(|| {
+            parts
+                .status
+                .canonical_reason()
+                .unwrap_or("error")
+                .to_lowercase()
+        });
+    let mut enveloped = ApiError::Other {
+        status: parts.status,
+        message,
+    }
+    .into_response();
+    // Keep what the original said besides its body (e.g. Allow).
+    for (name, value) in &parts.headers {
+        if name != axum::http::header::CONTENT_TYPE && name != axum::http::header::CONTENT_LENGTH {
+            enveloped.headers_mut().insert(name.clone(), value.clone());
+        }
+    }
+    enveloped
+}
+
+/// An enveloped error as `text/plain`: its message on one line, with the
+/// same status and headers.
+fn as_text(resp: Response) -> Response {
+    let Some(error::Enveloped(message)) = resp.extensions().get::<error::Enveloped>().cloned()
+    else {
+        return resp;
+    };
+    let (mut parts, _) = resp.into_parts();
+    parts.headers.insert(
+        axum::http::header::CONTENT_TYPE,
+        axum::http::HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    parts.headers.remove(axum::http::header::CONTENT_LENGTH);
+    Response::from_parts(parts, axum::body::Body::from(format!("{message}\n")))
+}
+
 /// Serves `router(state)` on an already bound listener until `shutdown`
-/// is cancelled, then drains open requests.
+/// is cancelled, then drains open requests. Connections are bounded by
+/// `api.header_timeout`, `api.idle_timeout` and `api.max_connections` (see
+/// [`server`]).
 pub async fn serve(
     listener: TcpListener,
     state: AppState,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
-    axum::serve(
-        listener,
-        router(state).into_make_service_with_connect_info::<SocketAddr>(),
-    )
-    .with_graceful_shutdown(shutdown.cancelled_owned())
-    .await
+    let limits = server::Limits::from(&state.config.api);
+    server::run(listener, router(state), limits, shutdown).await
 }
 
 /// `/judge`, unless switched off; rate-limited per client address.
@@ -201,8 +298,14 @@ async fn judge_route(
         return ApiError::Disabled("the judge is switched off (api.judge = false)".into())
             .into_response();
     }
-    if state.judge_limiter.check_key(&info.0.ip()).is_err() {
-        return ApiError::TooManyRequests.into_response();
+    if let Err(not_until) = state.judge_limiter.check_key(&client_network(info.0.ip())) {
+        let wait =
+            not_until.wait_time_from(governor::clock::Clock::now(state.judge_limiter.clock()));
+        return ApiError::TooManyRequests {
+            // Whole seconds, rounded up: a client that waits this long gets through.
+            retry_after: wait.as_secs() + u64::from(wait.subsec_nanos() > 0),
+        }
+        .into_response();
     }
     // Forget idle clients now and then so the limiter's memory stays small.
     if state.judge_calls.fetch_add(1, Ordering::Relaxed) % 4096 == 4095 {
@@ -211,6 +314,17 @@ async fn judge_route(
     judge::judge(info, method, uri, headers)
         .await
         .into_response()
+}
+
+/// The network a client address counts for in rate limits: its /24 for
+/// IPv4, its /64 for IPv6 (one customer's usual allocation), so that rotating
+/// through the addresses one holds does not multiply the allowance.
+/// IPv4-mapped IPv6 addresses count as the IPv4 address.
+pub fn client_network(ip: IpAddr) -> IpAddr {
+    match ip.to_canonical() {
+        IpAddr::V4(v4) => IpAddr::V4(Ipv4Addr::from(u32::from(v4) & 0xffff_ff00)),
+        IpAddr::V6(v6) => IpAddr::V6(Ipv6Addr::from(u128::from(v6) & !((1u128 << 64) - 1))),
+    }
 }
 
 /// Answers 503 (in the JSON envelope) when a request outlasts
@@ -232,18 +346,36 @@ async fn authorize(State(state): State<AppState>, req: Request, next: Next) -> R
     if path == "/healthz" || path == "/judge" {
         return next.run(req).await;
     }
-    let presented = req
+    let mut values = req
         .headers()
-        .get(axum::http::header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim)
-        .unwrap_or("");
-    if bool::from(presented.as_bytes().ct_eq(token.0.as_bytes())) {
+        .get_all(axum::http::header::AUTHORIZATION)
+        .iter();
+    let (first, second) = (values.next(), values.next());
+    if second.is_some() {
+        return ApiError::BadRequest("more than one Authorization header".into()).into_response();
+    }
+    let presented = first
+        .and_then(|v| bearer_token(v.as_bytes()))
+        .unwrap_or(b"");
+    if bool::from(presented.ct_eq(token.0.as_bytes())) {
         next.run(req).await
     } else {
         ApiError::Unauthorized.into_response()
     }
+}
+
+/// The credentials of a `Bearer` Authorization value, exactly as sent. The
+/// scheme is case-insensitive and separated by one or more spaces (RFC 9110
+/// §11.4); nothing else is trimmed, so a token is compared as written.
+fn bearer_token(value: &[u8]) -> Option<&[u8]> {
+    const SCHEME: &[u8] = b"bearer ";
+    let head = value.get(..SCHEME.len())?;
+    if !head.eq_ignore_ascii_case(SCHEME) {
+        return None;
+    }
+    let rest = &value[SCHEME.len()..];
+    let start = rest.iter().position(|&b| b != b' ')?;
+    Some(&rest[start..])
 }
 
 /// Counts requests by matched route and status.

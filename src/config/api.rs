@@ -18,10 +18,19 @@ pub struct ApiConfig {
     pub max_age: Duration,
     /// Serve `GET /judge`.
     pub judge: bool,
-    /// `/judge` requests allowed per client address per minute.
+    /// `/judge` requests allowed per client network (/24, /64) per minute.
     pub judge_per_minute: u32,
     /// Longest a request may take before it is answered 503.
     pub request_timeout: Duration,
+    /// Time a client has to send a request's head, from when the connection
+    /// opens or its previous response has gone out.
+    pub header_timeout: Duration,
+    /// A connection on which nothing moves this long, outside a request
+    /// being handled, is closed.
+    pub idle_timeout: Duration,
+    /// Open connections at most; at the cap the quietest one is closed to
+    /// make room for a new one.
+    pub max_connections: usize,
 }
 
 /// A string that never appears in `Debug` output or logs.
@@ -34,29 +43,64 @@ impl fmt::Debug for Secret {
     }
 }
 
+/// The shortest token accepted on an address other than loopback: anyone
+/// who can reach the port can try tokens, so a short one is guessable.
+pub const MIN_PUBLIC_TOKEN: usize = 16;
+
 /// Validates `[api]`.
 pub(super) fn read(a: &mut Section) -> Option<ApiConfig> {
     let listen = a.parsed::<SocketAddr>("listen", "an address like \"127.0.0.1:8080\"");
-    // "" also means no token: example files before it was commented out
-    // wrote `token = ""`.
-    let token = a
-        .optional("token", Section::string)
-        .filter(|t| !t.is_empty())
-        .map(Secret);
+    let token = a.optional("token", Section::string);
+    // The token is compared exactly as written. A blank one would guard
+    // nothing, and HTTP strips blanks around header values, so a token that
+    // starts or ends with one could never be presented.
+    let token = match token {
+        Some(t) if t.trim().is_empty() => {
+            a.problem(
+                "token",
+                "must not be blank (leave the key out for an API without a token)",
+            );
+            None
+        }
+        Some(t) if t.trim() != t => {
+            a.problem(
+                "token",
+                "must not start or end with blanks: HTTP strips them from headers, so it could never match",
+            );
+            None
+        }
+        Some(t) if t.chars().any(|c| c.is_control()) => {
+            a.problem("token", "must not contain control characters");
+            None
+        }
+        t => t.map(Secret),
+    };
     let max_age = a.duration("max_age");
     let judge = a.boolean("judge");
     let judge_per_minute = a.int("judge_per_minute", 1, 1_000_000);
     let request_timeout = a.duration("request_timeout");
+    let header_timeout = a.duration("header_timeout");
+    let idle_timeout = a.duration("idle_timeout");
+    let max_connections = a.int("max_connections", 1, 1_000_000);
     if let Some(listen) = listen
         && !listen.ip().is_loopback()
-        && token.is_none()
     {
-        a.problem(
-            "listen",
-            &format!(
-                "{listen} is not a loopback address: set api.token so that strangers cannot use the API"
+        match &token {
+            None if !a.has_problem("token") => a.problem(
+                "listen",
+                &format!(
+                    "{listen} is not a loopback address: set api.token so that strangers cannot use the API"
+                ),
             ),
-        );
+            Some(t) if t.0.chars().count() < MIN_PUBLIC_TOKEN => a.problem(
+                "token",
+                &format!(
+                    "must be at least {MIN_PUBLIC_TOKEN} characters when api.listen ({listen}) is not a loopback address, found {}",
+                    t.0.chars().count()
+                ),
+            ),
+            _ => {}
+        }
     }
     Some(ApiConfig {
         listen: listen?,
@@ -66,5 +110,9 @@ pub(super) fn read(a: &mut Section) -> Option<ApiConfig> {
         // The range was checked, so the cast cannot truncate.
         judge_per_minute: judge_per_minute? as u32,
         request_timeout: request_timeout?,
+        header_timeout: header_timeout?,
+        idle_timeout: idle_timeout?,
+        // The range was checked, so the cast cannot truncate.
+        max_connections: max_connections? as usize,
     })
 }

@@ -17,7 +17,7 @@ use std::sync::LazyLock;
 
 use toml::Table;
 
-pub use api::{ApiConfig, Secret};
+pub use api::{ApiConfig, MIN_PUBLIC_TOKEN, Secret};
 pub use check::{CheckConfig, JudgeConfig};
 pub use database::DatabaseConfig;
 pub use geoip::GeoipConfig;
@@ -201,6 +201,96 @@ impl Config {
             }),
         }
     }
+}
+
+impl Config {
+    /// Checks the files the config names, as `config check` does: the
+    /// extra CA file, the GeoIP database and every enabled local source
+    /// must be readable files. Kept apart from [`Config::from_toml`] so that
+    /// validating text stays pure (and testable with paths that do not
+    /// exist); `file` names the config in messages.
+    pub fn check_files(&self, file: &str) -> Result<(), ConfigError> {
+        self.file_problems(file, true)
+    }
+
+    /// The files a running `serve` or `check` reads at start-up (the extra
+    /// CA file and the GeoIP database). A missing local source only fails
+    /// that source, as at every harvest.
+    pub fn check_runtime_files(&self, file: &str) -> Result<(), ConfigError> {
+        self.file_problems(file, false)
+    }
+
+    fn file_problems(&self, file: &str, sources: bool) -> Result<(), ConfigError> {
+        let mut problems = Vec::new();
+        let mut check = |key: String, path: &Path| {
+            if let Err(e) = readable_file(path) {
+                problems.push(Problem {
+                    key,
+                    message: format!("cannot read {}: {e}", path.display()),
+                });
+            }
+        };
+        if let Some(ca) = &self.check.extra_ca_file {
+            check("check.extra_ca_file".into(), ca);
+        }
+        if let Some(db) = &self.geoip.database {
+            check("geoip.database".into(), db);
+        }
+        if sources {
+            for (i, s) in self.sources.iter().enumerate() {
+                let SourceLocation::File(path) = &s.location else {
+                    continue;
+                };
+                if !s.enabled {
+                    continue;
+                }
+                if let Err(e) = readable_file(path) {
+                    // `example.com/list.txt` is more likely a URL missing
+                    // its scheme than a relative path.
+                    let looks_like_a_path = Path::new(&s.url).is_absolute()
+                        || s.url.starts_with("./")
+                        || s.url.starts_with("../")
+                        || s.url.to_ascii_lowercase().starts_with("file:");
+                    let message = if looks_like_a_path {
+                        format!("cannot read {}: {e}", path.display())
+                    } else {
+                        format!(
+                            "{:?} is neither an http(s) URL nor a readable file ({e}); a URL needs http:// or https://",
+                            s.url
+                        )
+                    };
+                    problems.push(Problem {
+                        key: format!("sources[{i}].url"),
+                        message,
+                    });
+                }
+            }
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(ConfigError {
+                file: file.to_owned(),
+                problems,
+            })
+        }
+    }
+}
+
+/// Ok when `path` is a file this process can read.
+fn readable_file(path: &Path) -> std::io::Result<()> {
+    use std::io::Read;
+    // Looked at before opening: opening a FIFO would wait for a writer.
+    let meta = std::fs::metadata(path)?;
+    if meta.is_dir() {
+        return Err(std::io::Error::other("it is a directory"));
+    }
+    if !meta.is_file() {
+        return Err(std::io::Error::other("not a regular file"));
+    }
+    // Opening can succeed where reading does not (a broken mount).
+    let _bytes = std::fs::File::open(path)?.read(&mut [0u8; 1])?;
+    Ok(())
 }
 
 /// Validates every section. A key the user leaves out is read from the
@@ -399,7 +489,8 @@ mod tests {
         assert_eq!(c.api.token, None);
         assert_eq!(c.check.extra_ca_file, None);
         assert_eq!(c.geoip.database, None);
-        let text = "[api]\ntoken = \"\"\n[check]\nextra_ca_file = \"\"\n[geoip]\ndatabase = \"\"\n";
+        // (A blank api.token is an error instead: see tokens_are_taken_as_written.)
+        let text = "[check]\nextra_ca_file = \"\"\n[geoip]\ndatabase = \"\"\n";
         assert_eq!(Config::from_toml(text, "old.toml").unwrap(), c);
         // A key with a default cannot be emptied into nothing.
         let err = Config::from_toml("[database]\npath = \"\"\n", "t").unwrap_err();
@@ -428,6 +519,48 @@ mod tests {
                 "the example does not say {stated:?}"
             );
         }
+    }
+
+    #[test]
+    fn tokens_are_taken_as_written_and_must_be_long_off_loopback() {
+        let problems = |text: &str| -> Vec<String> {
+            match Config::from_toml(text, "t") {
+                Ok(_) => Vec::new(),
+                Err(e) => e.problems.iter().map(|p| p.to_string()).collect(),
+            }
+        };
+        for blank in ["", " ", "\t"] {
+            assert_eq!(
+                problems(&format!("[api]\ntoken = {blank:?}\n")),
+                ["api.token: must not be blank (leave the key out for an API without a token)"],
+                "{blank:?}"
+            );
+        }
+        assert_eq!(
+            problems("[api]\ntoken = \" x \"\n"),
+            [
+                "api.token: must not start or end with blanks: HTTP strips them from headers, so it could never match"
+            ]
+        );
+        // Loopback takes any token; another address needs 16 characters.
+        assert!(problems("[api]\ntoken = \"short\"\n").is_empty());
+        assert_eq!(
+            problems("[api]\nlisten = \"0.0.0.0:8080\"\ntoken = \"fifteen-chars-x\"\n"),
+            [
+                "api.token: must be at least 16 characters when api.listen (0.0.0.0:8080) is not a loopback address, found 15"
+            ]
+        );
+        assert!(
+            problems("[api]\nlisten = \"[::]:8080\"\ntoken = \"sixteen-chars-xy\"\n").is_empty()
+        );
+        // A blank token off loopback is one problem, not two.
+        assert_eq!(
+            problems("[api]\nlisten = \"0.0.0.0:8080\"\ntoken = \"\"\n").len(),
+            1
+        );
+        // Inner blanks are part of the token, kept as written.
+        let c = Config::from_toml("[api]\ntoken = \"a b\"\n", "t").unwrap();
+        assert_eq!(c.api.token, Some(Secret("a b".into())));
     }
 
     #[test]

@@ -61,6 +61,12 @@ impl Section {
         });
     }
 
+    /// Whether a problem was recorded for key `k` of this section.
+    pub(super) fn has_problem(&self, k: &str) -> bool {
+        let key = self.key(k);
+        self.problems.iter().any(|p| p.key == key)
+    }
+
     /// Takes `k` out: the user's value if set (replacing the default whole,
     /// arrays included), else the default, else `None`.
     pub(super) fn take(&mut self, k: &str) -> Option<Value> {

@@ -2,21 +2,27 @@
 //! system proxy), separate connect and total timeouts, a body-size cap that
 //! stops reading, at most five redirects, and retries with backoff for
 //! transient failures that honour `Retry-After`. Local files get the same
-//! size cap.
+//! size cap. Redirects are followed here rather than by reqwest, so that a
+//! source's own headers (often API keys) never reach another origin and no
+//! `Referer` tells it the original URL.
 
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use reqwest::StatusCode;
-use reqwest::header::{HeaderName, HeaderValue, RETRY_AFTER};
+use reqwest::header::{HeaderName, HeaderValue, LOCATION, RETRY_AFTER};
 use tokio::io::AsyncReadExt;
+use url::Url;
 
 use crate::config::HarvestConfig;
 
 /// The longest `Retry-After` honoured; a source asking for more is treated
 /// as failing this round rather than stalling the harvest.
 const MAX_RETRY_AFTER: Duration = Duration::from_secs(60);
+
+/// Redirects followed per attempt.
+const MAX_REDIRECTS: usize = 5;
 
 /// A fetched body, decoded lossily as UTF-8 (lists are ASCII; stray bytes
 /// must not reject the whole source).
@@ -28,14 +34,32 @@ pub struct Fetched {
     pub body: String,
 }
 
-/// Why a fetch failed, with the last HTTP status seen if any.
+/// Why a fetch failed, with the last HTTP status seen if any. A timeout
+/// says after how many attempts it gave up (`timed out after 3 attempts`),
+/// so that a long wait on a source is explained.
 #[derive(Debug, thiserror::Error)]
-#[error("{kind}")]
 pub struct FetchError {
     /// The last HTTP status received.
     pub status: Option<u16>,
     /// What went wrong.
     pub kind: FetchErrorKind,
+    /// Attempts made (1 + retries), once the fetch gave up; 0 until then.
+    pub attempts: u32,
+}
+
+impl std::fmt::Display for FetchError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.kind)?;
+        let timeout = matches!(
+            self.kind,
+            FetchErrorKind::Timeout | FetchErrorKind::ConnectTimeout
+        );
+        match self.attempts {
+            n if !timeout || n == 0 => Ok(()),
+            1 => f.write_str(" after 1 attempt"),
+            n => write!(f, " after {n} attempts"),
+        }
+    }
 }
 
 /// What went wrong with a fetch; the messages are what users see per source.
@@ -84,6 +108,7 @@ impl Fetcher {
         let tls =
             crate::net::tls::client_config(None, crate::net::tls::ALPN_H2_H1).map_err(|e| {
                 FetchError {
+                    attempts: 0,
                     status: None,
                     kind: FetchErrorKind::Client(e.to_string()),
                 }
@@ -93,12 +118,15 @@ impl Fetcher {
             .user_agent(cfg.user_agent.clone())
             .connect_timeout(cfg.connect_timeout)
             .timeout(cfg.timeout)
-            .redirect(reqwest::redirect::Policy::limited(5))
+            // Followed by `attempt`, which decides per hop what is sent.
+            .redirect(reqwest::redirect::Policy::none())
+            .referer(false)
             // Sources are fetched directly: a system HTTP_PROXY must not
             // silently route them elsewhere.
             .no_proxy()
             .build()
             .map_err(|e| FetchError {
+                attempts: 0,
                 status: None,
                 kind: FetchErrorKind::Client(error_chain(&e)),
             })?;
@@ -113,6 +141,7 @@ impl Fetcher {
     /// Reads a local file, refusing one larger than the body limit.
     pub async fn fetch_file(&self, path: &Path) -> Result<Fetched, FetchError> {
         let file_err = |error| FetchError {
+            attempts: 0,
             status: None,
             kind: FetchErrorKind::File {
                 path: path.display().to_string(),
@@ -128,6 +157,7 @@ impl Fetcher {
             .map_err(file_err)?;
         if buf.len() as u64 > self.max_body {
             return Err(FetchError {
+                attempts: 0,
                 status: None,
                 kind: FetchErrorKind::TooLarge(self.limit_text()),
             });
@@ -160,12 +190,16 @@ impl Fetcher {
                 | FetchErrorKind::Network(_) => true,
                 _ => false,
             };
+            let gave_up = |mut err: FetchError| {
+                err.attempts = attempt + 1;
+                Err(err)
+            };
             if !transient || attempt >= self.retries {
-                return Err(err);
+                return gave_up(err);
             }
             let backoff = self.retry_backoff.saturating_mul(1 << attempt.min(16));
             let wait = match retry_after {
-                Some(ra) if ra > MAX_RETRY_AFTER => return Err(err),
+                Some(ra) if ra > MAX_RETRY_AFTER => return gave_up(err),
                 Some(ra) => ra,
                 None => backoff,
             };
@@ -181,13 +215,9 @@ impl Fetcher {
         url: &str,
         headers: &[(HeaderName, HeaderValue)],
     ) -> (Result<Fetched, FetchError>, Option<Duration>) {
-        let mut req = self.client.get(url);
-        for (n, v) in headers {
-            req = req.header(n.clone(), v.clone());
-        }
-        let mut resp = match req.send().await {
+        let mut resp = match self.follow(url, headers).await {
             Ok(r) => r,
-            Err(e) => return (Err(request_error(None, &e)), None),
+            Err(e) => return (Err(e), None),
         };
         let status = resp.status();
         let code = Some(status.as_u16());
@@ -199,6 +229,7 @@ impl Fetcher {
                 .and_then(parse_retry_after);
             return (
                 Err(FetchError {
+                    attempts: 0,
                     status: code,
                     kind: FetchErrorKind::Status(status),
                 }),
@@ -206,6 +237,7 @@ impl Fetcher {
             );
         }
         let too_large = || FetchError {
+            attempts: 0,
             status: code,
             kind: FetchErrorKind::TooLarge(self.limit_text()),
         };
@@ -236,6 +268,63 @@ impl Fetcher {
         )
     }
 
+    /// GETs `url`, following up to [`MAX_REDIRECTS`] redirects. The
+    /// source's `headers` go to the source's own origin (scheme, host and
+    /// port) only, and no hop carries a `Referer`.
+    async fn follow(
+        &self,
+        url: &str,
+        headers: &[(HeaderName, HeaderValue)],
+    ) -> Result<reqwest::Response, FetchError> {
+        let network = |msg: String| FetchError {
+            attempts: 0,
+            status: None,
+            kind: FetchErrorKind::Network(msg),
+        };
+        let first = Url::parse(url).map_err(|e| network(format!("invalid URL {url:?}: {e}")))?;
+        let origin = first.origin();
+        let mut current = first;
+        let mut hops = 0;
+        loop {
+            let mut req = self.client.get(current.clone());
+            if current.origin() == origin {
+                for (n, v) in headers {
+                    req = req.header(n.clone(), v.clone());
+                }
+            }
+            let resp = req.send().await.map_err(|e| request_error(None, &e))?;
+            let status = resp.status();
+            let location = resp.headers().get(LOCATION);
+            let (true, Some(location)) = (status.is_redirection(), location) else {
+                return Ok(resp);
+            };
+            let code = Some(status.as_u16());
+            if hops >= MAX_REDIRECTS {
+                return Err(FetchError {
+                    attempts: 0,
+                    status: code,
+                    kind: FetchErrorKind::Network(format!(
+                        "too many redirects (at most {MAX_REDIRECTS} are followed)"
+                    )),
+                });
+            }
+            let next = location
+                .to_str()
+                .ok()
+                .and_then(|l| current.join(l).ok())
+                .filter(|u| matches!(u.scheme(), "http" | "https"));
+            current = next.ok_or_else(|| FetchError {
+                attempts: 0,
+                status: code,
+                kind: FetchErrorKind::Network(format!(
+                    "redirect to an unusable location {:?}",
+                    String::from_utf8_lossy(location.as_bytes())
+                )),
+            })?;
+            hops += 1;
+        }
+    }
+
     fn limit_text(&self) -> String {
         crate::config::size_text(self.max_body)
     }
@@ -256,12 +345,14 @@ fn request_error(status: Option<u16>, e: &reqwest::Error) -> FetchError {
         } else {
             FetchErrorKind::Timeout
         }
-    } else if e.is_redirect() {
-        FetchErrorKind::Network("too many redirects (at most 5 are followed)".into())
     } else {
         FetchErrorKind::Network(error_chain(e))
     };
-    FetchError { status, kind }
+    FetchError {
+        status,
+        kind,
+        attempts: 0,
+    }
 }
 
 /// reqwest's top-level message is often just "error sending request"; the

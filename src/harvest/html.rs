@@ -2,20 +2,73 @@
 //! other columns recognised by their header. Parsing goes through html5ever
 //! (via `scraper`), which recovers from malformed and truncated markup the
 //! way browsers do, so a broken page yields what it can instead of failing.
+//! A page cut off inside a row yields the rows before it: the last one may
+//! hold a cut port or address.
+//!
+//! Parsing is bounded: html5ever's cost per element grows with the nesting
+//! depth (its scope checks walk the stack of open elements), so a page of
+//! tens of thousands of nested elements would take minutes. Pages nested
+//! deeper than [`MAX_DEPTH`] are refused as soon as the parser gets there,
+//! and the page is fed in small chunks so that a deadline can stop it.
 
-use scraper::{ElementRef, Html, Selector};
+use std::borrow::Cow;
+use std::cell::Cell;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use html5ever::interface::{ElementFlags, NodeOrText, QuirksMode, TreeSink};
+use html5ever::tendril::{StrTendril, TendrilSink};
+use html5ever::{Attribute, QualName};
+use scraper::{ElementRef, Html, HtmlTreeSink, Selector};
 
 use super::text::{Token, first_token};
-use super::{Candidates, parse_https_word, protocol_words, push_schemes};
+use super::{Candidates, country_hint, parse_https_word, protocol_words, push_schemes};
 use crate::config::{HtmlColumns, HtmlOptions};
 use crate::model::{Hints, SourceScheme};
-use crate::proxy::{Anonymity, Country, parse_host, parse_port};
+use crate::proxy::{Anonymity, parse_host, parse_port};
 
-/// Parses `body` (synchronous and CPU-bound: call it off the async runtime).
+/// The deepest element nesting parsed. Browsers stop nesting at 512 (Chromium
+/// flattens deeper markup); a proxy list needs a few dozen levels. Deeper
+/// pages are refused rather than parsed at a cost that grows with depth.
+pub const MAX_DEPTH: usize = 1024;
+
+/// Bytes handed to the parser between two looks at the clock and the depth.
+/// At most [`MAX_DEPTH`] levels deep, a chunk this size parses in well under
+/// a millisecond, so a deadline is kept to that precision.
+const CHUNK: usize = 4 * 1024;
+
+/// Why a page was not parsed.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum HtmlError {
+    /// The markup nests elements deeper than [`MAX_DEPTH`].
+    #[error("HTML nested deeper than {MAX_DEPTH} elements; not parsed")]
+    TooDeep,
+    /// Parsing did not finish within the time allowed.
+    #[error("parsing the HTML took longer than {} (harvest.timeout); stopped", humantime::format_duration(*.0))]
+    TooSlow(Duration),
+}
+
+/// Parses `body` (synchronous and CPU-bound: call it off the async runtime)
+/// without a deadline. A page nested deeper than [`MAX_DEPTH`] yields
+/// nothing; [`parse_bounded`] says why.
 pub fn parse(body: &str, opts: &HtmlOptions, default: SourceScheme, out: &mut Candidates) {
-    let doc = Html::parse_document(body);
+    if let Err(e) = parse_bounded(body, opts, default, out, None) {
+        tracing::debug!(error = %e, "html page not parsed");
+    }
+}
+
+/// Parses `body` like [`parse`], giving up with [`HtmlError::TooSlow`] once
+/// `limit` (a start time and the time allowed from it) is over.
+pub fn parse_bounded(
+    body: &str,
+    opts: &HtmlOptions,
+    default: SourceScheme,
+    out: &mut Candidates,
+    limit: Option<(Instant, Duration)>,
+) -> Result<(), HtmlError> {
+    let doc = parse_document(body, limit)?;
     let Ok(table_sel) = Selector::parse("table") else {
-        return;
+        return Ok(());
     };
     // With a selector the user named the tables: read every one that
     // qualifies. Without one, the first table that looks like a proxy list
@@ -34,10 +87,16 @@ pub fn parse(body: &str, opts: &HtmlOptions, default: SourceScheme, out: &mut Ca
                 .collect(),
             Err(e) => {
                 tracing::warn!(selector = %css, error = %e, "invalid html table selector");
-                return;
+                return Ok(());
             }
         },
         None => doc.select(&table_sel).collect(),
+    };
+    // The row the page was cut off in, if it was: `8` may be what is left
+    // of `8080`, so that row is not read.
+    let cut_row = match (ends_inside_a_row(body), Selector::parse("tr")) {
+        (true, Ok(tr)) => doc.select(&tr).next_back().map(|r| r.id()),
+        _ => None,
     };
     for table in tables {
         let rows = rows_of(table);
@@ -45,14 +104,209 @@ pub fn parse(body: &str, opts: &HtmlOptions, default: SourceScheme, out: &mut Ca
             continue;
         };
         for (i, row) in rows.iter().enumerate() {
-            if i != header && !read_row(*row, &layout, default, out) {
-                return;
+            if i == header || Some(row.id()) == cut_row {
+                continue;
+            }
+            if !read_row(*row, &layout, default, out) {
+                return Ok(());
             }
         }
         if opts.table.is_none() {
-            return;
+            return Ok(());
         }
     }
+    Ok(())
+}
+
+/// Runs html5ever over `body` in chunks, stopping when the tree gets too
+/// deep or `limit` is over.
+fn parse_document(body: &str, limit: Option<(Instant, Duration)>) -> Result<Html, HtmlError> {
+    let too_deep = Rc::new(Cell::new(false));
+    let sink = DepthCap {
+        inner: HtmlTreeSink::new(Html::new_document()),
+        too_deep: too_deep.clone(),
+    };
+    let mut parser = html5ever::driver::parse_document(sink, Default::default()).from_utf8();
+    for chunk in body.as_bytes().chunks(CHUNK) {
+        parser.process(chunk.into());
+        if too_deep.get() {
+            return Err(HtmlError::TooDeep);
+        }
+        if let Some((started, allowed)) = limit
+            && started.elapsed() > allowed
+        {
+            return Err(HtmlError::TooSlow(allowed));
+        }
+    }
+    let doc = parser.finish();
+    Ok(doc)
+}
+
+/// scraper's tree sink, noting when an element is appended deeper than
+/// [`MAX_DEPTH`]. The tree builder cannot be stopped from inside the sink,
+/// so the feeding loop checks the flag after each chunk.
+struct DepthCap {
+    inner: HtmlTreeSink,
+    too_deep: Rc<Cell<bool>>,
+}
+
+impl DepthCap {
+    /// Flags the tree when `parent` is already [`MAX_DEPTH`] deep. Counting
+    /// stops at the cap, so this costs at most that many steps per element.
+    fn check(&self, parent: &<HtmlTreeSink as TreeSink>::Handle) {
+        if self.too_deep.get() {
+            return;
+        }
+        let html = self.inner.0.borrow();
+        let depth = html
+            .tree
+            .get(*parent)
+            .map_or(0, |n| n.ancestors().take(MAX_DEPTH).count());
+        if depth >= MAX_DEPTH {
+            self.too_deep.set(true);
+        }
+    }
+}
+
+type Handle = <HtmlTreeSink as TreeSink>::Handle;
+
+impl TreeSink for DepthCap {
+    type Handle = Handle;
+    type Output = Html;
+    type ElemName<'a> = <HtmlTreeSink as TreeSink>::ElemName<'a>;
+
+    fn finish(self) -> Html {
+        self.inner.finish()
+    }
+    fn parse_error(&self, msg: Cow<'static, str>) {
+        self.inner.parse_error(msg)
+    }
+    fn get_document(&self) -> Handle {
+        self.inner.get_document()
+    }
+    fn elem_name<'a>(&'a self, target: &'a Handle) -> Self::ElemName<'a> {
+        self.inner.elem_name(target)
+    }
+    fn create_element(&self, name: QualName, attrs: Vec<Attribute>, flags: ElementFlags) -> Handle {
+        self.inner.create_element(name, attrs, flags)
+    }
+    fn create_comment(&self, text: StrTendril) -> Handle {
+        self.inner.create_comment(text)
+    }
+    fn create_pi(&self, target: StrTendril, data: StrTendril) -> Handle {
+        self.inner.create_pi(target, data)
+    }
+    fn append(&self, parent: &Handle, child: NodeOrText<Handle>) {
+        if matches!(child, NodeOrText::AppendNode(_)) {
+            self.check(parent);
+        }
+        self.inner.append(parent, child)
+    }
+    fn append_based_on_parent_node(
+        &self,
+        element: &Handle,
+        prev_element: &Handle,
+        child: NodeOrText<Handle>,
+    ) {
+        if matches!(child, NodeOrText::AppendNode(_)) {
+            self.check(prev_element);
+        }
+        self.inner
+            .append_based_on_parent_node(element, prev_element, child)
+    }
+    fn append_doctype_to_document(
+        &self,
+        name: StrTendril,
+        public_id: StrTendril,
+        system_id: StrTendril,
+    ) {
+        self.inner
+            .append_doctype_to_document(name, public_id, system_id)
+    }
+    fn mark_script_already_started(&self, node: &Handle) {
+        self.inner.mark_script_already_started(node)
+    }
+    fn pop(&self, node: &Handle) {
+        self.inner.pop(node)
+    }
+    fn get_template_contents(&self, target: &Handle) -> Handle {
+        self.inner.get_template_contents(target)
+    }
+    fn same_node(&self, x: &Handle, y: &Handle) -> bool {
+        self.inner.same_node(x, y)
+    }
+    fn set_quirks_mode(&self, mode: QuirksMode) {
+        self.inner.set_quirks_mode(mode)
+    }
+    fn append_before_sibling(&self, sibling: &Handle, new_node: NodeOrText<Handle>) {
+        self.inner.append_before_sibling(sibling, new_node)
+    }
+    fn add_attrs_if_missing(&self, target: &Handle, attrs: Vec<Attribute>) {
+        self.inner.add_attrs_if_missing(target, attrs)
+    }
+    fn associate_with_form(
+        &self,
+        target: &Handle,
+        form: &Handle,
+        nodes: (&Handle, Option<&Handle>),
+    ) {
+        self.inner.associate_with_form(target, form, nodes)
+    }
+    fn remove_from_parent(&self, target: &Handle) {
+        self.inner.remove_from_parent(target)
+    }
+    fn reparent_children(&self, node: &Handle, new_parent: &Handle) {
+        self.inner.reparent_children(node, new_parent)
+    }
+    fn is_mathml_annotation_xml_integration_point(&self, handle: &Handle) -> bool {
+        self.inner
+            .is_mathml_annotation_xml_integration_point(handle)
+    }
+    fn set_current_line(&self, line_number: u64) {
+        self.inner.set_current_line(line_number)
+    }
+    fn allow_declarative_shadow_roots(&self, intended_parent: &Handle) -> bool {
+        self.inner.allow_declarative_shadow_roots(intended_parent)
+    }
+    fn attach_declarative_shadow(
+        &self,
+        location: &Handle,
+        template: &Handle,
+        attrs: &[Attribute],
+    ) -> bool {
+        self.inner
+            .attach_declarative_shadow(location, template, attrs)
+    }
+    fn maybe_clone_an_option_into_selectedcontent(&self, option: &Handle) {
+        self.inner
+            .maybe_clone_an_option_into_selectedcontent(option)
+    }
+}
+
+/// True when the markup ends inside a table row: after the last `<tr` no
+/// tag closes the row, its table or the document. A page that simply leaves
+/// its last row open at the end is read the same way, as nothing tells the
+/// two apart.
+fn ends_inside_a_row(body: &str) -> bool {
+    let b = body.as_bytes();
+    let is_tr_start = |i: usize| {
+        b[i..].len() >= 3
+            && b[i] == b'<'
+            && b[i + 1..i + 3].eq_ignore_ascii_case(b"tr")
+            && b.get(i + 3)
+                .is_none_or(|c| c.is_ascii_whitespace() || matches!(c, b'>' | b'/'))
+    };
+    let Some(start) = memchr::memrchr_iter(b'<', b).find(|&i| is_tr_start(i)) else {
+        return false;
+    };
+    let tail = &b[start..];
+    const CLOSERS: [&[u8]; 7] = [
+        b"</tr", b"</table", b"</tbody", b"</tfoot", b"</thead", b"</body", b"</html",
+    ];
+    !CLOSERS.iter().any(|closer| {
+        tail.windows(closer.len())
+            .any(|w| w.eq_ignore_ascii_case(closer))
+    })
 }
 
 /// The rows of `table` itself, in document order, leaving out the rows of
@@ -247,7 +501,7 @@ fn read_row(
         _ => (Vec::new(), false),
     };
     let hints = Hints {
-        country: text(layout.country).and_then(|c| Country::parse(&c)),
+        country: text(layout.country).and_then(|c| country_hint(&c)),
         anonymity: text(layout.anonymity).and_then(|a| Anonymity::from_loose(&a)),
         https: text(layout.https)
             .and_then(|h| parse_https_word(&h))
@@ -259,7 +513,7 @@ fn read_row(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::proxy::Scheme;
+    use crate::proxy::{Country, Scheme};
 
     const HTTP: SourceScheme = SourceScheme::Fixed(Scheme::Http);
 
@@ -457,18 +711,108 @@ mod tests {
 
     #[test]
     fn malformed_and_truncated_html() {
+        // Cut off mid-row: the last row's `8` may be the start of `8080`.
         let body = "<table><tr><th>IP<th>Port<tr><td>1.2.3.4<td>80<tr><td>5.6.7.8<td>81</tr>\
             <tr><td>9.9.9.9</td><td>8";
-        assert_eq!(
-            urls(body),
-            ["http://1.2.3.4:80", "http://5.6.7.8:81", "http://9.9.9.9:8"]
-        );
+        assert_eq!(urls(body), ["http://1.2.3.4:80", "http://5.6.7.8:81"]);
         for cut in 0..FREE_PROXY_LIST.len() {
             if FREE_PROXY_LIST.is_char_boundary(cut) {
                 let _ = urls(&FREE_PROXY_LIST[..cut]);
             }
         }
         assert!(urls("<<<table>>></tr></td><th>").is_empty());
+    }
+
+    /// A `/broken.html`-style page: no closing tags, unknown country codes,
+    /// and the file cut off in the middle of a row (in a cell, in a tag).
+    #[test]
+    fn a_page_cut_off_mid_row_yields_its_complete_rows() {
+        let page = "<html><body><h1>Proxies<table class=list>\
+            <tr><th>IP Address<th>Port<th>Code<th>Https\n\
+            <tr><td>1.1.1.1<td>8080<td>US<td>yes\n\
+            <tr><td><b>2.2.2.2</b><td>3128<td>ZZ<td>no\n\
+            <tr><td>3.3.3.3<td>80<td>--<td>\n\
+            <tr><td>4.4.4.4<td>1080<td>XX<td>no\n\
+            <tr><td>5.5.5.5<td>808";
+        let complete = [
+            ("http://1.1.1.1:8080", Country::parse("US")),
+            ("http://2.2.2.2:3128", None),
+            ("http://3.3.3.3:80", None),
+            ("http://4.4.4.4:1080", None),
+        ];
+        let got = |body: &str| -> Vec<(String, Option<Country>)> {
+            run(body, &HtmlOptions::default(), HTTP)
+                .items()
+                .iter()
+                .map(|c| (c.proxy.to_string(), c.hints.country))
+                .collect()
+        };
+        let expected: Vec<_> = complete.iter().map(|(u, c)| (u.to_string(), *c)).collect();
+        assert_eq!(got(page), expected);
+        // Cut inside a tag or a cell of the last row, or right after its start.
+        for tail in ["<td", "<td>US<t", "<TD>U", ""] {
+            assert_eq!(got(&format!("{page}{tail}")), expected, "{tail:?}");
+        }
+        let cut_in_row_start = page.rsplit_once("<tr>").unwrap().0.to_owned() + "<tr>";
+        assert_eq!(got(&cut_in_row_start), expected);
+        // Once something closes the row, the page was not cut there.
+        for end in ["</tr>", "</TABLE>", "</body></html>"] {
+            let mut all = expected.clone();
+            all.push(("http://5.5.5.5:808".into(), None));
+            assert_eq!(got(&format!("{page}{end}")), all, "{end:?}");
+        }
+    }
+
+    const SMALL_TABLE: &str =
+        "<table><tr><th>IP</th><th>Port</th></tr><tr><td>1.1.1.1</td><td>80</td></tr></table>";
+
+    fn bounded(body: &str, limit: Option<(Instant, Duration)>) -> Result<usize, HtmlError> {
+        let mut out = Candidates::new(1000);
+        parse_bounded(body, &HtmlOptions::default(), HTTP, &mut out, limit)?;
+        Ok(out.len())
+    }
+
+    #[test]
+    fn nesting_up_to_the_cap_is_read_and_deeper_is_refused_at_once() {
+        let at = |depth: usize| "<div>".repeat(depth) + SMALL_TABLE;
+        // html, body and the table's own elements count too.
+        assert_eq!(bounded(&at(MAX_DEPTH - 10), None), Ok(1));
+        // Refused as soon as the parser gets there: the rest of a page of
+        // 200,000 levels (1 MB) is never parsed.
+        let started = Instant::now();
+        assert_eq!(bounded(&at(200_000), None), Err(HtmlError::TooDeep));
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            started.elapsed()
+        );
+        assert_eq!(
+            HtmlError::TooDeep.to_string(),
+            "HTML nested deeper than 1024 elements; not parsed"
+        );
+    }
+
+    #[test]
+    fn parsing_stops_when_the_time_allowed_is_over() {
+        let mut page = String::from("<table><tr><th>IP</th><th>Port</th></tr>");
+        for i in 0..500 {
+            page.push_str(&format!(
+                "<tr><td>10.0.{}.{}</td><td>80</td></tr>",
+                i / 250,
+                i % 250
+            ));
+        }
+        assert_eq!(
+            bounded(&page, Some((Instant::now(), Duration::from_secs(60)))),
+            Ok(500)
+        );
+        let spent = (Instant::now(), Duration::ZERO);
+        let err = bounded(&page, Some(spent)).unwrap_err();
+        assert_eq!(err, HtmlError::TooSlow(Duration::ZERO));
+        assert_eq!(
+            HtmlError::TooSlow(Duration::from_secs(30)).to_string(),
+            "parsing the HTML took longer than 30s (harvest.timeout); stopped"
+        );
     }
 
     #[test]

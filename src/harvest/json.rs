@@ -4,10 +4,10 @@
 use serde_json::Value;
 
 use super::text::{Token, first_token, scan};
-use super::{Candidates, parse_https_word, protocol_words, push_schemes};
+use super::{Candidates, country_hint, parse_https_word, protocol_words, push_schemes};
 use crate::config::JsonOptions;
 use crate::model::{Hints, SourceScheme};
-use crate::proxy::{Anonymity, Country, Scheme, parse_host, parse_port};
+use crate::proxy::{Anonymity, Scheme, parse_host, parse_port};
 
 /// Why a JSON body could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -267,7 +267,7 @@ fn read_item(
             };
             let hints = Hints {
                 country: field(item, &opts.country, COUNTRY_KEYS, |v| {
-                    v.as_str().and_then(Country::parse)
+                    v.as_str().and_then(country_hint)
                 }),
                 anonymity: field(item, &opts.anonymity, ANONYMITY_KEYS, |v| {
                     v.as_str().and_then(Anonymity::from_loose)
@@ -284,6 +284,7 @@ fn read_item(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::proxy::Country;
 
     const HTTP: SourceScheme = SourceScheme::Fixed(Scheme::Http);
 
@@ -415,6 +416,19 @@ mod tests {
         let out = run(body, &JsonOptions::default()).unwrap();
         let got: Vec<_> = out.items().iter().map(|c| c.hints.country).collect();
         assert_eq!(got, [Country::parse("DE"), Country::parse("FR"), None]);
+    }
+
+    #[test]
+    fn country_codes_meaning_unknown_are_not_hints() {
+        // "ZZ" is skipped like any unusable value, so a later key can still
+        // give the country.
+        let body = r#"[{"ip":"1.1.1.1","port":1,"country":"ZZ"},
+            {"ip":"2.2.2.2","port":2,"country":"XX","country_code":"nl"},
+            {"ip":"3.3.3.3","port":3,"country":"--"},
+            {"ip":"4.4.4.4","port":4,"country":""}]"#;
+        let out = run(body, &JsonOptions::default()).unwrap();
+        let got: Vec<_> = out.items().iter().map(|c| c.hints.country).collect();
+        assert_eq!(got, [None, Country::parse("NL"), None, None]);
     }
 
     #[test]

@@ -9,13 +9,15 @@ pub mod text;
 
 mod run;
 
-pub use run::{HarvestError, HarvestReport, SourceReport, harvest_all};
+pub use run::{
+    HarvestError, HarvestReport, Progress, SourceReport, harvest_all, harvest_all_reporting,
+};
 
 use std::collections::HashSet;
 use std::net::IpAddr;
 
 use crate::model::{Candidate, Hints, SourceScheme};
-use crate::proxy::Scheme;
+use crate::proxy::{Country, Scheme};
 
 /// Reads an HTTPS-support flag as lists write it: `yes`/`no`, `true`/`false`,
 /// `+`/`-`, `1`/`0` (any case, blanks ignored). Anything else is `None`, so
@@ -30,6 +32,13 @@ pub fn parse_https_word(s: &str) -> Option<bool> {
     } else {
         None
     }
+}
+
+/// A country hint as lists write it: two letters, except the codes lists use
+/// for "unknown" (`ZZ`, `XX`). `--`, blanks and names are `None` as well, so
+/// a hint that means "we do not know" is never stored as a country.
+pub fn country_hint(s: &str) -> Option<Country> {
+    Country::parse(s).filter(|c| !matches!(c.as_str(), "ZZ" | "XX"))
 }
 
 /// The candidates of one source: de-duplicated by identity and bounded by
@@ -236,6 +245,14 @@ mod tests {
         assert!(!out.push(cand(Scheme::Http, [2, 2, 2, 2], 80, None)));
         assert!(out.truncated());
         assert_eq!(out.len(), 2);
+    }
+
+    #[test]
+    fn country_hints_that_mean_unknown_are_none() {
+        assert_eq!(country_hint(" de "), Country::parse("DE"));
+        for unknown in ["ZZ", "zz", "XX", "xx", "--", "", "  ", "Unknown", "?"] {
+            assert_eq!(country_hint(unknown), None, "{unknown:?}");
+        }
     }
 
     #[test]

@@ -39,6 +39,15 @@ impl SourceReport {
     }
 }
 
+/// How far a round is, for progress displays.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Progress {
+    /// Sources finished so far, this one included.
+    pub finished: usize,
+    /// Sources in the round.
+    pub total: usize,
+}
+
 /// What a whole round did.
 #[derive(Clone, Debug)]
 pub struct HarvestReport {
@@ -75,6 +84,17 @@ pub enum HarvestError {
 
 /// Harvests every enabled source once into `store`.
 pub async fn harvest_all(config: &Config, store: &Store) -> Result<HarvestReport, HarvestError> {
+    harvest_all_reporting(config, store, &|_, _| {}).await
+}
+
+/// Like [`harvest_all`], calling `done` with each source's report as soon as
+/// that source is finished, and how many of the round's sources are
+/// finished by then (for progress on a terminal).
+pub async fn harvest_all_reporting(
+    config: &Config,
+    store: &Store,
+    done: &(dyn Fn(&SourceReport, Progress) + Sync),
+) -> Result<HarvestReport, HarvestError> {
     // Owned copies keep the stream's futures free of borrowed lifetimes, so
     // the round can run inside spawned tasks.
     let sources: Vec<SourceConfig> = config
@@ -90,16 +110,25 @@ pub async fn harvest_all(config: &Config, store: &Store) -> Result<HarvestReport
     let started = Instant::now();
     let round_start = now_ms();
     let limit = config.harvest.max_per_source;
-    let mut reports: Vec<(usize, SourceReport)> =
-        futures::stream::iter(sources.into_iter().enumerate())
-            .map(|(i, src)| {
-                let fetcher = fetcher.clone();
-                let store = store.clone();
-                async move { (i, harvest_source(&fetcher, &store, &src, limit).await) }
-            })
-            .buffer_unordered(config.harvest.concurrency)
-            .collect()
-            .await;
+    // A page may not cost more to parse than it may take to fetch.
+    let parse_time = config.harvest.timeout;
+    let total = sources.len();
+    let mut stream = futures::stream::iter(sources.into_iter().enumerate())
+        .map(|(i, src)| {
+            let fetcher = fetcher.clone();
+            let store = store.clone();
+            async move {
+                let report = harvest_source(&fetcher, &store, &src, limit, parse_time).await;
+                (i, report)
+            }
+        })
+        .buffer_unordered(config.harvest.concurrency);
+    let mut reports: Vec<(usize, SourceReport)> = Vec::with_capacity(total);
+    while let Some((i, report)) = stream.next().await {
+        let finished = reports.len() + 1;
+        done(&report, Progress { finished, total });
+        reports.push((i, report));
+    }
     reports.sort_by_key(|(i, _)| *i);
     let sources: Vec<SourceReport> = reports.into_iter().map(|(_, r)| r).collect();
     let distinct = store.count_seen_since(round_start).await?;
@@ -129,6 +158,7 @@ async fn harvest_source(
     store: &Store,
     src: &SourceConfig,
     limit: usize,
+    parse_time: Duration,
 ) -> SourceReport {
     let started = Instant::now();
     let started_at = now_ms();
@@ -161,7 +191,7 @@ async fn harvest_source(
         http_status = status;
         let before = candidates.len();
         let (parsed, parse_error) =
-            parse_off_runtime(src.format.clone(), src.scheme, body, candidates).await;
+            parse_off_runtime(src.format.clone(), src.scheme, body, candidates, parse_time).await;
         candidates = parsed;
         if let Some(e) = parse_error {
             error = Some(if page_count > 1 {
@@ -227,14 +257,18 @@ async fn harvest_source(
 }
 
 /// Parsing a 10 MiB body is CPU work; it runs on the blocking pool so the
-/// runtime keeps serving other sources. Returns what was parsed and the
-/// parse error, if any (candidates found before an error are kept).
+/// runtime keeps serving other sources. HTML, the one format whose parsing
+/// is not linear, gives up after `allowed` (counted from now, so that time
+/// spent waiting for a blocking thread counts too). Returns what was parsed
+/// and the parse error, if any (candidates found before an error are kept).
 async fn parse_off_runtime(
     format: SourceFormat,
     scheme: super::SourceScheme,
     body: String,
     mut out: Candidates,
+    allowed: Duration,
 ) -> (Candidates, Option<String>) {
+    let started = Instant::now();
     let joined = tokio::task::spawn_blocking(move || {
         let error = match &format {
             SourceFormat::Text => {
@@ -242,8 +276,9 @@ async fn parse_off_runtime(
                 None
             }
             SourceFormat::Html(opts) => {
-                html::parse(&body, opts, scheme, &mut out);
-                None
+                html::parse_bounded(&body, opts, scheme, &mut out, Some((started, allowed)))
+                    .err()
+                    .map(|e| e.to_string())
             }
             SourceFormat::Json(opts) => json::parse(&body, opts, scheme, &mut out)
                 .err()

@@ -1,0 +1,317 @@
+//! Serving the router over TCP with the limits a public port needs and
+//! `axum::serve` does not set: a time limit on request heads, closing
+//! connections that go quiet, and a cap on open connections that makes room
+//! by closing the quietest one, so that silent or slow clients can neither
+//! hold sockets for ever nor lock out `/healthz`.
+
+use std::collections::HashMap;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::extract::ConnectInfo;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tower::ServiceExt;
+
+use crate::config::ApiConfig;
+
+/// The largest request head hyper buffers; larger heads are refused by
+/// hyper itself (431, no body). The API's own, smaller limits answer in the
+/// JSON envelope below this.
+const MAX_HEAD: usize = 256 * 1024;
+
+/// How long to wait before accepting again after `accept` failed (out of
+/// file descriptors, typically), instead of spinning on the error.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
+
+/// The connection limits, from `[api]`.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// Time allowed for a request head (`api.header_timeout`).
+    pub header_timeout: Duration,
+    /// Quiet time after which a connection is closed (`api.idle_timeout`).
+    pub idle_timeout: Duration,
+    /// Open connections at most (`api.max_connections`).
+    pub max_connections: usize,
+}
+
+impl From<&ApiConfig> for Limits {
+    fn from(api: &ApiConfig) -> Limits {
+        Limits {
+            header_timeout: api.header_timeout,
+            idle_timeout: api.idle_timeout,
+            max_connections: api.max_connections,
+        }
+    }
+}
+
+/// What the server knows of one open connection.
+struct Open {
+    /// Requests of it being handled now (0 or 1 for HTTP/1).
+    busy: Arc<AtomicUsize>,
+    /// When a byte last moved, in milliseconds since the server started.
+    last: Arc<AtomicU64>,
+    /// Closes it.
+    close: CancellationToken,
+}
+
+/// The open connections, by id.
+#[derive(Default)]
+struct Registry {
+    next: u64,
+    open: HashMap<u64, Open>,
+}
+
+impl Registry {
+    /// Registers a new connection, first closing the quietest idle one if
+    /// the cap is reached. `None` when every open connection is being
+    /// served: the new one is then refused.
+    fn admit(
+        &mut self,
+        max: usize,
+        now: u64,
+    ) -> Option<(u64, Arc<AtomicUsize>, Arc<AtomicU64>, CancellationToken)> {
+        if self.open.len() >= max {
+            let quietest = self
+                .open
+                .iter()
+                .filter(|(_, c)| c.busy.load(Ordering::Relaxed) == 0)
+                .min_by_key(|(id, c)| (c.last.load(Ordering::Relaxed), **id))
+                .map(|(id, _)| *id)?;
+            if let Some(c) = self.open.remove(&quietest) {
+                c.close.cancel();
+            }
+        }
+        let id = self.next;
+        self.next += 1;
+        let open = Open {
+            busy: Arc::default(),
+            last: Arc::new(AtomicU64::new(now)),
+            close: CancellationToken::new(),
+        };
+        let handles = (id, open.busy.clone(), open.last.clone(), open.close.clone());
+        self.open.insert(id, open);
+        Some(handles)
+    }
+}
+
+/// Serves `app` on `listener` with `limits` until `shutdown` is cancelled,
+/// then lets requests in flight finish and returns once every connection
+/// has closed.
+pub async fn run(
+    listener: TcpListener,
+    app: Router,
+    limits: Limits,
+    shutdown: CancellationToken,
+) -> io::Result<()> {
+    let started = Instant::now();
+    let registry: Arc<Mutex<Registry>> = Arc::default();
+    let tasks = TaskTracker::new();
+    loop {
+        let (stream, peer) = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot accept an API connection");
+                    tokio::select! {
+                        _ = shutdown.cancelled() => break,
+                        _ = tokio::time::sleep(ACCEPT_BACKOFF) => continue,
+                    }
+                }
+            },
+        };
+        let now = started.elapsed().as_millis() as u64;
+        let admitted = registry
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .admit(limits.max_connections, now);
+        let Some((id, busy, last, close)) = admitted else {
+            tracing::debug!(%peer, "every API connection is busy; refusing one");
+            drop(stream);
+            continue;
+        };
+        let conn = Connection {
+            app: app.clone(),
+            peer,
+            limits,
+            started,
+            busy,
+            last,
+            close,
+            shutdown: shutdown.clone(),
+        };
+        let registry = registry.clone();
+        tasks.spawn(async move {
+            conn.serve(stream).await;
+            registry
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .open
+                .remove(&id);
+        });
+    }
+    tasks.close();
+    tasks.wait().await;
+    Ok(())
+}
+
+/// One accepted connection and what it needs.
+struct Connection {
+    app: Router,
+    peer: SocketAddr,
+    limits: Limits,
+    started: Instant,
+    busy: Arc<AtomicUsize>,
+    last: Arc<AtomicU64>,
+    close: CancellationToken,
+    shutdown: CancellationToken,
+}
+
+impl Connection {
+    async fn serve(self, stream: TcpStream) {
+        let io = TokioIo::new(Watched {
+            inner: stream,
+            started: self.started,
+            last: self.last.clone(),
+        });
+        let (app, peer, busy) = (self.app.clone(), self.peer, self.busy.clone());
+        let service = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
+            req.extensions_mut().insert(ConnectInfo(peer));
+            let busy = Busy::start(busy.clone());
+            let app = app.clone();
+            async move {
+                let resp = app.oneshot(req).await;
+                drop(busy);
+                resp
+            }
+        });
+        let conn = hyper::server::conn::http1::Builder::new()
+            .timer(TokioTimer::new())
+            .header_read_timeout(self.limits.header_timeout)
+            .max_buf_size(MAX_HEAD)
+            .serve_connection(io, service);
+        tokio::pin!(conn);
+        let idle = self.limits.idle_timeout;
+        let mut watch = tokio::time::interval((idle / 4).max(Duration::from_millis(10)));
+        watch.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut draining = false;
+        loop {
+            tokio::select! {
+                result = conn.as_mut() => {
+                    if let Err(e) = result {
+                        tracing::debug!(peer = %self.peer, error = %e, "API connection ended");
+                    }
+                    return;
+                }
+                // Closed to make room for a new connection.
+                _ = self.close.cancelled() => return,
+                _ = self.shutdown.cancelled(), if !draining => {
+                    draining = true;
+                    conn.as_mut().graceful_shutdown();
+                }
+                _ = watch.tick() => {
+                    let now = self.started.elapsed().as_millis() as u64;
+                    let quiet = now.saturating_sub(self.last.load(Ordering::Relaxed));
+                    if self.busy.load(Ordering::Relaxed) == 0 && quiet >= idle.as_millis() as u64 {
+                        tracing::debug!(peer = %self.peer, "closing a quiet API connection");
+                        return;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Counts a request as being handled until dropped.
+struct Busy(Arc<AtomicUsize>);
+
+impl Busy {
+    fn start(count: Arc<AtomicUsize>) -> Busy {
+        count.fetch_add(1, Ordering::Relaxed);
+        Busy(count)
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// A stream that notes when a byte last moved either way.
+struct Watched {
+    inner: TcpStream,
+    started: Instant,
+    last: Arc<AtomicU64>,
+}
+
+impl Watched {
+    fn moved(&self) {
+        self.last
+            .store(self.started.elapsed().as_millis() as u64, Ordering::Relaxed);
+    }
+}
+
+impl AsyncRead for Watched {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            self.moved();
+        }
+        polled
+    }
+}
+
+impl AsyncWrite for Watched {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let polled = Pin::new(&mut self.inner).poll_write(cx, data);
+        if matches!(polled, Poll::Ready(Ok(n)) if n > 0) {
+            self.moved();
+        }
+        polled
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let polled = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        if matches!(polled, Poll::Ready(Ok(n)) if n > 0) {
+            self.moved();
+        }
+        polled
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
