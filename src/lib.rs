@@ -10,6 +10,7 @@
 //! - [`check`]: probes per scheme, judges, anonymity, the batched check round
 //! - [`store`]: SQLite (WAL): migrations, upserts, check results, listings
 //! - [`health`]: the in-memory index of servable proxies, selection, the one feedback path
+//! - [`pool`]: fetch through proxies: strategies, sticky sessions, cooldowns, bans, retries
 //! - [`api`]: the axum router: serving, listings, reports, metrics, the judge
 //! - [`export`]: proxies as txt, json or csv, files written atomically
 //! - [`daemon`]: `serve`: scheduler, check loop, API and shutdown wired together
@@ -25,5 +26,6 @@ pub mod harvest;
 pub mod health;
 pub mod model;
 pub mod net;
+pub mod pool;
 pub mod proxy;
 pub mod store;
