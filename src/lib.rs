@@ -11,6 +11,7 @@
 //! - [`store`]: SQLite (WAL): migrations, upserts, check results, listings
 //! - [`health`]: the in-memory index of servable proxies, selection, the one feedback path
 //! - [`pool`]: fetch through proxies: strategies, sticky sessions, cooldowns, bans, retries
+//! - [`crawl`]: the polite crawler: frontier in SQLite, per-host politeness, robots.txt, extraction, output
 //! - [`api`]: the axum router: serving, listings, reports, metrics, the judge
 //! - [`export`]: proxies as txt, json or csv, files written atomically
 //! - [`daemon`]: `serve`: scheduler, check loop, API and shutdown wired together
@@ -20,6 +21,7 @@ pub mod api;
 pub mod check;
 pub mod cli;
 pub mod config;
+pub mod crawl;
 pub mod daemon;
 pub mod export;
 pub mod harvest;

@@ -416,8 +416,10 @@ pub struct PoolStats {
     pub direct: u64,
     /// Attempts that failed at the proxy.
     pub proxy_failures: u64,
-    /// Attempts a site blocked.
+    /// Attempts a site blocked (403, captcha pages).
     pub blocks: u64,
+    /// Attempts a site rate-limited (429, 503).
+    pub rate_limits: u64,
     /// Distinct proxies used.
     pub proxies_used: u64,
     /// Distinct proxies that failed at least once (retired for a while).
@@ -433,6 +435,9 @@ pub struct PoolStats {
 /// Reports a worked use in the background up to this many at once; past
 /// that, fetches wait for the store so that the backlog stays bounded.
 const REPORTS_IN_FLIGHT: usize = 1024;
+/// How long a (proxy, site) pair rests after a 429 or 503 that gave no
+/// Retry-After.
+const RATE_LIMIT_REST: Duration = Duration::from_secs(30);
 /// Sticky sessions kept.
 const MAX_SESSIONS: usize = 100_000;
 /// Sites whose bans are counted for the stats.
@@ -470,6 +475,7 @@ struct Counters {
     direct: AtomicU64,
     proxy_failures: AtomicU64,
     blocks: AtomicU64,
+    rate_limits: AtomicU64,
 }
 
 struct Inner {
@@ -688,15 +694,22 @@ impl Pool {
                     c.rotations.fetch_add(1, Ordering::Relaxed);
                 }
                 Outcome::Blocked(site, status, wait) => {
-                    c.blocks.fetch_add(1, Ordering::Relaxed);
+                    // Rate limits (429, 503) rest the pair for their
+                    // Retry-After and spend target retries; refusals (403,
+                    // captcha pages) ban the pair and spend rotations.
+                    let limited = matches!(status.as_u16(), 429 | 503);
                     if let Some(id) = id {
-                        self.blocked(id, &site).await;
+                        if limited {
+                            c.rate_limits.fetch_add(1, Ordering::Relaxed);
+                            let rest = wait.unwrap_or(RATE_LIMIT_REST).max(Duration::from_secs(1));
+                            self.inner.feedback.rest(id, &site, rest);
+                        } else {
+                            c.blocks.fetch_add(1, Ordering::Relaxed);
+                            self.blocked(id, &site).await;
+                        }
                         tried.insert(id);
                     }
                     let last = format!("blocked by {site} ({})", status.as_u16());
-                    // Rate limits (429, 503) spend target retries and wait;
-                    // refusals spend rotations.
-                    let limited = matches!(status.as_u16(), 429 | 503);
                     if limited {
                         if retries >= opts.target_retries {
                             return Err(exhausted(attempts, last, Some(status.as_u16())));
@@ -1068,6 +1081,7 @@ impl Pool {
             direct: c.direct.load(Ordering::Relaxed),
             proxy_failures: c.proxy_failures.load(Ordering::Relaxed),
             blocks: c.blocks.load(Ordering::Relaxed),
+            rate_limits: c.rate_limits.load(Ordering::Relaxed),
             proxies_used: st.usage.values().filter(|u| u.uses > 0).count() as u64,
             proxies_failed: st.failed.len() as u64,
             proxies_cooling: st
