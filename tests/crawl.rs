@@ -263,7 +263,7 @@ async fn robots_txt_and_its_crawl_delay_are_obeyed() {
         for w in log.windows(2) {
             let gap = w[1].at - w[0].at;
             assert!(
-                gap >= Duration::from_millis(150),
+                gap >= Duration::from_millis(100),
                 "{gap:?} between {} and {}",
                 w[0].path,
                 w[1].path

@@ -834,3 +834,30 @@ async fn a_pool_from_the_store_follows_it() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn a_page_refused_to_every_proxy_is_the_sites_answer() {
+    within(async {
+        let dir = tempfile::tempdir().unwrap();
+        let site = Site::start(SiteOpts::routes(vec![
+            ("/private", Reply::status(403)),
+            ("/ok", Reply::html("ok")),
+        ]))
+        .await;
+        let fakes = [
+            http_proxy(2).await,
+            http_proxy(3).await,
+            http_proxy(4).await,
+            http_proxy(5).await,
+        ];
+        let proxies: Vec<AliveProxy> = fakes.iter().map(|f| AliveProxy::new(f.url())).collect();
+        let (pool, _, _) = live_pool(dir.path(), &proxies, quick()).await;
+        let page = pool.get(&site.url("/private")).await.unwrap();
+        // Three proxies refused alike: not a ban of them, the page's answer.
+        assert_eq!((page.status().as_u16(), page.attempts()), (403, 3));
+        assert_eq!(site.hits("/private"), 3);
+        assert_eq!(pool.get(&site.url("/ok")).await.unwrap().status(), 200);
+        assert_eq!(pool.stats().proxy_failures, 0);
+    })
+    .await;
+}

@@ -69,8 +69,9 @@ pub(crate) enum Class {
     /// The proxy failed or lied.
     ProxyFailure(Reason),
     /// The site refused this proxy; wait this long (Retry-After) before
-    /// the next request to it, if it said.
-    Blocked(Option<Duration>),
+    /// the next request to it, if it said. True when the body says so (a
+    /// captcha or ban page), false for a bare status.
+    Blocked(Option<Duration>, bool),
     /// The site failed on its own (a 5xx): retry later, no penalty.
     SiteError,
 }
@@ -98,10 +99,9 @@ impl Classifier {
         if !tls && self.portal_patterns.iter().any(|p| p.is_match(&head)) {
             return Class::ProxyFailure(Reason::ContentMismatch);
         }
-        if self.block_statuses.contains(&code)
-            || self.block_patterns.iter().any(|p| p.is_match(&head))
-        {
-            return Class::Blocked(retry_after(headers, SystemTime::now()));
+        let page = self.block_patterns.iter().any(|p| p.is_match(&head));
+        if page || self.block_statuses.contains(&code) {
+            return Class::Blocked(retry_after(headers, SystemTime::now()), page);
         }
         if status.is_server_error() {
             return Class::SiteError;
@@ -143,8 +143,11 @@ mod tests {
         assert_eq!(class(200, "<p>hi</p>", true, false), Class::Page);
         assert_eq!(class(404, "gone", true, false), Class::Page);
         assert_eq!(class(410, "gone", false, true), Class::Page);
-        assert_eq!(class(403, "no", false, false), Class::Blocked(None));
-        assert_eq!(class(429, "slow", false, false), Class::Blocked(None));
+        assert_eq!(class(403, "no", false, false), Class::Blocked(None, false));
+        assert_eq!(
+            class(429, "slow", false, false),
+            Class::Blocked(None, false)
+        );
         assert_eq!(class(500, "oops", true, false), Class::SiteError);
         // A 502 through a tunnel is the site's; from a forwarding proxy, the proxy's.
         assert_eq!(class(502, "bad", false, false), Class::SiteError);
@@ -161,7 +164,7 @@ mod tests {
     #[test]
     fn bodies_reveal_captchas_and_portals() {
         let captcha = "<html><head><title>Attention Required!</title></head></html>";
-        assert_eq!(class(200, captcha, false, true), Class::Blocked(None));
+        assert_eq!(class(200, captcha, false, true), Class::Blocked(None, true));
         let portal = "<html>Welcome to FreeWifi, please log in</html>";
         assert_eq!(
             class(200, portal, true, false),

@@ -438,6 +438,11 @@ const REPORTS_IN_FLIGHT: usize = 1024;
 /// How long a (proxy, site) pair rests after a 429 or 503 that gave no
 /// Retry-After.
 const RATE_LIMIT_REST: Duration = Duration::from_secs(30);
+/// How long a (proxy, site) pair rests after a bare 403: shorter than a
+/// ban, since the refusal may be the page's, not the proxy's.
+const REFUSAL_REST: Duration = Duration::from_secs(120);
+/// Proxies refused alike (bare 403) before the answer is the page.
+const REFUSAL_QUORUM: u32 = 3;
 /// Sticky sessions kept.
 const MAX_SESSIONS: usize = 100_000;
 /// Sites whose bans are counted for the stats.
@@ -539,7 +544,14 @@ impl Drop for Lease {
 enum Outcome {
     Page(Answer, Url),
     ProxyFailure(Reason),
-    Blocked(String, StatusCode, Option<Duration>),
+    Blocked {
+        site: String,
+        wait: Option<Duration>,
+        /// A captcha or ban page, not a bare status.
+        page: bool,
+        answer: Answer,
+        url: Url,
+    },
     SiteError(Answer, Url),
     Unreached,
     TooLarge,
@@ -646,6 +658,7 @@ impl Pool {
         let started = Instant::now();
         let mut tried: HashSet<i64> = HashSet::new();
         let (mut attempts, mut rotations, mut retries, mut unreached) = (0u32, 0u32, 0u32, 0u32);
+        let mut refusals = 0u32;
         let exhausted = |attempts, last: String, status| FetchError::Exhausted {
             attempts,
             last,
@@ -693,11 +706,19 @@ impl Pool {
                     rotations += 1;
                     c.rotations.fetch_add(1, Ordering::Relaxed);
                 }
-                Outcome::Blocked(site, status, wait) => {
+                Outcome::Blocked {
+                    site,
+                    wait,
+                    page,
+                    answer,
+                    url,
+                } => {
+                    let status = answer.status;
                     // Rate limits (429, 503) rest the pair for their
-                    // Retry-After and spend target retries; refusals (403,
-                    // captcha pages) ban the pair and spend rotations.
-                    let limited = matches!(status.as_u16(), 429 | 503);
+                    // Retry-After and spend target retries; captcha and ban
+                    // pages ban the pair, bare refusals (403) rest it, and
+                    // both spend rotations.
+                    let limited = !page && matches!(status.as_u16(), 429 | 503);
                     if let Some(id) = id {
                         if limited {
                             c.rate_limits.fetch_add(1, Ordering::Relaxed);
@@ -705,9 +726,17 @@ impl Pool {
                             self.inner.feedback.rest(id, &site, rest);
                         } else {
                             c.blocks.fetch_add(1, Ordering::Relaxed);
-                            self.blocked(id, &site).await;
+                            self.blocked(id, &site, page).await;
+                            if !page {
+                                refusals += 1;
+                            }
                         }
                         tried.insert(id);
+                    }
+                    // Several proxies refused alike: the site means it for
+                    // this URL (a private page), not for these proxies.
+                    if refusals >= REFUSAL_QUORUM {
+                        return Ok(self.page(req, answer, url, &lease, attempts, started));
                     }
                     let last = format!("blocked by {site} ({})", status.as_u16());
                     if limited {
@@ -844,8 +873,14 @@ impl Pool {
                     return Outcome::Page(answer, url);
                 }
                 Class::ProxyFailure(r) => return Outcome::ProxyFailure(r),
-                Class::Blocked(wait) => {
-                    return Outcome::Blocked(site_of(&url), answer.status, wait);
+                Class::Blocked(wait, page) => {
+                    return Outcome::Blocked {
+                        site: site_of(&url),
+                        wait,
+                        page,
+                        answer,
+                        url,
+                    };
                 }
                 Class::SiteError => return Outcome::SiteError(answer, url),
             }
@@ -1028,15 +1063,20 @@ impl Pool {
         }
     }
 
-    async fn blocked(&self, id: i64, site: &str) {
+    /// A site refused proxy `id`: a ban page bans the pair (reported on
+    /// the feedback path), a bare refusal rests it for a while.
+    async fn blocked(&self, id: i64, site: &str, page: bool) {
         {
             let mut st = lock(&self.inner.state);
             if st.bans.len() < MAX_BAN_SITES || st.bans.contains_key(site) {
                 st.bans.entry(site.to_owned()).or_default().insert(id);
             }
         }
-        // The ban is kept before the report's store write even starts.
-        self.report(id, Verdict::Blocked, Some(site)).await;
+        if page {
+            self.report(id, Verdict::Blocked, Some(site)).await;
+        } else {
+            self.inner.feedback.rest(id, site, REFUSAL_REST);
+        }
     }
 
     /// Reports a verdict. Only `Worked` writes to the store, so only it
