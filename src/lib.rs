@@ -12,6 +12,8 @@
 //! - [`health`]: the in-memory index of servable proxies, selection, the one feedback path
 //! - [`harvest`]: fetch sources with limits; parse text, HTML and JSON lists
 //! - [`check`]: probes per scheme over the dialer, judges, anonymity, the batched check round
+//! - [`pool`]: fetch through proxies: strategies, sticky sessions, cooldowns, bans, retries
+//! - [`crawl`]: the polite crawler: frontier in SQLite, per-host politeness, robots.txt, extraction, output
 //! - [`export`]: proxies as txt, json or csv, files written atomically
 //! - [`api`]: the axum router: serving, listings, reports, metrics, the judge; bounded connections
 //! - [`daemon`]: `serve`: the API, check loop, harvests, purge and watchdog as components on one task tracker
@@ -21,11 +23,13 @@ pub mod api;
 pub mod check;
 pub mod cli;
 pub mod config;
+pub mod crawl;
 pub mod daemon;
 pub mod export;
 pub mod harvest;
 pub mod health;
 pub mod model;
 pub mod net;
+pub mod pool;
 pub mod proxy;
 pub mod store;

@@ -371,14 +371,29 @@ impl Feedback {
             .is_some_and(|until| *until > Instant::now())
     }
 
+    /// Rests the pair (`id`, `site`) for `rest` after the site rate-limited
+    /// the proxy (429 or 503, with its Retry-After): shorter than a block's
+    /// ban, since the same proxy is welcome again once the limit passes.
+    /// Nothing reaches the store; [`Feedback::is_banned`] answers for both.
+    pub fn rest(&self, id: i64, site: &str, rest: Duration) {
+        self.ban_for(id, site, rest.min(BAN_FOR));
+    }
+
     fn ban(&self, id: i64, site: &str) {
+        self.ban_for(id, site, BAN_FOR);
+    }
+
+    fn ban_for(&self, id: i64, site: &str, rest: Duration) {
         let now = Instant::now();
         let mut bans = lock(&self.inner.bans);
         if bans.len() >= MAX_BANS {
             bans.retain(|_, until| *until > now);
         }
         if bans.len() < MAX_BANS {
-            bans.insert((id, site.to_owned()), now + BAN_FOR);
+            let until = now + rest;
+            let entry = bans.entry((id, site.to_owned())).or_insert(until);
+            // A shorter rest never cuts a longer ban short.
+            *entry = (*entry).max(until);
         }
     }
 }
@@ -526,6 +541,12 @@ mod tests {
             .unwrap();
         assert!(feedback.is_banned(ids[0], "shop.example"));
         assert!(!feedback.is_banned(ids[0], "news.example"));
+        feedback.rest(ids[0], "news.example", Duration::from_millis(50));
+        feedback.rest(ids[0], "shop.example", Duration::from_millis(50));
+        assert!(feedback.is_banned(ids[0], "news.example"));
+        std::thread::sleep(Duration::from_millis(60));
+        assert!(!feedback.is_banned(ids[0], "news.example"), "a rest ends");
+        assert!(feedback.is_banned(ids[0], "shop.example"), "the ban stays");
         assert_eq!(feedback.index().len(), 1, "still served for other sites");
     }
 

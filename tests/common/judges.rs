@@ -177,7 +177,8 @@ impl Judge {
     }
 }
 
-fn make_certs() -> (
+/// A test CA (PEM) and a certificate for 127.0.0.1 it signed, with its key.
+pub fn make_certs() -> (
     String,
     rustls_pki_types::CertificateDer<'static>,
     rustls_pki_types::PrivateKeyDer<'static>,

@@ -6,6 +6,7 @@
 pub mod config;
 pub mod fakes;
 pub mod judges;
+pub mod site;
 
 pub use config::TestConfig;
 
@@ -313,4 +314,106 @@ pub async fn within<F: std::future::Future>(f: F) -> F::Output {
     tokio::time::timeout(std::time::Duration::from_secs(60), f)
         .await
         .expect("timed out after 60 s")
+}
+
+/// One proxy to put in a test store as alive: its URL (credentials
+/// included), the country to record and whether it tunnels HTTPS.
+pub struct AliveProxy {
+    pub url: String,
+    pub country: Option<&'static str>,
+    pub https: Option<bool>,
+    pub latency_ms: u64,
+}
+
+impl AliveProxy {
+    /// An alive proxy with no country, CONNECT support unknown.
+    pub fn new(url: impl Into<String>) -> AliveProxy {
+        AliveProxy {
+            url: url.into(),
+            country: None,
+            https: None,
+            latency_ms: 50,
+        }
+    }
+}
+
+/// Opens a store at `path` holding `proxies`, each passed by a check just
+/// now (as the checker records it); their ids, in the same order.
+pub async fn store_with_alive(
+    path: &Path,
+    proxies: &[AliveProxy],
+) -> (proxywarden::store::Store, Vec<i64>) {
+    use proxywarden::model::{Candidate, Hints, Outcome, RecheckPolicy, SourceScheme};
+    use proxywarden::proxy::{Country, Proxy};
+    use proxywarden::store::{CheckRecord, ProxyFilter, SourceRun, Store, now_ms};
+    let store = Store::open(path).unwrap();
+    let parsed: Vec<Proxy> = proxies
+        .iter()
+        .map(|p| Proxy::parse_url(&p.url).unwrap())
+        .collect();
+    let candidates = parsed
+        .iter()
+        .zip(proxies)
+        .map(|(p, a)| {
+            Candidate::new(
+                p.host,
+                p.port,
+                p.auth.clone(),
+                Some(p.scheme),
+                SourceScheme::Detect,
+                Hints {
+                    country: a.country.and_then(Country::parse),
+                    ..Hints::default()
+                },
+            )
+        })
+        .collect();
+    let run = SourceRun {
+        name: "test".into(),
+        url: "file:test".into(),
+        format: "text".into(),
+        started_at: now_ms(),
+        http_status: None,
+        duration_ms: 0,
+        error: None,
+    };
+    store.record_source_run(run, candidates).await.unwrap();
+    let stored = store.list_proxies(ProxyFilter::default()).await.unwrap();
+    let ids: Vec<i64> = parsed
+        .iter()
+        .map(|p| {
+            stored
+                .iter()
+                .find(|r| {
+                    r.proxy.host == p.host && r.proxy.port == p.port && r.proxy.scheme == p.scheme
+                })
+                .expect("stored")
+                .id
+        })
+        .collect();
+    let now = now_ms();
+    let checks = ids
+        .iter()
+        .zip(proxies)
+        .map(|(id, a)| CheckRecord {
+            id: *id,
+            checked_at: now,
+            outcome: Outcome {
+                failure: None,
+                latency: Some(std::time::Duration::from_millis(a.latency_ms)),
+                anonymity: Some(proxywarden::proxy::Anonymity::Elite),
+                https: a.https,
+                exit_ip: None,
+                country: None,
+                detected: None,
+            },
+        })
+        .collect();
+    let policy = RecheckPolicy {
+        alive: std::time::Duration::from_secs(600),
+        dead: std::time::Duration::from_secs(900),
+        dead_max: std::time::Duration::from_secs(86_400),
+    };
+    store.record_checks(checks, policy).await.unwrap();
+    (store, ids)
 }

@@ -1,0 +1,138 @@
+//! What the crawler takes from an HTML page: its title, its links
+//! (resolved against the page or its `<base href>`) and the fields the user
+//! selected with CSS selectors.
+
+use std::collections::BTreeMap;
+
+use scraper::{Html, Selector};
+use url::Url;
+
+/// A field to extract: a name and the selector of the elements whose text
+/// it takes.
+#[derive(Clone, Debug)]
+pub struct Select {
+    /// The output key.
+    pub name: String,
+    /// Which elements.
+    pub selector: Selector,
+}
+
+impl Select {
+    /// Parses `name=css`.
+    pub fn parse(spec: &str) -> Result<Select, String> {
+        let (name, css) = spec
+            .split_once('=')
+            .ok_or_else(|| format!("{spec:?} is not name=css-selector"))?;
+        let name = name.trim();
+        if name.is_empty() {
+            return Err(format!("{spec:?} has an empty name"));
+        }
+        let selector = Selector::parse(css.trim())
+            .map_err(|e| format!("{css:?} is not a CSS selector: {e}"))?;
+        Ok(Select {
+            name: name.to_owned(),
+            selector,
+        })
+    }
+}
+
+/// What a page yielded.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Extracted {
+    /// `<title>`, trimmed.
+    pub title: Option<String>,
+    /// Every `a[href]` and `area[href]`, resolved (any scheme).
+    pub links: Vec<Url>,
+    /// Selected fields: the text of the first match, or with `all` an
+    /// array of every match's text.
+    pub fields: BTreeMap<String, serde_json::Value>,
+}
+
+/// The most links taken from one page: a page with more is a trap.
+const MAX_LINKS: usize = 10_000;
+
+/// Parses `html` found at `page`.
+pub fn extract(html: &str, page: &Url, selects: &[Select], all: bool) -> Extracted {
+    let doc = Html::parse_document(html);
+    let sel = |s: &str| Selector::parse(s).expect("built-in selectors parse");
+    let title = doc
+        .select(&sel("title"))
+        .next()
+        .map(|t| squash(&t.text().collect::<String>()))
+        .filter(|t| !t.is_empty());
+    let base = doc
+        .select(&sel("base[href]"))
+        .next()
+        .and_then(|b| b.value().attr("href"))
+        .and_then(|h| page.join(h.trim()).ok())
+        .unwrap_or_else(|| page.clone());
+    let links = doc
+        .select(&sel("a[href], area[href]"))
+        .filter_map(|a| a.value().attr("href"))
+        .filter_map(|h| base.join(h.trim()).ok())
+        .take(MAX_LINKS)
+        .collect();
+    let mut fields = BTreeMap::new();
+    for s in selects {
+        let mut texts = doc
+            .select(&s.selector)
+            .map(|e| squash(&e.text().collect::<String>()));
+        let value = if all {
+            serde_json::Value::Array(texts.map(serde_json::Value::String).collect())
+        } else {
+            texts
+                .next()
+                .map_or(serde_json::Value::Null, serde_json::Value::String)
+        };
+        fields.insert(s.name.clone(), value);
+    }
+    Extracted {
+        title,
+        links,
+        fields,
+    }
+}
+
+/// Runs of whitespace as one space, trimmed.
+fn squash(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn titles_links_and_fields() {
+        let html = r#"<html><head><title> Shop
+            Home </title><base href="/shop/"></head><body>
+            <h1>Deals</h1><span class="price">1.99</span><span class="price">2.99</span>
+            <a href="item/1">one</a><a href="http://other.test/x#y">out</a>
+            <a href="mailto:a@b.c">mail</a><map><area href="/z"></map></body></html>"#;
+        let page = Url::parse("http://shop.test/index.html").unwrap();
+        let selects = [
+            Select::parse("title=h1").unwrap(),
+            Select::parse("price=.price").unwrap(),
+            Select::parse("missing=.nothing").unwrap(),
+        ];
+        let e = extract(html, &page, &selects, false);
+        assert_eq!(e.title.as_deref(), Some("Shop Home"));
+        let links: Vec<&str> = e.links.iter().map(Url::as_str).collect();
+        assert_eq!(
+            links,
+            [
+                "http://shop.test/shop/item/1",
+                "http://other.test/x#y",
+                "mailto:a@b.c",
+                "http://shop.test/z"
+            ]
+        );
+        assert_eq!(e.fields["title"], "Deals");
+        assert_eq!(e.fields["price"], "1.99");
+        assert_eq!(e.fields["missing"], serde_json::Value::Null);
+        let all = extract(html, &page, &selects, true);
+        assert_eq!(all.fields["price"], serde_json::json!(["1.99", "2.99"]));
+        assert!(Select::parse("nocss").is_err());
+        assert!(Select::parse("x=[[[").is_err());
+    }
+}

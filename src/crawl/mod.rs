@@ -1,0 +1,908 @@
+//! The polite crawler on the pool: breadth-first from seed URLs within a
+//! scope, de-duplicated on normalised URLs, robots.txt obeyed (fetched
+//! through the pool), per-host delay and concurrency whichever proxy
+//! carries a request, a frontier in SQLite that resumes after a crash, and
+//! one JSON line per page.
+
+pub mod extract;
+pub mod frontier;
+pub mod output;
+pub mod polite;
+pub mod summary;
+pub mod url;
+
+use std::collections::hash_map::DefaultHasher;
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::hash::{Hash, Hasher};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use regex::Regex;
+use sha2::Digest;
+use texting_robots::Robot;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+pub use self::url::{Scope, ScopeKind, normalize};
+use crate::pool::{FetchError, Page, Pool, RedirectRule, Request, site_of};
+pub use extract::Select;
+use frontier::{Frontier, FrontierError, NewUrl, Queued, UrlState};
+use output::Sink;
+pub use polite::Politeness;
+pub use summary::Summary;
+
+/// What to crawl and how.
+#[derive(Clone, Debug)]
+pub struct CrawlOptions {
+    /// Where to start (may be empty when resuming from `state`).
+    pub seeds: Vec<::url::Url>,
+    /// Links followed from a seed; `None` for no limit.
+    pub max_depth: Option<u32>,
+    /// Pages fetched (this run and the runs it resumes); `None` for no limit.
+    pub max_pages: Option<u64>,
+    /// Which hosts.
+    pub scope: ScopeKind,
+    /// URLs must match one of these, when any are given.
+    pub include: Vec<Regex>,
+    /// URLs must match none of these.
+    pub exclude: Vec<Regex>,
+    /// Query parameters dropped besides `utm_*` and [`url::DEFAULT_STRIP`].
+    pub strip_params: Vec<String>,
+    /// Pages in flight.
+    pub concurrency: usize,
+    /// Pages in flight per host.
+    pub per_host_concurrency: usize,
+    /// Least time between request starts to one host.
+    pub delay: Duration,
+    /// Skip robots.txt (explicit only).
+    pub ignore_robots: bool,
+    /// How long a host whose robots.txt could not be fetched waits before
+    /// the next try (doubled each time; three tries).
+    pub robots_retry: Duration,
+    /// Pages to this file, failed ones also to `failed.jsonl` beside it;
+    /// stdout when `None`.
+    pub output: Option<PathBuf>,
+    /// Bodies stored here by SHA-256.
+    pub bodies: Option<PathBuf>,
+    /// Fields to extract.
+    pub selects: Vec<Select>,
+    /// Every match of each select, not only the first.
+    pub select_all: bool,
+    /// The crawl state file; a temporary one when `None`.
+    pub state: Option<PathBuf>,
+    /// Put the pages that failed for good back in the queue.
+    pub retry_failed: bool,
+    /// After Ctrl-C, how long the pages in flight may take to finish.
+    pub grace: Duration,
+}
+
+impl Default for CrawlOptions {
+    fn default() -> CrawlOptions {
+        CrawlOptions {
+            seeds: Vec::new(),
+            max_depth: None,
+            max_pages: None,
+            scope: ScopeKind::SameHost,
+            include: Vec::new(),
+            exclude: Vec::new(),
+            strip_params: Vec::new(),
+            concurrency: 16,
+            per_host_concurrency: 2,
+            delay: Duration::ZERO,
+            ignore_robots: false,
+            robots_retry: Duration::from_secs(30),
+            output: None,
+            bodies: None,
+            selects: Vec::new(),
+            select_all: false,
+            state: None,
+            retry_failed: false,
+            grace: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Why a crawl could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum CrawlError {
+    /// The crawl state failed.
+    #[error(transparent)]
+    State(#[from] FrontierError),
+    /// An output could not be written.
+    #[error("cannot write {what}: {source}")]
+    Output {
+        /// Which output.
+        what: String,
+        /// What went wrong.
+        source: std::io::Error,
+    },
+    /// No seed and nothing waiting in the state.
+    #[error("nothing to crawl: give a URL (or a --state file with URLs waiting)")]
+    NothingToCrawl,
+}
+
+/// Live counters for a progress display.
+#[derive(Debug, Default)]
+pub struct Progress {
+    /// Pages written (ok or failed).
+    pub done: AtomicU64,
+    /// Of those, failed.
+    pub failed: AtomicU64,
+    /// URLs known and not yet fetched.
+    pub queued: AtomicU64,
+    /// Pages in flight.
+    pub in_flight: AtomicU64,
+}
+
+/// URLs buffered in memory across all host queues; the rest wait in the
+/// frontier file.
+const MAX_BUFFERED: usize = 50_000;
+/// Loaded from the frontier per host at a time.
+const HOST_BATCH: usize = 256;
+/// Hashes of recently seen links kept to spare the frontier most
+/// duplicate inserts; cleared when full.
+const SEEN_CACHE: usize = 200_000;
+/// Tries at a host's robots.txt before its pages fail.
+const ROBOTS_TRIES: u32 = 3;
+
+/// What the crawler knows of a host's robots.txt.
+enum RobotsState {
+    Unknown,
+    /// Being fetched, after this many failed tries.
+    Pending(u32),
+    /// `None`: everything allowed.
+    Ready(Option<Arc<Robot>>),
+    Retry {
+        at: Instant,
+        tries: u32,
+    },
+    Unavailable,
+}
+
+struct HostQueue {
+    buf: VecDeque<Queued>,
+    /// More waiting rows in the frontier than in `buf`.
+    more: bool,
+    last_id: i64,
+    in_flight: usize,
+    robots: RobotsState,
+}
+
+impl HostQueue {
+    fn new(more: bool, ignore_robots: bool) -> HostQueue {
+        HostQueue {
+            buf: VecDeque::new(),
+            more,
+            last_id: 0,
+            in_flight: 0,
+            robots: if ignore_robots {
+                RobotsState::Ready(None)
+            } else {
+                RobotsState::Unknown
+            },
+        }
+    }
+}
+
+/// A fetched page, digested in its task.
+struct Fetched {
+    page: Page,
+    sha256: String,
+    title: Option<String>,
+    links: Vec<::url::Url>,
+    fields: std::collections::BTreeMap<String, serde_json::Value>,
+}
+
+enum Job {
+    Page(Queued),
+    Robots(String, ::url::Url),
+}
+
+enum Done {
+    Page(Queued, Box<Result<Fetched, FetchError>>, Duration),
+    Robots(String, RobotsOutcome),
+}
+
+enum RobotsOutcome {
+    Parsed(Robot),
+    AllowAll,
+    Unavailable,
+}
+
+/// Runs a crawl on `pool` until the frontier is empty, a limit is reached
+/// or `cancel` fires (then the pages in flight finish within the grace
+/// time). Returns the summary.
+pub async fn crawl(
+    pool: &Pool,
+    opts: CrawlOptions,
+    cancel: CancellationToken,
+    progress: Arc<Progress>,
+) -> Result<Summary, CrawlError> {
+    let started = Instant::now();
+    let mut frontier = Frontier::open(opts.state.as_deref())?;
+    if opts.retry_failed {
+        let n = frontier.requeue_failed()?;
+        tracing::info!(requeued = n, "re-queued failed pages");
+    }
+    let resumed = frontier.meta("started")?.is_some();
+    let (out_len, failed_len) = if resumed {
+        let len = |k: &str| -> Result<Option<u64>, CrawlError> {
+            Ok(frontier.meta(k)?.and_then(|v| v.parse().ok()))
+        };
+        (len(output::OUT_LEN)?, len(output::FAILED_LEN)?)
+    } else {
+        (None, None)
+    };
+    let mut sink = Sink::open(opts.output.as_deref(), out_len, failed_len).map_err(|source| {
+        CrawlError::Output {
+            what: opts
+                .output
+                .as_ref()
+                .map_or("stdout".into(), |p| p.display().to_string()),
+            source,
+        }
+    })?;
+    if !resumed {
+        frontier.set_meta("started", &crate::store::now_ms().to_string())?;
+    }
+    let seeds: Vec<NewUrl> = opts
+        .seeds
+        .iter()
+        .filter_map(|u| normalize(u, &opts.strip_params))
+        .map(|u| NewUrl {
+            host: site_of(&u),
+            url: u.to_string(),
+            depth: 0,
+            parent: None,
+        })
+        .collect();
+    frontier.add(&seeds)?;
+    let mut seed_urls: Vec<::url::Url> = opts.seeds.clone();
+    if let Some(stored) = frontier.meta("seeds")? {
+        seed_urls.extend(stored.lines().filter_map(|l| ::url::Url::parse(l).ok()));
+    }
+    let joined: Vec<String> = seed_urls.iter().map(|u| u.to_string()).collect();
+    frontier.set_meta("seeds", &joined.join("\n"))?;
+    let hosts = frontier.hosts_with_work()?;
+    if hosts.is_empty() && seed_urls.is_empty() {
+        return Err(CrawlError::NothingToCrawl);
+    }
+    let scope = Scope::new(
+        opts.scope,
+        &seed_urls,
+        opts.include.clone(),
+        opts.exclude.clone(),
+    );
+    let taken = frontier.count(UrlState::Done)? + frontier.count(UrlState::Failed)?;
+    let mut c = Crawler {
+        pool: pool.clone(),
+        polite: Arc::new(Politeness::new(opts.delay)),
+        robots: Arc::new(Mutex::new(HashMap::new())),
+        scope: Arc::new(scope),
+        agent: robots_agent(&pool.options().user_agent),
+        hosts: HashMap::new(),
+        order: VecDeque::new(),
+        buffered: 0,
+        seen: Arc::new(Mutex::new(seeds.iter().map(|s| hash(&s.url)).collect())),
+        redirected: HashSet::new(),
+        taken,
+        summary: Summary::default(),
+        progress,
+        frontier,
+        opts,
+    };
+    for h in hosts {
+        c.hosts
+            .insert(h.clone(), HostQueue::new(true, c.opts.ignore_robots));
+        c.order.push_back(h);
+    }
+    c.summary.disallowed = c.frontier.count(UrlState::Disallowed)?;
+    c.progress
+        .queued
+        .store(c.frontier.count(UrlState::Queued)?, Ordering::Relaxed);
+    c.run(&mut sink, cancel).await?;
+    c.summary.elapsed = started.elapsed();
+    c.summary.queued = c.frontier.count(UrlState::Queued)?;
+    c.summary.discovered = c.frontier.total()?;
+    c.summary.pool = pool.stats();
+    Ok(c.summary)
+}
+
+struct Crawler {
+    pool: Pool,
+    polite: Arc<Politeness>,
+    /// Parsed robots.txt per host, for the redirect rule.
+    robots: Arc<Mutex<HashMap<String, Option<Arc<Robot>>>>>,
+    scope: Arc<Scope>,
+    agent: String,
+    hosts: HashMap<String, HostQueue>,
+    /// Hosts with work, in turn.
+    order: VecDeque<String>,
+    buffered: usize,
+    /// Recently seen URLs (hashes): links skip the frontier insert, and a
+    /// redirect to a URL the crawl knows is not followed (it is, or will
+    /// be, fetched on its own).
+    seen: Arc<Mutex<HashSet<u64>>>,
+    /// URLs reached through a redirect: done without a fetch of their own.
+    redirected: HashSet<String>,
+    /// Pages handed out, this run and before.
+    taken: u64,
+    summary: Summary,
+    progress: Arc<Progress>,
+    frontier: Frontier,
+    opts: CrawlOptions,
+}
+
+impl Crawler {
+    async fn run(&mut self, sink: &mut Sink, cancel: CancellationToken) -> Result<(), CrawlError> {
+        let mut running: JoinSet<Done> = JoinSet::new();
+        let mut stop_at: Option<Instant> = None;
+        loop {
+            let mut wake: Option<Instant> = None;
+            if stop_at.is_none() {
+                while running.len() < self.opts.concurrency {
+                    let (job, next) = self.next_job(sink)?;
+                    wake = next;
+                    let Some(job) = job else { break };
+                    self.spawn(&mut running, job);
+                }
+            }
+            self.progress
+                .in_flight
+                .store(running.len() as u64, Ordering::Relaxed);
+            if running.is_empty() && (stop_at.is_some() || wake.is_none()) {
+                return Ok(());
+            }
+            tokio::select! {
+                done = running.join_next(), if !running.is_empty() => {
+                    match done {
+                        Some(Ok(done)) => self.handle(done, sink)?,
+                        Some(Err(e)) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+                        _ => {}
+                    }
+                }
+                _ = sleep_until(wake), if wake.is_some() && stop_at.is_none() => {}
+                _ = cancel.cancelled(), if stop_at.is_none() => {
+                    stop_at = Some(Instant::now() + self.opts.grace);
+                    self.summary.interrupted = true;
+                }
+                _ = sleep_until(stop_at), if stop_at.is_some() => {
+                    // Out of grace: what is still in flight stays queued in
+                    // the frontier and is fetched by the next run.
+                    running.abort_all();
+                    return Ok(());
+                }
+            }
+        }
+    }
+
+    fn spawn(&mut self, running: &mut JoinSet<Done>, job: Job) {
+        let pool = self.pool.clone();
+        let polite: Arc<dyn crate::pool::Pacer> = self.polite.clone();
+        match job {
+            Job::Robots(host, url) => {
+                let agent = self.agent.clone();
+                running.spawn(async move {
+                    let req = Request::new(url).map(|r| r.pacer(polite));
+                    let outcome = match req {
+                        Ok(req) => robots_outcome(pool.fetch(req).await, &agent),
+                        Err(_) => RobotsOutcome::AllowAll,
+                    };
+                    Done::Robots(host, outcome)
+                });
+            }
+            Job::Page(q) => {
+                self.taken += 1;
+                self.unqueue();
+                let follow = self.follow_rule();
+                let selects = self.opts.selects.clone();
+                let all = self.opts.select_all;
+                let bodies = self.opts.bodies.clone();
+                running.spawn(async move {
+                    let t0 = Instant::now();
+                    let result = match ::url::Url::parse(&q.url)
+                        .map_err(|e| FetchError::InvalidUrl {
+                            url: q.url.clone(),
+                            why: e.to_string(),
+                        })
+                        .and_then(Request::new)
+                    {
+                        Ok(req) => pool.fetch(req.pacer(polite).follow(follow)).await,
+                        Err(e) => Err(e),
+                    };
+                    let result = match result {
+                        Ok(page) => Ok(digest(page, &selects, all, bodies.as_deref()).await),
+                        Err(e) => Err(e),
+                    };
+                    Done::Page(q, Box::new(result), t0.elapsed())
+                });
+            }
+        }
+    }
+
+    /// Redirects are followed within the host (so its politeness and
+    /// robots.txt hold), in scope and allowed; others end the page, and
+    /// the target is queued as a link.
+    fn follow_rule(&self) -> RedirectRule {
+        let scope = self.scope.clone();
+        let robots = self.robots.clone();
+        let strip = self.opts.strip_params.clone();
+        let ignore = self.opts.ignore_robots;
+        let seen = self.seen.clone();
+        Arc::new(move |from, to| {
+            let Some(to) = normalize(to, &strip) else {
+                return false;
+            };
+            if site_of(from) != site_of(&to) || !scope.allows(&to) {
+                return false;
+            }
+            let allowed = ignore
+                || lock(&robots)
+                    .get(&site_of(&to))
+                    .is_some_and(|r| r.as_ref().is_none_or(|r| r.allowed(to.as_str())));
+            allowed && first_sight(&seen, to.as_str())
+        })
+    }
+
+    /// The next job of a ready host, and otherwise when one may be ready.
+    fn next_job(&mut self, sink: &mut Sink) -> Result<(Option<Job>, Option<Instant>), CrawlError> {
+        let now = Instant::now();
+        let mut wake: Option<Instant> = None;
+        let limit_reached = self.opts.max_pages.is_some_and(|m| self.taken >= m);
+        for _ in 0..self.order.len() {
+            let Some(key) = self.order.pop_front() else {
+                break;
+            };
+            let Some(h) = self.hosts.get_mut(&key) else {
+                continue;
+            };
+            if h.buf.is_empty() && h.more {
+                let batch = self.frontier.waiting(&key, h.last_id, HOST_BATCH)?;
+                h.more = batch.len() == HOST_BATCH;
+                if let Some(last) = batch.last() {
+                    h.last_id = last.id;
+                }
+                self.buffered += batch.len();
+                h.buf.extend(batch);
+            }
+            if h.buf.is_empty() {
+                // Nothing left here; a host whose robots.txt is in flight
+                // stays until it lands.
+                if matches!(h.robots, RobotsState::Pending(_)) || h.in_flight > 0 {
+                    self.order.push_back(key);
+                } else {
+                    self.hosts.remove(&key);
+                }
+                continue;
+            }
+            if limit_reached {
+                self.order.push_back(key);
+                continue;
+            }
+            match h.robots {
+                RobotsState::Unknown => {
+                    h.robots = RobotsState::Pending(0);
+                    h.in_flight += 1;
+                    let first = ::url::Url::parse(&h.buf[0].url).ok();
+                    let robots = first.and_then(|u| u.join("/robots.txt").ok());
+                    self.order.push_back(key.clone());
+                    match robots {
+                        Some(url) => return Ok((Some(Job::Robots(key, url)), None)),
+                        None => {
+                            h.in_flight -= 1;
+                            h.robots = RobotsState::Ready(None);
+                            continue;
+                        }
+                    }
+                }
+                RobotsState::Pending(_) => {
+                    self.order.push_back(key);
+                    continue;
+                }
+                RobotsState::Retry { at, tries } if at <= now => {
+                    h.robots = RobotsState::Pending(tries);
+                    h.in_flight += 1;
+                    let url = ::url::Url::parse(&h.buf[0].url)
+                        .ok()
+                        .and_then(|u| u.join("/robots.txt").ok());
+                    self.order.push_back(key.clone());
+                    if let Some(url) = url {
+                        return Ok((Some(Job::Robots(key, url)), None));
+                    }
+                    h.in_flight -= 1;
+                    h.robots = RobotsState::Ready(None);
+                    continue;
+                }
+                RobotsState::Retry { at, .. } => {
+                    wake = Some(wake.map_or(at, |w| w.min(at)));
+                    self.order.push_back(key);
+                    continue;
+                }
+                RobotsState::Ready(_) | RobotsState::Unavailable => {}
+            }
+            if h.in_flight >= self.opts.per_host_concurrency {
+                self.order.push_back(key);
+                continue;
+            }
+            let ready = self.polite.ready_at(&key);
+            if ready > now {
+                wake = Some(wake.map_or(ready, |w| w.min(ready)));
+                self.order.push_back(key);
+                continue;
+            }
+            let q = h.buf.pop_front().expect("not empty");
+            self.buffered -= 1;
+            self.order.push_back(key.clone());
+            if self.redirected.remove(&q.url) {
+                continue;
+            }
+            enum Verdict {
+                Fetch,
+                Unavailable,
+                Disallowed,
+            }
+            let verdict = match &h.robots {
+                RobotsState::Unavailable => Verdict::Unavailable,
+                RobotsState::Ready(Some(robot)) if !robot.allowed(&q.url) => Verdict::Disallowed,
+                _ => Verdict::Fetch,
+            };
+            match verdict {
+                Verdict::Fetch => {
+                    h.in_flight += 1;
+                    return Ok((Some(Job::Page(q)), None));
+                }
+                Verdict::Unavailable => {
+                    self.unqueue();
+                    let line = failed_line(
+                        &q,
+                        "robots_unavailable",
+                        "robots.txt could not be fetched",
+                        0,
+                        None,
+                    );
+                    self.write(sink, &q, line, UrlState::Failed, 0, &[])?;
+                    *self
+                        .summary
+                        .failed_by_reason
+                        .entry("robots_unavailable".into())
+                        .or_default() += 1;
+                }
+                Verdict::Disallowed => {
+                    self.unqueue();
+                    self.frontier
+                        .finish(q.id, UrlState::Disallowed, 0, &[], &[])?;
+                    self.summary.disallowed += 1;
+                }
+            }
+        }
+        // Anything left to do at all? Hosts in `order` have work or work
+        // in flight; `wake` says when the first may be ready.
+        if self.order.is_empty() || limit_reached {
+            return Ok((None, None));
+        }
+        Ok((None, Some(wake.unwrap_or(now + Duration::from_millis(50)))))
+    }
+
+    fn handle(&mut self, done: Done, sink: &mut Sink) -> Result<(), CrawlError> {
+        match done {
+            Done::Robots(host, outcome) => {
+                let Some(h) = self.hosts.get_mut(&host) else {
+                    return Ok(());
+                };
+                h.in_flight = h.in_flight.saturating_sub(1);
+                let tries = match h.robots {
+                    RobotsState::Pending(tries) => tries,
+                    _ => 0,
+                };
+                let ready = match outcome {
+                    RobotsOutcome::Parsed(robot) => {
+                        if let Some(secs) = robot.delay.filter(|d| d.is_finite() && *d > 0.0) {
+                            self.polite
+                                .set_crawl_delay(&host, Duration::from_secs_f32(secs.min(3600.0)));
+                        }
+                        Some(Some(Arc::new(robot)))
+                    }
+                    RobotsOutcome::AllowAll => Some(None),
+                    RobotsOutcome::Unavailable => None,
+                };
+                match ready {
+                    Some(r) => {
+                        lock(&self.robots).insert(host.clone(), r.clone());
+                        h.robots = RobotsState::Ready(r);
+                    }
+                    None if tries + 1 >= ROBOTS_TRIES => {
+                        tracing::warn!(host, "robots.txt unreachable; its pages fail");
+                        h.robots = RobotsState::Unavailable;
+                    }
+                    None => {
+                        let wait = self.opts.robots_retry * 2u32.pow(tries);
+                        tracing::info!(host, ?wait, "robots.txt unreachable; trying again later");
+                        h.robots = RobotsState::Retry {
+                            at: Instant::now() + wait,
+                            tries: tries + 1,
+                        };
+                    }
+                }
+            }
+            Done::Page(q, result, elapsed) => {
+                if let Some(h) = self.hosts.get_mut(&q.host) {
+                    h.in_flight = h.in_flight.saturating_sub(1);
+                }
+                match *result {
+                    Ok(f) => self.fetched(sink, q, f, elapsed)?,
+                    Err(e) => {
+                        let line =
+                            failed_line(&q, e.code(), &e.to_string(), e.attempts(), e.status());
+                        *self
+                            .summary
+                            .failed_by_reason
+                            .entry(e.code().to_owned())
+                            .or_default() += 1;
+                        self.write(sink, &q, line, UrlState::Failed, e.attempts(), &[])?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn fetched(
+        &mut self,
+        sink: &mut Sink,
+        q: Queued,
+        f: Fetched,
+        elapsed: Duration,
+    ) -> Result<(), CrawlError> {
+        let page = &f.page;
+        let status = page.status().as_u16();
+        let failed = status >= 400;
+        self.summary.latency.add(elapsed);
+        self.summary.bytes += page.body().len() as u64;
+        if failed {
+            *self
+                .summary
+                .failed_by_reason
+                .entry(format!("http_{status}"))
+                .or_default() += 1;
+        } else {
+            *self.summary.ok_by_status.entry(status).or_default() += 1;
+        }
+        let final_url = normalize(page.final_url(), &self.opts.strip_params);
+        if let Some(fu) = &final_url
+            && fu.as_str() != q.url
+        {
+            // Reached through redirects: that URL needs no fetch of its own.
+            self.frontier
+                .mark_seen_done(fu.as_str(), &site_of(fu), q.depth)?;
+            if self.redirected.len() < SEEN_CACHE {
+                self.redirected.insert(fu.to_string());
+            }
+        }
+        let mut links = Vec::new();
+        let follow = self.opts.max_depth.is_none_or(|m| q.depth < m);
+        let mut targets: Vec<&::url::Url> = f.links.iter().collect();
+        let location = page
+            .status()
+            .is_redirection()
+            .then(|| page.headers().get(http::header::LOCATION))
+            .flatten()
+            .and_then(|l| l.to_str().ok())
+            .and_then(|l| page.final_url().join(l).ok());
+        if let Some(l) = &location {
+            targets.push(l);
+        }
+        if follow {
+            for link in targets {
+                let Some(n) = normalize(link, &self.opts.strip_params) else {
+                    continue;
+                };
+                if !self.scope.allows(&n) || !first_sight(&self.seen, n.as_str()) {
+                    continue;
+                }
+                links.push(NewUrl {
+                    host: site_of(&n),
+                    url: n.to_string(),
+                    depth: q.depth + 1,
+                    parent: Some(q.url.clone()),
+                });
+            }
+        }
+        let line = serde_json::json!({
+            "url": q.url,
+            "final_url": page.final_url().as_str(),
+            "status": status,
+            "depth": q.depth,
+            "parent": q.parent,
+            "proxy": page.proxy().to_string(),
+            "attempts": page.attempts(),
+            "elapsed_ms": elapsed.as_millis() as u64,
+            "content_type": page.content_type(),
+            "bytes": page.body().len(),
+            "sha256": f.sha256,
+            "title": f.title,
+            "links": f.links.len(),
+            "fields": f.fields,
+            "error": failed.then(|| format!("http {status}")),
+        });
+        let state = if failed {
+            UrlState::Failed
+        } else {
+            UrlState::Done
+        };
+        self.write(sink, &q, line, state, page.attempts(), &links)
+    }
+
+    /// Writes a page's line, then commits its end (with the output length)
+    /// and the links it added.
+    fn write(
+        &mut self,
+        sink: &mut Sink,
+        q: &Queued,
+        line: serde_json::Value,
+        state: UrlState,
+        attempts: u32,
+        links: &[NewUrl],
+    ) -> Result<(), CrawlError> {
+        let failed = state == UrlState::Failed;
+        sink.page(&line, failed)
+            .map_err(|source| CrawlError::Output {
+                what: "the output".into(),
+                source,
+            })?;
+        let added = self
+            .frontier
+            .finish(q.id, state, attempts, links, &sink.offsets())?;
+        self.progress.done.fetch_add(1, Ordering::Relaxed);
+        if failed {
+            self.progress.failed.fetch_add(1, Ordering::Relaxed);
+        }
+        for a in added {
+            self.progress.queued.fetch_add(1, Ordering::Relaxed);
+            let ignore = self.opts.ignore_robots;
+            if !self.hosts.contains_key(&a.host) {
+                self.order.push_back(a.host.clone());
+            }
+            let h = self
+                .hosts
+                .entry(a.host.clone())
+                .or_insert_with(|| HostQueue::new(false, ignore));
+            if !h.more && self.buffered < MAX_BUFFERED {
+                h.last_id = a.id;
+                h.buf.push_back(a);
+                self.buffered += 1;
+            } else {
+                h.more = true;
+            }
+        }
+        self.progress
+            .queued
+            .store(self.buffered as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn unqueue(&self) {
+        let _ = self
+            .progress
+            .queued
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+    }
+}
+
+fn hash(url: &str) -> u64 {
+    let mut h = DefaultHasher::new();
+    url.hash(&mut h);
+    h.finish()
+}
+
+/// False when `url` was seen lately; notes it otherwise.
+fn first_sight(seen: &Mutex<HashSet<u64>>, url: &str) -> bool {
+    let mut seen = lock(seen);
+    if seen.len() >= SEEN_CACHE {
+        seen.clear();
+    }
+    seen.insert(hash(url))
+}
+
+/// Hashes, parses and stores a page in its own task.
+async fn digest(
+    page: Page,
+    selects: &[Select],
+    all: bool,
+    bodies: Option<&std::path::Path>,
+) -> Fetched {
+    let sha256: String = sha2::Sha256::digest(page.body())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let html = page.status().is_success()
+        && page
+            .content_type()
+            .is_none_or(|t| t.to_ascii_lowercase().contains("html"));
+    let (title, links, fields) = if html {
+        let e = extract::extract(&page.text(), page.final_url(), selects, all);
+        (e.title, e.links, e.fields)
+    } else {
+        (None, Vec::new(), Default::default())
+    };
+    if let Some(dir) = bodies
+        && let Err(e) = output::store_body(dir, &sha256, page.body()).await
+    {
+        tracing::warn!(dir = %dir.display(), error = %e, "cannot store a body");
+    }
+    Fetched {
+        page,
+        sha256,
+        title,
+        links,
+        fields,
+    }
+}
+
+fn failed_line(
+    q: &Queued,
+    code: &str,
+    message: &str,
+    attempts: u32,
+    status: Option<u16>,
+) -> serde_json::Value {
+    serde_json::json!({
+        "url": q.url,
+        "final_url": null,
+        "status": status,
+        "depth": q.depth,
+        "parent": q.parent,
+        "proxy": null,
+        "attempts": attempts,
+        "error": format!("{code}: {message}"),
+    })
+}
+
+/// What a robots.txt fetch means: 2xx parsed, 4xx allow all, anything else
+/// (5xx, no answer) disallow for now.
+fn robots_outcome(result: Result<Page, FetchError>, agent: &str) -> RobotsOutcome {
+    match result {
+        Ok(p) if p.status().is_success() => match Robot::new(agent, p.body()) {
+            Ok(r) => RobotsOutcome::Parsed(r),
+            Err(_) => RobotsOutcome::AllowAll,
+        },
+        Ok(p) if p.status().is_client_error() => RobotsOutcome::AllowAll,
+        Err(FetchError::Exhausted {
+            status: Some(s), ..
+        }) if (400..500).contains(&s) && s != 429 => RobotsOutcome::AllowAll,
+        _ => RobotsOutcome::Unavailable,
+    }
+}
+
+/// The product token of a user agent (`proxywarden` of
+/// `proxywarden/0.1 (+url)`): what robots.txt groups name.
+fn robots_agent(ua: &str) -> String {
+    ua.split(['/', ' ']).next().unwrap_or(ua).to_owned()
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_robots_agent_is_the_product_token() {
+        assert_eq!(
+            robots_agent("proxywarden/0.1.0 (+https://x)"),
+            "proxywarden"
+        );
+        assert_eq!(robots_agent("MyBot"), "MyBot");
+    }
+}

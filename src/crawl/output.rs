@@ -1,0 +1,177 @@
+//! Where pages go: one JSON line per page (to a file or stdout), failed
+//! pages also to `failed.jsonl` beside the output file, and bodies by hash.
+//! Every line is written whole and flushed at once; the lengths written are
+//! committed with the page in the crawl state, and a resumed crawl cuts
+//! the files back to them, so no line is ever doubled or torn.
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+
+/// Meta keys of the committed lengths.
+pub const OUT_LEN: &str = "output_len";
+/// Meta key of the committed length of `failed.jsonl`.
+pub const FAILED_LEN: &str = "failed_len";
+
+enum Target {
+    Stdout,
+    File { file: File, len: u64 },
+}
+
+impl Target {
+    fn open(path: &Path, keep: Option<u64>) -> io::Result<Target> {
+        let file = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .read(true)
+            .write(true)
+            .open(path)?;
+        let on_disk = file.metadata()?.len();
+        // A crawl starting afresh replaces the file; a resumed one keeps
+        // what it committed and drops lines of pages it will fetch again.
+        let len = keep.unwrap_or(0).min(on_disk);
+        file.set_len(len)?;
+        let mut t = Target::File { file, len };
+        if let Target::File { file, .. } = &mut t {
+            use std::io::Seek;
+            file.seek(io::SeekFrom::Start(len))?;
+        }
+        Ok(t)
+    }
+
+    fn line(&mut self, line: &[u8]) -> io::Result<()> {
+        match self {
+            Target::Stdout => {
+                let mut out = io::stdout().lock();
+                out.write_all(line)?;
+                out.flush()
+            }
+            Target::File { file, len } => {
+                file.write_all(line)?;
+                *len += line.len() as u64;
+                Ok(())
+            }
+        }
+    }
+
+    fn len(&self) -> Option<u64> {
+        match self {
+            Target::Stdout => None,
+            Target::File { len, .. } => Some(*len),
+        }
+    }
+}
+
+/// The crawl's outputs.
+pub struct Sink {
+    out: Target,
+    failed: Option<Target>,
+    failed_path: Option<PathBuf>,
+}
+
+impl std::fmt::Debug for Sink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sink")
+            .field("failed_path", &self.failed_path)
+            .finish()
+    }
+}
+
+impl Sink {
+    /// Pages to `output` (stdout when `None`) and failed pages also to
+    /// `failed.jsonl` beside it, each cut back to its committed length when
+    /// resuming (`None`: start afresh).
+    pub fn open(
+        output: Option<&Path>,
+        out_len: Option<u64>,
+        failed_len: Option<u64>,
+    ) -> io::Result<Sink> {
+        let Some(path) = output else {
+            return Ok(Sink {
+                out: Target::Stdout,
+                failed: None,
+                failed_path: None,
+            });
+        };
+        let failed_path = path.parent().unwrap_or(Path::new("")).join("failed.jsonl");
+        Ok(Sink {
+            out: Target::open(path, out_len)?,
+            failed: Some(Target::open(&failed_path, failed_len)?),
+            failed_path: Some(failed_path),
+        })
+    }
+
+    /// Writes a page's line (and, when it failed, to `failed.jsonl`).
+    pub fn page(&mut self, line: &serde_json::Value, failed: bool) -> io::Result<()> {
+        let mut bytes = serde_json::to_vec(line).map_err(io::Error::other)?;
+        bytes.push(b'\n');
+        self.out.line(&bytes)?;
+        if failed && let Some(f) = &mut self.failed {
+            f.line(&bytes)?;
+        }
+        Ok(())
+    }
+
+    /// The lengths to commit with the page just written.
+    pub fn offsets(&self) -> Vec<(&'static str, String)> {
+        let mut v = Vec::new();
+        if let Some(n) = self.out.len() {
+            v.push((OUT_LEN, n.to_string()));
+        }
+        if let Some(n) = self.failed.as_ref().and_then(Target::len) {
+            v.push((FAILED_LEN, n.to_string()));
+        }
+        v
+    }
+
+    /// Where failed pages go, when they go to a file.
+    pub fn failed_path(&self) -> Option<&Path> {
+        self.failed_path.as_deref()
+    }
+}
+
+/// Stores `body` as `dir/<sha256>` unless it is there already.
+pub async fn store_body(dir: &Path, sha256: &str, body: &[u8]) -> io::Result<()> {
+    let path = dir.join(sha256);
+    if tokio::fs::try_exists(&path).await.unwrap_or(false) {
+        return Ok(());
+    }
+    // Written aside and renamed, so a crash never leaves half a body under
+    // a hash it does not have.
+    let tmp = dir.join(format!(".{sha256}.tmp"));
+    tokio::fs::write(&tmp, body).await?;
+    tokio::fs::rename(&tmp, &path).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resumed_outputs_are_cut_back_to_the_committed_length() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("pages.jsonl");
+        let mut sink = Sink::open(Some(&path), None, None).unwrap();
+        sink.page(&serde_json::json!({"url": "a"}), false).unwrap();
+        let committed = sink.offsets();
+        sink.page(&serde_json::json!({"url": "b", "error": "x"}), true)
+            .unwrap();
+        drop(sink);
+        assert_eq!(std::fs::read_to_string(&path).unwrap().lines().count(), 2);
+        let out_len = committed[0].1.parse().unwrap();
+        let failed_len = committed[1].1.parse().unwrap();
+        let mut sink = Sink::open(Some(&path), Some(out_len), Some(failed_len)).unwrap();
+        sink.page(&serde_json::json!({"url": "c"}), false).unwrap();
+        drop(sink);
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(text, "{\"url\":\"a\"}\n{\"url\":\"c\"}\n");
+        assert_eq!(
+            std::fs::read_to_string(dir.path().join("failed.jsonl")).unwrap(),
+            ""
+        );
+        // Afresh: replaced.
+        let sink = Sink::open(Some(&path), None, None).unwrap();
+        drop(sink);
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "");
+    }
+}

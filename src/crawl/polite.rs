@@ -1,0 +1,179 @@
+//! Politeness per target host, whichever proxy carries the request: request
+//! starts spaced by the host's delay (the larger of `--delay` and
+//! robots.txt's Crawl-delay), slowed down by 429/503 and `Retry-After`,
+//! and sped back up as answers come normally.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use http::StatusCode;
+use tokio::time::Instant;
+use url::Url;
+
+use crate::pool::{Pacer, site_of};
+
+/// The most a host is slowed down: its delay times this.
+const MAX_SLOWDOWN: f64 = 64.0;
+/// The delay a slowed-down host gets when it has none of its own.
+const SLOW_FLOOR: Duration = Duration::from_millis(250);
+/// Longest wait a `Retry-After` imposes on a host.
+const MAX_RETRY_AFTER: Duration = Duration::from_secs(600);
+
+#[derive(Debug)]
+struct Host {
+    /// No request starts before this.
+    next_at: Instant,
+    /// When the last request started.
+    last_start: Option<Instant>,
+    /// The host's own delay between request starts.
+    delay: Duration,
+    /// ≥ 1: how much slower than `delay` it goes after 429/503.
+    slowdown: f64,
+}
+
+/// Per-host pacing shared by every fetch of a crawl.
+#[derive(Debug)]
+pub struct Politeness {
+    base: Duration,
+    hosts: Mutex<HashMap<String, Host>>,
+}
+
+impl Politeness {
+    /// Spaces request starts to each host by at least `base`.
+    pub fn new(base: Duration) -> Politeness {
+        Politeness {
+            base,
+            hosts: Mutex::default(),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Host>> {
+        self.hosts.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn host<'a>(&self, hosts: &'a mut HashMap<String, Host>, key: &str) -> &'a mut Host {
+        hosts.entry(key.to_owned()).or_insert_with(|| Host {
+            next_at: Instant::now(),
+            last_start: None,
+            delay: self.base,
+            slowdown: 1.0,
+        })
+    }
+
+    /// Sets host `key`'s delay (robots.txt's Crawl-delay), never below the
+    /// crawl's own.
+    pub fn set_crawl_delay(&self, key: &str, delay: Duration) {
+        let mut hosts = self.lock();
+        let h = self.host(&mut hosts, key);
+        h.delay = delay.max(self.base);
+        // The request that fetched robots.txt counts: the next one waits
+        // the new delay after it.
+        if let Some(last) = h.last_start {
+            h.next_at = h.next_at.max(last + current(h));
+        }
+    }
+
+    /// When the next request to host `key` may start.
+    pub fn ready_at(&self, key: &str) -> Instant {
+        self.lock()
+            .get(key)
+            .map_or_else(Instant::now, |h| h.next_at)
+    }
+
+    /// The delay now in force for host `key`.
+    pub fn delay(&self, key: &str) -> Duration {
+        let mut hosts = self.lock();
+        current(self.host(&mut hosts, key))
+    }
+
+    /// Waits for host `key`'s turn and takes it.
+    pub async fn take_turn(&self, key: &str) {
+        loop {
+            let at = {
+                let mut hosts = self.lock();
+                let h = self.host(&mut hosts, key);
+                let now = Instant::now();
+                if h.next_at <= now {
+                    h.next_at = now + current(h);
+                    h.last_start = Some(now);
+                    return;
+                }
+                h.next_at
+            };
+            tokio::time::sleep_until(at).await;
+        }
+    }
+
+    /// What host `key` answered.
+    pub fn note(&self, key: &str, status: Option<StatusCode>, retry_after: Option<Duration>) {
+        let mut hosts = self.lock();
+        let h = self.host(&mut hosts, key);
+        let limited = status.is_some_and(|s| matches!(s.as_u16(), 429 | 503));
+        if limited {
+            h.slowdown = (h.slowdown * 2.0).min(MAX_SLOWDOWN);
+            let now = Instant::now();
+            h.next_at = h.next_at.max(now + current(h));
+        } else if status.is_some() {
+            h.slowdown = (h.slowdown * 0.75).max(1.0);
+        }
+        if let Some(wait) = retry_after {
+            h.next_at = h.next_at.max(Instant::now() + wait.min(MAX_RETRY_AFTER));
+        }
+    }
+}
+
+fn current(h: &Host) -> Duration {
+    if h.slowdown <= 1.0 {
+        h.delay
+    } else {
+        h.delay.max(SLOW_FLOOR).mul_f64(h.slowdown)
+    }
+}
+
+impl Pacer for Politeness {
+    fn wait<'a>(&'a self, url: &'a Url) -> Pin<Box<dyn Future<Output = ()> + Send + 'a>> {
+        Box::pin(async move { self.take_turn(&site_of(url)).await })
+    }
+
+    fn answered(&self, url: &Url, status: Option<StatusCode>, retry_after: Option<Duration>) {
+        self.note(&site_of(url), status, retry_after);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // Real time, in tens of milliseconds: tokio's paused clock needs its
+    // test-util feature, which slows every other test's clock reads.
+    #[tokio::test]
+    async fn turns_are_spaced_by_the_delay_and_slowed_by_429s() {
+        let ms = Duration::from_millis;
+        let p = Politeness::new(ms(20));
+        p.set_crawl_delay("a", ms(100));
+        let t0 = Instant::now();
+        p.take_turn("a").await;
+        p.take_turn("a").await;
+        p.take_turn("a").await;
+        assert!(t0.elapsed() >= ms(200), "{:?}", t0.elapsed());
+        // Another host is not held up by the first.
+        let t1 = Instant::now();
+        p.take_turn("b").await;
+        p.take_turn("b").await;
+        let b = t1.elapsed();
+        assert!(b >= ms(20) && b < ms(100), "{b:?}");
+
+        p.note("b", Some(StatusCode::TOO_MANY_REQUESTS), Some(ms(300)));
+        let t2 = Instant::now();
+        p.take_turn("b").await;
+        assert!(t2.elapsed() >= ms(290), "{:?}", t2.elapsed());
+        assert_eq!(p.delay("b"), ms(500), "slowed: the floor, doubled");
+        for _ in 0..10 {
+            p.note("b", Some(StatusCode::OK), None);
+        }
+        assert_eq!(p.delay("b"), ms(20), "back to normal");
+    }
+}

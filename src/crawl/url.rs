@@ -1,0 +1,232 @@
+//! URLs as the crawler compares them: normalised before de-duplication
+//! (fragment, tracking parameters and parameter order do not make a new
+//! page) and checked against the crawl's scope.
+
+use std::collections::HashSet;
+
+use regex::Regex;
+use url::Url;
+
+/// Query parameters dropped by default besides every `utm_*`: click and
+/// referral trackers that never change the page.
+pub const DEFAULT_STRIP: &[&str] = &[
+    "ref", "ref_src", "fbclid", "gclid", "dclid", "gbraid", "wbraid", "msclkid", "yclid", "igshid",
+    "mc_cid", "mc_eid", "_ga", "_gl",
+];
+
+/// The normal form of `url`, or `None` for anything but http(s): scheme
+/// and host lower case and the default port dropped (the `url` crate does
+/// these), fragment dropped, `utm_*` and `strip` parameters removed, the
+/// query sorted, percent-encoding of unreserved characters undone and hex
+/// digits upper case.
+pub fn normalize(url: &Url, strip: &[String]) -> Option<Url> {
+    if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none_or(str::is_empty) {
+        return None;
+    }
+    let mut u = url.clone();
+    u.set_fragment(None);
+    let _ = u.set_username("");
+    let _ = u.set_password(None);
+    let path = normalize_escapes(u.path());
+    u.set_path(&path);
+    if let Some(q) = u.query() {
+        let mut pairs: Vec<(String, String)> = url::form_urlencoded::parse(q.as_bytes())
+            .filter(|(k, _)| {
+                let k = k.to_ascii_lowercase();
+                !k.starts_with("utm_")
+                    && !DEFAULT_STRIP.contains(&k.as_str())
+                    && !strip.iter().any(|s| s.eq_ignore_ascii_case(&k))
+            })
+            .map(|(k, v)| (k.into_owned(), v.into_owned()))
+            .collect();
+        if pairs.is_empty() {
+            u.set_query(None);
+        } else {
+            pairs.sort();
+            let q = url::form_urlencoded::Serializer::new(String::new())
+                .extend_pairs(pairs)
+                .finish();
+            u.set_query(Some(&q));
+        }
+    }
+    Some(u)
+}
+
+/// `%xx` escapes of unreserved characters decoded, the others upper case.
+fn normalize_escapes(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = String::with_capacity(s.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%'
+            && i + 2 < b.len()
+            && let (Some(h), Some(l)) = (hex(b[i + 1]), hex(b[i + 2]))
+        {
+            let c = h * 16 + l;
+            if c.is_ascii_alphanumeric() || matches!(c, b'-' | b'.' | b'_' | b'~') {
+                out.push(c as char);
+            } else {
+                out.push('%');
+                out.push(b[i + 1].to_ascii_uppercase() as char);
+                out.push(b[i + 2].to_ascii_uppercase() as char);
+            }
+            i += 3;
+            continue;
+        }
+        out.push(b[i] as char);
+        i += 1;
+    }
+    out
+}
+
+fn hex(c: u8) -> Option<u8> {
+    (c as char).to_digit(16).map(|d| d as u8)
+}
+
+/// Which hosts a crawl may leave its seeds for.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ScopeKind {
+    /// The seeds' hosts (and ports) only.
+    #[default]
+    SameHost,
+    /// The seeds' registrable domains (`shop.example.co.uk` and
+    /// `www.example.co.uk` are one site), by the public suffix list.
+    SameSite,
+    /// Any http(s) URL.
+    Any,
+}
+
+/// The crawl's scope: a kind, the seeds it is measured from, and regexes
+/// that URLs must (`include`, any of them when given) and must not
+/// (`exclude`) match.
+#[derive(Clone, Debug)]
+pub struct Scope {
+    kind: ScopeKind,
+    hosts: HashSet<String>,
+    sites: HashSet<String>,
+    include: Vec<Regex>,
+    exclude: Vec<Regex>,
+}
+
+impl Scope {
+    /// The scope of a crawl from `seeds`.
+    pub fn new(kind: ScopeKind, seeds: &[Url], include: Vec<Regex>, exclude: Vec<Regex>) -> Scope {
+        Scope {
+            kind,
+            hosts: seeds.iter().map(crate::pool::site_of).collect(),
+            sites: seeds.iter().filter_map(site).collect(),
+            include,
+            exclude,
+        }
+    }
+
+    /// True when the crawl may fetch `url` (normalised).
+    pub fn allows(&self, url: &Url) -> bool {
+        let in_kind = match self.kind {
+            ScopeKind::SameHost => self.hosts.contains(&crate::pool::site_of(url)),
+            ScopeKind::SameSite => site(url).is_some_and(|s| self.sites.contains(&s)),
+            ScopeKind::Any => true,
+        };
+        let s = url.as_str();
+        in_kind
+            && (self.include.is_empty() || self.include.iter().any(|r| r.is_match(s)))
+            && !self.exclude.iter().any(|r| r.is_match(s))
+    }
+}
+
+/// The registrable domain of `url`'s host (an IP address stands for
+/// itself).
+fn site(url: &Url) -> Option<String> {
+    match url.host()? {
+        url::Host::Domain(d) => {
+            let d = d.trim_end_matches('.');
+            Some(psl::domain_str(d).unwrap_or(d).to_owned())
+        }
+        url::Host::Ipv4(ip) => Some(ip.to_string()),
+        url::Host::Ipv6(ip) => Some(ip.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn norm(s: &str) -> Option<String> {
+        normalize(&Url::parse(s).unwrap(), &["sessionid".to_owned()]).map(|u| u.to_string())
+    }
+
+    #[test]
+    fn equal_pages_normalise_equal() {
+        let same = [
+            "HTTP://Example.COM:80/a/b?y=2&x=1#top",
+            "http://example.com/a/./c/../b?x=1&y=2",
+            "http://example.com/a/b?x=1&utm_source=news&y=2&ref=home",
+            "http://example.com/%61/b?x=1&y=2&SessionID=42",
+            "http://user:pw@example.com/a/b?y=2&fbclid=abc&x=1",
+        ];
+        for s in same {
+            assert_eq!(
+                norm(s).as_deref(),
+                Some("http://example.com/a/b?x=1&y=2"),
+                "{s}"
+            );
+        }
+        assert_eq!(
+            norm("https://example.com:443").as_deref(),
+            Some("https://example.com/")
+        );
+        assert_eq!(
+            norm("http://example.com/?utm_medium=x").as_deref(),
+            Some("http://example.com/")
+        );
+        assert_eq!(
+            norm("http://example.com/a%2fb").as_deref(),
+            Some("http://example.com/a%2Fb")
+        );
+        assert_ne!(
+            norm("http://example.com:8080/"),
+            norm("http://example.com/")
+        );
+        assert_ne!(
+            norm("http://example.com/?p=2"),
+            norm("http://example.com/?p=3")
+        );
+    }
+
+    #[test]
+    fn other_schemes_are_skipped() {
+        for s in [
+            "mailto:a@b.c",
+            "javascript:void(0)",
+            "data:text/plain,hi",
+            "ftp://x.org/f",
+            "tel:123",
+        ] {
+            assert_eq!(norm(s), None, "{s}");
+        }
+    }
+
+    #[test]
+    fn scopes_compare_hosts_sites_and_patterns() {
+        let seeds = [Url::parse("https://www.shop.example.co.uk/").unwrap()];
+        let u = |s: &str| Url::parse(s).unwrap();
+        let host = Scope::new(ScopeKind::SameHost, &seeds, vec![], vec![]);
+        assert!(host.allows(&u("https://www.shop.example.co.uk/a")));
+        assert!(host.allows(&u("http://www.shop.example.co.uk/a")));
+        assert!(!host.allows(&u("https://cdn.example.co.uk/a")));
+        assert!(!host.allows(&u("https://www.shop.example.co.uk:8443/a")));
+        let site = Scope::new(ScopeKind::SameSite, &seeds, vec![], vec![]);
+        assert!(site.allows(&u("https://cdn.example.co.uk/a")));
+        assert!(!site.allows(&u("https://other.co.uk/a")));
+        let any = Scope::new(
+            ScopeKind::Any,
+            &seeds,
+            vec![Regex::new("/products/").unwrap()],
+            vec![Regex::new(r"\.pdf$").unwrap()],
+        );
+        assert!(any.allows(&u("https://other.org/products/1")));
+        assert!(!any.allows(&u("https://other.org/about")));
+        assert!(!any.allows(&u("https://other.org/products/1.pdf")));
+    }
+}

@@ -1,0 +1,435 @@
+//! One HTTP/1.1 request through one proxy (or directly): a stream from the
+//! dialer, TLS end to end for https targets, hyper's client connection,
+//! separate connect, first-byte and total limits, a body cap, gzip and
+//! brotli decoding, and idle connections kept per (proxy, origin) for the
+//! next request to the same place.
+
+use std::collections::HashMap;
+use std::io::Read;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, StatusCode, header};
+use http_body_util::{BodyExt, Empty, Limited};
+use hyper::client::conn::http1::SendRequest;
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::time::Instant;
+use url::Url;
+
+use crate::model::Reason;
+use crate::net::{self, DialOptions, io_reason, proxy_authorization};
+use crate::proxy::{Proxy, Scheme};
+
+/// Idle connections kept per (proxy, origin); more are closed.
+const IDLE_PER_KEY: usize = 2;
+/// Idle connections kept in all.
+const IDLE_TOTAL: usize = 1024;
+/// An idle connection older than this is not reused: servers close theirs
+/// after a few seconds and a request on a closing one fails.
+const IDLE_FOR: Duration = Duration::from_secs(15);
+
+/// Limits of one request.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Limits {
+    pub connect: Duration,
+    pub first_byte: Duration,
+    pub total: Duration,
+    pub max_body: usize,
+}
+
+/// An answer, its body decoded.
+#[derive(Debug)]
+pub(crate) struct Answer {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+    /// An HTTP proxy fetched the URL itself (absolute-form).
+    pub forward: bool,
+    /// The answer came over TLS verified end to end.
+    pub tls: bool,
+}
+
+/// Why a request got no answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Failure {
+    /// The proxy (or, direct, the network) failed.
+    Proxy(Reason),
+    /// The proxy spoke its protocol but would not or could not reach the
+    /// target (CONNECT refused, SOCKS host unreachable): a dead site or a
+    /// proxy rule, told apart by asking others.
+    Unreached,
+    /// The body (or its decoding) is larger than the cap.
+    TooLarge,
+    /// The body claims an encoding it does not have.
+    BadEncoding,
+}
+
+type Key = (Option<i64>, String);
+
+struct Idle {
+    sender: SendRequest<Empty<Bytes>>,
+    since: Instant,
+    tls: bool,
+    forward: bool,
+}
+
+/// Sends requests; holds the TLS configuration and idle connections.
+pub(crate) struct Client {
+    tls: Arc<rustls::ClientConfig>,
+    user_agent: HeaderValue,
+    idle: Mutex<HashMap<Key, Vec<Idle>>>,
+}
+
+impl Client {
+    pub fn new(tls: Arc<rustls::ClientConfig>, user_agent: HeaderValue) -> Client {
+        Client {
+            tls,
+            user_agent,
+            idle: Mutex::default(),
+        }
+    }
+
+    /// GETs `url` through `proxy` (`id` names it for keep-alive), or
+    /// directly when `proxy` is `None`, within `limits`.
+    pub async fn get(
+        &self,
+        proxy: Option<(i64, &Proxy)>,
+        url: &Url,
+        limits: Limits,
+    ) -> Result<Answer, Failure> {
+        match tokio::time::timeout(limits.total, self.get_inner(proxy, url, limits)).await {
+            Ok(r) => r,
+            Err(_) => Err(Failure::Proxy(Reason::Timeout)),
+        }
+    }
+
+    async fn get_inner(
+        &self,
+        proxy: Option<(i64, &Proxy)>,
+        url: &Url,
+        limits: Limits,
+    ) -> Result<Answer, Failure> {
+        let https = url.scheme() == "https";
+        let host = url
+            .host_str()
+            .ok_or(Failure::Proxy(Reason::ProtocolError))?;
+        let port = url
+            .port_or_known_default()
+            .ok_or(Failure::Proxy(Reason::ProtocolError))?;
+        let target = net::Target::new(host, port).map_err(|_| Failure::Unreached)?;
+        let key: Key = (proxy.map(|(id, _)| id), origin(url));
+        let mut reused = self.take_idle(&key);
+        loop {
+            let fresh = reused.is_none();
+            let (mut sender, tls, forward) = match reused.take() {
+                Some(idle) => (idle.sender, idle.tls, idle.forward),
+                None => {
+                    self.connect(proxy.map(|(_, p)| p), &target, https, limits)
+                        .await?
+                }
+            };
+            let req = self.request(url, &target, forward, proxy.map(|(_, p)| p))?;
+            let sent = tokio::time::timeout(limits.first_byte, sender.send_request(req)).await;
+            let resp = match sent {
+                Err(_) => return Err(Failure::Proxy(Reason::Timeout)),
+                // A kept-alive connection the server closed meanwhile: no
+                // one's fault, open a new one.
+                Ok(Err(e)) if !fresh && (e.is_closed() || e.is_canceled()) => continue,
+                Ok(Err(e)) => return Err(Failure::Proxy(hyper_reason(&e))),
+                Ok(Ok(resp)) => resp,
+            };
+            let (parts, body) = resp.into_parts();
+            let raw = Limited::new(body, limits.max_body)
+                .collect()
+                .await
+                .map_err(|e| match e.downcast_ref::<hyper::Error>() {
+                    Some(h) => Failure::Proxy(hyper_reason(h)),
+                    None => Failure::TooLarge,
+                })?
+                .to_bytes();
+            if sender.is_ready() && keep_alive(&parts.headers) {
+                self.put_idle(
+                    key,
+                    Idle {
+                        sender,
+                        since: Instant::now(),
+                        tls,
+                        forward,
+                    },
+                );
+            }
+            let body = decode(&parts.headers, raw, limits.max_body)?;
+            return Ok(Answer {
+                status: parts.status,
+                headers: parts.headers,
+                body,
+                forward,
+                tls,
+            });
+        }
+    }
+
+    /// A new connection ready for requests: dialed, TLS for https targets.
+    async fn connect(
+        &self,
+        proxy: Option<&Proxy>,
+        target: &net::Target,
+        https: bool,
+        limits: Limits,
+    ) -> Result<(SendRequest<Empty<Bytes>>, bool, bool), Failure> {
+        let opts = DialOptions {
+            connect_timeout: limits.connect,
+            handshake_timeout: limits.first_byte,
+            forward: !https,
+        };
+        let dialed = net::dial(proxy, target, &opts).await.map_err(|r| match r {
+            // A CONNECT answered with an error status or a SOCKS failure
+            // reply: the proxy works but did not reach the target.
+            Reason::BadStatus if proxy.is_some() => Failure::Unreached,
+            // Direct: the target itself is unreachable.
+            r if proxy.is_none() && r.unreachable() => Failure::Unreached,
+            r => Failure::Proxy(r),
+        })?;
+        if https {
+            let name = match target.host() {
+                net::Host::Domain(d) => d.clone(),
+                net::Host::Ip(ip) => ip.to_string(),
+            };
+            let tls = tokio::time::timeout(
+                limits.first_byte,
+                net::tls::connect(&self.tls, &name, dialed.stream),
+            )
+            .await
+            .map_err(|_| Failure::Proxy(Reason::Timeout))?
+            .map_err(Failure::Proxy)?;
+            Ok((handshake(tls).await?, true, false))
+        } else {
+            let forward = dialed.forward;
+            Ok((handshake(dialed.stream).await?, false, forward))
+        }
+    }
+
+    fn request(
+        &self,
+        url: &Url,
+        target: &net::Target,
+        forward: bool,
+        proxy: Option<&Proxy>,
+    ) -> Result<http::Request<Empty<Bytes>>, Failure> {
+        let mut path = url.path().to_owned();
+        if let Some(q) = url.query() {
+            path.push('?');
+            path.push_str(q);
+        }
+        let uri = if forward {
+            format!("http://{target}{path}")
+        } else {
+            path
+        };
+        let host = match url.port() {
+            Some(p) => format!("{}:{p}", url.host_str().unwrap_or_default()),
+            None => url.host_str().unwrap_or_default().to_owned(),
+        };
+        let mut req = http::Request::get(uri)
+            .header(header::HOST, host)
+            .header(header::USER_AGENT, self.user_agent.clone())
+            .header(
+                header::ACCEPT,
+                "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8",
+            )
+            .header(header::ACCEPT_ENCODING, "gzip, br");
+        if forward && let Some(auth) = proxy.and_then(proxy_authorization) {
+            req = req.header(header::PROXY_AUTHORIZATION, auth);
+        }
+        req.body(Empty::new())
+            .map_err(|_| Failure::Proxy(Reason::ProtocolError))
+    }
+
+    fn take_idle(&self, key: &Key) -> Option<Idle> {
+        let mut idle = lock(&self.idle);
+        let list = idle.get_mut(key)?;
+        let found = loop {
+            match list.pop() {
+                Some(c) if c.since.elapsed() < IDLE_FOR && c.sender.is_ready() => break Some(c),
+                Some(_) => continue,
+                None => break None,
+            }
+        };
+        if list.is_empty() {
+            idle.remove(key);
+        }
+        found
+    }
+
+    fn put_idle(&self, key: Key, conn: Idle) {
+        let mut idle = lock(&self.idle);
+        let total: usize = idle.values().map(Vec::len).sum();
+        if total >= IDLE_TOTAL {
+            idle.retain(|_, list| {
+                list.retain(|c| c.since.elapsed() < IDLE_FOR);
+                !list.is_empty()
+            });
+            if idle.values().map(Vec::len).sum::<usize>() >= IDLE_TOTAL {
+                return;
+            }
+        }
+        let list = idle.entry(key).or_default();
+        if list.len() < IDLE_PER_KEY {
+            list.push(conn);
+        }
+    }
+
+    /// Drops the idle connections through proxy `id` (it failed).
+    pub fn forget(&self, id: i64) {
+        lock(&self.idle).retain(|(p, _), _| *p != Some(id));
+    }
+}
+
+/// `scheme://host:port` of `url`.
+fn origin(url: &Url) -> String {
+    format!(
+        "{}://{}:{}",
+        url.scheme(),
+        url.host_str().unwrap_or_default(),
+        url.port_or_known_default().unwrap_or(0)
+    )
+}
+
+async fn handshake<S>(stream: S) -> Result<SendRequest<Empty<Bytes>>, Failure>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(|e| Failure::Proxy(hyper_reason(&e)))?;
+    // The connection task ends when the sender is dropped or the peer
+    // closes; errors reach the request through the sender.
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    Ok(sender)
+}
+
+fn keep_alive(headers: &HeaderMap) -> bool {
+    !headers.get_all(header::CONNECTION).iter().any(|v| {
+        v.to_str()
+            .is_ok_and(|s| s.to_ascii_lowercase().contains("close"))
+    })
+}
+
+/// The body with its `Content-Encoding` (gzip, deflate, br) undone, at
+/// most `max` bytes decoded.
+pub(crate) fn decode(headers: &HeaderMap, raw: Bytes, max: usize) -> Result<Bytes, Failure> {
+    let Some(enc) = headers
+        .get(header::CONTENT_ENCODING)
+        .and_then(|v| v.to_str().ok())
+    else {
+        return Ok(raw);
+    };
+    let enc = enc.trim().to_ascii_lowercase();
+    let reader: Box<dyn Read + '_> = match enc.as_str() {
+        "" | "identity" => return Ok(raw),
+        "gzip" | "x-gzip" => Box::new(flate2::read::MultiGzDecoder::new(&raw[..])),
+        "deflate" => Box::new(flate2::read::ZlibDecoder::new(&raw[..])),
+        "br" => Box::new(brotli::Decompressor::new(&raw[..], 4096)),
+        // An encoding we did not ask for: hand over the bytes as they came.
+        _ => return Ok(raw),
+    };
+    let mut out = Vec::with_capacity(raw.len() * 3);
+    reader
+        .take(max as u64 + 1)
+        .read_to_end(&mut out)
+        .map_err(|_| Failure::BadEncoding)?;
+    if out.len() > max {
+        return Err(Failure::TooLarge);
+    }
+    Ok(out.into())
+}
+
+/// The reason behind a hyper client error.
+pub(crate) fn hyper_reason(e: &hyper::Error) -> Reason {
+    if e.is_parse() || e.is_parse_status() || e.is_parse_too_large() {
+        return Reason::ProtocolError;
+    }
+    if e.is_incomplete_message() || e.is_closed() || e.is_canceled() {
+        return Reason::Reset;
+    }
+    let mut src: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
+    while let Some(s) = src {
+        if let Some(io) = s.downcast_ref::<std::io::Error>() {
+            if let Some(r) = io_reason(io) {
+                return r;
+            }
+            if io
+                .get_ref()
+                .is_some_and(|inner| inner.is::<rustls::Error>())
+            {
+                return Reason::TlsError;
+            }
+        }
+        if s.is::<rustls::Error>() {
+            return Reason::TlsError;
+        }
+        src = s.source();
+    }
+    Reason::ProtocolError
+}
+
+/// True when `proxy` can carry a request to a target of this scheme: HTTP
+/// proxies need CONNECT for https and are refused only when a check found
+/// it missing.
+pub(crate) fn can_carry(proxy: &Proxy, https_supported: Option<bool>, https: bool) -> bool {
+    !(https && proxy.scheme == Scheme::Http && https_supported == Some(false))
+}
+
+/// A poisoned lock only means a panic elsewhere; the map is still sound.
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    fn headers(enc: &str) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert(header::CONTENT_ENCODING, enc.parse().unwrap());
+        h
+    }
+
+    #[test]
+    fn bodies_are_decoded_within_the_cap() {
+        let text = b"hello hello hello hello hello".repeat(100);
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        gz.write_all(&text).unwrap();
+        let gz = Bytes::from(gz.finish().unwrap());
+        assert_eq!(
+            decode(&headers("gzip"), gz.clone(), 10_000).unwrap(),
+            text.as_slice()
+        );
+        // A small compressed body that inflates past the cap is refused.
+        assert_eq!(decode(&headers("gzip"), gz, 100), Err(Failure::TooLarge));
+        let mut br = Vec::new();
+        brotli::BrotliCompress(
+            &mut text.as_slice(),
+            &mut br,
+            &brotli::enc::BrotliEncoderParams::default(),
+        )
+        .unwrap();
+        assert_eq!(
+            decode(&headers("br"), br.into(), 10_000).unwrap(),
+            text.as_slice()
+        );
+        assert_eq!(
+            decode(&headers("gzip"), Bytes::from_static(b"not gzip"), 100),
+            Err(Failure::BadEncoding)
+        );
+        assert_eq!(
+            decode(&HeaderMap::new(), Bytes::from_static(b"plain"), 100).unwrap(),
+            &b"plain"[..]
+        );
+    }
+}

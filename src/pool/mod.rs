@@ -1,0 +1,1269 @@
+//! The rotating fetch pool: picks a proxy from the health index for each
+//! request (by a strategy, with sticky sessions, per-proxy in-flight caps,
+//! cooldowns and per-site bans), fetches through it, classifies the answer,
+//! reports it on the one feedback path and retries on other proxies.
+//!
+//! ```no_run
+//! use proxywarden::pool::{Pool, PoolOptions};
+//! use proxywarden::store::Store;
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let store = Store::open("proxywarden.db".as_ref())?;
+//! // Or `Pool::new(feedback, opts)` on the daemon's live health index.
+//! let pool = Pool::from_store(&store, PoolOptions::default())?;
+//! let page = pool.get("http://example.com/a").await?; // retried on other proxies
+//! println!("{} via {}", page.status(), page.proxy());
+//! # Ok(())
+//! # }
+//! ```
+
+mod classify;
+mod fetch;
+mod strategy;
+
+pub use classify::{Classifier, DEFAULT_BLOCK_PATTERNS, DEFAULT_PORTAL_PATTERNS};
+pub use strategy::StrategyKind;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fmt;
+use std::future::Future;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, StatusCode};
+use rand::RngExt;
+use tokio::sync::{Notify, Semaphore, watch};
+use tokio::time::Instant;
+use url::Url;
+
+use crate::health::{Entry, Feedback, HealthIndex, ProxyQuery, Verdict};
+use crate::model::Reason;
+use crate::proxy::{Proxy, Status};
+use crate::store::{ProxyFilter, Store, StoreError};
+use classify::Class;
+use fetch::{Answer, Client, Failure, Limits};
+use strategy::{Bound, Usage};
+
+/// What to do when no proxy can take a request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NoProxy {
+    /// Wait up to this long for one (a cooldown ending, a slot freeing, a
+    /// proxy coming alive), then fail.
+    Wait(Duration),
+    /// Fail at once.
+    Fail,
+    /// Send the request directly, without a proxy. Only on explicit request:
+    /// the pool never goes direct on its own.
+    Direct,
+}
+
+/// How a pool behaves. `Default` gives short timeouts and the budgets the
+/// crawler uses.
+#[derive(Clone, Debug)]
+pub struct PoolOptions {
+    /// Which proxies (the same filters as the API's).
+    pub query: ProxyQuery,
+    /// How one is chosen among those usable.
+    pub strategy: StrategyKind,
+    /// Requests through one proxy at once.
+    pub max_in_flight: u32,
+    /// How long a proxy that failed rests; doubled for each failure in a
+    /// row, up to `max_cooldown`.
+    pub cooldown: Duration,
+    /// The longest rest.
+    pub max_cooldown: Duration,
+    /// TCP connect to the proxy.
+    pub connect_timeout: Duration,
+    /// From the connection to the answer's head (proxy handshake and TLS
+    /// included): a proxy that accepts and never answers costs this.
+    pub first_byte_timeout: Duration,
+    /// One attempt, body included.
+    pub total_timeout: Duration,
+    /// Largest body, before and after decoding.
+    pub max_body: usize,
+    /// Redirects followed in one attempt (through the same proxy).
+    pub max_redirects: u32,
+    /// New proxies a request may move on to after a proxy failed or was
+    /// blocked.
+    pub rotations: u32,
+    /// Repeats after the site failed (5xx) or rate-limited (429, 503).
+    pub target_retries: u32,
+    /// First wait before a target retry; doubled each time, with jitter.
+    pub retry_backoff: Duration,
+    /// A `Retry-After` longer than this ends the request instead.
+    pub max_retry_after: Duration,
+    /// When no proxy can take a request.
+    pub no_proxy: NoProxy,
+    /// A sticky session moves to another proxy after this many uses.
+    pub session_uses: u32,
+    /// …or once it is this old.
+    pub session_age: Duration,
+    /// The `User-Agent` sent.
+    pub user_agent: String,
+    /// Which answers are blocks or proxy lies.
+    pub classifier: Classifier,
+    /// PEM roots trusted besides the built-in ones (private sites, tests).
+    pub extra_ca: Option<PathBuf>,
+    /// How often a pool made by [`Pool::from_store`] reloads the alive
+    /// proxies from the store.
+    pub refresh_every: Duration,
+}
+
+/// The user agent unless one is given.
+pub const DEFAULT_USER_AGENT: &str = concat!(
+    "proxywarden/",
+    env!("CARGO_PKG_VERSION"),
+    " (+https://github.com/proxywarden)"
+);
+
+impl Default for PoolOptions {
+    fn default() -> PoolOptions {
+        PoolOptions {
+            query: ProxyQuery::default(),
+            strategy: StrategyKind::default(),
+            max_in_flight: 4,
+            cooldown: Duration::from_secs(30),
+            max_cooldown: Duration::from_secs(30 * 60),
+            connect_timeout: Duration::from_secs(4),
+            first_byte_timeout: Duration::from_secs(8),
+            total_timeout: Duration::from_secs(20),
+            max_body: 10 * 1024 * 1024,
+            max_redirects: 5,
+            rotations: 10,
+            target_retries: 3,
+            retry_backoff: Duration::from_millis(500),
+            max_retry_after: Duration::from_secs(120),
+            no_proxy: NoProxy::Wait(Duration::from_secs(60)),
+            session_uses: 100,
+            session_age: Duration::from_secs(600),
+            user_agent: DEFAULT_USER_AGENT.to_owned(),
+            classifier: Classifier::default(),
+            extra_ca: None,
+            refresh_every: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Why a pool could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum PoolError {
+    /// The TLS configuration (extra roots) could not be built.
+    #[error(transparent)]
+    Tls(#[from] crate::net::tls::TlsSetupError),
+    /// The user agent is not a valid header value.
+    #[error("invalid user agent {0:?}")]
+    UserAgent(String),
+    /// A pool refreshed from the store needs a tokio runtime to run in.
+    #[error("the pool must be created inside a tokio runtime")]
+    NoRuntime,
+}
+
+/// Why a request got no page.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum FetchError {
+    /// Not an http(s) URL with a host.
+    #[error("invalid URL {url:?}: {why}")]
+    InvalidUrl {
+        /// As given.
+        url: String,
+        /// What is wrong.
+        why: String,
+    },
+    /// No proxy could take the request in time.
+    #[error("no usable proxy matches the filters (waited {waited:?}){}", hint.as_deref().map(|h| format!(": {h}")).unwrap_or_default())]
+    NoProxy {
+        /// How long it waited.
+        waited: Duration,
+        /// Attempts made before.
+        attempts: u32,
+        /// Why, when known (the store could not be read, say).
+        hint: Option<String>,
+    },
+    /// Every proxy tried failed or was blocked, and the rotation (or
+    /// target retry) budget is spent.
+    #[error("gave up after {attempts} attempts: {last}")]
+    Exhausted {
+        /// Attempts made.
+        attempts: u32,
+        /// The last failure.
+        last: String,
+        /// The last status the site answered, if any.
+        status: Option<u16>,
+    },
+    /// Proxies that work say the target cannot be reached (no such host,
+    /// nothing listening).
+    #[error("target unreachable after {attempts} attempts")]
+    Unreachable {
+        /// Attempts made.
+        attempts: u32,
+    },
+    /// The body is larger than the cap.
+    #[error("body larger than {limit} bytes")]
+    TooLarge {
+        /// Attempts made.
+        attempts: u32,
+        /// The cap.
+        limit: usize,
+    },
+    /// The site asked to wait longer than the pool may.
+    #[error("the site asked to retry after {0:?}")]
+    RetryAfterTooLong(Duration),
+}
+
+impl FetchError {
+    /// A short code for outputs and summaries.
+    pub fn code(&self) -> &'static str {
+        match self {
+            FetchError::InvalidUrl { .. } => "invalid_url",
+            FetchError::NoProxy { .. } => "no_proxy",
+            FetchError::Exhausted { .. } => "exhausted",
+            FetchError::Unreachable { .. } => "unreachable",
+            FetchError::TooLarge { .. } => "too_large",
+            FetchError::RetryAfterTooLong(_) => "retry_after_too_long",
+        }
+    }
+
+    /// Attempts made before giving up.
+    pub fn attempts(&self) -> u32 {
+        match self {
+            FetchError::NoProxy { attempts, .. }
+            | FetchError::Exhausted { attempts, .. }
+            | FetchError::Unreachable { attempts }
+            | FetchError::TooLarge { attempts, .. } => *attempts,
+            _ => 0,
+        }
+    }
+
+    /// The last status the site answered, if any.
+    pub fn status(&self) -> Option<u16> {
+        match self {
+            FetchError::Exhausted { status, .. } => *status,
+            _ => None,
+        }
+    }
+}
+
+/// What carried a request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Carrier {
+    /// A proxy from the index.
+    Proxy {
+        /// Its id in the store.
+        id: i64,
+        /// The proxy.
+        proxy: Proxy,
+    },
+    /// No proxy: asked for with [`NoProxy::Direct`].
+    Direct,
+}
+
+/// `scheme://host:port` (never the credentials), or `direct`.
+impl fmt::Display for Carrier {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Carrier::Proxy { proxy, .. } => write!(f, "{}://{}", proxy.scheme, proxy.host_port()),
+            Carrier::Direct => f.write_str("direct"),
+        }
+    }
+}
+
+/// A fetched page.
+#[derive(Clone, Debug)]
+pub struct Page {
+    url: Url,
+    final_url: Url,
+    status: StatusCode,
+    headers: HeaderMap,
+    body: Bytes,
+    carrier: Carrier,
+    attempts: u32,
+    elapsed: Duration,
+}
+
+impl Page {
+    /// The URL asked for.
+    pub fn url(&self) -> &Url {
+        &self.url
+    }
+    /// Where the redirects followed ended.
+    pub fn final_url(&self) -> &Url {
+        &self.final_url
+    }
+    /// The status of the final answer.
+    pub fn status(&self) -> StatusCode {
+        self.status
+    }
+    /// Its headers.
+    pub fn headers(&self) -> &HeaderMap {
+        &self.headers
+    }
+    /// The body, decoded.
+    pub fn body(&self) -> &Bytes {
+        &self.body
+    }
+    /// The body as text (lossy UTF-8).
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+    /// What carried the final attempt.
+    pub fn proxy(&self) -> &Carrier {
+        &self.carrier
+    }
+    /// Attempts it took (1 when the first proxy worked).
+    pub fn attempts(&self) -> u32 {
+        self.attempts
+    }
+    /// From the request to the body's end, retries included.
+    pub fn elapsed(&self) -> Duration {
+        self.elapsed
+    }
+    /// `Content-Type`, if any.
+    pub fn content_type(&self) -> Option<&str> {
+        self.headers
+            .get(http::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+    }
+}
+
+/// Paces requests per site for a caller (the crawler): waited on before
+/// every request the pool sends for it, told of every answer.
+pub trait Pacer: Send + Sync {
+    /// Resolves when a request to `url` may start.
+    fn wait<'a>(&'a self, url: &'a Url) -> Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
+    /// What the request to `url` got: its status (`None` when no answer
+    /// came) and `Retry-After`.
+    fn answered(&self, url: &Url, status: Option<StatusCode>, retry_after: Option<Duration>);
+}
+
+/// Decides whether a redirect from one URL to another is followed.
+pub type RedirectRule = Arc<dyn Fn(&Url, &Url) -> bool + Send + Sync>;
+
+/// One request for [`Pool::fetch`].
+#[derive(Clone)]
+pub struct Request {
+    url: Url,
+    session: Option<String>,
+    pacer: Option<Arc<dyn Pacer>>,
+    follow: Option<RedirectRule>,
+}
+
+impl fmt::Debug for Request {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Request")
+            .field("url", &self.url.as_str())
+            .field("session", &self.session)
+            .finish()
+    }
+}
+
+impl Request {
+    /// A GET of `url` (http or https).
+    pub fn new(url: Url) -> Result<Request, FetchError> {
+        if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
+            return Err(FetchError::InvalidUrl {
+                url: url.to_string(),
+                why: "not an http(s) URL with a host".into(),
+            });
+        }
+        Ok(Request {
+            url,
+            session: None,
+            pacer: None,
+            follow: None,
+        })
+    }
+
+    /// Keeps one proxy for every request of session `key` until it fails,
+    /// is used [`PoolOptions::session_uses`] times or gets too old.
+    pub fn session(mut self, key: impl Into<String>) -> Request {
+        self.session = Some(key.into());
+        self
+    }
+
+    /// Paces this request's sends with `pacer`.
+    pub fn pacer(mut self, pacer: Arc<dyn Pacer>) -> Request {
+        self.pacer = Some(pacer);
+        self
+    }
+
+    /// Follows the redirects `rule` allows (default: to the same host).
+    pub fn follow(mut self, rule: RedirectRule) -> Request {
+        self.follow = Some(rule);
+        self
+    }
+}
+
+/// Counters of a pool's work so far.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct PoolStats {
+    /// Requests asked of the pool.
+    pub requests: u64,
+    /// Requests that got a page.
+    pub pages: u64,
+    /// Requests that failed for good.
+    pub failed: u64,
+    /// Attempts sent (redirects not counted).
+    pub attempts: u64,
+    /// Moves to another proxy after a proxy failed or was blocked.
+    pub rotations: u64,
+    /// Repeats after the site failed or rate-limited.
+    pub target_retries: u64,
+    /// Attempts sent without a proxy.
+    pub direct: u64,
+    /// Attempts that failed at the proxy.
+    pub proxy_failures: u64,
+    /// Attempts a site blocked (403, captcha pages).
+    pub blocks: u64,
+    /// Attempts a site rate-limited (429, 503).
+    pub rate_limits: u64,
+    /// Distinct proxies used.
+    pub proxies_used: u64,
+    /// Distinct proxies that failed at least once (retired for a while).
+    pub proxies_failed: u64,
+    /// Proxies resting now.
+    pub proxies_cooling: u64,
+    /// Proxies carrying a request now.
+    pub proxies_busy: u64,
+    /// Distinct proxies each site blocked.
+    pub banned_by_site: BTreeMap<String, u64>,
+}
+
+/// Reports a worked use in the background up to this many at once; past
+/// that, fetches wait for the store so that the backlog stays bounded.
+const REPORTS_IN_FLIGHT: usize = 1024;
+/// How long a (proxy, site) pair rests after a 429 or 503 that gave no
+/// Retry-After.
+const RATE_LIMIT_REST: Duration = Duration::from_secs(30);
+/// How long a (proxy, site) pair rests after a bare 403: shorter than a
+/// ban, since the refusal may be the page's, not the proxy's.
+const REFUSAL_REST: Duration = Duration::from_secs(120);
+/// Proxies refused alike (bare 403) before the answer is the page.
+const REFUSAL_QUORUM: u32 = 3;
+/// Sticky sessions kept.
+const MAX_SESSIONS: usize = 100_000;
+/// Sites whose bans are counted for the stats.
+const MAX_BAN_SITES: usize = 1024;
+/// Proxies saying a target cannot be reached before the pool believes it.
+const UNREACHED_QUORUM: u32 = 3;
+/// How long a first pick waits for a store-backed pool's first load.
+const FIRST_LOAD_WAIT: Duration = Duration::from_secs(30);
+/// Longest sleep between looks for a usable proxy while waiting.
+const WAIT_TICK: Duration = Duration::from_millis(250);
+
+struct Session {
+    id: i64,
+    uses: u32,
+    since: Instant,
+}
+
+#[derive(Default)]
+struct State {
+    usage: HashMap<i64, Usage>,
+    sessions: HashMap<String, Session>,
+    last_rr: i64,
+    failed: HashSet<i64>,
+    bans: HashMap<String, HashSet<i64>>,
+}
+
+#[derive(Default)]
+struct Counters {
+    requests: AtomicU64,
+    pages: AtomicU64,
+    failed: AtomicU64,
+    attempts: AtomicU64,
+    rotations: AtomicU64,
+    target_retries: AtomicU64,
+    direct: AtomicU64,
+    proxy_failures: AtomicU64,
+    blocks: AtomicU64,
+    rate_limits: AtomicU64,
+}
+
+struct Inner {
+    feedback: Feedback,
+    opts: PoolOptions,
+    client: Client,
+    state: Mutex<State>,
+    /// Wakes waiters: a slot freed, a proxy indexed.
+    changed: Notify,
+    counters: Counters,
+    reports: Arc<Semaphore>,
+    /// True once a store-backed pool loaded the store (always for live
+    /// pools).
+    loaded: watch::Sender<bool>,
+    load_error: Mutex<Option<String>>,
+    refresher: Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if let Some(task) = lock(&self.refresher).take() {
+            task.abort();
+        }
+    }
+}
+
+/// A cheap, cloneable handle to a rotating fetch pool. See the [module
+/// documentation](self) for an example.
+#[derive(Clone)]
+pub struct Pool {
+    inner: Arc<Inner>,
+}
+
+impl fmt::Debug for Pool {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Pool")
+            .field("index", self.inner.feedback.index())
+            .field("strategy", &self.inner.opts.strategy)
+            .finish()
+    }
+}
+
+/// A proxy handed to one request; the in-flight slot frees on drop.
+struct Lease {
+    inner: Arc<Inner>,
+    entry: Arc<Entry>,
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        let mut st = lock(&self.inner.state);
+        if let Some(u) = st.usage.get_mut(&self.entry.id) {
+            u.in_flight = u.in_flight.saturating_sub(1);
+        }
+        drop(st);
+        self.inner.changed.notify_waiters();
+    }
+}
+
+/// How one attempt (with its redirects) ended.
+enum Outcome {
+    Page(Answer, Url),
+    ProxyFailure(Reason),
+    Blocked {
+        site: String,
+        wait: Option<Duration>,
+        /// A captcha or ban page, not a bare status.
+        page: bool,
+        answer: Answer,
+        url: Url,
+    },
+    SiteError(Answer, Url),
+    Unreached,
+    TooLarge,
+}
+
+impl Pool {
+    /// A pool on a live index: `feedback` is the daemon's feedback path,
+    /// whose index the checker keeps current.
+    pub fn new(feedback: Feedback, opts: PoolOptions) -> Result<Pool, PoolError> {
+        Pool::build(feedback, opts, true)
+    }
+
+    /// A pool on the alive proxies of `store`, reloaded every
+    /// [`PoolOptions::refresh_every`], so that a daemon checking the same
+    /// store keeps it fresh. Must be called inside a tokio runtime; the
+    /// first load runs in the background and the first request waits for it.
+    pub fn from_store(store: &Store, opts: PoolOptions) -> Result<Pool, PoolError> {
+        let handle = tokio::runtime::Handle::try_current().map_err(|_| PoolError::NoRuntime)?;
+        let feedback = Feedback::new(HealthIndex::new(), store.clone());
+        let every = opts.refresh_every.max(Duration::from_millis(10));
+        let pool = Pool::build(feedback, opts, false)?;
+        let weak = Arc::downgrade(&pool.inner);
+        let store = store.clone();
+        let task = handle.spawn(async move {
+            loop {
+                let loaded = store
+                    .list_proxies(ProxyFilter {
+                        status: Some(Status::Alive),
+                        ..ProxyFilter::default()
+                    })
+                    .await;
+                if !refresh(&weak, loaded) {
+                    return;
+                }
+                tokio::time::sleep(every).await;
+            }
+        });
+        *lock(&pool.inner.refresher) = Some(task);
+        Ok(pool)
+    }
+
+    fn build(feedback: Feedback, opts: PoolOptions, loaded: bool) -> Result<Pool, PoolError> {
+        let tls =
+            crate::net::tls::client_config(opts.extra_ca.as_deref(), crate::net::tls::ALPN_H1)?;
+        let ua = http::HeaderValue::from_str(&opts.user_agent)
+            .map_err(|_| PoolError::UserAgent(opts.user_agent.clone()))?;
+        Ok(Pool {
+            inner: Arc::new(Inner {
+                feedback,
+                client: Client::new(tls, ua),
+                opts,
+                state: Mutex::default(),
+                changed: Notify::new(),
+                counters: Counters::default(),
+                reports: Arc::new(Semaphore::new(REPORTS_IN_FLIGHT)),
+                loaded: watch::Sender::new(loaded),
+                load_error: Mutex::new(None),
+                refresher: Mutex::new(None),
+            }),
+        })
+    }
+
+    /// The options it runs with.
+    pub fn options(&self) -> &PoolOptions {
+        &self.inner.opts
+    }
+
+    /// The index it picks from.
+    pub fn index(&self) -> &HealthIndex {
+        self.inner.feedback.index()
+    }
+
+    /// The feedback path it reports to.
+    pub fn feedback(&self) -> &Feedback {
+        &self.inner.feedback
+    }
+
+    /// GETs `url`, retried on other proxies as the options allow.
+    pub async fn get(&self, url: &str) -> Result<Page, FetchError> {
+        let parsed = Url::parse(url).map_err(|e| FetchError::InvalidUrl {
+            url: url.to_owned(),
+            why: e.to_string(),
+        })?;
+        self.fetch(Request::new(parsed)?).await
+    }
+
+    /// Sends `req`: picks a proxy, fetches, classifies, reports, and moves
+    /// on to another proxy or waits and repeats until a page comes or a
+    /// budget is spent.
+    pub async fn fetch(&self, req: Request) -> Result<Page, FetchError> {
+        let c = &self.inner.counters;
+        c.requests.fetch_add(1, Ordering::Relaxed);
+        let result = self.fetch_inner(&req).await;
+        match &result {
+            Ok(_) => c.pages.fetch_add(1, Ordering::Relaxed),
+            Err(_) => c.failed.fetch_add(1, Ordering::Relaxed),
+        };
+        result
+    }
+
+    async fn fetch_inner(&self, req: &Request) -> Result<Page, FetchError> {
+        let opts = &self.inner.opts;
+        let c = &self.inner.counters;
+        let started = Instant::now();
+        let mut tried: HashSet<i64> = HashSet::new();
+        let (mut attempts, mut rotations, mut retries, mut unreached) = (0u32, 0u32, 0u32, 0u32);
+        let mut refusals = 0u32;
+        let exhausted = |attempts, last: String, status| FetchError::Exhausted {
+            attempts,
+            last,
+            status,
+        };
+        loop {
+            let lease = self.acquire(req, &tried, attempts).await?;
+            attempts += 1;
+            c.attempts.fetch_add(1, Ordering::Relaxed);
+            if lease.is_none() {
+                c.direct.fetch_add(1, Ordering::Relaxed);
+            }
+            let t0 = Instant::now();
+            let outcome = self.attempt(lease.as_ref(), req).await;
+            let id = lease.as_ref().map(|l| l.entry.id);
+            match outcome {
+                Outcome::Page(answer, final_url) => {
+                    if let Some(l) = &lease {
+                        self.worked(l, t0.elapsed()).await;
+                    }
+                    return Ok(self.page(req, answer, final_url, &lease, attempts, started));
+                }
+                Outcome::SiteError(answer, final_url) => {
+                    if let Some(id) = id {
+                        self.report(id, Verdict::TargetError, None).await;
+                    }
+                    if retries >= opts.target_retries {
+                        return Ok(self.page(req, answer, final_url, &lease, attempts, started));
+                    }
+                    retries += 1;
+                    c.target_retries.fetch_add(1, Ordering::Relaxed);
+                    drop(lease);
+                    tokio::time::sleep(backoff(opts.retry_backoff, retries)).await;
+                }
+                Outcome::ProxyFailure(reason) => {
+                    c.proxy_failures.fetch_add(1, Ordering::Relaxed);
+                    let Some(l) = lease else {
+                        return Err(exhausted(attempts, reason.to_string(), None));
+                    };
+                    self.failed(&l, reason).await;
+                    tried.insert(l.entry.id);
+                    if rotations >= opts.rotations {
+                        return Err(exhausted(attempts, reason.to_string(), None));
+                    }
+                    rotations += 1;
+                    c.rotations.fetch_add(1, Ordering::Relaxed);
+                }
+                Outcome::Blocked {
+                    site,
+                    wait,
+                    page,
+                    answer,
+                    url,
+                } => {
+                    let status = answer.status;
+                    // Rate limits (429, 503) rest the pair for their
+                    // Retry-After and spend target retries; captcha and ban
+                    // pages ban the pair, bare refusals (403) rest it, and
+                    // both spend rotations.
+                    let limited = !page && matches!(status.as_u16(), 429 | 503);
+                    if let Some(id) = id {
+                        if limited {
+                            c.rate_limits.fetch_add(1, Ordering::Relaxed);
+                            let rest = wait.unwrap_or(RATE_LIMIT_REST).max(Duration::from_secs(1));
+                            self.inner.feedback.rest(id, &site, rest);
+                        } else {
+                            c.blocks.fetch_add(1, Ordering::Relaxed);
+                            self.blocked(id, &site, page).await;
+                            if !page {
+                                refusals += 1;
+                            }
+                        }
+                        tried.insert(id);
+                    }
+                    // Several proxies refused alike: the site means it for
+                    // this URL (a private page), not for these proxies.
+                    if refusals >= REFUSAL_QUORUM {
+                        return Ok(self.page(req, answer, url, &lease, attempts, started));
+                    }
+                    let last = format!("blocked by {site} ({})", status.as_u16());
+                    if limited {
+                        if retries >= opts.target_retries {
+                            return Err(exhausted(attempts, last, Some(status.as_u16())));
+                        }
+                        retries += 1;
+                        c.target_retries.fetch_add(1, Ordering::Relaxed);
+                    } else {
+                        if rotations >= opts.rotations || lease.is_none() {
+                            return Err(exhausted(attempts, last, Some(status.as_u16())));
+                        }
+                        rotations += 1;
+                        c.rotations.fetch_add(1, Ordering::Relaxed);
+                    }
+                    drop(lease);
+                    let pause = match wait {
+                        Some(w) if w > opts.max_retry_after => {
+                            return Err(FetchError::RetryAfterTooLong(w));
+                        }
+                        Some(w) => w,
+                        None if limited => backoff(opts.retry_backoff, retries),
+                        None => Duration::ZERO,
+                    };
+                    tokio::time::sleep(pause).await;
+                }
+                Outcome::Unreached => {
+                    unreached += 1;
+                    let Some(l) = lease else {
+                        return Err(FetchError::Unreachable { attempts });
+                    };
+                    self.report(l.entry.id, Verdict::TargetError, None).await;
+                    tried.insert(l.entry.id);
+                    if unreached >= UNREACHED_QUORUM || rotations >= opts.rotations {
+                        return Err(FetchError::Unreachable { attempts });
+                    }
+                    rotations += 1;
+                    c.rotations.fetch_add(1, Ordering::Relaxed);
+                }
+                Outcome::TooLarge => {
+                    return Err(FetchError::TooLarge {
+                        attempts,
+                        limit: opts.max_body,
+                    });
+                }
+            }
+        }
+    }
+
+    fn page(
+        &self,
+        req: &Request,
+        answer: Answer,
+        final_url: Url,
+        lease: &Option<Lease>,
+        attempts: u32,
+        started: Instant,
+    ) -> Page {
+        Page {
+            url: req.url.clone(),
+            final_url,
+            status: answer.status,
+            headers: answer.headers,
+            body: answer.body,
+            carrier: match lease {
+                Some(l) => Carrier::Proxy {
+                    id: l.entry.id,
+                    proxy: l.entry.proxy.clone(),
+                },
+                None => Carrier::Direct,
+            },
+            attempts,
+            elapsed: started.elapsed(),
+        }
+    }
+
+    /// One attempt through `lease` (or direct), following the redirects
+    /// the request allows through the same proxy.
+    async fn attempt(&self, lease: Option<&Lease>, req: &Request) -> Outcome {
+        let opts = &self.inner.opts;
+        let limits = Limits {
+            connect: opts.connect_timeout,
+            first_byte: opts.first_byte_timeout,
+            total: opts.total_timeout,
+            max_body: opts.max_body,
+        };
+        let proxy = lease.map(|l| (l.entry.id, &l.entry.proxy));
+        let mut url = req.url.clone();
+        let mut redirects = 0;
+        loop {
+            if let Some(p) = &req.pacer {
+                p.wait(&url).await;
+            }
+            let answer = match self.inner.client.get(proxy, &url, limits).await {
+                Ok(a) => a,
+                Err(f) => {
+                    if let Some(p) = &req.pacer {
+                        p.answered(&url, None, None);
+                    }
+                    return match f {
+                        Failure::Proxy(r) => Outcome::ProxyFailure(r),
+                        Failure::BadEncoding => Outcome::ProxyFailure(Reason::ProtocolError),
+                        Failure::Unreached => Outcome::Unreached,
+                        Failure::TooLarge => Outcome::TooLarge,
+                    };
+                }
+            };
+            let class = opts.classifier.classify(
+                answer.status,
+                &answer.headers,
+                &answer.body,
+                answer.forward,
+                answer.tls,
+            );
+            if let Some(p) = &req.pacer {
+                let wait = classify::retry_after(&answer.headers, std::time::SystemTime::now());
+                p.answered(&url, Some(answer.status), wait);
+            }
+            match class {
+                Class::Page => {
+                    if answer.status.is_redirection()
+                        && redirects < opts.max_redirects
+                        && let Some(next) = location(&url, &answer.headers)
+                        && next != url
+                        && match &req.follow {
+                            Some(rule) => rule(&url, &next),
+                            None => same_host(&url, &next),
+                        }
+                    {
+                        redirects += 1;
+                        url = next;
+                        continue;
+                    }
+                    return Outcome::Page(answer, url);
+                }
+                Class::ProxyFailure(r) => return Outcome::ProxyFailure(r),
+                Class::Blocked(wait, page) => {
+                    return Outcome::Blocked {
+                        site: site_of(&url),
+                        wait,
+                        page,
+                        answer,
+                        url,
+                    };
+                }
+                Class::SiteError => return Outcome::SiteError(answer, url),
+            }
+        }
+    }
+
+    /// A proxy for an attempt of `req`, or `None` to go direct when the
+    /// policy says so.
+    async fn acquire(
+        &self,
+        req: &Request,
+        tried: &HashSet<i64>,
+        attempts: u32,
+    ) -> Result<Option<Lease>, FetchError> {
+        let inner = &self.inner;
+        let mut loaded = inner.loaded.subscribe();
+        if !*loaded.borrow() {
+            let _ = tokio::time::timeout(FIRST_LOAD_WAIT, loaded.wait_for(|l| *l)).await;
+        }
+        let started = Instant::now();
+        let site = site_of(&req.url);
+        let https = req.url.scheme() == "https";
+        loop {
+            // Registered before looking, so a slot freed meanwhile wakes us.
+            let changed = inner.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            let (lease, next_free) = self.try_pick(req.session.as_deref(), &site, https, tried);
+            if let Some(lease) = lease {
+                return Ok(Some(lease));
+            }
+            let waited = started.elapsed();
+            let give_up = |waited| FetchError::NoProxy {
+                waited,
+                attempts,
+                hint: lock(&inner.load_error).clone(),
+            };
+            let bound = match inner.opts.no_proxy {
+                NoProxy::Direct => return Ok(None),
+                NoProxy::Fail => return Err(give_up(waited)),
+                NoProxy::Wait(bound) => bound,
+            };
+            // A request that tried every proxy there is gains nothing from
+            // waiting for one of them to come back.
+            if waited >= bound {
+                return Err(give_up(waited));
+            }
+            let mut nap = (bound - waited).min(WAIT_TICK);
+            if let Some(at) = next_free {
+                nap = nap.min(at.saturating_duration_since(Instant::now()));
+            }
+            let _ = tokio::time::timeout(nap, changed).await;
+        }
+    }
+
+    /// Picks and reserves a proxy; otherwise says when the first cooldown
+    /// ends.
+    fn try_pick(
+        &self,
+        session: Option<&str>,
+        site: &str,
+        https: bool,
+        tried: &HashSet<i64>,
+    ) -> (Option<Lease>, Option<Instant>) {
+        let inner = &self.inner;
+        let opts = &inner.opts;
+        let index = inner.feedback.index();
+        let now = Instant::now();
+        let now_ms = crate::store::now_ms();
+        let mut st = lock(&inner.state);
+        let usable = |st: &State, e: &Entry| {
+            !tried.contains(&e.id)
+                && fetch::can_carry(&e.proxy, e.https, https)
+                && st.usage.get(&e.id).is_none_or(|u| {
+                    u.in_flight < opts.max_in_flight && u.cooldown_until.is_none_or(|t| t <= now)
+                })
+                && !inner.feedback.is_banned(e.id, site)
+        };
+        let mut chosen = None;
+        if let Some(key) = session
+            && let Some(s) = st.sessions.get(key)
+        {
+            let fresh = s.uses < opts.session_uses && now - s.since < opts.session_age;
+            let entry = index
+                .get(s.id)
+                .filter(|e| fresh && opts.query.matches(e, now_ms) && usable(&st, e));
+            match entry {
+                Some(e) => chosen = Some(e),
+                None => {
+                    st.sessions.remove(key);
+                }
+            }
+        }
+        if chosen.is_none() {
+            let strategy = Bound {
+                kind: opts.strategy,
+                usage: &st.usage,
+                last: st.last_rr,
+            };
+            // Through the feedback path, so the pool never takes a proxy
+            // past the freshness window or one a burst made suspect.
+            chosen = inner
+                .feedback
+                .pick(&opts.query, now_ms, &strategy, &|e| !usable(&st, e));
+            if let Some(e) = &chosen {
+                st.last_rr = e.id;
+            }
+        }
+        let Some(entry) = chosen else {
+            let next = st
+                .usage
+                .values()
+                .filter_map(|u| u.cooldown_until)
+                .filter(|t| *t > now)
+                .min();
+            return (None, next);
+        };
+        let u = st.usage.entry(entry.id).or_default();
+        u.in_flight += 1;
+        u.uses += 1;
+        if let Some(key) = session {
+            if st.sessions.len() >= MAX_SESSIONS {
+                let age = opts.session_age;
+                st.sessions.retain(|_, s| now - s.since < age);
+            }
+            if st.sessions.len() < MAX_SESSIONS || st.sessions.contains_key(key) {
+                let s = st.sessions.entry(key.to_owned()).or_insert(Session {
+                    id: entry.id,
+                    uses: 0,
+                    since: now,
+                });
+                s.uses += 1;
+            }
+        }
+        drop(st);
+        inner.feedback.served(&entry, now_ms);
+        (
+            Some(Lease {
+                inner: inner.clone(),
+                entry,
+            }),
+            None,
+        )
+    }
+
+    async fn worked(&self, lease: &Lease, latency: Duration) {
+        {
+            let mut st = lock(&self.inner.state);
+            let u = st.usage.entry(lease.entry.id).or_default();
+            u.ok += 1;
+            u.streak = 0;
+            let ms = latency.as_secs_f64() * 1000.0;
+            u.latency_ms = Some(match u.latency_ms {
+                Some(prev) => prev * 0.7 + ms * 0.3,
+                None => ms,
+            });
+        }
+        self.report(lease.entry.id, Verdict::Worked, None).await;
+    }
+
+    async fn failed(&self, lease: &Lease, reason: Reason) {
+        let id = lease.entry.id;
+        {
+            let opts = &self.inner.opts;
+            let mut st = lock(&self.inner.state);
+            st.failed.insert(id);
+            let u = st.usage.entry(id).or_default();
+            u.failed += 1;
+            u.streak += 1;
+            let factor = 2u32.saturating_pow(u.streak.saturating_sub(1).min(16));
+            let rest = opts.cooldown.saturating_mul(factor).min(opts.max_cooldown);
+            u.cooldown_until = Some(Instant::now() + rest);
+        }
+        self.inner.client.forget(id);
+        tracing::debug!(id, %reason, "proxy failed in use");
+        // Awaited: the proxy must leave the index before the next pick.
+        if let Err(e) = self
+            .inner
+            .feedback
+            .report(id, Verdict::Failed(Some(reason)), None)
+            .await
+        {
+            tracing::warn!(id, error = %e, "cannot record a proxy failure");
+        }
+    }
+
+    /// A site refused proxy `id`: a ban page bans the pair (reported on
+    /// the feedback path), a bare refusal rests it for a while.
+    async fn blocked(&self, id: i64, site: &str, page: bool) {
+        {
+            let mut st = lock(&self.inner.state);
+            if st.bans.len() < MAX_BAN_SITES || st.bans.contains_key(site) {
+                st.bans.entry(site.to_owned()).or_default().insert(id);
+            }
+        }
+        if page {
+            self.report(id, Verdict::Blocked, Some(site)).await;
+        } else {
+            self.inner.feedback.rest(id, site, REFUSAL_REST);
+        }
+    }
+
+    /// Reports a verdict. Only `Worked` writes to the store, so only it
+    /// runs in the background, while few such writes are pending; blocks
+    /// and target errors take effect in memory before this returns.
+    async fn report(&self, id: i64, verdict: Verdict, site: Option<&str>) {
+        let feedback = self.inner.feedback.clone();
+        if verdict != Verdict::Worked {
+            if let Err(e) = feedback.report(id, verdict, site).await {
+                tracing::warn!(id, error = %e, "cannot record a proxy's use");
+            }
+            return;
+        }
+        let job = async move {
+            if let Err(e) = feedback.report(id, verdict, None).await {
+                tracing::warn!(id, error = %e, "cannot record a proxy's use");
+            }
+        };
+        match self.inner.reports.clone().try_acquire_owned() {
+            Ok(permit) => {
+                tokio::spawn(async move {
+                    job.await;
+                    drop(permit);
+                });
+            }
+            Err(_) => job.await,
+        }
+    }
+
+    /// What the pool has done so far.
+    pub fn stats(&self) -> PoolStats {
+        let c = &self.inner.counters;
+        let now = Instant::now();
+        let st = lock(&self.inner.state);
+        PoolStats {
+            requests: c.requests.load(Ordering::Relaxed),
+            pages: c.pages.load(Ordering::Relaxed),
+            failed: c.failed.load(Ordering::Relaxed),
+            attempts: c.attempts.load(Ordering::Relaxed),
+            rotations: c.rotations.load(Ordering::Relaxed),
+            target_retries: c.target_retries.load(Ordering::Relaxed),
+            direct: c.direct.load(Ordering::Relaxed),
+            proxy_failures: c.proxy_failures.load(Ordering::Relaxed),
+            blocks: c.blocks.load(Ordering::Relaxed),
+            rate_limits: c.rate_limits.load(Ordering::Relaxed),
+            proxies_used: st.usage.values().filter(|u| u.uses > 0).count() as u64,
+            proxies_failed: st.failed.len() as u64,
+            proxies_cooling: st
+                .usage
+                .values()
+                .filter(|u| u.cooldown_until.is_some_and(|t| t > now))
+                .count() as u64,
+            proxies_busy: st.usage.values().filter(|u| u.in_flight > 0).count() as u64,
+            banned_by_site: st
+                .bans
+                .iter()
+                .map(|(s, ids)| (s.clone(), ids.len() as u64))
+                .collect(),
+        }
+    }
+
+    /// True when proxy `id` is resting after a failure.
+    pub fn is_cooling(&self, id: i64) -> bool {
+        let now = Instant::now();
+        lock(&self.inner.state)
+            .usage
+            .get(&id)
+            .and_then(|u| u.cooldown_until)
+            .is_some_and(|t| t > now)
+    }
+
+    /// Requests through proxy `id` now.
+    pub fn in_flight(&self, id: i64) -> u32 {
+        lock(&self.inner.state)
+            .usage
+            .get(&id)
+            .map_or(0, |u| u.in_flight)
+    }
+}
+
+/// Replaces the index of the pool behind `weak` with `loaded`; false when
+/// the pool is gone.
+fn refresh(weak: &Weak<Inner>, loaded: Result<Vec<crate::store::ProxyRecord>, StoreError>) -> bool {
+    let Some(inner) = weak.upgrade() else {
+        return false;
+    };
+    match loaded {
+        Ok(records) => {
+            let index = inner.feedback.index();
+            let keep: HashSet<i64> = records.iter().map(|r| r.id).collect();
+            let now = crate::store::now_ms();
+            for e in index.select(&ProxyQuery::default(), now) {
+                if !keep.contains(&e.id) {
+                    index.remove(e.id);
+                }
+            }
+            index.apply(records);
+            *lock(&inner.load_error) = None;
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot load proxies for the pool");
+            *lock(&inner.load_error) = Some(format!("cannot load proxies: {e}"));
+        }
+    }
+    inner.loaded.send_replace(true);
+    inner.changed.notify_waiters();
+    true
+}
+
+/// The site a ban applies to: the URL's host, with its port when it is
+/// not the scheme's default.
+pub fn site_of(url: &Url) -> String {
+    let host = url.host_str().unwrap_or_default();
+    match url.port() {
+        Some(p) => format!("{host}:{p}"),
+        None => host.to_owned(),
+    }
+}
+
+/// Same host name and port; an upgrade from http's default port to
+/// https's counts as the same.
+fn same_host(from: &Url, to: &Url) -> bool {
+    matches!(to.scheme(), "http" | "https")
+        && from.host_str() == to.host_str()
+        && (from.port() == to.port() || (from.port().is_none() && to.port().is_none()))
+}
+
+/// The redirect target of an answer, resolved against `base`.
+fn location(base: &Url, headers: &HeaderMap) -> Option<Url> {
+    let loc = headers.get(http::header::LOCATION)?.to_str().ok()?;
+    let mut next = base.join(loc.trim()).ok()?;
+    next.set_fragment(None);
+    matches!(next.scheme(), "http" | "https").then_some(next)
+}
+
+/// `base × 2^(n-1)`, between half and all of it at random.
+fn backoff(base: Duration, n: u32) -> Duration {
+    let full = base.saturating_mul(2u32.saturating_pow(n.saturating_sub(1).min(16)));
+    let full = full.min(Duration::from_secs(60));
+    full.mul_f64(rand::rng().random_range(0.5..=1.0))
+}
+
+/// A poisoned lock only means a panic elsewhere; the state is still sound.
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_with_jitter_and_a_ceiling() {
+        let base = Duration::from_millis(100);
+        for n in 1..=4 {
+            let full = base * 2u32.pow(n - 1);
+            let b = backoff(base, n);
+            assert!(b >= full / 2 && b <= full, "{n}: {b:?}");
+        }
+        assert!(backoff(base, 40) <= Duration::from_secs(60));
+    }
+
+    #[test]
+    fn redirects_resolve_against_the_page() {
+        let base = Url::parse("http://a.test/x/y?q=1").unwrap();
+        let mut h = HeaderMap::new();
+        h.insert(http::header::LOCATION, "../z#frag".parse().unwrap());
+        assert_eq!(location(&base, &h).unwrap().as_str(), "http://a.test/z");
+        h.insert(http::header::LOCATION, "mailto:x@y".parse().unwrap());
+        assert_eq!(location(&base, &h), None);
+        assert!(same_host(&base, &Url::parse("https://a.test/").unwrap()));
+        assert!(!same_host(&base, &Url::parse("http://b.test/").unwrap()));
+        assert!(!same_host(
+            &base,
+            &Url::parse("http://a.test:8080/").unwrap()
+        ));
+        assert_eq!(
+            site_of(&Url::parse("http://127.0.0.1:8080/a").unwrap()),
+            "127.0.0.1:8080"
+        );
+        assert_eq!(
+            site_of(&Url::parse("https://Shop.Test/a").unwrap()),
+            "shop.test"
+        );
+    }
+}

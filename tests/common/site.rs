@@ -1,0 +1,355 @@
+//! A target site for pool and crawl tests: pages from a handler, robots.txt,
+//! per-peer bans (a captcha page for the addresses of chosen proxies), a
+//! per-peer rate limit answering 429 with Retry-After, latency, optional
+//! TLS, keep-alive; it records every request (path, peer, time) and the
+//! most requests it served at once.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpListener;
+
+/// One answer.
+#[derive(Clone, Debug)]
+pub struct Reply {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl Reply {
+    /// `200` with an HTML body.
+    pub fn html(body: impl Into<String>) -> Reply {
+        Reply {
+            status: 200,
+            headers: vec![("Content-Type".into(), "text/html; charset=utf-8".into())],
+            body: body.into().into_bytes(),
+        }
+    }
+
+    /// `200` with a plain-text body.
+    pub fn text(body: impl Into<String>) -> Reply {
+        Reply {
+            status: 200,
+            headers: vec![("Content-Type".into(), "text/plain".into())],
+            body: body.into().into_bytes(),
+        }
+    }
+
+    /// A bare status.
+    pub fn status(status: u16) -> Reply {
+        Reply {
+            status,
+            headers: vec![("Content-Type".into(), "text/plain".into())],
+            body: format!("status {status}").into_bytes(),
+        }
+    }
+
+    /// A redirect to `to`.
+    pub fn redirect(status: u16, to: &str) -> Reply {
+        Reply {
+            status,
+            headers: vec![("Location".into(), to.into())],
+            body: b"moved".to_vec(),
+        }
+    }
+
+    /// Adds a header.
+    pub fn with(mut self, name: &str, value: &str) -> Reply {
+        self.headers.push((name.into(), value.into()));
+        self
+    }
+}
+
+/// The page a banned peer gets.
+pub const CAPTCHA_PAGE: &str =
+    "<html><head><title>Captcha</title></head><body>prove you are human</body></html>";
+
+/// Answers a path (with its query) and the hit count of that path so far
+/// (1 for the first request).
+pub type Handler = Arc<dyn Fn(&str, usize) -> Reply + Send + Sync>;
+
+/// A per-peer rate limit: more than `max` requests from one address in
+/// `window` get 429 with `Retry-After: retry_after`.
+#[derive(Clone, Copy, Debug)]
+pub struct RateLimit {
+    pub max: usize,
+    pub window: Duration,
+    pub retry_after: u64,
+}
+
+/// How the site behaves.
+#[derive(Clone)]
+pub struct SiteOpts {
+    pub handler: Handler,
+    /// `/robots.txt`; 404 when `None`.
+    pub robots: Option<Reply>,
+    /// Peers that get `ban_reply` instead of pages (robots.txt included).
+    pub banned: Vec<IpAddr>,
+    pub ban_reply: Reply,
+    pub rate_limit: Option<RateLimit>,
+    /// Added before every answer.
+    pub latency: Duration,
+    /// Serve TLS with a certificate for 127.0.0.1 from a CA written to
+    /// this directory as `site-ca.pem`.
+    pub tls_dir: Option<PathBuf>,
+}
+
+impl SiteOpts {
+    /// A site answering every path with `handler`.
+    pub fn new(handler: impl Fn(&str, usize) -> Reply + Send + Sync + 'static) -> SiteOpts {
+        SiteOpts {
+            handler: Arc::new(handler),
+            robots: None,
+            banned: Vec::new(),
+            ban_reply: Reply::html(CAPTCHA_PAGE),
+            rate_limit: None,
+            latency: Duration::ZERO,
+            tls_dir: None,
+        }
+    }
+
+    /// A site of fixed routes; other paths are 404.
+    pub fn routes(routes: Vec<(&str, Reply)>) -> SiteOpts {
+        let map: HashMap<String, Reply> =
+            routes.into_iter().map(|(p, r)| (p.to_owned(), r)).collect();
+        SiteOpts::new(move |path, _| map.get(path).cloned().unwrap_or_else(|| Reply::status(404)))
+    }
+}
+
+/// `n` pages, `/p/0` to `/p/{n-1}` (`/` is page 0), page i linking to pages
+/// `i*fanout+1 ..= i*fanout+fanout` that exist: a tree that a breadth-first
+/// crawl covers whole. Each page has a title and a price.
+pub fn tree_page(path: &str, n: usize, fanout: usize) -> Reply {
+    let i = match path {
+        "/" => 0,
+        p => match p.strip_prefix("/p/").and_then(|s| s.parse::<usize>().ok()) {
+            Some(i) if i < n => i,
+            _ => return Reply::status(404),
+        },
+    };
+    let mut body = format!(
+        "<html><head><title>Page {i}</title></head><body><h1>Page {i}</h1>\
+         <span class=\"price\">{i}.99</span>"
+    );
+    for k in 1..=fanout {
+        let child = i * fanout + k;
+        if child < n {
+            body.push_str(&format!("<a href=\"/p/{child}\">child {child}</a>"));
+        }
+    }
+    body.push_str("</body></html>");
+    Reply::html(body)
+}
+
+/// One request the site received.
+#[derive(Clone, Debug)]
+pub struct Hit {
+    pub at: Instant,
+    pub path: String,
+    pub peer: IpAddr,
+    pub user_agent: Option<String>,
+}
+
+#[derive(Default)]
+struct Log {
+    hits: Vec<Hit>,
+    per_path: HashMap<String, usize>,
+    in_flight: usize,
+    max_in_flight: usize,
+    /// Recent request times per peer, for the rate limit.
+    recent: HashMap<IpAddr, Vec<Instant>>,
+}
+
+/// A running site; dropping it stops it.
+pub struct Site {
+    pub addr: SocketAddr,
+    tls: bool,
+    ca_file: Option<PathBuf>,
+    log: Arc<Mutex<Log>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Site {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Site {
+    /// Binds 127.0.0.1:0 and serves.
+    pub async fn start(opts: SiteOpts) -> Site {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let log: Arc<Mutex<Log>> = Arc::default();
+        let (acceptor, ca_file) = match &opts.tls_dir {
+            Some(dir) => {
+                let (acceptor, ca) = tls_acceptor(dir);
+                (Some(acceptor), Some(ca))
+            }
+            None => (None, None),
+        };
+        let tls = acceptor.is_some();
+        let opts = Arc::new(opts);
+        let task = {
+            let log = log.clone();
+            tokio::spawn(async move {
+                let mut conns = tokio::task::JoinSet::new();
+                loop {
+                    tokio::select! {
+                        accepted = listener.accept() => {
+                            let Ok((tcp, peer)) = accepted else { continue };
+                            let opts = opts.clone();
+                            let log = log.clone();
+                            let acceptor = acceptor.clone();
+                            conns.spawn(async move {
+                                let service = service_fn(move |req| {
+                                    let opts = opts.clone();
+                                    let log = log.clone();
+                                    async move {
+                                        Ok::<_, Infallible>(answer(&opts, &log, peer.ip(), req).await)
+                                    }
+                                });
+                                let http = hyper::server::conn::http1::Builder::new();
+                                match acceptor {
+                                    Some(a) => {
+                                        if let Ok(tls) = a.accept(tcp).await {
+                                            let _ = http.serve_connection(TokioIo::new(tls), service).await;
+                                        }
+                                    }
+                                    None => {
+                                        let _ = http.serve_connection(TokioIo::new(tcp), service).await;
+                                    }
+                                }
+                            });
+                        }
+                        Some(_) = conns.join_next(), if !conns.is_empty() => {}
+                    }
+                }
+            })
+        };
+        Site {
+            addr,
+            tls,
+            ca_file,
+            log,
+            task,
+        }
+    }
+
+    /// `http(s)://127.0.0.1:port{path}`.
+    pub fn url(&self, path: &str) -> String {
+        let scheme = if self.tls { "https" } else { "http" };
+        format!("{scheme}://{}{path}", self.addr)
+    }
+
+    /// The CA that signed a TLS site's certificate.
+    pub fn ca_file(&self) -> &Path {
+        self.ca_file.as_deref().expect("only TLS sites have a CA")
+    }
+
+    /// Requests for `path` (with its query) so far.
+    pub fn hits(&self, path: &str) -> usize {
+        self.log
+            .lock()
+            .unwrap()
+            .per_path
+            .get(path)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// Every request so far, in arrival order.
+    pub fn log(&self) -> Vec<Hit> {
+        self.log.lock().unwrap().hits.clone()
+    }
+
+    /// Requests per path.
+    pub fn per_path(&self) -> HashMap<String, usize> {
+        self.log.lock().unwrap().per_path.clone()
+    }
+
+    /// The most requests it was answering at once.
+    pub fn max_in_flight(&self) -> usize {
+        self.log.lock().unwrap().max_in_flight
+    }
+}
+
+async fn answer(
+    opts: &SiteOpts,
+    log: &Mutex<Log>,
+    peer: IpAddr,
+    req: hyper::Request<hyper::body::Incoming>,
+) -> hyper::Response<Full<Bytes>> {
+    let path = req
+        .uri()
+        .path_and_query()
+        .map_or("/".to_owned(), |p| p.as_str().to_owned());
+    let user_agent = req
+        .headers()
+        .get("user-agent")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let now = Instant::now();
+    let (hit, limited) = {
+        let mut log = log.lock().unwrap();
+        log.hits.push(Hit {
+            at: now,
+            path: path.clone(),
+            peer,
+            user_agent,
+        });
+        let n = log.per_path.entry(path.clone()).or_insert(0);
+        *n += 1;
+        let hit = *n;
+        log.in_flight += 1;
+        log.max_in_flight = log.max_in_flight.max(log.in_flight);
+        let limited = opts.rate_limit.and_then(|rl| {
+            let recent = log.recent.entry(peer).or_default();
+            recent.retain(|t| now.duration_since(*t) < rl.window);
+            recent.push(now);
+            (recent.len() > rl.max).then_some(rl.retry_after)
+        });
+        (hit, limited)
+    };
+    if !opts.latency.is_zero() {
+        tokio::time::sleep(opts.latency).await;
+    }
+    let reply = if opts.banned.contains(&peer) {
+        opts.ban_reply.clone()
+    } else if let Some(secs) = limited {
+        Reply::status(429).with("Retry-After", &secs.to_string())
+    } else if path == "/robots.txt" {
+        opts.robots.clone().unwrap_or_else(|| Reply::status(404))
+    } else {
+        (opts.handler)(&path, hit)
+    };
+    log.lock().unwrap().in_flight -= 1;
+    let mut resp = hyper::Response::builder().status(reply.status);
+    for (k, v) in &reply.headers {
+        resp = resp.header(k, v);
+    }
+    resp.body(Full::new(Bytes::from(reply.body))).unwrap()
+}
+
+fn tls_acceptor(dir: &Path) -> (tokio_rustls::TlsAcceptor, PathBuf) {
+    let (ca_pem, cert, key) = super::judges::make_certs();
+    let ca_file = dir.join("site-ca.pem");
+    std::fs::write(&ca_file, ca_pem).unwrap();
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(vec![cert], key)
+        .unwrap();
+    (tokio_rustls::TlsAcceptor::from(Arc::new(config)), ca_file)
+}

@@ -1,0 +1,745 @@
+//! The crawler against a loopback site and loopback proxies: every
+//! reachable page once, through proxies only, robots.txt and Crawl-delay
+//! obeyed, 429 + Retry-After slowing the host down, redirects kept in
+//! scope, proxies dying or banned mid-crawl, extraction and bodies, and,
+//! with the real binary, kill -9 and resume, Ctrl-C, and resuming a
+//! crawl's failed pages.
+
+mod common;
+
+use std::collections::{HashMap, HashSet};
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use common::fakes::{Behavior, FakeHttpProxy, HttpProxyOpts, LIAR_PAGE, closed_port};
+use common::site::{CAPTCHA_PAGE, Reply, Site, SiteOpts, tree_page};
+use common::{AliveProxy, store_with_alive};
+use proxywarden::crawl::{CrawlOptions, Progress, Select, Summary, crawl};
+use proxywarden::health::{Feedback, load_index};
+use proxywarden::pool::{NoProxy, Pool, PoolOptions};
+use tokio_util::sync::CancellationToken;
+
+const TEST_LIMIT: Duration = Duration::from_secs(60);
+
+async fn within<F: Future<Output = ()>>(body: F) {
+    tokio::time::timeout(TEST_LIMIT, body)
+        .await
+        .expect("test exceeded its time limit");
+}
+
+fn ip(last: u8) -> IpAddr {
+    IpAddr::from([127, 0, 0, last])
+}
+
+async fn http_proxy(last: u8) -> FakeHttpProxy {
+    FakeHttpProxy::start(HttpProxyOpts {
+        connect: true,
+        upstream_bind: Some(ip(last)),
+        ..HttpProxyOpts::default()
+    })
+    .await
+}
+
+/// Limits short enough for failing proxies, long enough for a loaded
+/// machine's loopback.
+fn quick() -> PoolOptions {
+    PoolOptions {
+        connect_timeout: Duration::from_secs(2),
+        first_byte_timeout: Duration::from_secs(3),
+        total_timeout: Duration::from_secs(5),
+        retry_backoff: Duration::from_millis(10),
+        no_proxy: NoProxy::Wait(Duration::from_secs(5)),
+        ..PoolOptions::default()
+    }
+}
+
+async fn pool_of(dir: &Path, proxies: &[AliveProxy], opts: PoolOptions) -> Pool {
+    let (store, _) = store_with_alive(&dir.join("p.db"), proxies).await;
+    let index = load_index(&store).await.unwrap();
+    Pool::new(Feedback::new(index, store), opts).unwrap()
+}
+
+fn options(dir: &Path, seed: &str) -> CrawlOptions {
+    CrawlOptions {
+        seeds: vec![seed.parse().unwrap()],
+        output: Some(dir.join("pages.jsonl")),
+        concurrency: 8,
+        robots_retry: Duration::from_millis(100),
+        grace: Duration::from_secs(5),
+        ..CrawlOptions::default()
+    }
+}
+
+async fn run(pool: &Pool, opts: CrawlOptions) -> Summary {
+    crawl(
+        pool,
+        opts,
+        CancellationToken::new(),
+        Arc::new(Progress::default()),
+    )
+    .await
+    .unwrap()
+}
+
+fn lines(path: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect()
+}
+
+/// `/p/{i}` paths the site was asked for, and how often.
+fn page_hits(site: &Site) -> HashMap<String, usize> {
+    site.per_path()
+        .into_iter()
+        .filter(|(p, _)| p != "/robots.txt")
+        .collect()
+}
+
+/// A tree of `n` pages whose pages also carry links that must not make new
+/// fetches: tracking and fragment variants, other schemes, another site.
+fn noisy_tree(n: usize, fanout: usize, elsewhere: String) -> SiteOpts {
+    SiteOpts::new(move |path, _| {
+        let mut r = tree_page(path, n, fanout);
+        if r.status == 200 {
+            let extra = format!(
+                "<a href=\"/p/1?utm_source=news#x\">a</a><a href=\"/p/1#top\">b</a>\
+                 <a href=\"/p/2?ref=home\">c</a><a href=\"mailto:a@b.c\">m</a>\
+                 <a href=\"javascript:void(0)\">j</a><a href=\"{elsewhere}\">out</a>"
+            );
+            let body = String::from_utf8(r.body)
+                .unwrap()
+                .replace("</body>", &format!("{extra}</body>"));
+            r.body = body.into_bytes();
+        }
+        r
+    })
+}
+
+#[tokio::test]
+async fn every_reachable_page_is_fetched_once_through_proxies_only() {
+    within(async {
+        let dir = tempfile::tempdir().unwrap();
+        let other = Site::start(SiteOpts::new(|_, _| Reply::html("other site"))).await;
+        let site = Site::start(noisy_tree(40, 3, other.url("/x"))).await;
+        let good = [http_proxy(2).await, http_proxy(3).await];
+        let liar = FakeHttpProxy::start(HttpProxyOpts {
+            behavior: Behavior::Liar,
+            ..HttpProxyOpts::default()
+        })
+        .await;
+        let dead = closed_port();
+        let mut proxies: Vec<AliveProxy> = good.iter().map(|p| AliveProxy::new(p.url())).collect();
+        proxies.push(AliveProxy::new(liar.url()));
+        proxies.push(AliveProxy::new(format!("http://{dead}")));
+        let pool = pool_of(dir.path(), &proxies, quick()).await;
+
+        let summary = run(&pool, options(dir.path(), &site.url("/"))).await;
+
+        let hits = page_hits(&site);
+        let mut expected: HashSet<String> = (1..40).map(|i| format!("/p/{i}")).collect();
+        expected.insert("/".into());
+        assert_eq!(hits.keys().cloned().collect::<HashSet<_>>(), expected);
+        assert!(hits.values().all(|&n| n == 1), "fetched twice: {hits:?}");
+        assert_eq!(site.hits("/robots.txt"), 1);
+        assert!(other.log().is_empty(), "out of scope");
+        let peers: HashSet<IpAddr> = site.log().iter().map(|h| h.peer).collect();
+        assert!(
+            peers.is_subset(&HashSet::from([ip(2), ip(3)])),
+            "direct or liar: {peers:?}"
+        );
+
+        let out = lines(&dir.path().join("pages.jsonl"));
+        assert_eq!(out.len(), 40);
+        for l in &out {
+            assert_eq!(l["status"], 200, "{l}");
+            assert!(!l.to_string().contains(LIAR_PAGE));
+            let via = l["proxy"].as_str().unwrap();
+            assert!(good.iter().any(|g| g.url() == via), "{via}");
+            assert_eq!(l["sha256"].as_str().unwrap().len(), 64);
+            assert!(l["title"].as_str().unwrap().starts_with("Page "));
+        }
+        let root = out.iter().find(|l| l["depth"] == 0).unwrap();
+        assert_eq!(root["url"], site.url("/"));
+        assert_eq!(root["links"], 9, "3 children and 6 noisy links");
+        let p4 = out.iter().find(|l| l["url"] == site.url("/p/4")).unwrap();
+        assert_eq!(
+            (p4["depth"].as_u64(), p4["parent"].as_str()),
+            (Some(2), Some(site.url("/p/1").as_str()))
+        );
+        assert_eq!(
+            (summary.ok(), summary.failed(), summary.pool.direct),
+            (40, 0, 0)
+        );
+        assert!(
+            summary.pool.proxies_failed >= 1,
+            "the liar or the dead one was tried: {summary}"
+        );
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn depth_and_page_limits_bound_the_crawl() {
+    within(async {
+        let dir = tempfile::tempdir().unwrap();
+        let site = Site::start(SiteOpts::new(|p, _| tree_page(p, 100, 3))).await;
+        let a = http_proxy(2).await;
+        let pool = pool_of(dir.path(), &[AliveProxy::new(a.url())], quick()).await;
+        let summary = run(
+            &pool,
+            CrawlOptions {
+                max_depth: Some(2),
+                ..options(dir.path(), &site.url("/"))
+            },
+        )
+        .await;
+        // Depth 0: "/", depth 1: 1..=3, depth 2: 4..=12.
+        assert_eq!(summary.ok(), 13);
+        assert_eq!(page_hits(&site).len(), 13);
+        let sub = dir.path().join("limited");
+        std::fs::create_dir(&sub).unwrap();
+        let site2 = Site::start(SiteOpts::new(|p, _| tree_page(p, 100, 3))).await;
+        let summary = run(
+            &pool,
+            CrawlOptions {
+                max_pages: Some(7),
+                ..options(&sub, &site2.url("/"))
+            },
+        )
+        .await;
+        assert_eq!(summary.ok(), 7);
+        assert_eq!(page_hits(&site2).len(), 7);
+        assert!(summary.queued > 0);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn robots_txt_and_its_crawl_delay_are_obeyed() {
+    within(async {
+        let dir = tempfile::tempdir().unwrap();
+        let mut opts = SiteOpts::new(|p, _| tree_page(p, 13, 3));
+        opts.robots = Some(Reply::text(
+            "User-agent: *\nDisallow: /\n\nUser-agent: nicebot\nDisallow: /p/2\nCrawl-delay: 0.2\n",
+        ));
+        let site = Site::start(opts).await;
+        let proxies = [
+            http_proxy(2).await,
+            http_proxy(3).await,
+            http_proxy(4).await,
+        ];
+        let pool = pool_of(
+            dir.path(),
+            &proxies
+                .iter()
+                .map(|p| AliveProxy::new(p.url()))
+                .collect::<Vec<_>>(),
+            PoolOptions {
+                user_agent: "nicebot/1.0".into(),
+                ..quick()
+            },
+        )
+        .await;
+        let summary = run(&pool, options(dir.path(), &site.url("/"))).await;
+        let hits = page_hits(&site);
+        // /p/2 is disallowed, so its children 7, 8, 9 are never found.
+        let expected: HashSet<String> = [
+            "/", "/p/1", "/p/3", "/p/4", "/p/5", "/p/6", "/p/10", "/p/11", "/p/12",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        assert_eq!(hits.keys().cloned().collect::<HashSet<_>>(), expected);
+        assert_eq!(summary.disallowed, 1);
+        // Request starts are spaced by the Crawl-delay, whichever proxy
+        // carries them; arrivals at the site jitter by the proxy hop.
+        let log = site.log();
+        for w in log.windows(2) {
+            let gap = w[1].at - w[0].at;
+            assert!(
+                gap >= Duration::from_millis(100),
+                "{gap:?} between {} and {}",
+                w[0].path,
+                w[1].path
+            );
+        }
+        let span = log.last().unwrap().at - log[0].at;
+        let mean = span / (log.len() as u32 - 1);
+        assert!(mean >= Duration::from_millis(195), "{mean:?}");
+        assert!(
+            log.iter()
+                .all(|h| h.user_agent.as_deref() == Some("nicebot/1.0"))
+        );
+        let peers: HashSet<IpAddr> = log.iter().map(|h| h.peer).collect();
+        assert!(peers.len() >= 2, "spread over proxies: {peers:?}");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn an_unreachable_robots_txt_holds_the_host_then_fails_its_pages() {
+    within(async {
+        let dir = tempfile::tempdir().unwrap();
+        let mut opts = SiteOpts::new(|p, _| tree_page(p, 5, 2));
+        opts.robots = Some(Reply::status(500));
+        let site = Site::start(opts).await;
+        let a = http_proxy(2).await;
+        let pool = pool_of(
+            dir.path(),
+            &[AliveProxy::new(a.url())],
+            PoolOptions {
+                target_retries: 0,
+                ..quick()
+            },
+        )
+        .await;
+        let summary = run(&pool, options(dir.path(), &site.url("/"))).await;
+        assert!(
+            page_hits(&site).is_empty(),
+            "nothing fetched while robots.txt is unknown"
+        );
+        assert_eq!(site.hits("/robots.txt"), 3);
+        assert_eq!(summary.failed_by_reason.get("robots_unavailable"), Some(&1));
+        let failed = lines(&dir.path().join("failed.jsonl"));
+        assert_eq!(failed.len(), 1);
+        assert!(
+            failed[0]["error"]
+                .as_str()
+                .unwrap()
+                .starts_with("robots_unavailable")
+        );
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_site_that_429s_slows_the_crawl_and_every_page_arrives() {
+    within(async {
+        let dir = tempfile::tempdir().unwrap();
+        let mut opts = SiteOpts::new(|p, _| tree_page(p, 12, 3));
+        opts.rate_limit = Some(common::site::RateLimit {
+            max: 3,
+            window: Duration::from_secs(1),
+            retry_after: 1,
+        });
+        let site = Site::start(opts).await;
+        let proxies = [http_proxy(2).await, http_proxy(3).await];
+        let pool = pool_of(
+            dir.path(),
+            &proxies
+                .iter()
+                .map(|p| AliveProxy::new(p.url()))
+                .collect::<Vec<_>>(),
+            PoolOptions {
+                target_retries: 5,
+                ..quick()
+            },
+        )
+        .await;
+        let summary = run(
+            &pool,
+            CrawlOptions {
+                per_host_concurrency: 1,
+                ..options(dir.path(), &site.url("/"))
+            },
+        )
+        .await;
+        assert_eq!((summary.ok(), summary.failed()), (12, 0), "{summary}");
+        let out = lines(&dir.path().join("pages.jsonl"));
+        assert!(out.iter().all(|l| l["status"] == 200));
+        // After each 429 the host rests for its Retry-After, whichever
+        // proxy would carry the next request.
+        let log = site.log();
+        let mut limited = 0;
+        for (i, h) in log.iter().enumerate() {
+            let was_429 = log[..i]
+                .iter()
+                .filter(|e| e.peer == h.peer && h.at - e.at < Duration::from_secs(1))
+                .count()
+                >= 3;
+            if was_429 {
+                limited += 1;
+                if let Some(next) = log.get(i + 1) {
+                    let gap = next.at - h.at;
+                    assert!(gap >= Duration::from_millis(950), "{gap:?} after a 429");
+                }
+            }
+        }
+        assert!(limited > 0, "the site did rate-limit");
+        assert!(summary.pool.target_retries > 0);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn redirects_out_of_scope_are_not_followed() {
+    within(async {
+        let dir = tempfile::tempdir().unwrap();
+        let other = Site::start(SiteOpts::new(|_, _| Reply::html("elsewhere"))).await;
+        let out_url = other.url("/landing");
+        let site = Site::start(SiteOpts::new(move |p, _| match p.split('?').next().unwrap_or(p) {
+            "/" => Reply::html(
+                "<title>home</title><a href=\"/go-out\">o</a><a href=\"/go-in\">i</a><a href=\"/kept\">k</a>",
+            ),
+            "/go-out" => Reply::redirect(302, &out_url),
+            "/go-in" => Reply::redirect(301, "/kept?utm_campaign=x"),
+            "/kept" => Reply::html("<title>kept</title>"),
+            _ => Reply::status(404),
+        }))
+        .await;
+        let a = http_proxy(2).await;
+        let pool = pool_of(dir.path(), &[AliveProxy::new(a.url())], quick()).await;
+        let summary = run(&pool, options(dir.path(), &site.url("/"))).await;
+        assert!(other.log().is_empty(), "never left the host");
+        let kept = site.hits("/kept") + site.hits("/kept?utm_campaign=x");
+        assert_eq!(kept, 1, "reached once, through the redirect or the link");
+        let out = lines(&dir.path().join("pages.jsonl"));
+        let go_out = out.iter().find(|l| l["url"] == site.url("/go-out")).unwrap();
+        assert_eq!(go_out["status"], 302);
+        assert!(go_out["error"].is_null());
+        assert_eq!(summary.failed(), 0);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn proxies_dying_or_banned_mid_crawl_cost_no_page() {
+    within(async {
+        let dir = tempfile::tempdir().unwrap();
+        let mut opts = SiteOpts::new(|p, _| tree_page(p, 60, 4));
+        opts.banned = vec![ip(4)];
+        opts.latency = Duration::from_millis(10);
+        let site = Site::start(opts).await;
+        let steady = http_proxy(2).await;
+        let dying = http_proxy(3).await;
+        let banned = http_proxy(4).await;
+        let pool = pool_of(
+            dir.path(),
+            &[
+                AliveProxy::new(steady.url()),
+                AliveProxy::new(dying.url()),
+                AliveProxy::new(banned.url()),
+            ],
+            quick(),
+        )
+        .await;
+        let progress = Arc::new(Progress::default());
+        let crawling = tokio::spawn({
+            let pool = pool.clone();
+            let opts = CrawlOptions {
+                concurrency: 4,
+                ..options(dir.path(), &site.url("/"))
+            };
+            let progress = progress.clone();
+            async move {
+                crawl(&pool, opts, CancellationToken::new(), progress)
+                    .await
+                    .unwrap()
+            }
+        });
+        // Kill one proxy once a fifth of the site is done.
+        let mut dying = Some(dying);
+        while progress.done.load(Ordering::Relaxed) < 12 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        dying.take();
+        let summary = crawling.await.unwrap();
+        assert_eq!((summary.ok(), summary.failed()), (60, 0), "{summary}");
+        let out = lines(&dir.path().join("pages.jsonl"));
+        assert!(out.iter().all(|l| !l.to_string().contains(CAPTCHA_PAGE)));
+        assert!(
+            out.iter()
+                .all(|l| l["title"].as_str().is_some_and(|t| t.starts_with("Page")))
+        );
+        assert!(
+            out.iter().all(|l| l["proxy"] != banned.url()),
+            "captcha proxy"
+        );
+        let site_key = format!("127.0.0.1:{}", site.addr.port());
+        let bans = summary.pool.banned_by_site.get(&site_key).copied();
+        assert!(bans.unwrap_or(0) <= 1, "{summary}");
+        if site.log().iter().any(|h| h.peer == ip(4)) {
+            assert_eq!(bans, Some(1), "the captcha banned the pair: {summary}");
+        }
+        assert!(page_hits(&site).values().all(|&n| n <= 2));
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn selected_fields_and_bodies_are_kept() {
+    within(async {
+        let dir = tempfile::tempdir().unwrap();
+        let site = Site::start(SiteOpts::new(|p, _| tree_page(p, 4, 3))).await;
+        let a = http_proxy(2).await;
+        let pool = pool_of(dir.path(), &[AliveProxy::new(a.url())], quick()).await;
+        let bodies = dir.path().join("bodies");
+        std::fs::create_dir(&bodies).unwrap();
+        run(
+            &pool,
+            CrawlOptions {
+                selects: vec![
+                    Select::parse("title=h1").unwrap(),
+                    Select::parse("price=.price").unwrap(),
+                ],
+                bodies: Some(bodies.clone()),
+                ..options(dir.path(), &site.url("/"))
+            },
+        )
+        .await;
+        let out = lines(&dir.path().join("pages.jsonl"));
+        assert_eq!(out.len(), 4);
+        let p3 = out.iter().find(|l| l["url"] == site.url("/p/3")).unwrap();
+        assert_eq!(
+            p3["fields"],
+            serde_json::json!({"title": "Page 3", "price": "3.99"})
+        );
+        let body = std::fs::read(bodies.join(p3["sha256"].as_str().unwrap())).unwrap();
+        assert_eq!(body, tree_page("/p/3", 4, 3).body);
+        assert_eq!(p3["bytes"], body.len());
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn failed_pages_are_listed_and_retried_on_request() {
+    within(async {
+        let dir = tempfile::tempdir().unwrap();
+        let fixed = Arc::new(AtomicBool::new(false));
+        let site = Site::start(SiteOpts::new({
+            let fixed = fixed.clone();
+            move |p, _| {
+                if p == "/p/2" && !fixed.load(Ordering::Relaxed) {
+                    Reply::status(500)
+                } else {
+                    tree_page(p, 10, 3)
+                }
+            }
+        }))
+        .await;
+        let a = http_proxy(2).await;
+        let pool = pool_of(
+            dir.path(),
+            &[AliveProxy::new(a.url())],
+            PoolOptions {
+                target_retries: 1,
+                ..quick()
+            },
+        )
+        .await;
+        let state = dir.path().join("crawl.db");
+        let first = run(
+            &pool,
+            CrawlOptions {
+                state: Some(state.clone()),
+                ..options(dir.path(), &site.url("/"))
+            },
+        )
+        .await;
+        assert_eq!((first.ok(), first.failed()), (6, 1), "{first}");
+        let failed = lines(&dir.path().join("failed.jsonl"));
+        assert_eq!(failed.len(), 1);
+        assert_eq!(
+            (failed[0]["url"].as_str(), failed[0]["status"].as_u64()),
+            (Some(site.url("/p/2").as_str()), Some(500))
+        );
+
+        fixed.store(true, Ordering::Relaxed);
+        let again = run(
+            &pool,
+            CrawlOptions {
+                seeds: Vec::new(),
+                state: Some(state.clone()),
+                retry_failed: true,
+                ..options(dir.path(), &site.url("/"))
+            },
+        )
+        .await;
+        // /p/2 and its children 7, 8, 9; nothing else again.
+        assert_eq!((again.ok(), again.failed()), (4, 0), "{again}");
+        let hits = page_hits(&site);
+        assert_eq!(hits["/p/2"], 3, "two tries the first time, one now");
+        assert!(
+            hits.iter()
+                .filter(|(p, _)| *p != "/p/2")
+                .all(|(_, &n)| n == 1),
+            "{hits:?}"
+        );
+        let out = lines(&dir.path().join("pages.jsonl"));
+        assert_eq!(out.len(), 11, "10 pages and the failed line of /p/2");
+    })
+    .await;
+}
+
+// ---------------------------------------------------------------------------
+// The binary
+
+/// A config whose database holds the given proxies, and the path to it.
+async fn binary_setup(dir: &Path, proxies: &[AliveProxy]) -> PathBuf {
+    store_with_alive(&dir.join("test.db"), proxies).await;
+    common::write_config(dir, &common::config_toml(dir, ""))
+}
+
+fn crawl_cmd(config: &Path, args: &[&str]) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_proxywarden"));
+    cmd.arg("-c").arg(config).arg("crawl").args(args);
+    cmd.stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    cmd
+}
+
+/// Waits until `path` has at least `n` lines.
+async fn wait_lines(path: &Path, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let have = std::fs::read_to_string(path).map_or(0, |s| s.lines().count());
+        if have >= n {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "only {have} lines in {}",
+            path.display()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn urls_once(out: &[serde_json::Value]) -> HashSet<String> {
+    let mut seen = HashSet::new();
+    for l in out {
+        let u = l["url"].as_str().unwrap().to_owned();
+        assert!(seen.insert(u.clone()), "{u} written twice");
+    }
+    seen
+}
+
+#[tokio::test]
+async fn a_killed_crawl_resumes_without_fetching_pages_again() {
+    within(async {
+        let dir = tempfile::tempdir().unwrap();
+        let mut opts = SiteOpts::new(|p, _| tree_page(p, 80, 3));
+        opts.latency = Duration::from_millis(30);
+        let site = Site::start(opts).await;
+        let proxies = [http_proxy(2).await, http_proxy(3).await];
+        let config = binary_setup(
+            dir.path(),
+            &proxies
+                .iter()
+                .map(|p| AliveProxy::new(p.url()))
+                .collect::<Vec<_>>(),
+        )
+        .await;
+        let out = dir.path().join("pages.jsonl");
+        let state = dir.path().join("crawl.db");
+        let url = site.url("/");
+        let args = [
+            url.as_str(),
+            "--state",
+            state.to_str().unwrap(),
+            "--output",
+            out.to_str().unwrap(),
+            "--concurrency",
+            "4",
+        ];
+        let mut first = crawl_cmd(&config, &args).spawn().unwrap();
+        wait_lines(&out, 20).await;
+        first.start_kill().unwrap();
+        let status = first.wait().await.unwrap();
+        assert!(!status.success());
+        // Pages written out before the kill; all but one uncommitted line
+        // at most are done for good.
+        let written: HashSet<String> = lines(&out)
+            .iter()
+            .map(|l| l["url"].as_str().unwrap().to_owned())
+            .collect();
+
+        let second = crawl_cmd(&config, &args).output().await.unwrap();
+        let stderr = String::from_utf8_lossy(&second.stderr);
+        assert!(second.status.success(), "{stderr}");
+        assert!(
+            stderr.starts_with("crawl finished"),
+            "only the summary when piped: {stderr}"
+        );
+        let pages = lines(&out);
+        let urls = urls_once(&pages);
+        assert_eq!(urls.len(), 80);
+        let hits = page_hits(&site);
+        let twice: Vec<&String> = hits
+            .iter()
+            .filter(|(_, n)| **n > 1)
+            .map(|(p, _)| p)
+            .collect();
+        // Only pages in flight at the kill (at most the concurrency) again.
+        assert!(twice.len() <= 4, "{twice:?}");
+        assert!(hits.values().all(|&n| n <= 2));
+        let root = site.url("/");
+        let again: Vec<&&String> = twice
+            .iter()
+            .filter(|p| written.contains(&format!("{}{}", root.trim_end_matches('/'), p)))
+            .collect();
+        assert!(
+            again.len() <= 1,
+            "written before the kill yet fetched again: {again:?}"
+        );
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn ctrl_c_finishes_the_pages_in_flight_and_exits_130() {
+    within(async {
+        let dir = tempfile::tempdir().unwrap();
+        let mut opts = SiteOpts::new(|p, _| tree_page(p, 120, 4));
+        opts.latency = Duration::from_millis(50);
+        let site = Site::start(opts).await;
+        let a = http_proxy(2).await;
+        let config = binary_setup(dir.path(), &[AliveProxy::new(a.url())]).await;
+        let out = dir.path().join("pages.jsonl");
+        let state = dir.path().join("crawl.db");
+        let url = site.url("/");
+        let args = [
+            url.as_str(),
+            "--state",
+            state.to_str().unwrap(),
+            "-o",
+            out.to_str().unwrap(),
+        ];
+        let child = crawl_cmd(&config, &args).spawn().unwrap();
+        wait_lines(&out, 5).await;
+        let pid = child.id().unwrap().to_string();
+        let kill = std::process::Command::new("kill")
+            .args(["-INT", &pid])
+            .status()
+            .unwrap();
+        assert!(kill.success());
+        let done = child.wait_with_output().await.unwrap();
+        let stderr = String::from_utf8_lossy(&done.stderr);
+        assert_eq!(done.status.code(), Some(130), "{stderr}");
+        assert!(stderr.contains("crawl interrupted"), "{stderr}");
+        let pages = lines(&out);
+        let fetched: usize = page_hits(&site).values().sum();
+        // Everything started was finished and written.
+        assert_eq!(pages.len(), fetched, "{stderr}");
+        assert!(pages.len() < 120);
+
+        // The same line again picks up from there.
+        let args = ["--state", state.to_str().unwrap()];
+        let rest = crawl_cmd(&config, &args).output().await.unwrap();
+        assert!(
+            rest.status.success(),
+            "{}",
+            String::from_utf8_lossy(&rest.stderr)
+        );
+        assert_eq!(urls_once(&lines(&out)).len(), 120);
+        assert!(page_hits(&site).values().all(|&n| n == 1));
+    })
+    .await;
+}
