@@ -773,3 +773,63 @@ async fn a_short_round_rechecks_alive_proxies_first() {
     assert_eq!(by_addr(&records, working.addr()).checks_total, 2);
     assert!(store.count_due(now_ms(), false).await.unwrap() >= 29);
 }
+
+/// Issue 9, Must 3: a proxy that resets one connection and works on the next
+/// is alive. A reset is retried once before the verdict, on the main
+/// request and on the HTTPS test alike, so the flag comes from the tunnel
+/// that worked, not from the reset.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proxy_resetting_every_other_connection_is_alive_and_tunnels() {
+    let dir = tempfile::tempdir().unwrap();
+    let judge = Judge::plain().await;
+    let tls_judge = Judge::tls(dir.path()).await;
+    let flaky = FakeHttpProxy::start(with_behavior(fakes::Behavior::ResetEveryOther)).await;
+    let judges = format!(r#"["{}", "{}"]"#, judge.url(), tls_judge.url());
+    let extra = format!("extra_ca_file = \"{}\"", tls_judge.ca_file().display());
+    let entries = [format!("http://{}", flaky.addr())];
+    let config = config(dir.path(), &judges, &extra, &entries, &[]);
+    let (store, summary) = harvest_and_check(&config).await;
+    assert_eq!(summary.alive, 1, "{:?}", summary.dead_by_reason);
+    let r = &store.list_proxies(ProxyFilter::default()).await.unwrap()[0];
+    assert_eq!(r.status, Status::Alive);
+    assert_eq!(r.https, Some(true), "the second CONNECT tunnelled");
+    // The main request reset, then passed; the CONNECT reset, then passed.
+    assert_eq!(flaky.requests(), 4);
+}
+
+/// Issue 9, Must 3: a CONNECT that is reset says nothing about whether the
+/// proxy tunnels. The flag stays unknown, and a known flag unchanged; only a
+/// refused CONNECT makes it false.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_tunnel_never_makes_https_false() {
+    let dir = tempfile::tempdir().unwrap();
+    let judge = Judge::plain().await;
+    let tls_judge = Judge::tls(dir.path()).await;
+    let resets = FakeHttpProxy::start(with_behavior(fakes::Behavior::ResetTunnels)).await;
+    let refuses = FakeHttpProxy::start(http_opts(ProxyKind::Elite, false)).await;
+    let judges = format!(r#"["{}", "{}"]"#, judge.url(), tls_judge.url());
+    let extra = format!("extra_ca_file = \"{}\"", tls_judge.ca_file().display());
+    let entries = [&resets, &refuses].map(|p| format!("http://{}", p.addr()));
+    let config = config(dir.path(), &judges, &extra, &entries, &[]);
+    let (store, summary) = harvest_and_check(&config).await;
+    assert_eq!(summary.alive, 2, "{:?}", summary.dead_by_reason);
+    let records = store.list_proxies(ProxyFilter::default()).await.unwrap();
+    assert_eq!(by_addr(&records, resets.addr()).https, None);
+    assert_eq!(by_addr(&records, refuses.addr()).https, Some(false));
+
+    // Known to tunnel from a check seven hours ago (HTTPS is due again):
+    // resets on every CONNECT now leave the flag as it was.
+    let id = by_addr(&records, resets.addr()).id;
+    let mut earlier = common::alive_at(id, now_ms() - 7 * 3_600_000);
+    earlier.outcome.https = Some(true);
+    store
+        .record_checks(vec![earlier], config.check.recheck_policy())
+        .await
+        .unwrap();
+    run_round(&config, &store, true).await.unwrap();
+    let records = store.list_proxies(ProxyFilter::default()).await.unwrap();
+    let r = by_addr(&records, resets.addr());
+    assert_eq!(r.status, Status::Alive);
+    assert_eq!(r.https, Some(true), "a reset never turns the flag false");
+    assert_eq!(by_addr(&records, refuses.addr()).https, Some(false));
+}

@@ -19,7 +19,7 @@ use crate::config::{Config, JudgeConfig};
 use crate::model::{Outcome, Reason};
 use crate::proxy::{Proxy, Scheme};
 use judge::{Echo, OwnIdentity};
-use probe::{Prober, Route, Target};
+use probe::{Failure, Phase, Prober, Route, Target};
 
 /// A judge ready for a round: its config, resolved address and what it
 /// saw of our own direct request.
@@ -108,7 +108,7 @@ impl Checker {
                     }
                 }
                 Ok(a) => problems.push(format!("{}: HTTP {}", jc.url, a.status)),
-                Err(r) => problems.push(format!("{}: {r}", jc.url)),
+                Err(f) => problems.push(format!("{}: {f}", jc.url)),
             }
         }
         for p in &problems {
@@ -152,16 +152,32 @@ impl Checker {
         judges.get(i % judges.len())
     }
 
-    /// One request through `route` to `judge`, judged.
-    async fn ask(&self, route: Route<'_>, judge: &ReadyJudge) -> Result<(Echo, Duration), Reason> {
+    /// One request through `route` to `judge`, judged; a reset or refused
+    /// connection is tried once more before it counts.
+    async fn ask(&self, route: Route<'_>, judge: &ReadyJudge) -> Result<(Echo, Duration), Failure> {
+        match self.ask_once(route, judge).await {
+            Err(f) if f.retryable() => self.ask_once(route, judge).await,
+            done => done,
+        }
+    }
+
+    async fn ask_once(
+        &self,
+        route: Route<'_>,
+        judge: &ReadyJudge,
+    ) -> Result<(Echo, Duration), Failure> {
         let n = nonce();
         let answer = self.prober.fetch(route, &judge.target, &n).await?;
+        let wrong = |reason| Failure {
+            reason,
+            phase: Phase::Request,
+        };
         if !(200..300).contains(&answer.status) {
-            return Err(Reason::BadStatus);
+            return Err(wrong(Reason::BadStatus));
         }
         let body = String::from_utf8_lossy(&answer.body);
         if !judge::genuine(&judge.config, &body, &n) {
-            return Err(Reason::ContentMismatch);
+            return Err(wrong(Reason::ContentMismatch));
         }
         Ok((Echo::parse(&body), answer.latency))
     }
@@ -196,7 +212,7 @@ impl Checker {
 
     /// The main request: absolute-form through HTTP proxies to a plain
     /// judge, a tunnel otherwise.
-    async fn ask_main(&self, proxy: &Proxy, j: &ReadyJudge) -> Result<(Echo, Duration), Reason> {
+    async fn ask_main(&self, proxy: &Proxy, j: &ReadyJudge) -> Result<(Echo, Duration), Failure> {
         match proxy.scheme {
             Scheme::Http if !j.target.tls => self.ask(Route::Forward(proxy), j).await,
             _ => self.ask(Route::Tunnel(proxy), j).await,
@@ -215,7 +231,7 @@ impl Checker {
         let mut main = self.ask_main(proxy, first).await;
         // A busy public judge answers 429 or 5xx to everyone: before calling
         // that the proxy's fault, ask the next judge of the same kind.
-        if matches!(main, Err(Reason::BadStatus))
+        if matches!(main, Err(f) if f.reason == Reason::BadStatus && f.phase == Phase::Request)
             && let Some(next) = self.next_of_kind(first)
         {
             main = self.ask_main(proxy, next).await;
@@ -238,7 +254,7 @@ impl Checker {
             // A proxy that fails plain requests is dead even if it would
             // tunnel: it is served for any URL, and a client asking for
             // http:// through it would get the failure (or an injected page).
-            Err(reason) => Outcome::dead(reason),
+            Err(f) => Outcome::dead(f.reason),
         }
     }
 
@@ -254,21 +270,39 @@ impl Checker {
         (kind.len() > 1).then(|| &kind[(i + 1) % kind.len()])
     }
 
-    /// The HTTPS test: a request to a TLS judge through a CONNECT tunnel.
-    /// An error status inside the tunnel comes from the judge itself (TLS
-    /// proves who answered), so it says nothing about the proxy: the next
-    /// TLS judge is asked, and if none answers the flag stays unknown
-    /// (`None`) rather than false.
+    /// The HTTPS test: a request to a TLS judge through a CONNECT tunnel
+    /// (or the SOCKS one). Only a refused tunnel (the CONNECT or SOCKS
+    /// request answered with a refusal or with something that is not a
+    /// tunnel) or a failed TLS handshake makes the flag false. A wrong
+    /// status or page inside the tunnel comes from the judge itself (TLS
+    /// proves who answered), so the next TLS judge is asked; resets (after
+    /// one more try) and timeouts prove nothing either way. Whatever proves
+    /// nothing leaves the flag unknown (`None`): the stored one stays.
     async fn tunnels_tls(&self, proxy: &Proxy, judge: &ReadyJudge) -> Option<bool> {
         for j in std::iter::once(judge).chain(self.next_of_kind(judge)) {
-            let n = nonce();
-            match self.prober.fetch(Route::Tunnel(proxy), &j.target, &n).await {
-                Ok(answer) if (200..300).contains(&answer.status) => {
-                    let body = String::from_utf8_lossy(&answer.body);
-                    return Some(judge::genuine(&j.config, &body, &n));
+            let mut tried = 0;
+            let failure = loop {
+                tried += 1;
+                let n = nonce();
+                match self.prober.fetch(Route::Tunnel(proxy), &j.target, &n).await {
+                    Ok(answer) => {
+                        let body = String::from_utf8_lossy(&answer.body);
+                        if (200..300).contains(&answer.status)
+                            && judge::genuine(&j.config, &body, &n)
+                        {
+                            return Some(true);
+                        }
+                        break None;
+                    }
+                    Err(f) if f.retryable() && tried == 1 => continue,
+                    Err(f) => break Some(f),
                 }
-                Ok(_) => {}
-                Err(_) => return Some(false),
+            };
+            match failure {
+                // The judge's own answer was wrong: ask the next one.
+                None => continue,
+                Some(f) if refuses_tunnel(f) => return Some(false),
+                Some(_) => return None,
             }
         }
         None
@@ -290,6 +324,20 @@ impl Checker {
             country,
             detected: None,
         }
+    }
+}
+
+/// True when a failure of the HTTPS test shows the proxy does not tunnel
+/// TLS: it refused or garbled the CONNECT (or SOCKS request), or the TLS
+/// handshake with the judge failed through the tunnel.
+fn refuses_tunnel(f: Failure) -> bool {
+    match f.phase {
+        Phase::Handshake => matches!(
+            f.reason,
+            Reason::BadStatus | Reason::ProxyAuthRequired | Reason::ProtocolError
+        ),
+        Phase::Tls => f.reason == Reason::TlsError,
+        Phase::Connect | Phase::Request => false,
     }
 }
 
