@@ -15,7 +15,7 @@ use common::TestConfig;
 use common::fakes::{
     self, FakeFarm, FakeHttpProxy, FakeSocks4, FakeSocks5, HttpProxyOpts, ProxyKind, SocksOpts,
 };
-use common::judges::Judge;
+use common::judges::{Fault, Judge};
 use proxywarden::check::{
     CheckError, CheckOptions, Checker, RoundProgress, RoundSummary, check_round, open_geoip,
 };
@@ -832,4 +832,186 @@ async fn a_reset_tunnel_never_makes_https_false() {
     assert_eq!(r.status, Status::Alive);
     assert_eq!(r.https, Some(true), "a reset never turns the flag false");
     assert_eq!(by_addr(&records, refuses.addr()).https, Some(false));
+}
+
+/// The proxies of the faulty-judge tests, all due again: 40 working ones
+/// that passed their last check, one that passed and now refuses, one that
+/// passed and now injects its own page, and a liar already found dead.
+struct Scene {
+    farm: FakeFarm,
+    gone: fakes::ClosedPort,
+    turned_liar: FakeHttpProxy,
+    liar: FakeHttpProxy,
+    /// Passed its last check and now never answers.
+    went_silent: Option<FakeHttpProxy>,
+}
+
+impl Scene {
+    async fn start(with_silent: bool) -> Scene {
+        let went_silent = if with_silent {
+            Some(FakeHttpProxy::start(with_behavior(fakes::Behavior::Hang)).await)
+        } else {
+            None
+        };
+        Scene {
+            farm: FakeFarm::start(40, 0, Some(exit_ip())).await,
+            gone: fakes::closed_port(),
+            turned_liar: FakeHttpProxy::start(with_behavior(fakes::Behavior::Liar)).await,
+            liar: FakeHttpProxy::start(with_behavior(fakes::Behavior::Liar)).await,
+            went_silent,
+        }
+    }
+
+    /// Lists the proxies, harvests them and records their last checks an
+    /// hour ago; returns the store and the config, for `judges`.
+    async fn stored(&self, dir: &Path, judges: &str) -> (Config, Store) {
+        let mut entries = farm_list(&self.farm);
+        entries.push(format!("http://{}", self.gone.addr()));
+        entries.push(format!("http://{}", self.turned_liar.addr()));
+        entries.push(format!("http://{}", self.liar.addr()));
+        if let Some(s) = &self.went_silent {
+            entries.push(format!("http://{}", s.addr()));
+        }
+        let mut config = config(dir, judges, "", &entries, &[]);
+        config.check.concurrency = 8;
+        config.check.https = false;
+        let store = Store::open(&config.database.path).unwrap();
+        harvest_all(&config, &store).await.unwrap();
+        let records = store.list_proxies(ProxyFilter::default()).await.unwrap();
+        let hour_ago = now_ms() - 3_600_000;
+        let mut earlier: Vec<_> = records
+            .iter()
+            .map(|r| common::alive_at(r.id, hour_ago))
+            .collect();
+        let liar = by_addr(&records, self.liar.addr()).id;
+        for rec in &mut earlier {
+            if rec.id == liar {
+                rec.outcome = proxywarden::model::Outcome::dead(Reason::ContentMismatch);
+            }
+        }
+        store
+            .record_checks(earlier, config.check.recheck_policy())
+            .await
+            .unwrap();
+        assert_eq!(
+            store.count_due(now_ms(), false).await.unwrap() as usize,
+            records.len()
+        );
+        (config, store)
+    }
+
+    /// No working proxy was marked dead, and the dead ones are dead for
+    /// what they did. The proxy that turned liar is dead when a second
+    /// healthy judge confirmed its wrong page; when none was left to (the
+    /// faulty judge quarantined, or the only one), it keeps its status, its
+    /// check unrecorded and due again within a minute.
+    async fn assert_verdicts(&self, store: &Store) {
+        let records = store.list_proxies(ProxyFilter::default()).await.unwrap();
+        let killed: Vec<_> = self
+            .farm
+            .alive_addrs()
+            .into_iter()
+            .map(|a| by_addr(&records, a))
+            .filter(|r| r.status != Status::Alive)
+            .map(|r| (r.proxy.port, r.reason.clone()))
+            .collect();
+        assert!(killed.is_empty(), "working proxies marked dead: {killed:?}");
+        let dead = |addr: SocketAddr, reason: Reason| {
+            let r = by_addr(&records, addr);
+            assert_eq!(r.status, Status::Dead, "{addr}");
+            assert_eq!(r.reason.as_deref(), Some(reason.as_str()), "{addr}");
+        };
+        dead(self.gone.addr(), Reason::Refused);
+        dead(self.liar.addr(), Reason::ContentMismatch);
+        let turned = by_addr(&records, self.turned_liar.addr());
+        if turned.status == Status::Alive {
+            assert_eq!(turned.checks_total, 1, "not recorded: {turned:?}");
+            assert!(turned.next_check_at <= now_ms() + 60_000, "{turned:?}");
+        } else {
+            dead(self.turned_liar.addr(), Reason::ContentMismatch);
+        }
+        if let Some(s) = &self.went_silent {
+            dead(s.addr(), Reason::Timeout);
+        }
+    }
+}
+
+/// Issue 9, Must 4 (a): of two judges, one starts answering 200 with random
+/// content mid-round. No working proxy is marked dead; proxies that are
+/// dead or lying still come out dead, confirmed by the healthy judge.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_judge_turning_to_random_content_kills_no_proxy() {
+    let dir = tempfile::tempdir().unwrap();
+    let faulted = Arc::new(AtomicUsize::new(0));
+    let turning = Judge::plain_with(Judge::turning(6, Fault::RandomContent, faulted.clone())).await;
+    let good = Judge::plain().await;
+    let scene = Scene::start(false).await;
+    let judges = format!(r#"["{}", "{}"]"#, turning.url(), good.url());
+    let (config, store) = scene.stored(dir.path(), &judges).await;
+    let summary = run_round(&config, &store, false).await.unwrap();
+    assert!(
+        faulted.load(Ordering::Relaxed) >= 3,
+        "checks met the fault: {}",
+        faulted.load(Ordering::Relaxed)
+    );
+    assert_eq!(summary.alive, 40, "{summary:?}");
+    scene.assert_verdicts(&store).await;
+}
+
+/// Issue 9, Must 4 (b): of two judges, one stops answering mid-round. No
+/// working proxy is marked dead; one that went silent is still found dead
+/// once the healthy judge confirms it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_judge_stalling_mid_round_kills_no_proxy() {
+    let dir = tempfile::tempdir().unwrap();
+    let faulted = Arc::new(AtomicUsize::new(0));
+    let stalling = Judge::plain_with(Judge::turning(6, Fault::Stall, faulted.clone())).await;
+    let good = Judge::plain().await;
+    let scene = Scene::start(true).await;
+    let judges = format!(r#"["{}", "{}"]"#, stalling.url(), good.url());
+    let (config, store) = scene.stored(dir.path(), &judges).await;
+    let summary = common::within(run_round(&config, &store, false))
+        .await
+        .unwrap();
+    assert!(
+        faulted.load(Ordering::Relaxed) >= 1,
+        "checks met the stall: {}",
+        faulted.load(Ordering::Relaxed)
+    );
+    assert_eq!(summary.alive, 40, "{summary:?}");
+    scene.assert_verdicts(&store).await;
+}
+
+/// Issue 9, Must 4 (c): the only judge answers garbage to three requests in
+/// ten. No working proxy is marked dead: with no second judge to confirm a
+/// wrong answer, the proxy keeps its status and is checked again soon. A
+/// proxy that refuses is dead all the same (no judge is needed for that),
+/// and the liar found dead before stays dead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_single_judge_answering_garbage_sometimes_kills_no_proxy() {
+    let dir = tempfile::tempdir().unwrap();
+    let faulted = Arc::new(AtomicUsize::new(0));
+    let judge =
+        Judge::plain_with(Judge::turning(1, Fault::GarbageSometimes, faulted.clone())).await;
+    let scene = Scene::start(false).await;
+    let judges = format!(r#"["{}"]"#, judge.url());
+    let (config, store) = scene.stored(dir.path(), &judges).await;
+    run_round(&config, &store, false).await.unwrap();
+    assert!(
+        faulted.load(Ordering::Relaxed) >= 3,
+        "checks met the garbage: {}",
+        faulted.load(Ordering::Relaxed)
+    );
+    scene.assert_verdicts(&store).await;
+    // Working proxies whose verdict could not be confirmed were not
+    // recorded as checked, and are due again within a minute.
+    let records = store.list_proxies(ProxyFilter::default()).await.unwrap();
+    let soon = now_ms() + 60_000;
+    for addr in scene.farm.alive_addrs() {
+        let r = by_addr(&records, addr);
+        assert!(
+            r.checks_total == 2 || r.next_check_at <= soon,
+            "{addr}: {r:?}"
+        );
+    }
 }

@@ -1,19 +1,24 @@
 //! A check round: page through the due proxies, keep at most `concurrency`
 //! checks in flight, and hand results to one writer task that commits them
 //! in batches (every 500 results or every second, whichever comes first).
+//! Beside them a monitor asks every judge directly once a second; the
+//! writer never waits for it. Passes are committed at once; a failure is
+//! committed once some judge has answered after it (a later pass or a
+//! direct answer), so a judge outage never looks like proxies dying.
 //! Cancelling stops new checks; in-flight ones finish within their timeout
 //! and every completed result is committed before the round returns.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::{Semaphore, mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
-use super::Checker;
+use super::health::{self, Beat};
+use super::{Checker, Prior, Verdict};
 use crate::health::Feedback;
 use crate::model::{Reason, RecheckPolicy};
 use crate::proxy::Anonymity;
@@ -25,6 +30,12 @@ const BATCH: usize = 500;
 const FLUSH_EVERY: Duration = Duration::from_secs(1);
 /// Due proxies read per query.
 const PAGE: usize = 1000;
+/// Failures held until a judge answers after them; past this many the
+/// writer stops taking results until one does.
+const MAX_PENDING: usize = 20_000;
+/// A proxy whose failure no healthy judge could confirm is checked again
+/// after this long (or its re-check interval, if shorter).
+const UNCONFIRMED_RETRY: Duration = Duration::from_secs(30);
 
 /// Called after each batch is committed (and the health index updated
 /// through the feedback path), with the batch: the daemon counts it.
@@ -112,6 +123,11 @@ pub struct RoundSummary {
     pub https: u64,
     /// Alive, by anonymity.
     pub by_anonymity: BTreeMap<Anonymity, u64>,
+    /// Checks that ended without a verdict: a proxy that passed its last
+    /// check failed in a way that may be the judge's, and no second healthy
+    /// judge could confirm it. They keep their status, are not counted in
+    /// `checked`, and are due again within a minute.
+    pub unconfirmed: u64,
     /// Wall time.
     pub elapsed: Duration,
     /// True when the round was cancelled before checking everything due.
@@ -189,19 +205,33 @@ pub async fn check_round(
     progress.total.store(total as u64, Ordering::Relaxed);
     let concurrency = opts.concurrency.max(1);
 
-    let (tx, rx) = mpsc::channel::<CheckRecord>(concurrency.min(4096) * 2);
+    let (tx, rx) = mpsc::channel::<Done>(concurrency.min(4096) * 2);
     // The round stops taking new proxies when the caller cancels or when
     // the writer finds every judge gone.
     let stop = cancel.child_token();
+    let (beat_tx, beat_rx) = watch::channel(Beat {
+        answered_at: None,
+        lost_since: None,
+    });
+    let monitor_stop = CancellationToken::new();
+    let _monitor_guard = monitor_stop.clone().drop_guard();
+    tokio::spawn(health::monitor(
+        checker.clone(),
+        beat_tx.clone(),
+        monitor_stop,
+    ));
     let writer = tokio::spawn(write_results(
-        feedback.clone(),
-        rx,
-        policy,
-        opts.on_commit.clone(),
-        JudgeGuard {
+        Writer {
+            feedback: feedback.clone(),
+            store: store.clone(),
+            policy,
+            on_commit: opts.on_commit.clone(),
             checker: checker.clone(),
+            beat: beat_tx,
             lost: stop.clone(),
         },
+        rx,
+        beat_rx,
     ));
     let permits = Arc::new(Semaphore::new(concurrency));
     let mut interrupted = false;
@@ -234,22 +264,33 @@ pub async fn check_round(
                 let progress = progress.clone();
                 let abort = opts.abort_in_flight.clone().unwrap_or_default();
                 tokio::spawn(async move {
-                    let outcome = tokio::select! {
-                        o = checker.check(&due.proxy, due.detect) => o,
+                    let started = Instant::now();
+                    let prior = Prior {
+                        alive: due.alive,
+                        https_due: true,
+                    };
+                    let verdict = tokio::select! {
+                        v = checker.check_with(&due.proxy, due.detect, prior) => v,
                         _ = abort.cancelled() => return,
                     };
-                    if outcome.alive() {
-                        progress.alive.fetch_add(1, Ordering::Relaxed);
-                    }
                     progress.done.fetch_add(1, Ordering::Relaxed);
-                    let rec = CheckRecord {
-                        id: due.id,
-                        checked_at: now_ms(),
-                        outcome,
+                    let done = match verdict {
+                        Verdict::Checked(outcome) => {
+                            if outcome.alive() {
+                                progress.alive.fetch_add(1, Ordering::Relaxed);
+                            }
+                            let rec = CheckRecord {
+                                id: due.id,
+                                checked_at: now_ms(),
+                                outcome,
+                            };
+                            Done::Checked(rec, started, Instant::now())
+                        }
+                        Verdict::Unconfirmed(_) => Done::Unconfirmed(due.id),
                     };
                     // The writer outlives every sender; a send can only fail if
                     // it died, and then the round reports its error.
-                    let _ = tx.send(rec).await;
+                    let _ = tx.send(done).await;
                     drop(permit);
                 });
             }
@@ -276,6 +317,7 @@ pub async fn check_round(
         checked = summary.checked,
         alive = summary.alive,
         dead = summary.dead,
+        unconfirmed = summary.unconfirmed,
         https = summary.https,
         elapsed_ms = summary.elapsed.as_millis() as u64,
         interrupted,
@@ -285,60 +327,159 @@ pub async fn check_round(
     Ok(summary)
 }
 
-/// Makes sure failures are the proxies' fault: before a batch with failures
-/// is committed, a judge must still answer directly.
-struct JudgeGuard {
+/// A finished check on its way to the writer.
+enum Done {
+    /// A verdict to commit, with the moments the check started and ended.
+    Checked(CheckRecord, Instant, Instant),
+    /// A check without a verdict (see [`Verdict::Unconfirmed`]).
+    Unconfirmed(i64),
+}
+
+/// What the writer needs besides its inputs.
+struct Writer {
+    feedback: Feedback,
+    store: Store,
+    policy: RecheckPolicy,
+    on_commit: Option<CommitHook>,
+    /// For one last direct question to the judges when failures are left
+    /// waiting at the end.
     checker: Arc<Checker>,
+    beat: watch::Sender<Beat>,
+    /// Cancelled when every judge is lost: the round stops.
     lost: CancellationToken,
+}
+
+/// The results of a round not yet committed.
+#[derive(Default)]
+struct Unwritten {
+    /// Passes and vouched failures, committed at the next flush.
+    batch: Vec<CheckRecord>,
+    /// Failures waiting for a judge to answer after them, oldest first.
+    pending: VecDeque<(CheckRecord, Instant)>,
+    /// Proxies to check again soon, without a verdict.
+    deferred: Vec<i64>,
+    /// The latest moment a judge is known to have answered.
+    vouched: Option<Instant>,
+    /// When the latest check that passed started.
+    passed: Option<Instant>,
+}
+
+impl Unwritten {
+    /// True when `b` says every judge is out of reach and no check has
+    /// passed since (a pass proves a judge answered, whatever the direct
+    /// requests say).
+    fn lost(&self, b: &Beat) -> bool {
+        b.lost_since
+            .is_some_and(|since| self.passed.is_none_or(|p| p < since))
+    }
+
+    /// A judge answered at `at`: failures before it are the proxies'.
+    fn vouch(&mut self, at: Option<Instant>) {
+        let Some(at) = at else { return };
+        let at = self.vouched.map_or(at, |v| v.max(at));
+        self.vouched = Some(at);
+        // Results arrive about in the order they ended; one slightly out
+        // of order waits for the next answer.
+        while self.pending.front().is_some_and(|(_, t)| *t <= at) {
+            let (rec, _) = self.pending.pop_front().expect("checked above");
+            self.batch.push(rec);
+        }
+    }
 }
 
 /// The one writer: batches results and commits them off the runtime, when
 /// a batch is full, on each tick, and when the last sender is gone.
 async fn write_results(
-    feedback: Feedback,
-    mut rx: mpsc::Receiver<CheckRecord>,
-    policy: RecheckPolicy,
-    on_commit: Option<CommitHook>,
-    guard: JudgeGuard,
+    w: Writer,
+    mut rx: mpsc::Receiver<Done>,
+    mut beat: watch::Receiver<Beat>,
 ) -> Result<RoundSummary, StoreError> {
     let mut summary = RoundSummary::default();
-    let mut batch: Vec<CheckRecord> = Vec::with_capacity(BATCH);
+    let mut out = Unwritten {
+        batch: Vec::with_capacity(BATCH),
+        ..Unwritten::default()
+    };
     let mut tick = tokio::time::interval(FLUSH_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let retry_after = UNCONFIRMED_RETRY.min(w.policy.alive);
     loop {
         let (flush, closed) = tokio::select! {
-            rec = rx.recv() => match rec {
-                Some(rec) => {
-                    batch.push(rec);
-                    (batch.len() >= BATCH, false)
+            done = rx.recv(), if out.pending.len() < MAX_PENDING => match done {
+                Some(Done::Checked(rec, started, ended)) => {
+                    if rec.outcome.alive() {
+                        // A judge answered a connection made after the
+                        // check started (one made before may be served
+                        // by a judge that has stopped taking new ones).
+                        out.batch.push(rec);
+                        out.passed = Some(out.passed.map_or(started, |p| p.max(started)));
+                        out.vouch(Some(started));
+                    } else if !summary.judge_lost {
+                        // A failure once every judge is lost is dropped.
+                        out.pending.push_back((rec, ended));
+                    }
+                    (out.batch.len() >= BATCH, false)
+                }
+                Some(Done::Unconfirmed(id)) => {
+                    summary.unconfirmed += 1;
+                    out.deferred.push(id);
+                    (false, false)
                 }
                 None => (true, true),
             },
+            Ok(()) = beat.changed() => {
+                let b = *beat.borrow_and_update();
+                out.vouch(b.answered_at);
+                if out.lost(&b) {
+                    lose(&w, &mut summary, &mut out);
+                }
+                (false, false)
+            }
             _ = tick.tick() => (true, false),
         };
-        if flush && !batch.is_empty() {
-            let mut full = std::mem::replace(&mut batch, Vec::with_capacity(BATCH));
-            let has_failures = full.iter().any(|r| !r.outcome.alive());
-            if has_failures && (summary.judge_lost || !guard.checker.judge_reachable().await) {
-                // A judge outage must never look like proxies dying: keep
-                // only the passes and stop the round.
-                if !summary.judge_lost {
-                    tracing::error!("every judge stopped answering; stopping the round");
-                }
-                summary.judge_lost = true;
-                guard.lost.cancel();
-                full.retain(|r| r.outcome.alive());
+        while closed && !out.pending.is_empty() && !summary.judge_lost {
+            // Every check has ended: one direct answer from any judge now
+            // vouches for all the failures still waiting. Judges silent a
+            // few times in a row are out of reach.
+            let b = health::probe_all(&w.checker, &w.beat).await;
+            out.vouch(b.answered_at);
+            if out.lost(&b) {
+                lose(&w, &mut summary, &mut out);
+            } else if !out.pending.is_empty() {
+                tokio::time::sleep(health::PROBE_EVERY).await;
             }
-            let full = feedback.commit_checks(full, policy).await?;
-            if let Some(hook) = &on_commit {
+        }
+        if flush && !out.batch.is_empty() {
+            let full = std::mem::replace(&mut out.batch, Vec::with_capacity(BATCH));
+            let full = w.feedback.commit_checks(full, w.policy).await?;
+            if let Some(hook) = &w.on_commit {
                 hook(&full);
             }
             for rec in &full {
                 summary.add(rec);
             }
         }
+        if flush && !out.deferred.is_empty() {
+            let at = now_ms() + retry_after.as_millis() as i64;
+            w.store
+                .defer_checks(std::mem::take(&mut out.deferred), at)
+                .await?;
+        }
         if closed {
             return Ok(summary);
         }
     }
+}
+
+/// Every judge is out of reach: failures say nothing about the proxies.
+/// Drops those waiting and stops the round; passes are still committed.
+fn lose(w: &Writer, summary: &mut RoundSummary, out: &mut Unwritten) {
+    if !summary.judge_lost {
+        tracing::error!(
+            discarded = out.pending.len(),
+            "every judge stopped answering; stopping the round"
+        );
+    }
+    summary.judge_lost = true;
+    w.lost.cancel();
+    out.pending.clear();
 }

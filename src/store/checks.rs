@@ -20,6 +20,8 @@ pub struct DueProxy {
     pub proxy: Proxy,
     /// True when the scheme is to be detected.
     pub detect: bool,
+    /// True when its last check found it alive.
+    pub alive: bool,
 }
 
 /// One check's result, ready to record.
@@ -104,6 +106,20 @@ impl Store {
         .await
     }
 
+    /// Schedules the next check of these proxies at `at` (unix ms) without
+    /// recording a check: for proxies whose check reached no verdict.
+    pub async fn defer_checks(&self, ids: Vec<i64>, at: i64) -> Result<(), StoreError> {
+        self.write(move |tx| {
+            let mut stmt =
+                tx.prepare_cached("UPDATE proxies SET next_check_at = ?2 WHERE id = ?1")?;
+            for id in ids {
+                stmt.execute(params![id, at])?;
+            }
+            Ok(())
+        })
+        .await
+    }
+
     /// Makes these proxies due now.
     pub async fn mark_due_many(&self, ids: Vec<i64>, now: i64) -> Result<(), StoreError> {
         self.write(move |tx| {
@@ -163,7 +179,7 @@ fn due_page(
     limit: usize,
 ) -> Result<Vec<DueProxy>, StoreError> {
     let mut stmt = conn.prepare_cached(&format!(
-        "SELECT id, scheme, host, port, username, password, scheme_detect
+        "SELECT id, scheme, host, port, username, password, scheme_detect, status = 'alive'
              FROM proxies WHERE {DUE_WHERE} AND (status = 'alive') = ?5
              ORDER BY id LIMIT ?4"
     ))?;
@@ -181,11 +197,12 @@ fn due_page(
             username,
             password,
             r.get::<_, bool>(6)?,
+            r.get::<_, bool>(7)?,
         ))
     })?;
     let mut out = Vec::new();
     for row in rows {
-        let (id, scheme, host, port, username, password, detect) = row?;
+        let (id, scheme, host, port, username, password, detect, alive) = row?;
         // Rows that do not parse were not written by us; skip them
         // rather than fail the round.
         let (Ok(scheme), Ok(host)) = (scheme.parse::<Scheme>(), host.parse()) else {
@@ -204,6 +221,7 @@ fn due_page(
                 }),
             },
             detect,
+            alive,
         });
     }
     Ok(out)

@@ -18,6 +18,17 @@ use hyper_util::rt::TokioIo;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 
+/// How a judge made with [`Judge::turning`] misbehaves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// `200 OK` with random text instead of the echo.
+    RandomContent,
+    /// Accepts the request and never answers.
+    Stall,
+    /// Random text for three requests in ten, genuine answers otherwise.
+    GarbageSometimes,
+}
+
 /// A server task stopped on drop.
 pub struct Judge {
     pub addr: SocketAddr,
@@ -129,6 +140,44 @@ impl Judge {
                                 .into_response()
                         } else {
                             (StatusCode::TOO_MANY_REQUESTS, "slow down").into_response()
+                        }
+                    }
+                },
+            ),
+        )
+    }
+
+    /// proxywarden's `/judge` that answers its first `after` requests
+    /// genuinely and then has `fault`. `faulted` counts the requests that
+    /// met the fault and came through a proxy (from any address but
+    /// 127.0.0.1, the checker's own), proof that checks ran into it.
+    pub fn turning(after: usize, fault: Fault, faulted: Arc<AtomicUsize>) -> axum::Router {
+        let asked = Arc::new(AtomicUsize::new(0));
+        axum::Router::new().route(
+            "/judge",
+            get(
+                move |info: ConnectInfo<SocketAddr>, m: Method, u: Uri, h: HeaderMap| {
+                    let n = asked.fetch_add(1, Ordering::Relaxed);
+                    let faulty = n >= after
+                        && match fault {
+                            Fault::RandomContent | Fault::Stall => true,
+                            Fault::GarbageSometimes => matches!((n - after) % 10, 2 | 5 | 8),
+                        };
+                    // Proxies in tests forward from other 127.x addresses.
+                    if faulty && info.0.ip() != IpAddr::from([127, 0, 0, 1]) {
+                        faulted.fetch_add(1, Ordering::Relaxed);
+                    }
+                    async move {
+                        if !faulty {
+                            return proxywarden::api::judge::judge(info, m, u, h)
+                                .await
+                                .into_response();
+                        }
+                        match fault {
+                            Fault::Stall => std::future::pending().await,
+                            Fault::RandomContent | Fault::GarbageSometimes => {
+                                format!("{:032x}", rand::random::<u128>()).into_response()
+                            }
                         }
                     }
                 },
