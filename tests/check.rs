@@ -1015,3 +1015,205 @@ async fn a_single_judge_answering_garbage_sometimes_kills_no_proxy() {
         );
     }
 }
+
+/// Issue 9, Must 6a: the HTTPS test (a second connection and a TLS
+/// handshake) runs on its own cadence, `check.https_recheck` (6 h), not on
+/// every check of a working proxy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn https_is_tested_on_its_own_cadence() {
+    let dir = tempfile::tempdir().unwrap();
+    let judge = Judge::plain().await;
+    let tls_judge = Judge::tls(dir.path()).await;
+    let proxy = FakeHttpProxy::start(http_opts(ProxyKind::Elite, true)).await;
+    let judges = format!(r#"["{}", "{}"]"#, judge.url(), tls_judge.url());
+    let extra = format!("extra_ca_file = \"{}\"", tls_judge.ca_file().display());
+    let config = config(
+        dir.path(),
+        &judges,
+        &extra,
+        &[format!("http://{}", proxy.addr())],
+        &[],
+    );
+    let (store, _) = harvest_and_check(&config).await;
+    let r = &store.list_proxies(ProxyFilter::default()).await.unwrap()[0];
+    assert_eq!(r.https, Some(true));
+    assert_eq!(proxy.targets().len(), 1, "one CONNECT");
+
+    let summary = run_round(&config, &store, true).await.unwrap();
+    assert_eq!(summary.alive, 1);
+    let r = &store.list_proxies(ProxyFilter::default()).await.unwrap()[0];
+    assert_eq!(r.checks_total, 2);
+    assert_eq!(r.https, Some(true), "the result stands");
+    assert_eq!(proxy.targets().len(), 1, "no CONNECT on the re-check");
+}
+
+/// Issue 9, Must 6a: a tunnel that failed in use asks for the HTTPS test at
+/// the next check, which it makes due at once; and a short
+/// `check.https_recheck` tests it on every check.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tunnel_failing_in_use_gets_https_tested_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let judge = Judge::plain().await;
+    let tls_judge = Judge::tls(dir.path()).await;
+    let proxy = FakeHttpProxy::start(http_opts(ProxyKind::Elite, true)).await;
+    let judges = format!(r#"["{}", "{}"]"#, judge.url(), tls_judge.url());
+    let extra = format!("extra_ca_file = \"{}\"", tls_judge.ca_file().display());
+    let entries = [format!("http://{}", proxy.addr())];
+    let config = config(dir.path(), &judges, &extra, &entries, &[]);
+    let (store, _) = harvest_and_check(&config).await;
+    assert_eq!(proxy.targets().len(), 1);
+    let id = store.list_proxies(ProxyFilter::default()).await.unwrap()[0].id;
+    assert_eq!(store.count_due(now_ms(), false).await.unwrap(), 0);
+
+    store
+        .request_https_recheck(vec![id], now_ms())
+        .await
+        .unwrap();
+    assert_eq!(store.count_due(now_ms(), false).await.unwrap(), 1);
+    run_round(&config, &store, false).await.unwrap();
+    assert_eq!(proxy.targets().len(), 2, "tested again");
+    run_round(&config, &store, true).await.unwrap();
+    assert_eq!(proxy.targets().len(), 2, "and then not for 6 h");
+
+    let every_check = config_with_https_recheck(dir.path(), &judges, &extra, &entries, "1ms");
+    run_round(&every_check, &store, true).await.unwrap();
+    assert_eq!(proxy.targets().len(), 3);
+    assert_eq!(
+        store.list_proxies(ProxyFilter::default()).await.unwrap()[0].https,
+        Some(true)
+    );
+}
+
+fn config_with_https_recheck(
+    dir: &Path,
+    judges: &str,
+    extra: &str,
+    entries: &[String],
+    every: &str,
+) -> Config {
+    let extra = format!("{extra}\nhttps_recheck = \"{every}\"");
+    config(dir, judges, &extra, entries, &[])
+}
+
+/// Issue 9, Must 6b: a proxy that takes the connection and never answers
+/// its SOCKS greeting costs the connect timeout (1 s), not the total one
+/// (2 s), and is dead with reason `timeout`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proxy_silent_in_its_handshake_costs_the_connect_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let judge = Judge::plain().await;
+    let hang = SocksOpts {
+        behavior: fakes::SocksBehavior::Hang,
+        ..SocksOpts::default()
+    };
+    let socks5 = FakeSocks5::start(hang.clone()).await;
+    let socks4 = FakeSocks4::start(hang).await;
+    let entries = [
+        format!("socks5://{}", socks5.addr()),
+        format!("socks4://{}", socks4.addr()),
+    ];
+    let config = config(
+        dir.path(),
+        &format!(r#"["{}"]"#, judge.url()),
+        "",
+        &entries,
+        &[],
+    );
+    let (store, summary) = harvest_and_check(&config).await;
+    assert_eq!(summary.dead_by_reason[&Reason::Timeout], 2, "{summary:?}");
+    assert!(
+        summary.elapsed < Duration::from_millis(1_800),
+        "{:?}",
+        summary.elapsed
+    );
+    for r in store.list_proxies(ProxyFilter::default()).await.unwrap() {
+        assert_eq!(r.reason.as_deref(), Some("timeout"));
+    }
+}
+
+/// Issue 9, Must 6c: results are committed without asking the judge
+/// directly first. A judge slow to answer the checker's own requests (1.5 s)
+/// but quick through proxies does not hold up a round whose failures came
+/// before checks that passed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn committing_failures_never_waits_for_a_direct_answer() {
+    let dir = tempfile::tempdir().unwrap();
+    let judge = Judge::plain_with(Judge::slow_to_checker(Duration::from_millis(1_500))).await;
+    let closed: Vec<_> = (0..20).map(|_| fakes::closed_port()).collect();
+    let farm = FakeFarm::start(30, 0, Some(exit_ip())).await;
+    // The refusing proxies first: they are checked (and fail) first.
+    let entries: Vec<String> = closed
+        .iter()
+        .map(|c| format!("http://{}", c.addr()))
+        .chain(farm_list(&farm))
+        .collect();
+    let mut config = config(
+        dir.path(),
+        &format!(r#"["{}"]"#, judge.url()),
+        "",
+        &entries,
+        &[],
+    );
+    config.check.concurrency = 4;
+    config.check.https = false;
+    let (_, summary) = harvest_and_check(&config).await;
+    assert_eq!((summary.alive, summary.dead), (30, 20), "{summary:?}");
+    assert!(
+        summary.elapsed < Duration::from_millis(1_000),
+        "{:?}",
+        summary.elapsed
+    );
+}
+
+/// Issue 9, Must 6d: proxies that timed out last time are started first,
+/// so that the longest checks never form a round's tail. Here a round may
+/// start checks for 300 ms only, four at a time, and 400 new silent proxies
+/// come first in the list: the three that timed out last time are checked
+/// all the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxies_that_timed_out_last_time_are_started_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let judge = Judge::plain().await;
+    let farm = FakeFarm::start(0, 403, None).await;
+    let entries = farm_list(&farm);
+    let mut config = config(
+        dir.path(),
+        &format!(r#"["{}"]"#, judge.url()),
+        "",
+        &entries,
+        &[],
+    );
+    config.check.https = false;
+    let store = Store::open(&config.database.path).unwrap();
+    harvest_all(&config, &store).await.unwrap();
+    let records = store.list_proxies(ProxyFilter::default()).await.unwrap();
+    let last_three: Vec<i64> = farm.silent_addrs()[400..]
+        .iter()
+        .map(|a| by_addr(&records, *a).id)
+        .collect();
+    let hour_ago = now_ms() - 3_600_000;
+    let earlier = last_three
+        .iter()
+        .map(|&id| proxywarden::store::CheckRecord {
+            id,
+            checked_at: hour_ago,
+            outcome: proxywarden::model::Outcome::dead(Reason::Timeout),
+        })
+        .collect();
+    store
+        .record_checks(earlier, config.check.recheck_policy())
+        .await
+        .unwrap();
+    let opts = CheckOptions {
+        concurrency: 4,
+        dispatch_for: Some(Duration::from_millis(300)),
+        ..CheckOptions::from_config(&config.check)
+    };
+    let summary = run_round_with(&config, &store, &opts).await.unwrap();
+    assert!(summary.checked <= 8, "{summary:?}");
+    let records = store.list_proxies(ProxyFilter::default()).await.unwrap();
+    for id in last_three {
+        let r = records.iter().find(|r| r.id == id).unwrap();
+        assert_eq!(r.checks_total, 2, "{r:?}");
+    }
+}

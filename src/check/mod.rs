@@ -93,12 +93,13 @@ impl Verdict {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Blame {
     /// Certainly the proxy's: it refused or dropped the connection, timed
-    /// out connecting or in its handshake, or wants credentials.
+    /// out connecting, garbled its handshake, or wants credentials.
     Proxy,
     /// The proxy refused the tunnel to the judge (a CONNECT answered with
-    /// an error, a SOCKS rejection). The proxy's, unless the judge itself
-    /// was out of reach: a proxy that passed its last check is asked of a
-    /// second judge when one is healthy.
+    /// an error, a SOCKS rejection) or did not open it within the connect
+    /// timeout. The proxy's, unless the judge itself was out of reach (the
+    /// tunnel is opened to it): a proxy that passed its last check is asked
+    /// of a second judge when one is healthy.
     Refusal,
     /// Possibly the judge's: a wrong status or page, a timeout or reset
     /// after the request was sent, TLS with the judge failing.
@@ -108,7 +109,7 @@ enum Blame {
 fn blame(f: Failure) -> Blame {
     match (f.phase, f.reason) {
         (Phase::Connect, _) => Blame::Proxy,
-        (Phase::Handshake, Reason::BadStatus) => Blame::Refusal,
+        (Phase::Handshake, Reason::BadStatus | Reason::Timeout) => Blame::Refusal,
         (Phase::Handshake, _) => Blame::Proxy,
         (Phase::Tls, _) => Blame::Judge,
         (Phase::Request, Reason::ProxyAuthRequired) => Blame::Proxy,

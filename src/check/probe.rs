@@ -224,9 +224,10 @@ impl Prober {
         };
         let opts = DialOptions {
             connect_timeout: self.connect_timeout,
-            // The total timeout around the whole fetch decides; the
-            // handshake gets no tighter bound of its own.
-            handshake_timeout: self.timeout,
+            // A proxy that takes the connection and never answers its
+            // handshake is as dead as one that never takes it: it costs
+            // the connect timeout, not the whole one.
+            handshake_timeout: self.connect_timeout,
             forward,
         };
         let dialed = net::dial(proxy, &dial_target, &opts)

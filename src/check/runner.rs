@@ -1,6 +1,10 @@
 //! A check round: page through the due proxies, keep at most `concurrency`
 //! checks in flight, and hand results to one writer task that commits them
 //! in batches (every 500 results or every second, whichever comes first).
+//! Proxies that timed out last time are started from the first moment,
+//! longest first, in up to three quarters of the slots, while the alive
+//! ones and then the rest take the others: the longest checks never form
+//! the round's tail, and re-checks of served proxies never wait behind them.
 //! Beside them a monitor asks every judge directly once a second; the
 //! writer never waits for it. Passes are committed at once; a failure is
 //! committed once some judge has answered after it (a later pass or a
@@ -14,7 +18,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use tokio::sync::{Semaphore, mpsc, watch};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::health::{self, Beat};
@@ -22,7 +26,7 @@ use super::{Checker, Prior, Verdict};
 use crate::health::Feedback;
 use crate::model::{Reason, RecheckPolicy};
 use crate::proxy::Anonymity;
-use crate::store::{CheckRecord, DueLane, Store, StoreError, now_ms};
+use crate::store::{CheckRecord, DueLane, DueProxy, Store, StoreError, now_ms};
 
 /// Results per committed batch.
 const BATCH: usize = 500;
@@ -54,6 +58,8 @@ pub struct CheckOptions {
     pub timeout: Duration,
     /// Also test CONNECT + TLS.
     pub https: bool,
+    /// How long a proxy's HTTPS result stands before it is tested again.
+    pub https_recheck: Duration,
     /// Runs after every committed batch.
     pub on_commit: Option<CommitHook>,
     /// When cancelled, checks in flight stop at once and are not recorded
@@ -75,6 +81,7 @@ impl std::fmt::Debug for CheckOptions {
             .field("connect_timeout", &self.connect_timeout)
             .field("timeout", &self.timeout)
             .field("https", &self.https)
+            .field("https_recheck", &self.https_recheck)
             .field("on_commit", &self.on_commit.is_some())
             .field("dispatch_for", &self.dispatch_for)
             .finish()
@@ -90,6 +97,7 @@ impl CheckOptions {
             connect_timeout: c.connect_timeout,
             timeout: c.timeout,
             https: c.https,
+            https_recheck: c.https_recheck,
             on_commit: None,
             abort_in_flight: None,
             dispatch_for: None,
@@ -234,69 +242,37 @@ pub async fn check_round(
         beat_rx,
     ));
     let permits = Arc::new(Semaphore::new(concurrency));
-    let mut interrupted = false;
-    let mut paused = false;
-    // One timer for the round, polled only when the round has a limit.
-    let deadline =
-        tokio::time::sleep_until((started + opts.dispatch_for.unwrap_or_default()).into());
-    tokio::pin!(deadline);
-    'pages: for lane in DueLane::IN_ORDER {
-        let mut after = i64::MIN;
-        loop {
-            let page = store.due_page(now, all, lane, after, PAGE).await?;
-            let Some(last) = page.last() else { break };
-            after = last.id;
-            for due in page {
-                let permit = tokio::select! {
-                    biased;
-                    _ = stop.cancelled() => {
-                        interrupted = true;
-                        break 'pages;
-                    }
-                    _ = &mut deadline, if opts.dispatch_for.is_some() => {
-                        paused = true;
-                        break 'pages;
-                    }
-                    p = permits.clone().acquire_owned() => p.expect("the semaphore is never closed"),
-                };
-                let checker = checker.clone();
-                let tx = tx.clone();
-                let progress = progress.clone();
-                let abort = opts.abort_in_flight.clone().unwrap_or_default();
-                tokio::spawn(async move {
-                    let started = Instant::now();
-                    let prior = Prior {
-                        alive: due.alive,
-                        https_due: true,
-                    };
-                    let verdict = tokio::select! {
-                        v = checker.check_with(&due.proxy, due.detect, prior) => v,
-                        _ = abort.cancelled() => return,
-                    };
-                    progress.done.fetch_add(1, Ordering::Relaxed);
-                    let done = match verdict {
-                        Verdict::Checked(outcome) => {
-                            if outcome.alive() {
-                                progress.alive.fetch_add(1, Ordering::Relaxed);
-                            }
-                            let rec = CheckRecord {
-                                id: due.id,
-                                checked_at: now_ms(),
-                                outcome,
-                            };
-                            Done::Checked(rec, started, Instant::now())
-                        }
-                        Verdict::Unconfirmed(_) => Done::Unconfirmed(due.id),
-                    };
-                    // The writer outlives every sender; a send can only fail if
-                    // it died, and then the round reports its error.
-                    let _ = tx.send(done).await;
-                    drop(permit);
-                });
-            }
-        }
-    }
-    drop(tx);
+    let dispatcher = Dispatcher {
+        store,
+        now,
+        all,
+        https_recheck: opts.https.then_some(opts.https_recheck),
+        checker: checker.clone(),
+        tx,
+        progress,
+        abort: opts.abort_in_flight.clone().unwrap_or_default(),
+        permits: permits.clone(),
+        stop: stop.clone(),
+        deadline: opts.dispatch_for.map(|d| started + d),
+    };
+    // Two streams share the permits. Proxies that timed out last time start
+    // at once, longest first, but hold at most three quarters of the
+    // permits, so the rest always move; once the rest are all started the
+    // limit goes.
+    let timed_out_cap = (concurrency * 3 / 4).max(1);
+    let timed_out_permits = Arc::new(Semaphore::new(timed_out_cap));
+    let (timed_out, rest) = tokio::join!(
+        dispatcher.run(&DueLane::TIMED_OUT, Some(&timed_out_permits)),
+        async {
+            let ended = dispatcher.run(&DueLane::REST, None).await;
+            timed_out_permits.add_permits(concurrency.saturating_sub(timed_out_cap));
+            ended
+        },
+    );
+    let (timed_out, rest) = (timed_out?, rest?);
+    let interrupted = timed_out == Ended::Interrupted || rest == Ended::Interrupted;
+    let paused = timed_out == Ended::Paused || rest == Ended::Paused;
+    drop(dispatcher);
     // Wait for every check in flight: they hold their permits until sent.
     let _all = permits
         .acquire_many(concurrency as u32)
@@ -325,6 +301,121 @@ pub async fn check_round(
         "check round finished"
     );
     Ok(summary)
+}
+
+/// Why a dispatch stream stopped starting checks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Ended {
+    /// Every due proxy of its lanes was started.
+    Drained,
+    /// The round was cancelled.
+    Interrupted,
+    /// The round's dispatch time was up.
+    Paused,
+}
+
+/// Starts the checks of a round: what every stream of it shares.
+struct Dispatcher<'a> {
+    store: &'a Store,
+    now: i64,
+    all: bool,
+    /// How long an HTTPS result stands; `None` when HTTPS is not tested.
+    https_recheck: Option<Duration>,
+    checker: Arc<Checker>,
+    tx: mpsc::Sender<Done>,
+    progress: Arc<RoundProgress>,
+    abort: CancellationToken,
+    /// One per check in flight.
+    permits: Arc<Semaphore>,
+    stop: CancellationToken,
+    deadline: Option<Instant>,
+}
+
+impl Dispatcher<'_> {
+    /// Starts a check for every due proxy of `lanes`, in order, each
+    /// holding a permit (and one of `cap`, when given) until its result is
+    /// handed to the writer.
+    async fn run(
+        &self,
+        lanes: &[DueLane],
+        cap: Option<&Arc<Semaphore>>,
+    ) -> Result<Ended, StoreError> {
+        // One timer per stream, polled only when the round has a limit.
+        let deadline = tokio::time::sleep_until(self.deadline.unwrap_or_else(Instant::now).into());
+        tokio::pin!(deadline);
+        for &lane in lanes {
+            let mut after = i64::MIN;
+            loop {
+                let page = self
+                    .store
+                    .due_page(self.now, self.all, lane, after, PAGE)
+                    .await?;
+                let Some(last) = page.last() else { break };
+                after = last.id;
+                for due in page {
+                    let capped = match cap {
+                        None => None,
+                        Some(cap) => tokio::select! {
+                            biased;
+                            _ = self.stop.cancelled() => return Ok(Ended::Interrupted),
+                            _ = &mut deadline, if self.deadline.is_some() => return Ok(Ended::Paused),
+                            p = cap.clone().acquire_owned() => Some(p.expect("never closed")),
+                        },
+                    };
+                    let permit = tokio::select! {
+                        biased;
+                        _ = self.stop.cancelled() => return Ok(Ended::Interrupted),
+                        _ = &mut deadline, if self.deadline.is_some() => return Ok(Ended::Paused),
+                        p = self.permits.clone().acquire_owned() => p.expect("never closed"),
+                    };
+                    self.spawn(due, (permit, capped));
+                }
+            }
+        }
+        Ok(Ended::Drained)
+    }
+
+    /// Checks `due` on its own task, which holds `permits` until its result
+    /// is with the writer.
+    fn spawn(&self, due: DueProxy, permits: (OwnedSemaphorePermit, Option<OwnedSemaphorePermit>)) {
+        let prior = Prior {
+            alive: due.alive,
+            https_due: self.https_recheck.is_some_and(|every| {
+                due.https_checked_at
+                    .is_none_or(|at| self.now - at >= every.as_millis() as i64)
+            }),
+        };
+        let checker = self.checker.clone();
+        let tx = self.tx.clone();
+        let progress = self.progress.clone();
+        let abort = self.abort.clone();
+        tokio::spawn(async move {
+            let started = Instant::now();
+            let verdict = tokio::select! {
+                v = checker.check_with(&due.proxy, due.detect, prior) => v,
+                _ = abort.cancelled() => return,
+            };
+            progress.done.fetch_add(1, Ordering::Relaxed);
+            let done = match verdict {
+                Verdict::Checked(outcome) => {
+                    if outcome.alive() {
+                        progress.alive.fetch_add(1, Ordering::Relaxed);
+                    }
+                    let rec = CheckRecord {
+                        id: due.id,
+                        checked_at: now_ms(),
+                        outcome,
+                    };
+                    Done::Checked(rec, started, Instant::now())
+                }
+                Verdict::Unconfirmed(_) => Done::Unconfirmed(due.id),
+            };
+            // The writer outlives every sender; a send can only fail if it
+            // died, and then the round reports its error.
+            let _ = tx.send(done).await;
+            drop(permits);
+        });
+    }
 }
 
 /// A finished check on its way to the writer.

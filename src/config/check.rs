@@ -24,6 +24,8 @@ pub struct CheckConfig {
     pub timeout: Duration,
     /// Also test CONNECT + TLS.
     pub https: bool,
+    /// How long a proxy's HTTPS result stands before it is tested again.
+    pub https_recheck: Duration,
     /// Re-check interval for alive proxies.
     pub recheck_alive: Duration,
     /// First backoff for dead proxies.
@@ -71,6 +73,7 @@ pub(super) fn read(c: &mut Section) -> Option<CheckConfig> {
     let connect_timeout = c.duration("connect_timeout");
     let timeout = c.duration("timeout");
     let https = c.boolean("https");
+    let https_recheck = c.duration("https_recheck");
     let recheck_alive = c.duration("recheck_alive");
     let recheck_dead = c.duration("recheck_dead");
     let recheck_dead_max = c.duration("recheck_dead_max");
@@ -96,6 +99,7 @@ pub(super) fn read(c: &mut Section) -> Option<CheckConfig> {
         connect_timeout: connect_timeout?,
         timeout: timeout?,
         https: https?,
+        https_recheck: https_recheck?,
         recheck_alive: recheck_alive?,
         recheck_dead: recheck_dead?,
         recheck_dead_max: recheck_dead_max?,

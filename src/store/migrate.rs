@@ -12,6 +12,7 @@ use super::StoreError;
 const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/0001_init.sql"),
     include_str!("../../migrations/0002_reports.sql"),
+    include_str!("../../migrations/0003_https_checked.sql"),
 ];
 
 /// The schema version this binary writes.
