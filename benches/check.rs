@@ -13,6 +13,19 @@
 //! child (`--serve-farm ALIVE SILENT`) so that their CPU and memory stay out
 //! of the figures, then harvests, checks and reports. `BENCH_TIMELINE=1`
 //! prints the count of finished checks over time to stderr.
+//!
+//! `versus` (issue 9, Must 6) compares two builds in one run: this one and
+//! an older `proxywarden` binary named by `BENCH_OLD_BIN` (build commit
+//! dbbd7e2 in a worktree). A mixed farm of 10,000 loopback proxies (3,150
+//! working, 300 of them slow; 1,200 that accept and never answer; liars;
+//! the rest refusing or hanging up; http, socks5 and socks4) is checked by
+//! each binary's own `proxywarden check --all` on its own database of the
+//! same list, after one unmeasured round each (so the measured round is a
+//! re-check round, as a daemon's are), at concurrency 1,000, connect 1 s,
+//! total 2 s, with an https judge. Wall and CPU time are each child's own
+//! (CPU from our `cutime`/`cstime` once it is reaped); verdicts are read
+//! from its database and must have precision and recall 1.0 with every
+//! liar dead. `cargo bench --bench check -- versus` runs this pass alone.
 
 #[allow(dead_code)]
 #[path = "../tests/common/fakes.rs"]
@@ -38,6 +51,10 @@ use tokio_util::sync::CancellationToken;
 
 const MEASURE_ARG: &str = "--measure";
 const FARM_ARG: &str = "--serve-farm";
+const MIXED_FARM_ARG: &str = "--serve-mixed-farm";
+const VERSUS_ARG: &str = "versus";
+/// The older binary `versus` compares with.
+const OLD_BIN_ENV: &str = "BENCH_OLD_BIN";
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 const TIMEOUT: Duration = Duration::from_secs(2);
@@ -103,6 +120,22 @@ const PASSES: [Pass; 3] = [
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
+    if let Some(i) = args.iter().position(|a| a == MIXED_FARM_ARG) {
+        let dir = args
+            .get(i + 1)
+            .unwrap_or_else(|| panic!("usage: {MIXED_FARM_ARG} DIR"));
+        serve_mixed_farm(Path::new(dir));
+        return ExitCode::SUCCESS;
+    }
+    if args.iter().any(|a| a == VERSUS_ARG) {
+        return match versus() {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("check bench, versus: {e:#}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     if let Some(i) = args.iter().position(|a| a == FARM_ARG) {
         let count = |j: usize| -> usize {
             args.get(i + j)
@@ -148,6 +181,10 @@ fn orchestrate() -> ExitCode {
             eprintln!("check bench: pass {} failed ({status})", pass.name);
             failed = true;
         }
+    }
+    if let Err(e) = versus() {
+        eprintln!("check bench, versus: {e:#}");
+        failed = true;
     }
     if failed {
         ExitCode::FAILURE
@@ -727,4 +764,511 @@ fn clock_ticks() -> u64 {
             .and_then(|s| s.trim().parse().ok())
             .unwrap_or(100)
     })
+}
+
+// ---------------------------------------------------------------------------
+// versus: this build against an older binary, one mixed farm, one run
+
+/// Checks in flight in `versus`, as issue 9 measured them.
+const VERSUS_CONCURRENCY: usize = 1_000;
+
+/// What a proxy of the mixed farm does, and so the verdict it deserves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+enum Kind {
+    /// Works at once.
+    Working,
+    /// Works, answering 700 ms late.
+    Slow,
+    /// Accepts the connection and never answers (request or handshake).
+    Silent,
+    /// Answers every request with its own page.
+    Liar,
+    /// Nothing listens: refused at once.
+    Refusing,
+    /// Reads the request and resets the connection.
+    HangUp,
+}
+
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Working => "working",
+            Kind::Slow => "slow",
+            Kind::Silent => "silent",
+            Kind::Liar => "liar",
+            Kind::Refusing => "refusing",
+            Kind::HangUp => "hangup",
+        }
+    }
+
+    fn parse(s: &str) -> Option<Kind> {
+        [
+            Kind::Working,
+            Kind::Slow,
+            Kind::Silent,
+            Kind::Liar,
+            Kind::Refusing,
+            Kind::HangUp,
+        ]
+        .into_iter()
+        .find(|k| k.name() == s)
+    }
+
+    /// Whether a check should find it alive.
+    fn works(self) -> bool {
+        matches!(self, Kind::Working | Kind::Slow)
+    }
+}
+
+/// The mixed farm: (kind, scheme, how many). 10,000 in all: 3,150 working
+/// (300 slow), 1,200 silent, 150 liars, 2,700 refusing, 2,800 hanging up.
+/// The refusing ones are ports the measuring process holds closed.
+const MIX: &[(Kind, &str, usize)] = &[
+    (Kind::Working, "http", 2_000),
+    (Kind::Working, "socks5", 500),
+    (Kind::Working, "socks4", 350),
+    (Kind::Slow, "http", 300),
+    (Kind::Silent, "http", 500),
+    (Kind::Silent, "socks5", 400),
+    (Kind::Silent, "socks4", 300),
+    (Kind::Liar, "http", 150),
+    (Kind::Refusing, "http", 1_700),
+    (Kind::Refusing, "socks5", 600),
+    (Kind::Refusing, "socks4", 400),
+    (Kind::HangUp, "http", 2_800),
+];
+
+/// Starts the judges (plain, and TLS with its CA written to `dir`) and the
+/// mixed farm but its refusing ports; prints `judge URL`, `tls-judge URL`,
+/// `proxy KIND SCHEME ADDR` lines and `ready`, then serves until stdin
+/// closes.
+fn serve_mixed_farm(dir: &Path) {
+    use fakes::{Behavior, FakeHttpProxy, FakeSocks4, FakeSocks5, HttpProxyOpts, SocksBehavior};
+    let rt = tokio::runtime::Runtime::new().expect("tokio runtime");
+    rt.block_on(async {
+        fakes::raise_nofile_limit();
+        let judge = judges::Judge::plain().await;
+        let tls_judge = judges::Judge::tls(dir).await;
+        let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+        writeln!(out, "judge {}", judge.url()).expect("write to the parent");
+        writeln!(out, "tls-judge {}", tls_judge.url()).expect("write to the parent");
+        let mut http = Vec::new();
+        let mut socks4 = Vec::new();
+        let mut socks5 = Vec::new();
+        let mut n = 0usize;
+        for &(kind, scheme, count) in MIX {
+            if kind == Kind::Refusing {
+                continue;
+            }
+            for _ in 0..count {
+                // Working proxies forward from 127.0.0.2..5 in turn, so no
+                // one address's ephemeral ports bound their upstreams.
+                let bind = Some(IpAddr::V4(UPSTREAM_BINDS[n % UPSTREAM_BINDS.len()]));
+                n += 1;
+                let addr = match scheme {
+                    "http" => {
+                        let behavior = match kind {
+                            Kind::Slow => Behavior::Slow(Duration::from_millis(700)),
+                            Kind::Silent => Behavior::Hang,
+                            Kind::Liar => Behavior::Liar,
+                            Kind::HangUp => Behavior::Reset,
+                            _ => Behavior::Normal,
+                        };
+                        let p = FakeHttpProxy::start(HttpProxyOpts {
+                            connect: true,
+                            upstream_bind: bind,
+                            behavior,
+                            ..HttpProxyOpts::default()
+                        })
+                        .await;
+                        let a = p.addr();
+                        http.push(p);
+                        a
+                    }
+                    _ => {
+                        let opts = fakes::SocksOpts {
+                            upstream_bind: bind,
+                            behavior: if kind == Kind::Silent {
+                                SocksBehavior::Hang
+                            } else {
+                                SocksBehavior::Normal
+                            },
+                            ..fakes::SocksOpts::default()
+                        };
+                        if scheme == "socks5" {
+                            let p = FakeSocks5::start(opts).await;
+                            let a = p.addr();
+                            socks5.push(p);
+                            a
+                        } else {
+                            let p = FakeSocks4::start(opts).await;
+                            let a = p.addr();
+                            socks4.push(p);
+                            a
+                        }
+                    }
+                };
+                writeln!(out, "proxy {} {scheme} {addr}", kind.name())
+                    .expect("write to the parent");
+            }
+        }
+        writeln!(out, "ready").expect("write to the parent");
+        out.flush().expect("write to the parent");
+        drop(out);
+        let mut sink = Vec::new();
+        let _ = tokio::io::AsyncReadExt::read_to_end(&mut tokio::io::stdin(), &mut sink).await;
+        drop((http, socks4, socks5, judge, tls_judge));
+    });
+    rt.shutdown_background();
+}
+
+/// The mixed farm child and the ports held closed, with each proxy's kind.
+struct MixedFarm {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    judge: String,
+    tls_judge: String,
+    ca_file: std::path::PathBuf,
+    /// (scheme, address) → kind, for every proxy of the list.
+    proxies: std::collections::HashMap<(String, SocketAddr), Kind>,
+    /// Bound, never listening: held for the farm's life.
+    _closed: Vec<tokio::net::TcpSocket>,
+}
+
+impl MixedFarm {
+    fn start(dir: &Path) -> anyhow::Result<MixedFarm> {
+        let mut child = Command::new(std::env::current_exe()?)
+            .args([MIXED_FARM_ARG, &dir.display().to_string()])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()?;
+        let stdin = child.stdin.take();
+        let stdout = child.stdout.take().expect("piped stdout");
+        let (mut judge, mut tls_judge) = (String::new(), String::new());
+        let mut proxies = std::collections::HashMap::new();
+        for line in BufReader::new(stdout).lines() {
+            let line = line?;
+            let mut words = line.split(' ');
+            match words.next() {
+                Some("judge") => judge = words.next().unwrap_or_default().to_owned(),
+                Some("tls-judge") => tls_judge = words.next().unwrap_or_default().to_owned(),
+                Some("proxy") => {
+                    let (Some(kind), Some(scheme), Some(addr)) =
+                        (words.next(), words.next(), words.next())
+                    else {
+                        anyhow::bail!("farm child said {line:?}");
+                    };
+                    let kind = Kind::parse(kind)
+                        .ok_or_else(|| anyhow::anyhow!("unknown kind in {line:?}"))?;
+                    proxies.insert((scheme.to_owned(), addr.parse()?), kind);
+                }
+                Some("ready") => break,
+                _ => anyhow::bail!("farm child said {line:?}"),
+            }
+        }
+        let mut closed = Vec::new();
+        for &(kind, scheme, count) in MIX {
+            if kind != Kind::Refusing {
+                continue;
+            }
+            for _ in 0..count {
+                let s = tokio::net::TcpSocket::new_v4()?;
+                s.bind(SocketAddr::new(IpAddr::V4(CLOSED_IP), 0))?;
+                proxies.insert((scheme.to_owned(), s.local_addr()?), kind);
+                closed.push(s);
+            }
+        }
+        let wanted: usize = MIX.iter().map(|m| m.2).sum();
+        anyhow::ensure!(
+            proxies.len() == wanted && !judge.is_empty() && !tls_judge.is_empty(),
+            "the mixed farm started {} of {wanted} proxies",
+            proxies.len()
+        );
+        Ok(MixedFarm {
+            child,
+            stdin,
+            judge,
+            tls_judge,
+            ca_file: dir.join("ca.pem"),
+            proxies,
+            _closed: closed,
+        })
+    }
+
+    /// The list a source serves: every proxy with its scheme, spread so
+    /// that each kind runs through the list as in a real one.
+    fn list(&self) -> String {
+        let mut entries: Vec<(&(String, SocketAddr), &Kind)> = self.proxies.iter().collect();
+        // A fixed shuffle: by a hash of the address, the same every run.
+        entries.sort_by_key(|((scheme, addr), _)| {
+            let mut h = std::hash::DefaultHasher::new();
+            std::hash::Hash::hash(&(scheme, addr), &mut h);
+            std::hash::Hasher::finish(&h)
+        });
+        entries
+            .iter()
+            .map(|((scheme, addr), _)| format!("{scheme}://{addr}\n"))
+            .collect()
+    }
+}
+
+impl Drop for MixedFarm {
+    fn drop(&mut self) {
+        drop(self.stdin.take());
+        let _ = self.child.wait();
+    }
+}
+
+/// One binary's side of `versus`: its directory, config and database.
+struct Contender {
+    name: &'static str,
+    bin: std::path::PathBuf,
+    dir: std::path::PathBuf,
+}
+
+/// What one measured round of a contender cost and found.
+struct VersusRound {
+    wall: Duration,
+    cpu: Duration,
+    alive: usize,
+    true_alive: usize,
+    working: usize,
+    liars_dead: usize,
+    liars: usize,
+    /// (kind, scheme, verdict) → proxies.
+    by_kind: std::collections::BTreeMap<(Kind, String, String), usize>,
+}
+
+impl Contender {
+    fn config(&self, farm: &MixedFarm) -> String {
+        format!(
+            r#"[database]
+path = "{db}"
+
+[check]
+judges = ["{judge}", "{tls}"]
+extra_ca_file = "{ca}"
+concurrency = {VERSUS_CONCURRENCY}
+connect_timeout = "{connect}ms"
+timeout = "{timeout}ms"
+https = true
+
+[[sources]]
+name = "farm"
+url = "{list}"
+"#,
+            db = self.dir.join("bench.db").display(),
+            judge = farm.judge,
+            tls = farm.tls_judge,
+            ca = farm.ca_file.display(),
+            connect = CONNECT_TIMEOUT.as_millis(),
+            timeout = TIMEOUT.as_millis(),
+            list = self.dir.join("list.txt").display(),
+        )
+    }
+
+    fn prepare(&self, farm: &MixedFarm) -> anyhow::Result<()> {
+        std::fs::create_dir_all(&self.dir)?;
+        std::fs::write(self.dir.join("list.txt"), farm.list())?;
+        std::fs::write(self.dir.join("proxywarden.toml"), self.config(farm))?;
+        self.run(&["harvest"])?;
+        // The unmeasured first round: afterwards every proxy has a verdict
+        // and the measured round re-checks them, as a daemon's rounds do.
+        self.run(&["check", "--all"])?;
+        Ok(())
+    }
+
+    /// Runs the binary with `args` in its directory; returns its wall and
+    /// CPU time (user + system, read from our children's times once it is
+    /// reaped).
+    fn run(&self, args: &[&str]) -> anyhow::Result<(Duration, Duration)> {
+        let before = children_cpu().unwrap_or_default();
+        let started = Instant::now();
+        let out = Command::new(&self.bin)
+            .args(["--config", "proxywarden.toml"])
+            .args(args)
+            .current_dir(&self.dir)
+            .stdin(Stdio::null())
+            .output()?;
+        let wall = started.elapsed();
+        let cpu = children_cpu().unwrap_or_default().saturating_sub(before);
+        anyhow::ensure!(
+            out.status.success(),
+            "{} {args:?} failed ({}): {}",
+            self.name,
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok((wall, cpu))
+    }
+
+    fn measure(&self, farm: &MixedFarm) -> anyhow::Result<VersusRound> {
+        let (wall, cpu) = self.run(&["check", "--all"])?;
+        let db = rusqlite::Connection::open(self.dir.join("bench.db"))?;
+        let mut stmt = db.prepare("SELECT scheme, host, port, status, last_reason FROM proxies")?;
+        let rows = stmt.query_map([], |r| {
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, u16>(2)?,
+                r.get::<_, String>(3)?,
+                r.get::<_, Option<String>>(4)?,
+            ))
+        })?;
+        let mut round = VersusRound {
+            wall,
+            cpu,
+            alive: 0,
+            true_alive: 0,
+            working: farm.proxies.values().filter(|k| k.works()).count(),
+            liars_dead: 0,
+            liars: farm.proxies.values().filter(|k| **k == Kind::Liar).count(),
+            by_kind: Default::default(),
+        };
+        for row in rows {
+            let (scheme, host, port, status, reason) = row?;
+            let addr = SocketAddr::new(host.parse()?, port);
+            let kind = *farm
+                .proxies
+                .get(&(scheme.clone(), addr))
+                .ok_or_else(|| anyhow::anyhow!("{scheme}://{addr} is not in the farm"))?;
+            let alive = status == "alive";
+            round.alive += usize::from(alive);
+            round.true_alive += usize::from(alive && kind.works());
+            round.liars_dead += usize::from(kind == Kind::Liar && status == "dead");
+            let verdict = if alive {
+                "alive".to_owned()
+            } else {
+                reason.unwrap_or(status)
+            };
+            *round.by_kind.entry((kind, scheme, verdict)).or_default() += 1;
+        }
+        Ok(round)
+    }
+}
+
+/// User plus system CPU time of this process's reaped children, from
+/// /proc/self/stat (cutime and cstime, fields 16 and 17).
+fn children_cpu() -> Option<Duration> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| -> Option<u64> { fields.get(i)?.parse().ok() };
+    let t = ticks(13)? + ticks(14)?;
+    Some(Duration::from_secs_f64(t as f64 / clock_ticks() as f64))
+}
+
+fn versus() -> anyhow::Result<()> {
+    clock_ticks();
+    raise_nofile_to(20_000);
+    let new_bin = std::path::PathBuf::from(env!("CARGO_BIN_EXE_proxywarden"));
+    let old_bin = std::env::var_os(OLD_BIN_ENV).map(std::path::PathBuf::from);
+    let tmp = tempfile::tempdir()?;
+    if std::env::var_os("BENCH_KEEP").is_some() {
+        println!("[versus] keeping {}", tmp.path().display());
+    }
+    let farm = MixedFarm::start(tmp.path())?;
+    let mut contenders = Vec::new();
+    match &old_bin {
+        Some(bin) => contenders.push(Contender {
+            name: "old",
+            bin: bin.clone(),
+            dir: tmp.path().join("old"),
+        }),
+        None => println!(
+            "[versus] {OLD_BIN_ENV} is not set: measuring this build alone \
+             (build commit dbbd7e2's proxywarden and name it there to compare)"
+        ),
+    }
+    contenders.push(Contender {
+        name: "new",
+        bin: new_bin,
+        dir: tmp.path().join("new"),
+    });
+    println!(
+        "[versus] {} proxies ({}), concurrency {VERSUS_CONCURRENCY}, connect {:?}, total {:?}, https judge on",
+        farm.proxies.len(),
+        MIX.iter()
+            .map(|(k, s, n)| format!("{n} {} {s}", k.name()))
+            .collect::<Vec<_>>()
+            .join(", "),
+        CONNECT_TIMEOUT,
+        TIMEOUT,
+    );
+    for c in &contenders {
+        c.prepare(&farm)?;
+    }
+    // Interleaved, so that a busy spell on the machine does not fall on one
+    // contender only.
+    let repeat: usize = std::env::var("BENCH_REPEAT")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1)
+        .max(1);
+    let mut results: Vec<Vec<VersusRound>> = contenders.iter().map(|_| Vec::new()).collect();
+    for _ in 0..repeat {
+        for (c, r) in contenders.iter().zip(&mut results) {
+            r.push(c.measure(&farm)?);
+        }
+    }
+    let mut problems = Vec::new();
+    let mut medians = Vec::new();
+    for (c, rounds) in contenders.iter().zip(&results) {
+        for (i, r) in rounds.iter().enumerate() {
+            let precision = r.true_alive as f64 / r.alive.max(1) as f64;
+            let recall = r.true_alive as f64 / r.working.max(1) as f64;
+            println!(
+                "[versus] {:>3} #{}: wall {:.3} s, CPU {:.3} s; {} alive, precision {precision:.4}, recall {recall:.4}, liars dead {}/{}",
+                c.name,
+                i + 1,
+                r.wall.as_secs_f64(),
+                r.cpu.as_secs_f64(),
+                r.alive,
+                r.liars_dead,
+                r.liars,
+            );
+            let kinds: Vec<String> = r
+                .by_kind
+                .iter()
+                .map(|((k, s, v), n)| format!("{} {s} {v} {n}", k.name()))
+                .collect();
+            println!("[versus]        verdicts: {}", kinds.join(", "));
+            if precision < 1.0 || recall < 1.0 || r.liars_dead < r.liars {
+                problems.push(format!(
+                    "{} #{}: precision {precision:.4}, recall {recall:.4}, liars dead {}/{}",
+                    c.name,
+                    i + 1,
+                    r.liars_dead,
+                    r.liars
+                ));
+            }
+        }
+        let median = |f: fn(&VersusRound) -> Duration| {
+            let mut v: Vec<Duration> = rounds.iter().map(f).collect();
+            v.sort();
+            v[v.len() / 2]
+        };
+        medians.push((c.name, median(|r| r.wall), median(|r| r.cpu)));
+    }
+    if let [(_, old_wall, old_cpu), (_, new_wall, new_cpu)] = medians[..] {
+        println!(
+            "[versus] new/old: wall {:.3} s / {:.3} s = {:.2}x (target <= 0.80x), CPU {:.3} s / {:.3} s = {:.2}x (target <= 0.60x)",
+            new_wall.as_secs_f64(),
+            old_wall.as_secs_f64(),
+            new_wall.as_secs_f64() / old_wall.as_secs_f64(),
+            new_cpu.as_secs_f64(),
+            old_cpu.as_secs_f64(),
+            new_cpu.as_secs_f64() / old_cpu.as_secs_f64(),
+        );
+    }
+    drop(farm);
+    if std::env::var_os("BENCH_KEEP").is_some() {
+        let _ = tmp.keep();
+    }
+    anyhow::ensure!(
+        problems.is_empty(),
+        "wrong verdicts: {}",
+        problems.join("; ")
+    );
+    Ok(())
 }

@@ -15,7 +15,7 @@ use common::TestConfig;
 use common::fakes::{
     self, FakeFarm, FakeHttpProxy, FakeSocks4, FakeSocks5, HttpProxyOpts, ProxyKind, SocksOpts,
 };
-use common::judges::Judge;
+use common::judges::{Fault, Judge};
 use proxywarden::check::{
     CheckError, CheckOptions, Checker, RoundProgress, RoundSummary, check_round, open_geoip,
 };
@@ -776,4 +776,448 @@ async fn a_short_round_rechecks_alive_proxies_first() {
     let records = store.list_proxies(ProxyFilter::default()).await.unwrap();
     assert_eq!(by_addr(&records, working.addr()).checks_total, 2);
     assert!(store.count_due(now_ms(), false).await.unwrap() >= 29);
+}
+
+/// Issue 9, Must 3: a proxy that resets one connection and works on the next
+/// is alive. A reset is retried once before the verdict, on the main
+/// request and on the HTTPS test alike, so the flag comes from the tunnel
+/// that worked, not from the reset.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proxy_resetting_every_other_connection_is_alive_and_tunnels() {
+    let dir = tempfile::tempdir().unwrap();
+    let judge = Judge::plain().await;
+    let tls_judge = Judge::tls(dir.path()).await;
+    let flaky = FakeHttpProxy::start(with_behavior(fakes::Behavior::ResetEveryOther)).await;
+    let judges = format!(r#"["{}", "{}"]"#, judge.url(), tls_judge.url());
+    let extra = format!("extra_ca_file = \"{}\"", tls_judge.ca_file().display());
+    let entries = [format!("http://{}", flaky.addr())];
+    let config = config(dir.path(), &judges, &extra, &entries, &[]);
+    let (store, summary) = harvest_and_check(&config).await;
+    assert_eq!(summary.alive, 1, "{:?}", summary.dead_by_reason);
+    let r = &store.list_proxies(ProxyFilter::default()).await.unwrap()[0];
+    assert_eq!(r.status, Status::Alive);
+    assert_eq!(r.https, Some(true), "the second CONNECT tunnelled");
+    // The main request reset, then passed; the CONNECT reset, then passed.
+    assert_eq!(flaky.requests(), 4);
+}
+
+/// Issue 9, Must 3: a CONNECT that is reset says nothing about whether the
+/// proxy tunnels. The flag stays unknown, and a known flag unchanged; only a
+/// refused CONNECT makes it false.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_tunnel_never_makes_https_false() {
+    let dir = tempfile::tempdir().unwrap();
+    let judge = Judge::plain().await;
+    let tls_judge = Judge::tls(dir.path()).await;
+    let resets = FakeHttpProxy::start(with_behavior(fakes::Behavior::ResetTunnels)).await;
+    let refuses = FakeHttpProxy::start(http_opts(ProxyKind::Elite, false)).await;
+    let judges = format!(r#"["{}", "{}"]"#, judge.url(), tls_judge.url());
+    let extra = format!("extra_ca_file = \"{}\"", tls_judge.ca_file().display());
+    let entries = [&resets, &refuses].map(|p| format!("http://{}", p.addr()));
+    let config = config(dir.path(), &judges, &extra, &entries, &[]);
+    let (store, summary) = harvest_and_check(&config).await;
+    assert_eq!(summary.alive, 2, "{:?}", summary.dead_by_reason);
+    let records = store.list_proxies(ProxyFilter::default()).await.unwrap();
+    assert_eq!(by_addr(&records, resets.addr()).https, None);
+    assert_eq!(by_addr(&records, refuses.addr()).https, Some(false));
+
+    // Known to tunnel from a check seven hours ago (HTTPS is due again):
+    // resets on every CONNECT now leave the flag as it was.
+    let id = by_addr(&records, resets.addr()).id;
+    let mut earlier = common::alive_at(id, now_ms() - 7 * 3_600_000);
+    earlier.outcome.https = Some(true);
+    store
+        .record_checks(vec![earlier], config.check.recheck_policy())
+        .await
+        .unwrap();
+    run_round(&config, &store, true).await.unwrap();
+    let records = store.list_proxies(ProxyFilter::default()).await.unwrap();
+    let r = by_addr(&records, resets.addr());
+    assert_eq!(r.status, Status::Alive);
+    assert_eq!(r.https, Some(true), "a reset never turns the flag false");
+    assert_eq!(by_addr(&records, refuses.addr()).https, Some(false));
+}
+
+/// The proxies of the faulty-judge tests, all due again: 40 working ones
+/// that passed their last check, one that passed and now refuses, one that
+/// passed and now injects its own page, and a liar already found dead.
+struct Scene {
+    farm: FakeFarm,
+    gone: fakes::ClosedPort,
+    turned_liar: FakeHttpProxy,
+    liar: FakeHttpProxy,
+    /// Passed its last check and now never answers.
+    went_silent: Option<FakeHttpProxy>,
+}
+
+impl Scene {
+    async fn start(with_silent: bool) -> Scene {
+        let went_silent = if with_silent {
+            Some(FakeHttpProxy::start(with_behavior(fakes::Behavior::Hang)).await)
+        } else {
+            None
+        };
+        Scene {
+            farm: FakeFarm::start(40, 0, Some(exit_ip())).await,
+            gone: fakes::closed_port(),
+            turned_liar: FakeHttpProxy::start(with_behavior(fakes::Behavior::Liar)).await,
+            liar: FakeHttpProxy::start(with_behavior(fakes::Behavior::Liar)).await,
+            went_silent,
+        }
+    }
+
+    /// Lists the proxies, harvests them and records their last checks an
+    /// hour ago; returns the store and the config, for `judges`.
+    async fn stored(&self, dir: &Path, judges: &str) -> (Config, Store) {
+        let mut entries = farm_list(&self.farm);
+        entries.push(format!("http://{}", self.gone.addr()));
+        entries.push(format!("http://{}", self.turned_liar.addr()));
+        entries.push(format!("http://{}", self.liar.addr()));
+        if let Some(s) = &self.went_silent {
+            entries.push(format!("http://{}", s.addr()));
+        }
+        let mut config = config(dir, judges, "", &entries, &[]);
+        config.check.concurrency = 8;
+        config.check.https = false;
+        let store = Store::open(&config.database.path).unwrap();
+        harvest_all(&config, &store).await.unwrap();
+        let records = store.list_proxies(ProxyFilter::default()).await.unwrap();
+        let hour_ago = now_ms() - 3_600_000;
+        let mut earlier: Vec<_> = records
+            .iter()
+            .map(|r| common::alive_at(r.id, hour_ago))
+            .collect();
+        let liar = by_addr(&records, self.liar.addr()).id;
+        for rec in &mut earlier {
+            if rec.id == liar {
+                rec.outcome = proxywarden::model::Outcome::dead(Reason::ContentMismatch);
+            }
+        }
+        store
+            .record_checks(earlier, config.check.recheck_policy())
+            .await
+            .unwrap();
+        assert_eq!(
+            store.count_due(now_ms(), false).await.unwrap() as usize,
+            records.len()
+        );
+        (config, store)
+    }
+
+    /// No working proxy was marked dead, and the dead ones are dead for
+    /// what they did. The proxy that turned liar is dead when a second
+    /// healthy judge confirmed its wrong page; when none was left to (the
+    /// faulty judge quarantined, or the only one), it keeps its status, its
+    /// check unrecorded and due again within a minute.
+    async fn assert_verdicts(&self, store: &Store) {
+        let records = store.list_proxies(ProxyFilter::default()).await.unwrap();
+        let killed: Vec<_> = self
+            .farm
+            .alive_addrs()
+            .into_iter()
+            .map(|a| by_addr(&records, a))
+            .filter(|r| r.status != Status::Alive)
+            .map(|r| (r.proxy.port, r.reason.clone()))
+            .collect();
+        assert!(killed.is_empty(), "working proxies marked dead: {killed:?}");
+        let dead = |addr: SocketAddr, reason: Reason| {
+            let r = by_addr(&records, addr);
+            assert_eq!(r.status, Status::Dead, "{addr}");
+            assert_eq!(r.reason.as_deref(), Some(reason.as_str()), "{addr}");
+        };
+        dead(self.gone.addr(), Reason::Refused);
+        dead(self.liar.addr(), Reason::ContentMismatch);
+        let turned = by_addr(&records, self.turned_liar.addr());
+        if turned.status == Status::Alive {
+            assert_eq!(turned.checks_total, 1, "not recorded: {turned:?}");
+            assert!(turned.next_check_at <= now_ms() + 60_000, "{turned:?}");
+        } else {
+            dead(self.turned_liar.addr(), Reason::ContentMismatch);
+        }
+        if let Some(s) = &self.went_silent {
+            dead(s.addr(), Reason::Timeout);
+        }
+    }
+}
+
+/// Issue 9, Must 4 (a): of two judges, one starts answering 200 with random
+/// content mid-round. No working proxy is marked dead; proxies that are
+/// dead or lying still come out dead, confirmed by the healthy judge.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_judge_turning_to_random_content_kills_no_proxy() {
+    let dir = tempfile::tempdir().unwrap();
+    let faulted = Arc::new(AtomicUsize::new(0));
+    let turning = Judge::plain_with(Judge::turning(6, Fault::RandomContent, faulted.clone())).await;
+    let good = Judge::plain().await;
+    let scene = Scene::start(false).await;
+    let judges = format!(r#"["{}", "{}"]"#, turning.url(), good.url());
+    let (config, store) = scene.stored(dir.path(), &judges).await;
+    let summary = run_round(&config, &store, false).await.unwrap();
+    assert!(
+        faulted.load(Ordering::Relaxed) >= 3,
+        "checks met the fault: {}",
+        faulted.load(Ordering::Relaxed)
+    );
+    assert_eq!(summary.alive, 40, "{summary:?}");
+    scene.assert_verdicts(&store).await;
+}
+
+/// Issue 9, Must 4 (b): of two judges, one stops answering mid-round. No
+/// working proxy is marked dead; one that went silent is still found dead
+/// once the healthy judge confirms it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_judge_stalling_mid_round_kills_no_proxy() {
+    let dir = tempfile::tempdir().unwrap();
+    let faulted = Arc::new(AtomicUsize::new(0));
+    let stalling = Judge::plain_with(Judge::turning(6, Fault::Stall, faulted.clone())).await;
+    let good = Judge::plain().await;
+    let scene = Scene::start(true).await;
+    let judges = format!(r#"["{}", "{}"]"#, stalling.url(), good.url());
+    let (config, store) = scene.stored(dir.path(), &judges).await;
+    let summary = common::within(run_round(&config, &store, false))
+        .await
+        .unwrap();
+    assert!(
+        faulted.load(Ordering::Relaxed) >= 1,
+        "checks met the stall: {}",
+        faulted.load(Ordering::Relaxed)
+    );
+    assert_eq!(summary.alive, 40, "{summary:?}");
+    scene.assert_verdicts(&store).await;
+}
+
+/// Issue 9, Must 4 (c): the only judge answers garbage to three requests in
+/// ten. No working proxy is marked dead: with no second judge to confirm a
+/// wrong answer, the proxy keeps its status and is checked again soon. A
+/// proxy that refuses is dead all the same (no judge is needed for that),
+/// and the liar found dead before stays dead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_single_judge_answering_garbage_sometimes_kills_no_proxy() {
+    let dir = tempfile::tempdir().unwrap();
+    let faulted = Arc::new(AtomicUsize::new(0));
+    let judge =
+        Judge::plain_with(Judge::turning(1, Fault::GarbageSometimes, faulted.clone())).await;
+    let scene = Scene::start(false).await;
+    let judges = format!(r#"["{}"]"#, judge.url());
+    let (config, store) = scene.stored(dir.path(), &judges).await;
+    run_round(&config, &store, false).await.unwrap();
+    assert!(
+        faulted.load(Ordering::Relaxed) >= 3,
+        "checks met the garbage: {}",
+        faulted.load(Ordering::Relaxed)
+    );
+    scene.assert_verdicts(&store).await;
+    // Working proxies whose verdict could not be confirmed were not
+    // recorded as checked, and are due again within a minute.
+    let records = store.list_proxies(ProxyFilter::default()).await.unwrap();
+    let soon = now_ms() + 60_000;
+    for addr in scene.farm.alive_addrs() {
+        let r = by_addr(&records, addr);
+        assert!(
+            r.checks_total == 2 || r.next_check_at <= soon,
+            "{addr}: {r:?}"
+        );
+    }
+}
+
+/// Issue 9, Must 6a: the HTTPS test (a second connection and a TLS
+/// handshake) runs on its own cadence, `check.https_recheck` (6 h), not on
+/// every check of a working proxy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn https_is_tested_on_its_own_cadence() {
+    let dir = tempfile::tempdir().unwrap();
+    let judge = Judge::plain().await;
+    let tls_judge = Judge::tls(dir.path()).await;
+    let proxy = FakeHttpProxy::start(http_opts(ProxyKind::Elite, true)).await;
+    let judges = format!(r#"["{}", "{}"]"#, judge.url(), tls_judge.url());
+    let extra = format!("extra_ca_file = \"{}\"", tls_judge.ca_file().display());
+    let config = config(
+        dir.path(),
+        &judges,
+        &extra,
+        &[format!("http://{}", proxy.addr())],
+        &[],
+    );
+    let (store, _) = harvest_and_check(&config).await;
+    let r = &store.list_proxies(ProxyFilter::default()).await.unwrap()[0];
+    assert_eq!(r.https, Some(true));
+    assert_eq!(proxy.targets().len(), 1, "one CONNECT");
+
+    let summary = run_round(&config, &store, true).await.unwrap();
+    assert_eq!(summary.alive, 1);
+    let r = &store.list_proxies(ProxyFilter::default()).await.unwrap()[0];
+    assert_eq!(r.checks_total, 2);
+    assert_eq!(r.https, Some(true), "the result stands");
+    assert_eq!(proxy.targets().len(), 1, "no CONNECT on the re-check");
+}
+
+/// Issue 9, Must 6a: a tunnel that failed in use asks for the HTTPS test at
+/// the next check, which it makes due at once; and a short
+/// `check.https_recheck` tests it on every check.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tunnel_failing_in_use_gets_https_tested_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let judge = Judge::plain().await;
+    let tls_judge = Judge::tls(dir.path()).await;
+    let proxy = FakeHttpProxy::start(http_opts(ProxyKind::Elite, true)).await;
+    let judges = format!(r#"["{}", "{}"]"#, judge.url(), tls_judge.url());
+    let extra = format!("extra_ca_file = \"{}\"", tls_judge.ca_file().display());
+    let entries = [format!("http://{}", proxy.addr())];
+    let config = config(dir.path(), &judges, &extra, &entries, &[]);
+    let (store, _) = harvest_and_check(&config).await;
+    assert_eq!(proxy.targets().len(), 1);
+    let id = store.list_proxies(ProxyFilter::default()).await.unwrap()[0].id;
+    assert_eq!(store.count_due(now_ms(), false).await.unwrap(), 0);
+
+    store
+        .request_https_recheck(vec![id], now_ms())
+        .await
+        .unwrap();
+    assert_eq!(store.count_due(now_ms(), false).await.unwrap(), 1);
+    run_round(&config, &store, false).await.unwrap();
+    assert_eq!(proxy.targets().len(), 2, "tested again");
+    run_round(&config, &store, true).await.unwrap();
+    assert_eq!(proxy.targets().len(), 2, "and then not for 6 h");
+
+    let every_check = config_with_https_recheck(dir.path(), &judges, &extra, &entries, "1ms");
+    run_round(&every_check, &store, true).await.unwrap();
+    assert_eq!(proxy.targets().len(), 3);
+    assert_eq!(
+        store.list_proxies(ProxyFilter::default()).await.unwrap()[0].https,
+        Some(true)
+    );
+}
+
+fn config_with_https_recheck(
+    dir: &Path,
+    judges: &str,
+    extra: &str,
+    entries: &[String],
+    every: &str,
+) -> Config {
+    let extra = format!("{extra}\nhttps_recheck = \"{every}\"");
+    config(dir, judges, &extra, entries, &[])
+}
+
+/// Issue 9, Must 6b: a proxy that takes the connection and never answers
+/// its SOCKS greeting costs the connect timeout (1 s), not the total one
+/// (2 s), and is dead with reason `timeout`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proxy_silent_in_its_handshake_costs_the_connect_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let judge = Judge::plain().await;
+    let hang = SocksOpts {
+        behavior: fakes::SocksBehavior::Hang,
+        ..SocksOpts::default()
+    };
+    let socks5 = FakeSocks5::start(hang.clone()).await;
+    let socks4 = FakeSocks4::start(hang).await;
+    let entries = [
+        format!("socks5://{}", socks5.addr()),
+        format!("socks4://{}", socks4.addr()),
+    ];
+    let config = config(
+        dir.path(),
+        &format!(r#"["{}"]"#, judge.url()),
+        "",
+        &entries,
+        &[],
+    );
+    let (store, summary) = harvest_and_check(&config).await;
+    assert_eq!(summary.dead_by_reason[&Reason::Timeout], 2, "{summary:?}");
+    assert!(
+        summary.elapsed < Duration::from_millis(1_800),
+        "{:?}",
+        summary.elapsed
+    );
+    for r in store.list_proxies(ProxyFilter::default()).await.unwrap() {
+        assert_eq!(r.reason.as_deref(), Some("timeout"));
+    }
+}
+
+/// Issue 9, Must 6c: results are committed without asking the judge
+/// directly first. A judge slow to answer the checker's own requests (1.5 s)
+/// but quick through proxies does not hold up a round whose failures came
+/// before checks that passed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn committing_failures_never_waits_for_a_direct_answer() {
+    let dir = tempfile::tempdir().unwrap();
+    let judge = Judge::plain_with(Judge::slow_to_checker(Duration::from_millis(1_500))).await;
+    let closed: Vec<_> = (0..20).map(|_| fakes::closed_port()).collect();
+    let farm = FakeFarm::start(30, 0, Some(exit_ip())).await;
+    // The refusing proxies first: they are checked (and fail) first.
+    let entries: Vec<String> = closed
+        .iter()
+        .map(|c| format!("http://{}", c.addr()))
+        .chain(farm_list(&farm))
+        .collect();
+    let mut config = config(
+        dir.path(),
+        &format!(r#"["{}"]"#, judge.url()),
+        "",
+        &entries,
+        &[],
+    );
+    config.check.concurrency = 4;
+    config.check.https = false;
+    let (_, summary) = harvest_and_check(&config).await;
+    assert_eq!((summary.alive, summary.dead), (30, 20), "{summary:?}");
+    assert!(
+        summary.elapsed < Duration::from_millis(1_000),
+        "{:?}",
+        summary.elapsed
+    );
+}
+
+/// Issue 9, Must 6d: proxies that timed out last time are started first,
+/// so that the longest checks never form a round's tail. Here a round may
+/// start checks for 300 ms only, four at a time, and 400 new silent proxies
+/// come first in the list: the three that timed out last time are checked
+/// all the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxies_that_timed_out_last_time_are_started_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let judge = Judge::plain().await;
+    let farm = FakeFarm::start(0, 403, None).await;
+    let entries = farm_list(&farm);
+    let mut config = config(
+        dir.path(),
+        &format!(r#"["{}"]"#, judge.url()),
+        "",
+        &entries,
+        &[],
+    );
+    config.check.https = false;
+    let store = Store::open(&config.database.path).unwrap();
+    harvest_all(&config, &store).await.unwrap();
+    let records = store.list_proxies(ProxyFilter::default()).await.unwrap();
+    let last_three: Vec<i64> = farm.silent_addrs()[400..]
+        .iter()
+        .map(|a| by_addr(&records, *a).id)
+        .collect();
+    let hour_ago = now_ms() - 3_600_000;
+    let earlier = last_three
+        .iter()
+        .map(|&id| proxywarden::store::CheckRecord {
+            id,
+            checked_at: hour_ago,
+            outcome: proxywarden::model::Outcome::dead(Reason::Timeout),
+        })
+        .collect();
+    store
+        .record_checks(earlier, config.check.recheck_policy())
+        .await
+        .unwrap();
+    let opts = CheckOptions {
+        concurrency: 4,
+        dispatch_for: Some(Duration::from_millis(300)),
+        ..CheckOptions::from_config(&config.check)
+    };
+    let summary = run_round_with(&config, &store, &opts).await.unwrap();
+    assert!(summary.checked <= 8, "{summary:?}");
+    let records = store.list_proxies(ProxyFilter::default()).await.unwrap();
+    for id in last_three {
+        let r = records.iter().find(|r| r.id == id).unwrap();
+        assert_eq!(r.checks_total, 2, "{r:?}");
+    }
 }

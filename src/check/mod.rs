@@ -1,9 +1,12 @@
 //! Health checks: probe every due proxy through a judge with short
 //! timeouts, decide alive or dead (with a reason from a closed set), measure
 //! latency, classify anonymity, test HTTPS tunnelling, and record the
-//! results in batches.
+//! results in batches. Judges are watched as closely as proxies: a failure
+//! that could be the judge's kills a proxy that passed its last check only
+//! once a second, healthy judge confirms it.
 
 pub mod geoip;
+mod health;
 pub mod judge;
 pub mod probe;
 mod runner;
@@ -18,19 +21,21 @@ use std::time::Duration;
 use crate::config::{Config, JudgeConfig};
 use crate::model::{Outcome, Reason};
 use crate::proxy::{Proxy, Scheme};
+use health::{Health, Probe};
 use judge::{Echo, OwnIdentity};
-use probe::{Prober, Route, Target};
+use probe::{Failure, Phase, Prober, Route, Target};
 
-/// A judge ready for a round: its config, resolved address and what it
-/// saw of our own direct request.
+/// A judge ready for a round: its config, resolved address and health.
 #[derive(Debug)]
 struct ReadyJudge {
     config: JudgeConfig,
     target: Target,
+    health: Health,
 }
 
 /// Everything a round needs, built once: the prober, the judges that
-/// answered directly, our own identity, and the GeoIP database.
+/// answered directly (and their health), our own identity, and the GeoIP
+/// database.
 pub struct Checker {
     prober: Prober,
     plain: Vec<ReadyJudge>,
@@ -50,6 +55,77 @@ impl fmt::Debug for Checker {
             .finish()
     }
 }
+
+/// What a round knows of a proxy before checking it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Prior {
+    /// Its last check found it alive. A failure that may be the judge's
+    /// (a wrong answer, a timeout after the request) then needs a second,
+    /// healthy judge to confirm it before the proxy is marked dead.
+    pub alive: bool,
+    /// Its HTTPS support is due for a test (with `check.https` on and an
+    /// https judge configured).
+    pub https_due: bool,
+}
+
+/// What a check concluded.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// A verdict to record.
+    Checked(Outcome),
+    /// The proxy passed its last check and now failed in a way that may be
+    /// the judge's, with no second healthy judge to confirm it: nothing is
+    /// recorded, the proxy keeps its status and is checked again soon.
+    Unconfirmed(Reason),
+}
+
+impl Verdict {
+    /// The failure, if any.
+    pub fn failure(&self) -> Option<Reason> {
+        match self {
+            Verdict::Checked(o) => o.failure,
+            Verdict::Unconfirmed(r) => Some(*r),
+        }
+    }
+}
+
+/// How sure a failed main request is to be the proxy's fault.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Blame {
+    /// Certainly the proxy's: it refused or dropped the connection, timed
+    /// out connecting, garbled its handshake, or wants credentials.
+    Proxy,
+    /// The proxy refused the tunnel to the judge (a CONNECT answered with
+    /// an error, a SOCKS rejection) or did not open it within the connect
+    /// timeout. The proxy's, unless the judge itself was out of reach (the
+    /// tunnel is opened to it): a proxy that passed its last check is asked
+    /// of a second judge when one is healthy.
+    Refusal,
+    /// Possibly the judge's: a wrong status or page, a timeout or reset
+    /// after the request was sent, TLS with the judge failing.
+    Judge,
+}
+
+fn blame(f: Failure) -> Blame {
+    match (f.phase, f.reason) {
+        (Phase::Connect, _) => Blame::Proxy,
+        (Phase::Handshake, Reason::BadStatus | Reason::Timeout) => Blame::Refusal,
+        (Phase::Handshake, _) => Blame::Proxy,
+        (Phase::Tls, _) => Blame::Judge,
+        (Phase::Request, Reason::ProxyAuthRequired) => Blame::Proxy,
+        (Phase::Request, _) => Blame::Judge,
+    }
+}
+
+/// How a failed main request was settled.
+enum Settled {
+    /// Dead, for this reason.
+    Dead(Reason),
+    /// Not decided: see [`Verdict::Unconfirmed`].
+    Unconfirmed(Reason),
+}
+
+type Pass = (Echo, Duration);
 
 /// A fresh random nonce for one check.
 fn nonce() -> String {
@@ -97,6 +173,7 @@ impl Checker {
                         let ready = ReadyJudge {
                             config: jc.clone(),
                             target,
+                            health: Health::new(),
                         };
                         if ready.target.tls {
                             secure.push(ready);
@@ -108,7 +185,7 @@ impl Checker {
                     }
                 }
                 Ok(a) => problems.push(format!("{}: HTTP {}", jc.url, a.status)),
-                Err(r) => problems.push(format!("{}: {r}", jc.url)),
+                Err(f) => problems.push(format!("{}: {f}", jc.url)),
             }
         }
         for p in &problems {
@@ -128,117 +205,270 @@ impl Checker {
         })
     }
 
-    /// True when at least one of the round's judges still answers a direct
-    /// request genuinely.
-    pub async fn judge_reachable(&self) -> bool {
-        for judge in self.plain.iter().chain(&self.secure) {
-            let n = nonce();
-            if let Ok(a) = self.prober.fetch(Route::Direct, &judge.target, &n).await
-                && (200..300).contains(&a.status)
-                && judge::genuine(&judge.config, &String::from_utf8_lossy(&a.body), &n)
-            {
-                return true;
-            }
-        }
-        false
+    /// How many judges the round has.
+    fn judge_count(&self) -> usize {
+        self.plain.len() + self.secure.len()
     }
 
-    /// The next judge of a kind, in rotation.
+    /// Judge `i` of [`Checker::judge_count`].
+    fn judge_at(&self, i: usize) -> &ReadyJudge {
+        self.plain
+            .get(i)
+            .unwrap_or_else(|| &self.secure[i - self.plain.len()])
+    }
+
+    /// Since when every judge has been out of reach, if they all are.
+    fn judges_out_of_reach_since(&self) -> Option<std::time::Instant> {
+        let mut since = None;
+        for j in self.plain.iter().chain(&self.secure) {
+            let s = j.health.out_of_reach_since()?;
+            since = Some(since.map_or(s, |t: std::time::Instant| t.max(s)));
+        }
+        since
+    }
+
+    /// Asks judge `i` directly and notes the answer in its health.
+    async fn probe(&self, i: usize) -> Probe {
+        self.probe_judge(self.judge_at(i)).await
+    }
+
+    async fn probe_judge(&self, judge: &ReadyJudge) -> Probe {
+        let started = std::time::Instant::now();
+        let n = nonce();
+        let probe = match self.prober.fetch(Route::Direct, &judge.target, &n).await {
+            Ok(a)
+                if (200..300).contains(&a.status)
+                    && judge::genuine(&judge.config, &String::from_utf8_lossy(&a.body), &n) =>
+            {
+                Probe::Genuine
+            }
+            Ok(_) => Probe::Wrong,
+            // Bytes that are not HTTP are an answer too, a wrong one.
+            Err(f) if f.reason == Reason::ProtocolError => Probe::Wrong,
+            Err(_) => Probe::Silent,
+        };
+        if judge.health.probed(probe, started) {
+            self.log_standing(judge, &format!("{probe:?} direct answer"));
+        }
+        probe
+    }
+
+    fn log_standing(&self, judge: &ReadyJudge, why: &str) {
+        if judge.health.is_healthy() {
+            tracing::info!(judge = %judge.config.url, "judge out of quarantine");
+        } else {
+            tracing::warn!(judge = %judge.config.url, why, "judge quarantined");
+        }
+    }
+
+    /// The next judge of a kind, in rotation, skipping quarantined ones
+    /// while a healthy one is left.
     fn pick<'a>(&'a self, judges: &'a [ReadyJudge]) -> Option<&'a ReadyJudge> {
         if judges.is_empty() {
             return None;
         }
-        let i = self.next.fetch_add(1, Ordering::Relaxed);
-        judges.get(i % judges.len())
+        let start = self.next.fetch_add(1, Ordering::Relaxed);
+        (0..judges.len())
+            .map(|k| &judges[(start + k) % judges.len()])
+            .find(|j| j.health.is_healthy())
+            .or_else(|| judges.get(start % judges.len()))
     }
 
-    /// One request through `route` to `judge`, judged.
-    async fn ask(&self, route: Route<'_>, judge: &ReadyJudge) -> Result<(Echo, Duration), Reason> {
+    /// A healthy judge other than `failed` that `proxy` reaches the same
+    /// way (through an HTTP proxy, absolute-form to plain judges and a
+    /// CONNECT tunnel to https ones are different ways), to confirm a
+    /// failure seen through `failed`.
+    fn confirmer<'a>(&'a self, proxy: &Proxy, failed: &ReadyJudge) -> Option<&'a ReadyJudge> {
+        let forward = |j: &ReadyJudge| proxy.scheme == Scheme::Http && !j.target.tls;
+        let n = self.judge_count();
+        let start = self.next.fetch_add(1, Ordering::Relaxed);
+        (0..n).map(|k| self.judge_at((start + k) % n)).find(|j| {
+            !std::ptr::eq(*j, failed) && j.health.is_healthy() && forward(j) == forward(failed)
+        })
+    }
+
+    /// One request through `route` to `judge`, judged; a reset or refused
+    /// connection is tried once more before it counts.
+    async fn ask(&self, route: Route<'_>, judge: &ReadyJudge) -> Result<Pass, Failure> {
+        match self.ask_once(route, judge).await {
+            Err(f) if f.retryable() => self.ask_once(route, judge).await,
+            done => done,
+        }
+    }
+
+    async fn ask_once(&self, route: Route<'_>, judge: &ReadyJudge) -> Result<Pass, Failure> {
         let n = nonce();
         let answer = self.prober.fetch(route, &judge.target, &n).await?;
+        let wrong = |reason| Failure {
+            reason,
+            phase: Phase::Request,
+        };
         if !(200..300).contains(&answer.status) {
-            return Err(Reason::BadStatus);
+            return Err(wrong(Reason::BadStatus));
         }
         let body = String::from_utf8_lossy(&answer.body);
         if !judge::genuine(&judge.config, &body, &n) {
-            return Err(Reason::ContentMismatch);
+            return Err(wrong(Reason::ContentMismatch));
         }
         Ok((Echo::parse(&body), answer.latency))
     }
 
-    /// Checks one proxy; for `detect` entries tries http, socks5, socks4.
+    /// Checks one proxy with no knowledge of its past (as `verify=true`
+    /// does): a failure is taken as it comes, even one a second judge could
+    /// not confirm. For `detect` entries tries http, socks5, socks4.
     pub async fn check(&self, proxy: &Proxy, detect: bool) -> Outcome {
-        if !detect {
-            return self.check_as(proxy).await;
+        let prior = Prior {
+            alive: false,
+            https_due: true,
+        };
+        match self.check_with(proxy, detect, prior).await {
+            Verdict::Checked(o) => o,
+            Verdict::Unconfirmed(r) => Outcome::dead(r),
         }
-        let mut first_failure = None;
+    }
+
+    /// Checks one proxy knowing what its last check found; for `detect`
+    /// entries tries http, socks5, socks4.
+    pub async fn check_with(&self, proxy: &Proxy, detect: bool, prior: Prior) -> Verdict {
+        if !detect {
+            return self.check_as(proxy, prior).await;
+        }
+        let mut first: Option<Verdict> = None;
         for scheme in Scheme::ALL {
             let candidate = Proxy {
                 scheme,
                 ..proxy.clone()
             };
-            let mut out = self.check_as(&candidate).await;
-            match out.failure {
-                None => {
+            match self.check_as(&candidate, prior).await {
+                Verdict::Checked(mut out) if out.alive() => {
                     out.detected = Some(scheme);
-                    return out;
+                    return Verdict::Checked(out);
                 }
-                Some(r) => {
-                    let first = *first_failure.get_or_insert(r);
-                    if first.unreachable() {
+                failed => {
+                    let first = first.get_or_insert(failed);
+                    if first.failure().is_some_and(Reason::unreachable) {
                         break;
                     }
                 }
             }
         }
-        Outcome::dead(first_failure.unwrap_or(Reason::ProtocolError))
+        first.unwrap_or(Verdict::Checked(Outcome::dead(Reason::ProtocolError)))
     }
 
     /// The main request: absolute-form through HTTP proxies to a plain
     /// judge, a tunnel otherwise.
-    async fn ask_main(&self, proxy: &Proxy, j: &ReadyJudge) -> Result<(Echo, Duration), Reason> {
-        match proxy.scheme {
+    async fn ask_main(&self, proxy: &Proxy, j: &ReadyJudge) -> Result<Pass, Failure> {
+        let asked = match proxy.scheme {
             Scheme::Http if !j.target.tls => self.ask(Route::Forward(proxy), j).await,
             _ => self.ask(Route::Tunnel(proxy), j).await,
+        };
+        if asked.is_ok() {
+            j.health.passed();
         }
+        asked
     }
 
     /// Checks `proxy` as its scheme says.
-    async fn check_as(&self, proxy: &Proxy) -> Outcome {
-        let plain_judge = self.pick(&self.plain);
-        let secure_judge = self.pick(&self.secure);
-        // The main request: plain HTTP when a plain judge exists (it shows
+    async fn check_as(&self, proxy: &Proxy, prior: Prior) -> Verdict {
+        // The main request goes to a plain judge when one exists (it shows
         // the headers the proxy adds), else through a tunnel over TLS.
-        let Some(first) = plain_judge.or(secure_judge) else {
-            return Outcome::dead(Reason::ProtocolError);
+        let via_tls_only = self.plain.is_empty();
+        let kind = if via_tls_only {
+            &self.secure
+        } else {
+            &self.plain
         };
-        let mut main = self.ask_main(proxy, first).await;
-        // A busy public judge answers 429 or 5xx to everyone: before calling
-        // that the proxy's fault, ask the next judge of the same kind.
-        if matches!(main, Err(Reason::BadStatus))
-            && let Some(next) = self.next_of_kind(first)
-        {
-            main = self.ask_main(proxy, next).await;
-        }
-        let via_tls_only = plain_judge.is_none();
-        // HTTPS is tested once the proxy works, when a TLS judge exists.
-        let https_test = || self.https && !via_tls_only && secure_judge.is_some();
+        let Some(first) = self.pick(kind) else {
+            return Verdict::Checked(Outcome::dead(Reason::ProtocolError));
+        };
+        let main = match self.ask_main(proxy, first).await {
+            Ok(pass) => Ok(pass),
+            Err(f) => self.settle(proxy, first, f, prior.alive).await,
+        };
         match main {
             Ok((echo, latency)) => {
                 let https = if via_tls_only {
                     Some(true)
-                } else if https_test() {
-                    self.tunnels_tls(proxy, secure_judge.expect("checked above"))
-                        .await
+                } else if self.https && prior.https_due {
+                    // HTTPS is tested once the proxy works, when a TLS
+                    // judge exists.
+                    match self.pick(&self.secure) {
+                        Some(j) => self.tunnels_tls(proxy, j).await,
+                        None => None,
+                    }
                 } else {
                     None
                 };
-                self.alive(proxy, &echo, latency, https)
+                Verdict::Checked(self.alive(proxy, &echo, latency, https))
             }
             // A proxy that fails plain requests is dead even if it would
             // tunnel: it is served for any URL, and a client asking for
             // http:// through it would get the failure (or an injected page).
-            Err(reason) => Outcome::dead(reason),
+            Err(Settled::Dead(reason)) => Verdict::Checked(Outcome::dead(reason)),
+            Err(Settled::Unconfirmed(reason)) => Verdict::Unconfirmed(reason),
+        }
+    }
+
+    /// Decides a failed main request through `judge`. Certain failures
+    /// stand. One that may be the judge's is put to a second, healthy judge
+    /// reached the same way: for a proxy that passed its last check always,
+    /// for others unless it is a timeout (a second timeout would double the
+    /// cost of every silent proxy in a list) from a healthy judge. A pass
+    /// there clears the proxy and counts against `judge`; a failure there
+    /// confirms. With no second judge, a proxy that passed its last check
+    /// keeps its status (unconfirmed) unless `judge` is healthy, the failure
+    /// was silence (a timeout or reset) and `judge` still answers a direct
+    /// request: silence from a proxy while the judge talks is the proxy's.
+    /// A wrong page or status could be a judge that lies only some of the
+    /// time, so it stays unconfirmed.
+    async fn settle(
+        &self,
+        proxy: &Proxy,
+        judge: &ReadyJudge,
+        f: Failure,
+        was_alive: bool,
+    ) -> Result<Pass, Settled> {
+        let blame = blame(f);
+        let confirm = match blame {
+            Blame::Proxy => false,
+            Blame::Refusal => was_alive,
+            Blame::Judge => was_alive || f.reason != Reason::Timeout || !judge.health.is_healthy(),
+        };
+        if !confirm {
+            return Err(Settled::Dead(f.reason));
+        }
+        if let Some(other) = self.confirmer(proxy, judge) {
+            return match self.ask_main(proxy, other).await {
+                Ok(pass) => {
+                    if blame == Blame::Judge && judge.health.wrong() {
+                        self.log_standing(judge, "answers contradicted by another judge");
+                    }
+                    Ok(pass)
+                }
+                Err(g) => Err(Settled::Dead(g.reason)),
+            };
+        }
+        let healthy = judge.health.is_healthy();
+        match blame {
+            Blame::Proxy | Blame::Refusal => Err(Settled::Dead(f.reason)),
+            Blame::Judge if !was_alive && healthy => Err(Settled::Dead(f.reason)),
+            Blame::Judge
+                if healthy
+                    && matches!(f.reason, Reason::Timeout | Reason::Reset)
+                    && self.probe_judge(judge).await == Probe::Genuine =>
+            {
+                Err(Settled::Dead(f.reason))
+            }
+            Blame::Judge => {
+                let wrong_answer = matches!(
+                    f.reason,
+                    Reason::BadStatus | Reason::ContentMismatch | Reason::ProtocolError
+                );
+                if was_alive && wrong_answer && judge.health.wrong() {
+                    self.log_standing(judge, "wrong answers for proxies that passed before");
+                }
+                Err(Settled::Unconfirmed(f.reason))
+            }
         }
     }
 
@@ -254,21 +484,39 @@ impl Checker {
         (kind.len() > 1).then(|| &kind[(i + 1) % kind.len()])
     }
 
-    /// The HTTPS test: a request to a TLS judge through a CONNECT tunnel.
-    /// An error status inside the tunnel comes from the judge itself (TLS
-    /// proves who answered), so it says nothing about the proxy: the next
-    /// TLS judge is asked, and if none answers the flag stays unknown
-    /// (`None`) rather than false.
+    /// The HTTPS test: a request to a TLS judge through a CONNECT tunnel
+    /// (or the SOCKS one). Only a refused tunnel (the CONNECT or SOCKS
+    /// request answered with a refusal or with something that is not a
+    /// tunnel) or a failed TLS handshake makes the flag false. A wrong
+    /// status or page inside the tunnel comes from the judge itself (TLS
+    /// proves who answered), so the next TLS judge is asked; resets (after
+    /// one more try) and timeouts prove nothing either way. Whatever proves
+    /// nothing leaves the flag unknown (`None`): the stored one stays.
     async fn tunnels_tls(&self, proxy: &Proxy, judge: &ReadyJudge) -> Option<bool> {
         for j in std::iter::once(judge).chain(self.next_of_kind(judge)) {
-            let n = nonce();
-            match self.prober.fetch(Route::Tunnel(proxy), &j.target, &n).await {
-                Ok(answer) if (200..300).contains(&answer.status) => {
-                    let body = String::from_utf8_lossy(&answer.body);
-                    return Some(judge::genuine(&j.config, &body, &n));
+            let mut tried = 0;
+            let failure = loop {
+                tried += 1;
+                let n = nonce();
+                match self.prober.fetch(Route::Tunnel(proxy), &j.target, &n).await {
+                    Ok(answer) => {
+                        let body = String::from_utf8_lossy(&answer.body);
+                        if (200..300).contains(&answer.status)
+                            && judge::genuine(&j.config, &body, &n)
+                        {
+                            return Some(true);
+                        }
+                        break None;
+                    }
+                    Err(f) if f.retryable() && tried == 1 => continue,
+                    Err(f) => break Some(f),
                 }
-                Ok(_) => {}
-                Err(_) => return Some(false),
+            };
+            match failure {
+                // The judge's own answer was wrong: ask the next one.
+                None => continue,
+                Some(f) if refuses_tunnel(f) => return Some(false),
+                Some(_) => return None,
             }
         }
         None
@@ -290,6 +538,20 @@ impl Checker {
             country,
             detected: None,
         }
+    }
+}
+
+/// True when a failure of the HTTPS test shows the proxy does not tunnel
+/// TLS: it refused or garbled the CONNECT (or SOCKS request), or the TLS
+/// handshake with the judge failed through the tunnel.
+fn refuses_tunnel(f: Failure) -> bool {
+    match f.phase {
+        Phase::Handshake => matches!(
+            f.reason,
+            Reason::BadStatus | Reason::ProxyAuthRequired | Reason::ProtocolError
+        ),
+        Phase::Tls => f.reason == Reason::TlsError,
+        Phase::Connect | Phase::Request => false,
     }
 }
 

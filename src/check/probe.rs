@@ -95,6 +95,49 @@ pub enum Route<'a> {
     Tunnel(&'a Proxy),
 }
 
+/// The part of a fetch a failure happened in, which says whom it can be
+/// blamed on: the connect and the proxy's handshake are the proxy's alone,
+/// while TLS and the request also involve the judge.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// The TCP connect to the proxy (to the judge, when direct).
+    Connect,
+    /// The proxy's handshake: a CONNECT, or the SOCKS greeting and request.
+    Handshake,
+    /// The TLS handshake with an https judge (through the tunnel).
+    Tls,
+    /// The HTTP request and its answer.
+    Request,
+}
+
+/// A failed fetch: why, and in which phase.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Failure {
+    /// The reason, as stored.
+    pub reason: Reason,
+    /// Where it happened.
+    pub phase: Phase,
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.reason.fmt(f)
+    }
+}
+
+impl Failure {
+    /// True for the failures worth one more try within the same check: a
+    /// reset or refused connection, which flaky proxies produce now and
+    /// then and which cost next to nothing to repeat.
+    pub fn retryable(&self) -> bool {
+        matches!(self.reason, Reason::Reset | Reason::Refused)
+    }
+
+    fn at(phase: Phase) -> impl Fn(Reason) -> Failure {
+        move |reason| Failure { reason, phase }
+    }
+}
+
 /// A judge's answer.
 #[derive(Debug)]
 pub struct Answer {
@@ -141,20 +184,25 @@ impl Prober {
     }
 
     /// GETs the judge `target` (with `nonce` in the query) by `route`,
-    /// within the connect and total timeouts.
+    /// within the connect and total timeouts. A failure names the phase it
+    /// happened in (for a timeout, the phase it interrupted).
     pub async fn fetch(
         &self,
         route: Route<'_>,
         target: &Target,
         nonce: &str,
-    ) -> Result<Answer, Reason> {
+    ) -> Result<Answer, Failure> {
         let start = Instant::now();
-        match tokio::time::timeout(self.timeout, self.fetch_inner(route, target, nonce, start))
-            .await
-        {
-            Ok(r) => r,
-            Err(_) => Err(Reason::Timeout),
-        }
+        let mut phase = Phase::Connect;
+        let fetched = tokio::time::timeout(
+            self.timeout,
+            self.fetch_inner(route, target, nonce, start, &mut phase),
+        )
+        .await;
+        fetched.unwrap_or(Err(Failure {
+            reason: Reason::Timeout,
+            phase,
+        }))
     }
 
     async fn fetch_inner(
@@ -163,7 +211,8 @@ impl Prober {
         target: &Target,
         nonce: &str,
         start: Instant,
-    ) -> Result<Answer, Reason> {
+        phase: &mut Phase,
+    ) -> Result<Answer, Failure> {
         // SOCKS gets the address resolved once per round, as the checker has
         // always sent it (SOCKS4 has no names without 4a); CONNECT gets the
         // judge's name.
@@ -175,12 +224,27 @@ impl Prober {
         };
         let opts = DialOptions {
             connect_timeout: self.connect_timeout,
-            // The total timeout around the whole fetch decides; the
-            // handshake gets no tighter bound of its own.
-            handshake_timeout: self.timeout,
+            // A proxy that takes the connection and never answers its
+            // handshake is as dead as one that never takes it: it costs
+            // the connect timeout, not the whole one.
+            handshake_timeout: self.connect_timeout,
             forward,
         };
-        let dialed = net::dial(proxy, &dial_target, &opts).await?;
+        let dialed = net::dial(proxy, &dial_target, &opts)
+            .await
+            .map_err(|reason| Failure {
+                reason,
+                // The dialer's reasons tell its phases apart: these three
+                // come only from the TCP connect.
+                phase: match reason {
+                    Reason::Refused | Reason::ConnectTimeout | Reason::Unreachable => {
+                        Phase::Connect
+                    }
+                    _ if proxy.is_none() || dialed_forward(proxy, forward) => Phase::Connect,
+                    _ => Phase::Handshake,
+                },
+            })?;
+        *phase = Phase::Request;
         let path = target.path_with(nonce);
         let (status, body) = match proxy.filter(|_| dialed.forward) {
             Some(p) => {
@@ -191,10 +255,11 @@ impl Prober {
                     target,
                     &uri,
                     proxy_authorization(p).as_deref(),
+                    phase,
                 )
                 .await?
             }
-            None => self.over(dialed.stream, target, &path, None).await?,
+            None => self.over(dialed.stream, target, &path, None, phase).await?,
         };
         Ok(Answer {
             status,
@@ -210,14 +275,23 @@ impl Prober {
         target: &Target,
         uri: &str,
         proxy_auth: Option<&str>,
-    ) -> Result<(u16, Bytes), Reason> {
+        phase: &mut Phase,
+    ) -> Result<(u16, Bytes), Failure> {
         if target.tls {
-            let tls = net::tls::connect(&self.tls, &target.host, stream).await?;
+            *phase = Phase::Tls;
+            let tls = net::tls::connect(&self.tls, &target.host, stream)
+                .await
+                .map_err(Failure::at(Phase::Tls))?;
+            *phase = Phase::Request;
             // Boxed: otherwise every check's future reserves room for the
             // TLS path (about 2.8 KiB each, 28 MB at 10,000 in flight).
-            Box::pin(self.request(tls, target, uri, proxy_auth)).await
+            Box::pin(self.request(tls, target, uri, proxy_auth))
+                .await
+                .map_err(Failure::at(Phase::Request))
         } else {
-            self.request(stream, target, uri, proxy_auth).await
+            self.request(stream, target, uri, proxy_auth)
+                .await
+                .map_err(Failure::at(Phase::Request))
         }
     }
 
@@ -280,6 +354,12 @@ impl Prober {
             },
         }
     }
+}
+
+/// True when the dial of `proxy` was the TCP connect alone: an HTTP proxy
+/// spoken to in absolute form has no handshake.
+fn dialed_forward(proxy: Option<&Proxy>, forward: bool) -> bool {
+    forward && proxy.is_some_and(|p| p.scheme == Scheme::Http)
 }
 
 fn hyper_reason(e: &hyper::Error) -> Reason {

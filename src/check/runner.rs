@@ -1,23 +1,32 @@
 //! A check round: page through the due proxies, keep at most `concurrency`
 //! checks in flight, and hand results to one writer task that commits them
 //! in batches (every 500 results or every second, whichever comes first).
+//! Proxies that timed out last time are started from the first moment,
+//! longest first, in up to three quarters of the slots, while the alive
+//! ones and then the rest take the others: the longest checks never form
+//! the round's tail, and re-checks of served proxies never wait behind them.
+//! Beside them a monitor asks every judge directly once a second; the
+//! writer never waits for it. Passes are committed at once; a failure is
+//! committed once some judge has answered after it (a later pass or a
+//! direct answer), so a judge outage never looks like proxies dying.
 //! Cancelling stops new checks; in-flight ones finish within their timeout
 //! and every completed result is committed before the round returns.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
-use super::Checker;
+use super::health::{self, Beat};
+use super::{Checker, Prior, Verdict};
 use crate::health::Feedback;
 use crate::model::{Reason, RecheckPolicy};
 use crate::proxy::Anonymity;
-use crate::store::{CheckRecord, DueLane, Store, StoreError, now_ms};
+use crate::store::{CheckRecord, DueLane, DueProxy, Store, StoreError, now_ms};
 
 /// Results per committed batch.
 const BATCH: usize = 500;
@@ -25,8 +34,12 @@ const BATCH: usize = 500;
 const FLUSH_EVERY: Duration = Duration::from_secs(1);
 /// Due proxies read per query.
 const PAGE: usize = 1000;
-/// How often a following round looks for proxies that fell due.
-pub const FOLLOW_POLL: Duration = Duration::from_millis(250);
+/// Failures held until a judge answers after them; past this many the
+/// writer stops taking results until one does.
+const MAX_PENDING: usize = 20_000;
+/// A proxy whose failure no healthy judge could confirm is checked again
+/// after this long (or its re-check interval, if shorter).
+const UNCONFIRMED_RETRY: Duration = Duration::from_secs(30);
 
 /// Called after each batch is committed (and the health index updated
 /// through the feedback path), with the batch: the daemon counts it.
@@ -45,6 +58,8 @@ pub struct CheckOptions {
     pub timeout: Duration,
     /// Also test CONNECT + TLS.
     pub https: bool,
+    /// How long a proxy's HTTPS result stands before it is tested again.
+    pub https_recheck: Duration,
     /// Runs after every committed batch.
     pub on_commit: Option<CommitHook>,
     /// When cancelled, checks in flight stop at once and are not recorded
@@ -56,11 +71,6 @@ pub struct CheckOptions {
     /// so that alive proxies falling due (taken first in every round) and
     /// proxies queued for a re-check wait at most one short round.
     pub dispatch_for: Option<Duration>,
-    /// With `dispatch_for`: when nothing more is due, look again every
-    /// [`FOLLOW_POLL`] (or when a re-check is asked for) until the round's
-    /// time is up, instead of ending the round. The daemon's rounds follow,
-    /// so a served proxy falls due and is checked within moments.
-    pub follow: bool,
 }
 
 impl std::fmt::Debug for CheckOptions {
@@ -71,9 +81,9 @@ impl std::fmt::Debug for CheckOptions {
             .field("connect_timeout", &self.connect_timeout)
             .field("timeout", &self.timeout)
             .field("https", &self.https)
+            .field("https_recheck", &self.https_recheck)
             .field("on_commit", &self.on_commit.is_some())
             .field("dispatch_for", &self.dispatch_for)
-            .field("follow", &self.follow)
             .finish()
     }
 }
@@ -87,10 +97,10 @@ impl CheckOptions {
             connect_timeout: c.connect_timeout,
             timeout: c.timeout,
             https: c.https,
+            https_recheck: c.https_recheck,
             on_commit: None,
             abort_in_flight: None,
             dispatch_for: None,
-            follow: false,
         }
     }
 }
@@ -121,6 +131,11 @@ pub struct RoundSummary {
     pub https: u64,
     /// Alive, by anonymity.
     pub by_anonymity: BTreeMap<Anonymity, u64>,
+    /// Checks that ended without a verdict: a proxy that passed its last
+    /// check failed in a way that may be the judge's, and no second healthy
+    /// judge could confirm it. They keep their status, are not counted in
+    /// `checked`, and are due again within a minute.
+    pub unconfirmed: u64,
     /// Wall time.
     pub elapsed: Duration,
     /// True when the round was cancelled before checking everything due.
@@ -198,115 +213,67 @@ pub async fn check_round(
     progress.total.store(total as u64, Ordering::Relaxed);
     let concurrency = opts.concurrency.max(1);
 
-    let (tx, rx) = mpsc::channel::<CheckRecord>(concurrency.min(4096) * 2);
+    let (tx, rx) = mpsc::channel::<Done>(concurrency.min(4096) * 2);
     // The round stops taking new proxies when the caller cancels or when
     // the writer finds every judge gone.
     let stop = cancel.child_token();
-    // Proxies dispatched and not yet committed: a following round must not
-    // take them again while their stored schedule still says they are due.
-    let in_flight: Arc<Mutex<HashSet<i64>>> = Arc::default();
-    let follow = opts.follow && opts.dispatch_for.is_some();
+    let (beat_tx, beat_rx) = watch::channel(Beat {
+        answered_at: None,
+        lost_since: None,
+    });
+    let monitor_stop = CancellationToken::new();
+    let _monitor_guard = monitor_stop.clone().drop_guard();
+    tokio::spawn(health::monitor(
+        checker.clone(),
+        beat_tx.clone(),
+        monitor_stop,
+    ));
     let writer = tokio::spawn(write_results(
-        feedback.clone(),
-        rx,
-        policy,
-        opts.on_commit.clone(),
-        in_flight.clone(),
-        JudgeGuard {
+        Writer {
+            feedback: feedback.clone(),
+            store: store.clone(),
+            policy,
+            on_commit: opts.on_commit.clone(),
             checker: checker.clone(),
+            beat: beat_tx,
             lost: stop.clone(),
         },
+        rx,
+        beat_rx,
     ));
     let permits = Arc::new(Semaphore::new(concurrency));
-    let mut interrupted = false;
-    let mut paused = false;
-    // One timer for the round, polled only when the round has a limit.
-    let deadline =
-        tokio::time::sleep_until((started + opts.dispatch_for.unwrap_or_default()).into());
-    tokio::pin!(deadline);
-    let mut now = now;
-    'round: loop {
-        for lane in DueLane::IN_ORDER {
-            let mut after = i64::MIN;
-            loop {
-                let page = store.due_page(now, all, lane, after, PAGE).await?;
-                let Some(last) = page.last() else { break };
-                after = last.id;
-                for due in page {
-                    if follow && lock(&in_flight).contains(&due.id) {
-                        continue;
-                    }
-                    let permit = tokio::select! {
-                        biased;
-                        _ = stop.cancelled() => {
-                            interrupted = true;
-                            break 'round;
-                        }
-                        _ = &mut deadline, if opts.dispatch_for.is_some() => {
-                            paused = true;
-                            break 'round;
-                        }
-                        p = permits.clone().acquire_owned() => p.expect("the semaphore is never closed"),
-                    };
-                    if follow {
-                        lock(&in_flight).insert(due.id);
-                    }
-                    let checker = checker.clone();
-                    let tx = tx.clone();
-                    let progress = progress.clone();
-                    let feedback = feedback.clone();
-                    let abort = opts.abort_in_flight.clone().unwrap_or_default();
-                    tokio::spawn(async move {
-                        let outcome = tokio::select! {
-                            o = checker.check(&due.proxy, due.detect) => o,
-                            _ = abort.cancelled() => return,
-                        };
-                        if outcome.alive() {
-                            progress.alive.fetch_add(1, Ordering::Relaxed);
-                        }
-                        progress.done.fetch_add(1, Ordering::Relaxed);
-                        let checked_at = now_ms();
-                        // Served proxies that failed stop being served now,
-                        // not when the batch commits.
-                        feedback.checked(due.id, &outcome, checked_at);
-                        let rec = CheckRecord {
-                            id: due.id,
-                            checked_at,
-                            outcome,
-                        };
-                        // The writer outlives every sender; a send can only fail if
-                        // it died, and then the round reports its error.
-                        let _ = tx.send(rec).await;
-                        drop(permit);
-                    });
-                }
-            }
-        }
-        if !follow {
-            break;
-        }
-        let rechecks = feedback.take_rechecks();
-        if !rechecks.is_empty()
-            && let Err(e) = store.mark_due_many(rechecks, now_ms()).await
-        {
-            tracing::error!(error = %e, "cannot queue proxies for an early re-check");
-        }
-        tokio::select! {
-            biased;
-            _ = stop.cancelled() => {
-                interrupted = true;
-                break;
-            }
-            _ = &mut deadline => {
-                paused = true;
-                break;
-            }
-            _ = feedback.recheck_wanted() => {}
-            _ = tokio::time::sleep(FOLLOW_POLL) => {}
-        }
-        now = now_ms();
-    }
-    drop(tx);
+    let dispatcher = Dispatcher {
+        store,
+        feedback: feedback.clone(),
+        now,
+        all,
+        https_recheck: opts.https.then_some(opts.https_recheck),
+        checker: checker.clone(),
+        tx,
+        progress,
+        abort: opts.abort_in_flight.clone().unwrap_or_default(),
+        permits: permits.clone(),
+        stop: stop.clone(),
+        deadline: opts.dispatch_for.map(|d| started + d),
+    };
+    // Two streams share the permits. Proxies that timed out last time start
+    // at once, longest first, but hold at most three quarters of the
+    // permits, so the rest always move; once the rest are all started the
+    // limit goes.
+    let timed_out_cap = (concurrency * 3 / 4).max(1);
+    let timed_out_permits = Arc::new(Semaphore::new(timed_out_cap));
+    let (timed_out, rest) = tokio::join!(
+        dispatcher.run(&DueLane::TIMED_OUT, Some(&timed_out_permits)),
+        async {
+            let ended = dispatcher.run(&DueLane::REST, None).await;
+            timed_out_permits.add_permits(concurrency.saturating_sub(timed_out_cap));
+            ended
+        },
+    );
+    let (timed_out, rest) = (timed_out?, rest?);
+    let interrupted = timed_out == Ended::Interrupted || rest == Ended::Interrupted;
+    let paused = timed_out == Ended::Paused || rest == Ended::Paused;
+    drop(dispatcher);
     // Wait for every check in flight: they hold their permits until sent.
     let _all = permits
         .acquire_many(concurrency as u32)
@@ -323,10 +290,13 @@ pub async fn check_round(
     }
     summary.elapsed = started.elapsed();
     summary.interrupted = interrupted;
-    tracing::info!(
+    // The daemon runs a round whenever something falls due, several a
+    // second at times: one line each would drown the log at info.
+    tracing::debug!(
         checked = summary.checked,
         alive = summary.alive,
         dead = summary.dead,
+        unconfirmed = summary.unconfirmed,
         https = summary.https,
         elapsed_ms = summary.elapsed.as_millis() as u64,
         interrupted,
@@ -336,64 +306,263 @@ pub async fn check_round(
     Ok(summary)
 }
 
-/// Makes sure failures are the proxies' fault: before a batch with failures
-/// is committed, a judge must still answer directly.
-struct JudgeGuard {
+/// Why a dispatch stream stopped starting checks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Ended {
+    /// Every due proxy of its lanes was started.
+    Drained,
+    /// The round was cancelled.
+    Interrupted,
+    /// The round's dispatch time was up.
+    Paused,
+}
+
+/// Starts the checks of a round: what every stream of it shares.
+struct Dispatcher<'a> {
+    store: &'a Store,
+    /// Told of every result at once, so a served proxy that failed stops
+    /// being served before the batch commits.
+    feedback: Feedback,
+    now: i64,
+    all: bool,
+    /// How long an HTTPS result stands; `None` when HTTPS is not tested.
+    https_recheck: Option<Duration>,
     checker: Arc<Checker>,
+    tx: mpsc::Sender<Done>,
+    progress: Arc<RoundProgress>,
+    abort: CancellationToken,
+    /// One per check in flight.
+    permits: Arc<Semaphore>,
+    stop: CancellationToken,
+    deadline: Option<Instant>,
+}
+
+impl Dispatcher<'_> {
+    /// Starts a check for every due proxy of `lanes`, in order, each
+    /// holding a permit (and one of `cap`, when given) until its result is
+    /// handed to the writer.
+    async fn run(
+        &self,
+        lanes: &[DueLane],
+        cap: Option<&Arc<Semaphore>>,
+    ) -> Result<Ended, StoreError> {
+        // One timer per stream, polled only when the round has a limit.
+        let deadline = tokio::time::sleep_until(self.deadline.unwrap_or_else(Instant::now).into());
+        tokio::pin!(deadline);
+        for &lane in lanes {
+            let mut after = i64::MIN;
+            loop {
+                let page = self
+                    .store
+                    .due_page(self.now, self.all, lane, after, PAGE)
+                    .await?;
+                let Some(last) = page.last() else { break };
+                after = last.id;
+                for due in page {
+                    let capped = match cap {
+                        None => None,
+                        Some(cap) => tokio::select! {
+                            biased;
+                            _ = self.stop.cancelled() => return Ok(Ended::Interrupted),
+                            _ = &mut deadline, if self.deadline.is_some() => return Ok(Ended::Paused),
+                            p = cap.clone().acquire_owned() => Some(p.expect("never closed")),
+                        },
+                    };
+                    let permit = tokio::select! {
+                        biased;
+                        _ = self.stop.cancelled() => return Ok(Ended::Interrupted),
+                        _ = &mut deadline, if self.deadline.is_some() => return Ok(Ended::Paused),
+                        p = self.permits.clone().acquire_owned() => p.expect("never closed"),
+                    };
+                    self.spawn(due, (permit, capped));
+                }
+            }
+        }
+        Ok(Ended::Drained)
+    }
+
+    /// Checks `due` on its own task, which holds `permits` until its result
+    /// is with the writer.
+    fn spawn(&self, due: DueProxy, permits: (OwnedSemaphorePermit, Option<OwnedSemaphorePermit>)) {
+        let prior = Prior {
+            alive: due.alive,
+            https_due: self.https_recheck.is_some_and(|every| {
+                due.https_checked_at
+                    .is_none_or(|at| self.now - at >= every.as_millis() as i64)
+            }),
+        };
+        let checker = self.checker.clone();
+        let tx = self.tx.clone();
+        let progress = self.progress.clone();
+        let abort = self.abort.clone();
+        let feedback = self.feedback.clone();
+        tokio::spawn(async move {
+            let started = Instant::now();
+            let verdict = tokio::select! {
+                v = checker.check_with(&due.proxy, due.detect, prior) => v,
+                _ = abort.cancelled() => return,
+            };
+            progress.done.fetch_add(1, Ordering::Relaxed);
+            let done = match verdict {
+                Verdict::Checked(outcome) => {
+                    if outcome.alive() {
+                        progress.alive.fetch_add(1, Ordering::Relaxed);
+                    }
+                    let checked_at = now_ms();
+                    feedback.checked(due.id, &outcome, checked_at);
+                    let rec = CheckRecord {
+                        id: due.id,
+                        checked_at,
+                        outcome,
+                    };
+                    Done::Checked(rec, started, Instant::now())
+                }
+                Verdict::Unconfirmed(_) => Done::Unconfirmed(due.id),
+            };
+            // The writer outlives every sender; a send can only fail if it
+            // died, and then the round reports its error.
+            let _ = tx.send(done).await;
+            drop(permits);
+        });
+    }
+}
+
+/// A finished check on its way to the writer.
+enum Done {
+    /// A verdict to commit, with the moments the check started and ended.
+    Checked(CheckRecord, Instant, Instant),
+    /// A check without a verdict (see [`Verdict::Unconfirmed`]).
+    Unconfirmed(i64),
+}
+
+/// What the writer needs besides its inputs.
+struct Writer {
+    feedback: Feedback,
+    store: Store,
+    policy: RecheckPolicy,
+    on_commit: Option<CommitHook>,
+    /// For one last direct question to the judges when failures are left
+    /// waiting at the end.
+    checker: Arc<Checker>,
+    beat: watch::Sender<Beat>,
+    /// Cancelled when every judge is lost: the round stops.
     lost: CancellationToken,
+}
+
+/// The results of a round not yet committed.
+#[derive(Default)]
+struct Unwritten {
+    /// Passes and vouched failures, committed at the next flush.
+    batch: Vec<CheckRecord>,
+    /// Failures waiting for a judge to answer after them, oldest first.
+    pending: VecDeque<(CheckRecord, Instant)>,
+    /// Proxies to check again soon, without a verdict.
+    deferred: Vec<i64>,
+    /// The latest moment a judge is known to have answered.
+    vouched: Option<Instant>,
+    /// When the latest check that passed started.
+    passed: Option<Instant>,
+}
+
+impl Unwritten {
+    /// True when `b` says every judge is out of reach and no check has
+    /// passed since (a pass proves a judge answered, whatever the direct
+    /// requests say).
+    fn lost(&self, b: &Beat) -> bool {
+        b.lost_since
+            .is_some_and(|since| self.passed.is_none_or(|p| p < since))
+    }
+
+    /// A judge answered at `at`: failures before it are the proxies'.
+    fn vouch(&mut self, at: Option<Instant>) {
+        let Some(at) = at else { return };
+        let at = self.vouched.map_or(at, |v| v.max(at));
+        self.vouched = Some(at);
+        // Results arrive about in the order they ended; one slightly out
+        // of order waits for the next answer.
+        while self.pending.front().is_some_and(|(_, t)| *t <= at) {
+            let (rec, _) = self.pending.pop_front().expect("checked above");
+            self.batch.push(rec);
+        }
+    }
 }
 
 /// The one writer: batches results and commits them off the runtime, when
 /// a batch is full, on each tick, and when the last sender is gone.
 async fn write_results(
-    feedback: Feedback,
-    mut rx: mpsc::Receiver<CheckRecord>,
-    policy: RecheckPolicy,
-    on_commit: Option<CommitHook>,
-    in_flight: Arc<Mutex<HashSet<i64>>>,
-    guard: JudgeGuard,
+    w: Writer,
+    mut rx: mpsc::Receiver<Done>,
+    mut beat: watch::Receiver<Beat>,
 ) -> Result<RoundSummary, StoreError> {
     let mut summary = RoundSummary::default();
-    let mut batch: Vec<CheckRecord> = Vec::with_capacity(BATCH);
+    let mut out = Unwritten {
+        batch: Vec::with_capacity(BATCH),
+        ..Unwritten::default()
+    };
     let mut tick = tokio::time::interval(FLUSH_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let retry_after = UNCONFIRMED_RETRY.min(w.policy.alive);
     loop {
         let (flush, closed) = tokio::select! {
-            rec = rx.recv() => match rec {
-                Some(rec) => {
-                    batch.push(rec);
-                    (batch.len() >= BATCH, false)
+            done = rx.recv(), if out.pending.len() < MAX_PENDING => match done {
+                Some(Done::Checked(rec, started, ended)) => {
+                    if rec.outcome.alive() {
+                        // A judge answered a connection made after the
+                        // check started (one made before may be served
+                        // by a judge that has stopped taking new ones).
+                        out.batch.push(rec);
+                        out.passed = Some(out.passed.map_or(started, |p| p.max(started)));
+                        out.vouch(Some(started));
+                    } else if !summary.judge_lost {
+                        // A failure once every judge is lost is dropped.
+                        out.pending.push_back((rec, ended));
+                    }
+                    (out.batch.len() >= BATCH, false)
+                }
+                Some(Done::Unconfirmed(id)) => {
+                    summary.unconfirmed += 1;
+                    out.deferred.push(id);
+                    (false, false)
                 }
                 None => (true, true),
             },
+            Ok(()) = beat.changed() => {
+                let b = *beat.borrow_and_update();
+                out.vouch(b.answered_at);
+                if out.lost(&b) {
+                    lose(&w, &mut summary, &mut out);
+                }
+                (false, false)
+            }
             _ = tick.tick() => (true, false),
         };
-        if flush && !batch.is_empty() {
-            let mut full = std::mem::replace(&mut batch, Vec::with_capacity(BATCH));
-            let has_failures = full.iter().any(|r| !r.outcome.alive());
-            if has_failures && (summary.judge_lost || !guard.checker.judge_reachable().await) {
-                // A judge outage must never look like proxies dying: keep
-                // only the passes and stop the round.
-                if !summary.judge_lost {
-                    tracing::error!("every judge stopped answering; stopping the round");
-                }
-                summary.judge_lost = true;
-                guard.lost.cancel();
-                full.retain(|r| r.outcome.alive());
+        while closed && !out.pending.is_empty() && !summary.judge_lost {
+            // Every check has ended: one direct answer from any judge now
+            // vouches for all the failures still waiting. Judges silent a
+            // few times in a row are out of reach.
+            let b = health::probe_all(&w.checker, &w.beat).await;
+            out.vouch(b.answered_at);
+            if out.lost(&b) {
+                lose(&w, &mut summary, &mut out);
+            } else if !out.pending.is_empty() {
+                tokio::time::sleep(health::PROBE_EVERY).await;
             }
-            let full = feedback.commit_checks(full, policy).await?;
-            {
-                let mut in_flight = lock(&in_flight);
-                for rec in &full {
-                    in_flight.remove(&rec.id);
-                }
-            }
-            if let Some(hook) = &on_commit {
+        }
+        if flush && !out.batch.is_empty() {
+            let full = std::mem::replace(&mut out.batch, Vec::with_capacity(BATCH));
+            let full = w.feedback.commit_checks(full, w.policy).await?;
+            if let Some(hook) = &w.on_commit {
                 hook(&full);
             }
             for rec in &full {
                 summary.add(rec);
             }
+        }
+        if flush && !out.deferred.is_empty() {
+            let at = now_ms() + retry_after.as_millis() as i64;
+            w.store
+                .defer_checks(std::mem::take(&mut out.deferred), at)
+                .await?;
         }
         if closed {
             return Ok(summary);
@@ -401,7 +570,16 @@ async fn write_results(
     }
 }
 
-/// A poisoned lock only means a panic elsewhere; the set is still sound.
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
+/// Every judge is out of reach: failures say nothing about the proxies.
+/// Drops those waiting and stops the round; passes are still committed.
+fn lose(w: &Writer, summary: &mut RoundSummary, out: &mut Unwritten) {
+    if !summary.judge_lost {
+        tracing::error!(
+            discarded = out.pending.len(),
+            "every judge stopped answering; stopping the round"
+        );
+    }
+    summary.judge_lost = true;
+    w.lost.cancel();
+    out.pending.clear();
 }

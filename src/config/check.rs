@@ -24,6 +24,8 @@ pub struct CheckConfig {
     pub timeout: Duration,
     /// Also test CONNECT + TLS.
     pub https: bool,
+    /// How long a proxy's HTTPS result stands before it is tested again.
+    pub https_recheck: Duration,
     /// Re-check interval for alive proxies.
     pub recheck_alive: Duration,
     /// Re-checks per second spent keeping served proxies fresh.
@@ -85,6 +87,7 @@ pub(super) fn read(c: &mut Section) -> Option<CheckConfig> {
     let connect_timeout = c.duration("connect_timeout");
     let timeout = c.duration("timeout");
     let https = c.boolean("https");
+    let https_recheck = c.duration("https_recheck");
     let recheck_alive = c.duration("recheck_alive");
     let serve_recheck_rate = c.int("serve_recheck_rate", 1, 1_000_000);
     let serve_recheck_min = c.duration("serve_recheck_min");
@@ -112,6 +115,7 @@ pub(super) fn read(c: &mut Section) -> Option<CheckConfig> {
         connect_timeout: connect_timeout?,
         timeout: timeout?,
         https: https?,
+        https_recheck: https_recheck?,
         recheck_alive: recheck_alive?,
         // The range was checked, so the cast cannot truncate.
         serve_recheck_rate: serve_recheck_rate? as u32,

@@ -13,12 +13,14 @@ use crate::check::{self, CheckOptions, Checker, CommitHook, RoundProgress};
 use crate::config::Config;
 use crate::store::{Store, now_ms, rfc3339};
 
-/// How long a round dispatches checks before the next one starts. Rounds
-/// follow: within a round, proxies are checked as they fall due, so this
-/// only sets how often the judges are asked directly again (to learn our
-/// own address and find judges that stopped answering) and how often a
-/// line is logged.
+/// How long a round may start checks before the next one begins, and how
+/// often the judges are asked directly again (to learn our own address and
+/// find judges that stopped answering). Rounds run whenever something is
+/// due, so served proxies are checked as they fall due.
 const ROUND_DISPATCH: Duration = Duration::from_secs(20);
+/// The longest the loop waits between rounds: how soon a proxy that fell
+/// due (or was asked to be re-checked) is checked.
+const POLL: Duration = Duration::from_millis(100);
 /// Waits before asking the judges again when none answered: short at
 /// first (a judge that is this daemon's own API may not be up yet),
 /// doubling up to the longest.
@@ -51,7 +53,6 @@ impl CheckLoop {
         opts.on_commit = Some(hook);
         opts.abort_in_flight = Some(self.abort.clone());
         opts.dispatch_for = Some(ROUND_DISPATCH);
-        opts.follow = true;
         let geoip = match check::open_geoip(&self.config) {
             Ok(g) => g,
             Err(e) => {
@@ -60,15 +61,36 @@ impl CheckLoop {
             }
         };
         let mut retry = JUDGE_RETRY_FIRST;
+        let mut prepared: Option<(Arc<Checker>, std::time::Instant)> = None;
         while !stop.is_cancelled() {
-            match Checker::prepare(&self.config, &opts, geoip.clone()).await {
+            // The judges are asked directly (our own address, who still
+            // answers) at start-up and then every ROUND_DISPATCH, not per
+            // round: rounds come whenever something falls due.
+            let fresh = prepared
+                .as_ref()
+                .filter(|(_, at)| at.elapsed() < ROUND_DISPATCH)
+                .map(|(c, _)| c.clone());
+            let checker = match fresh {
+                Some(c) => Ok(c),
+                None => Checker::prepare(&self.config, &opts, geoip.clone())
+                    .await
+                    .map(Arc::new),
+            };
+            match checker {
                 Ok(checker) => {
                     retry = JUDGE_RETRY_FIRST;
-                    let checker = Arc::new(checker);
-                    // verify=true works from the first round on, which
-                    // starts at once: no waiting for something to fall due.
-                    self.state.set_checker(checker.clone());
+                    if prepared
+                        .as_ref()
+                        .is_none_or(|(c, _)| !Arc::ptr_eq(c, &checker))
+                    {
+                        // verify=true works from the first second: the first
+                        // checker is prepared at start, not when something
+                        // falls due.
+                        self.state.set_checker(checker.clone());
+                        prepared = Some((checker.clone(), std::time::Instant::now()));
+                    }
                     self.round(checker, &opts, &stop).await;
+                    self.until_due(&stop).await;
                 }
                 Err(e) => {
                     tracing::error!(error = %e, "cannot check now");
@@ -79,6 +101,35 @@ impl CheckLoop {
                     retry = (retry * 2).min(JUDGE_RETRY_MAX);
                 }
             }
+        }
+    }
+
+    /// Waits until a proxy falls due, a re-check is asked for, or
+    /// [`POLL`] passes; queues the re-checks asked for meanwhile.
+    async fn until_due(&self, stop: &CancellationToken) {
+        let rechecks = self.state.feedback.take_rechecks();
+        if !rechecks.is_empty()
+            && let Err(e) = self.store.mark_due_many(rechecks, now_ms()).await
+        {
+            tracing::error!(error = %e, "cannot queue proxies for an early re-check");
+        }
+        let wait = match self.store.next_due_at().await {
+            Ok(Some(t)) => {
+                Duration::from_millis((t - now_ms()).clamp(0, POLL.as_millis() as i64) as u64)
+            }
+            Ok(None) => POLL,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot read when the next check is due");
+                POLL
+            }
+        };
+        if wait.is_zero() {
+            return;
+        }
+        tokio::select! {
+            _ = stop.cancelled() => {}
+            _ = self.state.feedback.recheck_wanted() => {}
+            _ = tokio::time::sleep(wait) => {}
         }
     }
 

@@ -20,6 +20,10 @@ pub struct DueProxy {
     pub proxy: Proxy,
     /// True when the scheme is to be detected.
     pub detect: bool,
+    /// True when its last check found it alive.
+    pub alive: bool,
+    /// When its HTTPS support was last tested (unix ms), if ever.
+    pub https_checked_at: Option<i64>,
 }
 
 /// One check's result, ready to record.
@@ -40,19 +44,46 @@ fn ms(d: Duration) -> i64 {
 const DUE_WHERE: &str = "(?1 OR next_check_at <= ?2) AND id > ?3";
 
 /// Which due proxies a page holds. A round takes the alive ones, the ones
-/// being served, before the rest, so that their re-checks never wait
-/// behind thousands of new or dead proxies.
+/// being served, before new and dead ones, so that their re-checks never
+/// wait behind thousands of those; and it starts the proxies that timed out
+/// last time alongside, from the first moment, longest first, so that the
+/// checks that take longest never form the round's tail.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DueLane {
     /// Proxies whose last check found them alive.
     Alive,
-    /// Every other proxy: unknown or dead.
+    /// Not alive, and the last check ran into the total timeout: an HTTP
+    /// proxy that took a request and never answered.
+    LongTimeout,
+    /// Not alive, and the last check ran into a shorter bound: the connect
+    /// timeout, or a SOCKS handshake (bound by the connect timeout).
+    ShortTimeout,
+    /// Every other proxy: new, or dead for another reason.
     Others,
 }
 
 impl DueLane {
-    /// Both lanes, in the order a round takes them.
-    pub const IN_ORDER: [DueLane; 2] = [DueLane::Alive, DueLane::Others];
+    /// The lanes of proxies that timed out last time, longest first.
+    pub const TIMED_OUT: [DueLane; 2] = [DueLane::LongTimeout, DueLane::ShortTimeout];
+    /// The other lanes, in the order a round takes them.
+    pub const REST: [DueLane; 2] = [DueLane::Alive, DueLane::Others];
+
+    /// The lane's condition on a `proxies` row.
+    fn condition(self) -> &'static str {
+        match self {
+            DueLane::Alive => "status = 'alive'",
+            DueLane::LongTimeout => {
+                "status <> 'alive' AND last_reason = 'timeout' AND scheme = 'http'"
+            }
+            DueLane::ShortTimeout => {
+                "status <> 'alive' AND (last_reason = 'connect_timeout'
+                     OR (last_reason = 'timeout' AND scheme <> 'http'))"
+            }
+            DueLane::Others => {
+                "status <> 'alive' AND coalesce(last_reason, '') NOT IN ('timeout', 'connect_timeout')"
+            }
+        }
+    }
 }
 
 impl Store {
@@ -143,6 +174,37 @@ impl Store {
         .await
     }
 
+    /// Schedules the next check of these proxies at `at` (unix ms) without
+    /// recording a check: for proxies whose check reached no verdict.
+    pub async fn defer_checks(&self, ids: Vec<i64>, at: i64) -> Result<(), StoreError> {
+        self.write(move |tx| {
+            let mut stmt =
+                tx.prepare_cached("UPDATE proxies SET next_check_at = ?2 WHERE id = ?1")?;
+            for id in ids {
+                stmt.execute(params![id, at])?;
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    /// Asks for the HTTPS support of these proxies to be tested again at
+    /// their next check, and makes them due now: for a tunnel (CONNECT)
+    /// that failed in use, whatever `check.https_recheck` says.
+    pub async fn request_https_recheck(&self, ids: Vec<i64>, now: i64) -> Result<(), StoreError> {
+        self.write(move |tx| {
+            let mut stmt = tx.prepare_cached(
+                "UPDATE proxies SET https_checked_at = NULL,
+                     next_check_at = min(next_check_at, ?2) WHERE id = ?1",
+            )?;
+            for id in ids {
+                stmt.execute(params![id, now])?;
+            }
+            Ok(())
+        })
+        .await
+    }
+
     /// Makes these proxies due now.
     pub async fn mark_due_many(&self, ids: Vec<i64>, now: i64) -> Result<(), StoreError> {
         self.write(move |tx| {
@@ -202,12 +264,13 @@ fn due_page(
     limit: usize,
 ) -> Result<Vec<DueProxy>, StoreError> {
     let mut stmt = conn.prepare_cached(&format!(
-        "SELECT id, scheme, host, port, username, password, scheme_detect
-             FROM proxies WHERE {DUE_WHERE} AND (status = 'alive') = ?5
-             ORDER BY id LIMIT ?4"
+        "SELECT id, scheme, host, port, username, password, scheme_detect, status = 'alive',
+                https_checked_at
+             FROM proxies WHERE {DUE_WHERE} AND {}
+             ORDER BY id LIMIT ?4",
+        lane.condition()
     ))?;
-    let alive = lane == DueLane::Alive;
-    let rows = stmt.query_map(params![all, now, after, limit as i64, alive], |r| {
+    let rows = stmt.query_map(params![all, now, after, limit as i64], |r| {
         let scheme: String = r.get(1)?;
         let host: String = r.get(2)?;
         let username: String = r.get(4)?;
@@ -220,11 +283,13 @@ fn due_page(
             username,
             password,
             r.get::<_, bool>(6)?,
+            r.get::<_, bool>(7)?,
+            r.get::<_, Option<i64>>(8)?,
         ))
     })?;
     let mut out = Vec::new();
     for row in rows {
-        let (id, scheme, host, port, username, password, detect) = row?;
+        let (id, scheme, host, port, username, password, detect, alive, https_checked_at) = row?;
         // Rows that do not parse were not written by us; skip them
         // rather than fail the round.
         let (Ok(scheme), Ok(host)) = (scheme.parse::<Scheme>(), host.parse()) else {
@@ -243,6 +308,8 @@ fn due_page(
                 }),
             },
             detect,
+            alive,
+            https_checked_at,
         });
     }
     Ok(out)
@@ -259,7 +326,9 @@ fn record_checks(
     {
         let mut alive = tx.prepare_cached(
             "UPDATE proxies SET status = 'alive', last_checked = ?2, last_alive = ?2,
-                     latency_ms = ?3, anonymity = ?4, https = coalesce(?5, https), exit_ip = ?6,
+                     latency_ms = ?3, anonymity = ?4, https = coalesce(?5, https),
+                     https_checked_at = CASE WHEN ?5 IS NULL THEN https_checked_at ELSE ?2 END,
+                     exit_ip = ?6,
                      country = coalesce(?7, country),
                      country_source = CASE WHEN ?7 IS NULL THEN country_source ELSE 'geoip' END,
                      last_reason = NULL, checks_total = checks_total + 1,

@@ -13,6 +13,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/0001_init.sql"),
     include_str!("../../migrations/0002_reports.sql"),
     include_str!("../../migrations/0003_change_seq.sql"),
+    include_str!("../../migrations/0004_https_checked.sql"),
 ];
 
 /// The schema version this binary writes.

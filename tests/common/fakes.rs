@@ -374,6 +374,11 @@ pub enum Behavior {
     Hang,
     /// Reads the request head, answers an SSH banner and closes.
     Garbage,
+    /// Resets every other connection (the first, the third, …) as `Reset`
+    /// does and works normally on the others: a flaky proxy.
+    ResetEveryOther,
+    /// Works for plain requests and resets every CONNECT after reading it.
+    ResetTunnels,
 }
 
 /// Options for [`FakeHttpProxy`]. The default is a working elite proxy on
@@ -481,7 +486,16 @@ async fn http_proxy_conn(
     let Some((raw_head, rest)) = read_head(&mut client).await? else {
         return Ok(());
     };
-    count.fetch_add(1, Ordering::SeqCst);
+    let n = count.fetch_add(1, Ordering::SeqCst);
+    let flaky_reset = opts.behavior == Behavior::ResetEveryOther && n.is_multiple_of(2);
+    let tunnel_reset = opts.behavior == Behavior::ResetTunnels
+        && raw_head
+            .get(..8)
+            .is_some_and(|m| m.eq_ignore_ascii_case(b"CONNECT "));
+    if flaky_reset || tunnel_reset {
+        client.set_zero_linger()?;
+        return Ok(());
+    }
     match opts.behavior {
         Behavior::Reset => {
             // SO_LINGER 0: closing sends RST instead of FIN.

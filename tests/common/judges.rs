@@ -18,6 +18,17 @@ use hyper_util::rt::TokioIo;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 
+/// How a judge made with [`Judge::turning`] misbehaves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// `200 OK` with random text instead of the echo.
+    RandomContent,
+    /// Accepts the request and never answers.
+    Stall,
+    /// Random text for three requests in ten, genuine answers otherwise.
+    GarbageSometimes,
+}
+
 /// A server task stopped on drop.
 pub struct Judge {
     pub addr: SocketAddr,
@@ -46,7 +57,7 @@ impl Judge {
 
     /// Serves `app` on plain HTTP with the peer address available.
     async fn serve(app: axum::Router, path: &'static str) -> Judge {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let listener = listen();
         let addr = listener.local_addr().unwrap();
         let task = tokio::spawn(async move {
             let _ = axum::serve(
@@ -84,7 +95,7 @@ impl Judge {
             .with_single_cert(vec![cert_der], key_der)
             .unwrap();
         let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let listener = listen();
         let addr = listener.local_addr().unwrap();
         let task = tokio::spawn(async move {
             loop {
@@ -136,6 +147,68 @@ impl Judge {
         )
     }
 
+    /// proxywarden's `/judge` that answers its first `after` requests
+    /// genuinely and then has `fault`. `faulted` counts the requests that
+    /// met the fault and came through a proxy (from any address but
+    /// 127.0.0.1, the checker's own), proof that checks ran into it.
+    pub fn turning(after: usize, fault: Fault, faulted: Arc<AtomicUsize>) -> axum::Router {
+        let asked = Arc::new(AtomicUsize::new(0));
+        axum::Router::new().route(
+            "/judge",
+            get(
+                move |info: ConnectInfo<SocketAddr>, m: Method, u: Uri, h: HeaderMap| {
+                    let n = asked.fetch_add(1, Ordering::Relaxed);
+                    let faulty = n >= after
+                        && match fault {
+                            Fault::RandomContent | Fault::Stall => true,
+                            Fault::GarbageSometimes => matches!((n - after) % 10, 2 | 5 | 8),
+                        };
+                    // Proxies in tests forward from other 127.x addresses.
+                    if faulty && info.0.ip() != IpAddr::from([127, 0, 0, 1]) {
+                        faulted.fetch_add(1, Ordering::Relaxed);
+                    }
+                    async move {
+                        if !faulty {
+                            return proxywarden::api::judge::judge(info, m, u, h)
+                                .await
+                                .into_response();
+                        }
+                        match fault {
+                            Fault::Stall => std::future::pending().await,
+                            Fault::RandomContent | Fault::GarbageSometimes => {
+                                format!("{:032x}", rand::random::<u128>()).into_response()
+                            }
+                        }
+                    }
+                },
+            ),
+        )
+    }
+
+    /// proxywarden's `/judge` that answers the checker's own direct
+    /// requests (from 127.0.0.1), all but the first, `delay` late, and
+    /// requests through proxies at once: a judge far from the checker.
+    pub fn slow_to_checker(delay: std::time::Duration) -> axum::Router {
+        let asked = Arc::new(AtomicUsize::new(0));
+        axum::Router::new().route(
+            "/judge",
+            get(
+                move |info: ConnectInfo<SocketAddr>, m: Method, u: Uri, h: HeaderMap| {
+                    let direct = info.0.ip() == IpAddr::from([127, 0, 0, 1]);
+                    let late = direct && asked.fetch_add(1, Ordering::Relaxed) > 0;
+                    async move {
+                        if late {
+                            tokio::time::sleep(delay).await;
+                        }
+                        proxywarden::api::judge::judge(info, m, u, h)
+                            .await
+                            .into_response()
+                    }
+                },
+            ),
+        )
+    }
+
     /// An httpbin-style judge (`/get`): `{"args", "headers", "origin",
     /// "url"}`, where `origin` is the peer address passed through `map`.
     pub async fn httpbin(map: HashMap<IpAddr, IpAddr>) -> Judge {
@@ -175,6 +248,17 @@ impl Judge {
     pub fn ca_file(&self) -> &Path {
         self.ca_file.as_deref().expect("only TLS judges have a CA")
     }
+}
+
+/// A listener on 127.0.0.1:0 with a deep accept queue. Every check's
+/// connection ends at the judge, thousands at once in scale tests, while
+/// tokio's `bind` queues 1,024: past that the kernel drops SYNs, and the
+/// client's retry a second later looks like a slow proxy.
+fn listen() -> TcpListener {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_reuseaddr(true).unwrap();
+    socket.bind(SocketAddr::from(([127, 0, 0, 1], 0))).unwrap();
+    socket.listen(8192).unwrap()
 }
 
 /// A test CA (PEM) and a certificate for 127.0.0.1 it signed, with its key.
