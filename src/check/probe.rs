@@ -17,7 +17,7 @@ use tokio::net::TcpStream;
 use url::Url;
 
 use crate::model::Reason;
-use crate::net::{self, DialOptions, io_reason, proxy_authorization};
+use crate::net::{self, DialOptions, hyper_reason, proxy_authorization};
 use crate::proxy::{Proxy, Scheme};
 
 /// Judge answers are small; anything longer is not a judge answer.
@@ -360,32 +360,4 @@ impl Prober {
 /// spoken to in absolute form has no handshake.
 fn dialed_forward(proxy: Option<&Proxy>, forward: bool) -> bool {
     forward && proxy.is_some_and(|p| p.scheme == Scheme::Http)
-}
-
-fn hyper_reason(e: &hyper::Error) -> Reason {
-    if e.is_parse() || e.is_parse_status() || e.is_parse_too_large() {
-        return Reason::ProtocolError;
-    }
-    if e.is_incomplete_message() || e.is_closed() || e.is_canceled() {
-        return Reason::Reset;
-    }
-    let mut src: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
-    while let Some(s) = src {
-        if let Some(io) = s.downcast_ref::<io::Error>() {
-            if let Some(r) = io_reason(io) {
-                return r;
-            }
-            if io
-                .get_ref()
-                .is_some_and(|inner| inner.is::<rustls::Error>())
-            {
-                return Reason::TlsError;
-            }
-        }
-        if s.is::<rustls::Error>() {
-            return Reason::TlsError;
-        }
-        src = s.source();
-    }
-    Reason::ProtocolError
 }

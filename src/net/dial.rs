@@ -347,6 +347,37 @@ fn socks_reason(e: &tokio_socks::Error) -> Reason {
     }
 }
 
+/// The reason behind a hyper client error on a dialed stream: a parse
+/// error is the peer not speaking HTTP, an early close is a reset, and
+/// TLS and I/O causes keep their own reasons.
+pub fn hyper_reason(e: &hyper::Error) -> Reason {
+    if e.is_parse() || e.is_parse_status() || e.is_parse_too_large() {
+        return Reason::ProtocolError;
+    }
+    if e.is_incomplete_message() || e.is_closed() || e.is_canceled() {
+        return Reason::Reset;
+    }
+    let mut src: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
+    while let Some(s) = src {
+        if let Some(io) = s.downcast_ref::<std::io::Error>() {
+            if let Some(r) = io_reason(io) {
+                return r;
+            }
+            if io
+                .get_ref()
+                .is_some_and(|inner| inner.is::<rustls::Error>())
+            {
+                return Reason::TlsError;
+            }
+        }
+        if s.is::<rustls::Error>() {
+            return Reason::TlsError;
+        }
+        src = s.source();
+    }
+    Reason::ProtocolError
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -7,5 +7,6 @@ mod dial;
 pub mod tls;
 
 pub use dial::{
-    DialOptions, Dialed, Host, InvalidHost, Target, dial, io_reason, proxy_authorization,
+    DialOptions, Dialed, Host, InvalidHost, Target, dial, hyper_reason, io_reason,
+    proxy_authorization,
 };

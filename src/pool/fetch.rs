@@ -19,7 +19,7 @@ use tokio::time::Instant;
 use url::Url;
 
 use crate::model::Reason;
-use crate::net::{self, DialOptions, io_reason, proxy_authorization};
+use crate::net::{self, DialOptions, hyper_reason, proxy_authorization};
 use crate::proxy::{Proxy, Scheme};
 
 /// Idle connections kept per (proxy, origin); more are closed.
@@ -346,35 +346,6 @@ pub(crate) fn decode(headers: &HeaderMap, raw: Bytes, max: usize) -> Result<Byte
         return Err(Failure::TooLarge);
     }
     Ok(out.into())
-}
-
-/// The reason behind a hyper client error.
-pub(crate) fn hyper_reason(e: &hyper::Error) -> Reason {
-    if e.is_parse() || e.is_parse_status() || e.is_parse_too_large() {
-        return Reason::ProtocolError;
-    }
-    if e.is_incomplete_message() || e.is_closed() || e.is_canceled() {
-        return Reason::Reset;
-    }
-    let mut src: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
-    while let Some(s) = src {
-        if let Some(io) = s.downcast_ref::<std::io::Error>() {
-            if let Some(r) = io_reason(io) {
-                return r;
-            }
-            if io
-                .get_ref()
-                .is_some_and(|inner| inner.is::<rustls::Error>())
-            {
-                return Reason::TlsError;
-            }
-        }
-        if s.is::<rustls::Error>() {
-            return Reason::TlsError;
-        }
-        src = s.source();
-    }
-    Reason::ProtocolError
 }
 
 /// True when `proxy` can carry a request to a target of this scheme: HTTP
