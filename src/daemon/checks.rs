@@ -89,8 +89,9 @@ impl CheckLoop {
                         self.state.set_checker(checker.clone());
                         prepared = Some((checker.clone(), std::time::Instant::now()));
                     }
-                    self.round(checker, &opts, &stop).await;
-                    self.until_due(&stop).await;
+                    if self.until_due(&stop).await {
+                        self.round(checker, &opts, &stop).await;
+                    }
                 }
                 Err(e) => {
                     tracing::error!(error = %e, "cannot check now");
@@ -104,9 +105,12 @@ impl CheckLoop {
         }
     }
 
-    /// Waits until a proxy falls due, a re-check is asked for, or
-    /// [`POLL`] passes; queues the re-checks asked for meanwhile.
-    async fn until_due(&self, stop: &CancellationToken) {
+    /// Queues the re-checks asked for meanwhile, then, unless a proxy is
+    /// due, waits until one may be, a re-check is asked for, or [`POLL`]
+    /// passes.
+    /// True when something is due now; otherwise waits and returns false,
+    /// so an idle daemon runs no rounds.
+    async fn until_due(&self, stop: &CancellationToken) -> bool {
         let rechecks = self.state.feedback.take_rechecks();
         if !rechecks.is_empty()
             && let Err(e) = self.store.mark_due_many(rechecks, now_ms()).await
@@ -124,13 +128,14 @@ impl CheckLoop {
             }
         };
         if wait.is_zero() {
-            return;
+            return true;
         }
         tokio::select! {
             _ = stop.cancelled() => {}
             _ = self.state.feedback.recheck_wanted() => {}
             _ = tokio::time::sleep(wait) => {}
         }
+        false
     }
 
     /// The re-check policy for the next round: served proxies come round

@@ -174,12 +174,17 @@ impl Store {
         .await
     }
 
-    /// Schedules the next check of these proxies at `at` (unix ms) without
-    /// recording a check: for proxies whose check reached no verdict.
-    pub async fn defer_checks(&self, ids: Vec<i64>, at: i64) -> Result<(), StoreError> {
-        self.write(move |tx| {
-            let mut stmt =
-                tx.prepare_cached("UPDATE proxies SET next_check_at = ?2 WHERE id = ?1")?;
+    /// Runs `sql` (with `?1` the id and `?2` the time) for each of `ids`,
+    /// in one write.
+    async fn update_each(
+        &self,
+        sql: &'static str,
+        ids: Vec<i64>,
+        at: i64,
+    ) -> Result<(), StoreError> {
+        let weight = ids.len();
+        self.write_weighted(weight, move |tx| {
+            let mut stmt = tx.prepare_cached(sql)?;
             for id in ids {
                 stmt.execute(params![id, at])?;
             }
@@ -188,34 +193,37 @@ impl Store {
         .await
     }
 
+    /// Schedules the next check of these proxies at `at` (unix ms) without
+    /// recording a check: for proxies whose check reached no verdict.
+    pub async fn defer_checks(&self, ids: Vec<i64>, at: i64) -> Result<(), StoreError> {
+        self.update_each(
+            "UPDATE proxies SET next_check_at = ?2 WHERE id = ?1",
+            ids,
+            at,
+        )
+        .await
+    }
+
     /// Asks for the HTTPS support of these proxies to be tested again at
     /// their next check, and makes them due now: for a tunnel (CONNECT)
     /// that failed in use, whatever `check.https_recheck` says.
     pub async fn request_https_recheck(&self, ids: Vec<i64>, now: i64) -> Result<(), StoreError> {
-        self.write(move |tx| {
-            let mut stmt = tx.prepare_cached(
-                "UPDATE proxies SET https_checked_at = NULL,
-                     next_check_at = min(next_check_at, ?2) WHERE id = ?1",
-            )?;
-            for id in ids {
-                stmt.execute(params![id, now])?;
-            }
-            Ok(())
-        })
+        self.update_each(
+            "UPDATE proxies SET https_checked_at = NULL,
+                 next_check_at = min(next_check_at, ?2) WHERE id = ?1",
+            ids,
+            now,
+        )
         .await
     }
 
     /// Makes these proxies due now.
     pub async fn mark_due_many(&self, ids: Vec<i64>, now: i64) -> Result<(), StoreError> {
-        self.write(move |tx| {
-            let mut stmt = tx.prepare_cached(
-                "UPDATE proxies SET next_check_at = min(next_check_at, ?2) WHERE id = ?1",
-            )?;
-            for id in ids {
-                stmt.execute(params![id, now])?;
-            }
-            Ok(())
-        })
+        self.update_each(
+            "UPDATE proxies SET next_check_at = min(next_check_at, ?2) WHERE id = ?1",
+            ids,
+            now,
+        )
         .await
     }
 
