@@ -8,9 +8,13 @@ mod common;
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use common::fakes::{self, FakeHttpProxy, FakeSocks5, HttpProxyOpts, ProxyKind, SocksOpts};
+use common::fakes::{
+    self, Behavior, FakeHttpProxy, FakeSocks5, HttpProxyOpts, ProxyKind, SocksOpts,
+};
 use proxywarden::config::Config;
 use proxywarden::store::Store;
 use tokio::net::TcpListener;
@@ -902,6 +906,35 @@ async fn verify_works_from_the_first_second_and_hides_what_it_finds_dead() {
         404,
         "served after failing"
     );
+    d.stop().await;
+}
+
+/// A served proxy that fails `verify=true` in a way that may be the judge's
+/// (a wrong page), with no second judge to confirm it, is not served on that
+/// request but is not hidden either: like a check round, verify never turns
+/// an alive proxy dead on an unconfirmed verdict.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verify_skips_but_keeps_a_proxy_it_cannot_confirm_dead() {
+    let dir = tempfile::tempdir().unwrap();
+    let lying = Arc::new(AtomicBool::new(false));
+    let proxy = FakeHttpProxy::start(HttpProxyOpts {
+        upstream_bind: exit(),
+        later: Some((lying.clone(), Behavior::Liar)),
+        ..HttpProxyOpts::default()
+    })
+    .await;
+    let sources = json_source(dir.path(), &[(proxy.addr(), "http", "DE")]);
+    let d = Daemon::start(dir.path(), &sources, "").await;
+    until_servable(&d, 1).await;
+
+    lying.store(true, Ordering::SeqCst);
+    let (status, e) = d.json("/proxy?verify=true&country=DE").await;
+    assert_eq!(status, 404, "{e}");
+    let message = e["error"]["message"].as_str().unwrap();
+    assert!(message.contains("judge that may be at fault"), "{message}");
+    let (status, p) = d.json("/proxy?country=DE").await;
+    assert_eq!(status, 200, "hidden on an unconfirmed verdict: {p}");
+    assert_eq!(p["url"], format!("http://{}", proxy.addr()));
     d.stop().await;
 }
 

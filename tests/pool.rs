@@ -20,7 +20,7 @@ use common::{AliveProxy, store_with_alive};
 use proxywarden::health::{Feedback, ProxyQuery, load_index};
 use proxywarden::pool::{Carrier, FetchError, NoProxy, Pool, PoolOptions, Request, StrategyKind};
 use proxywarden::proxy::{Country, Scheme};
-use proxywarden::store::Store;
+use proxywarden::store::{DueLane, Store};
 
 /// No test may take longer than this, whatever a server does.
 const TEST_LIMIT: Duration = Duration::from_secs(30);
@@ -858,6 +858,56 @@ async fn a_page_refused_to_every_proxy_is_the_sites_answer() {
         assert_eq!(site.hits("/private"), 3);
         assert_eq!(pool.get(&site.url("/ok")).await.unwrap().status(), 200);
         assert_eq!(pool.stats().proxy_failures, 0);
+    })
+    .await;
+}
+
+/// An https fetch whose CONNECT tunnel breaks in use has the proxy's HTTPS
+/// support tested again at its next check, which is made due now: a proxy
+/// that stopped tunnelling is not offered for https targets for hours.
+#[tokio::test]
+async fn a_broken_tunnel_asks_for_an_https_retest() {
+    within(async {
+        let dir = tempfile::tempdir().unwrap();
+        let mut tls_opts = SiteOpts::routes(vec![("/s", Reply::html("secret page"))]);
+        tls_opts.tls_dir = Some(dir.path().to_owned());
+        let tls = Site::start(tls_opts).await;
+        let proxy = odd_proxy(Behavior::ResetTunnels).await;
+        let mut alive = AliveProxy::new(proxy.url());
+        alive.https = Some(true);
+        let (pool, store, ids) = live_pool(
+            dir.path(),
+            &[alive],
+            PoolOptions {
+                extra_ca: Some(tls.ca_file().to_owned()),
+                rotations: 0,
+                ..quick()
+            },
+        )
+        .await;
+        let alive_due = |at| {
+            let store = store.clone();
+            async move {
+                store
+                    .due_page(at, true, DueLane::Alive, 0, 10)
+                    .await
+                    .unwrap()
+            }
+        };
+        let before = alive_due(proxywarden::store::now_ms()).await;
+        assert!(before[0].https_checked_at.is_some(), "{before:?}");
+
+        let err = pool.get(&tls.url("/s")).await.unwrap_err();
+        assert!(matches!(err, FetchError::Exhausted { .. }), "{err:?}");
+
+        let after = alive_due(proxywarden::store::now_ms()).await;
+        assert_eq!(after[0].id, ids[0]);
+        assert_eq!(after[0].https_checked_at, None, "https re-test not asked");
+        let due = store
+            .count_due(proxywarden::store::now_ms(), false)
+            .await
+            .unwrap();
+        assert_eq!(due, 1, "not made due");
     })
     .await;
 }

@@ -14,6 +14,7 @@ use serde::Serialize;
 use super::answers::Form;
 use super::query::{FILTERS, Params, proxy_query};
 use super::{ApiError, AppState};
+use crate::check::{Prior, Verdict as CheckVerdict};
 use crate::export::{self, ExportRow, Format};
 use crate::health::{BestOfTwo, Verdict};
 use crate::proxy::Status;
@@ -56,36 +57,56 @@ pub async fn proxy(
         })?;
         let started = std::time::Instant::now();
         let mut chosen = None;
-        let mut tried = 0;
+        let (mut tried, mut unsure) = (0, 0);
         while tried < VERIFY_TRIES && started.elapsed() < VERIFY_BUDGET {
             let Some(e) = state.feedback.pick(&q, now_ms(), &BestOfTwo, &|_| false) else {
                 break;
             };
             tried += 1;
             let left = VERIFY_BUDGET.saturating_sub(started.elapsed());
-            let outcome =
-                tokio::time::timeout(VERIFY_TIMEOUT.min(left), checker.check(&e.proxy, false))
-                    .await;
-            if matches!(&outcome, Ok(o) if o.alive()) {
-                chosen = Some(e);
-                break;
-            }
-            // Dead right now: stop serving it and have it re-checked.
+            // It passed its last check: a failure that may be the judge's
+            // needs a second judge before it counts. HTTPS is not re-tested
+            // here; the answer says what the last full check found.
+            let prior = Prior {
+                alive: true,
+                https_due: false,
+            };
+            let verdict = tokio::time::timeout(
+                VERIFY_TIMEOUT.min(left),
+                checker.check_with(&e.proxy, false, prior),
+            )
+            .await;
             q.exclude_ids.insert(e.id);
-            let reason = match outcome {
-                Ok(o) => o.failure,
+            let reason = match verdict {
+                Ok(CheckVerdict::Checked(o)) if o.alive() => {
+                    chosen = Some(e);
+                    break;
+                }
+                Ok(CheckVerdict::Checked(o)) => o.failure,
+                // Not the proxy's fault for sure: not served this time,
+                // but not hidden either.
+                Ok(CheckVerdict::Unconfirmed(_)) => {
+                    unsure += 1;
+                    continue;
+                }
                 Err(_) => Some(crate::model::Reason::Timeout),
             };
+            // Dead right now: stop serving it and have it re-checked.
             state
                 .feedback
                 .report(e.id, Verdict::Failed(reason), None)
                 .await?;
         }
-        chosen.ok_or_else(|| match tried {
-            0 => none(),
-            n => ApiError::NotFound(format!(
+        chosen.ok_or_else(|| match (tried, unsure) {
+            (0, _) => none(),
+            (n, 0) => ApiError::NotFound(format!(
                 "no alive proxy matches the filters: the {n} tried failed a fresh check \
                  and will not be served until they pass one"
+            )),
+            (n, u) => ApiError::NotFound(format!(
+                "no alive proxy matches the filters: none of the {n} tried passed a fresh \
+                 check ({u} of them only against a judge that may be at fault, so they \
+                 are kept for their next check)"
             )),
         })?
     } else {

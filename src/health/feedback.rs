@@ -176,6 +176,20 @@ impl Feedback {
         })
     }
 
+    /// A tunnel (CONNECT) through HTTP proxy `id` failed in use: its HTTPS
+    /// support is tested again at once, whatever `check.https_recheck`
+    /// says, so a proxy that stopped tunnelling stops being offered for
+    /// https targets.
+    pub async fn tunnel_failed(&self, id: i64) -> Result<(), StoreError> {
+        let now = crate::store::now_ms();
+        self.inner
+            .store
+            .request_https_recheck(vec![id], now)
+            .await?;
+        self.inner.wake.notify_one();
+        Ok(())
+    }
+
     /// Learns from a check of proxy `id` as soon as it finished, before the
     /// result is committed: a served proxy that failed stops being served
     /// at once, and a burst of failures among served proxies puts every

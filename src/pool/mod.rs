@@ -42,7 +42,7 @@ use url::Url;
 
 use crate::health::{Entry, Feedback, HealthIndex, ProxyQuery, Verdict};
 use crate::model::Reason;
-use crate::proxy::{Proxy, Status};
+use crate::proxy::{Proxy, Scheme, Status};
 use crate::store::{ProxyFilter, Store, StoreError};
 use classify::Class;
 use fetch::{Answer, Client, Failure, Limits};
@@ -699,6 +699,7 @@ impl Pool {
                         return Err(exhausted(attempts, reason.to_string(), None));
                     };
                     self.failed(&l, reason).await;
+                    self.tunnel_failed(&l, req).await;
                     tried.insert(l.entry.id);
                     if rotations >= opts.rotations {
                         return Err(exhausted(attempts, reason.to_string(), None));
@@ -769,6 +770,7 @@ impl Pool {
                         return Err(FetchError::Unreachable { attempts });
                     };
                     self.report(l.entry.id, Verdict::TargetError, None).await;
+                    self.tunnel_failed(&l, req).await;
                     tried.insert(l.entry.id);
                     if unreached >= UNREACHED_QUORUM || rotations >= opts.rotations {
                         return Err(FetchError::Unreachable { attempts });
@@ -1064,6 +1066,17 @@ impl Pool {
             .await
         {
             tracing::warn!(id, error = %e, "cannot record a proxy failure");
+        }
+    }
+
+    /// An https fetch through an HTTP proxy failed: the CONNECT tunnel may
+    /// be what broke, so its HTTPS support is re-tested.
+    async fn tunnel_failed(&self, lease: &Lease, req: &Request) {
+        if req.url.scheme() != "https" || lease.entry.proxy.scheme != Scheme::Http {
+            return;
+        }
+        if let Err(e) = self.inner.feedback.tunnel_failed(lease.entry.id).await {
+            tracing::warn!(id = lease.entry.id, error = %e, "cannot ask for an https re-test");
         }
     }
 

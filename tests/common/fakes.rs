@@ -15,7 +15,7 @@ use std::fmt;
 use std::future::Future;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -399,6 +399,9 @@ pub struct HttpProxyOpts {
     pub behavior: Behavior,
     /// Address to listen on; 127.0.0.1 if `None`.
     pub listen: Option<IpAddr>,
+    /// Once the flag is set, answers as this behaviour instead: a proxy
+    /// that changes its ways while in use.
+    pub later: Option<(Arc<AtomicBool>, Behavior)>,
 }
 
 /// A loopback HTTP/1.1 forward proxy (absolute-form requests and CONNECT).
@@ -487,8 +490,12 @@ async fn http_proxy_conn(
         return Ok(());
     };
     let n = count.fetch_add(1, Ordering::SeqCst);
-    let flaky_reset = opts.behavior == Behavior::ResetEveryOther && n.is_multiple_of(2);
-    let tunnel_reset = opts.behavior == Behavior::ResetTunnels
+    let behavior = match &opts.later {
+        Some((flag, later)) if flag.load(Ordering::SeqCst) => later.clone(),
+        _ => opts.behavior.clone(),
+    };
+    let flaky_reset = behavior == Behavior::ResetEveryOther && n.is_multiple_of(2);
+    let tunnel_reset = behavior == Behavior::ResetTunnels
         && raw_head
             .get(..8)
             .is_some_and(|m| m.eq_ignore_ascii_case(b"CONNECT "));
@@ -496,7 +503,7 @@ async fn http_proxy_conn(
         client.set_zero_linger()?;
         return Ok(());
     }
-    match opts.behavior {
+    match behavior {
         Behavior::Reset => {
             // SO_LINGER 0: closing sends RST instead of FIN.
             client.set_zero_linger()?;
@@ -520,7 +527,7 @@ async fn http_proxy_conn(
         return respond(client, 407, &challenge, b"proxy authentication required").await;
     }
     let is_connect = head.first.eq_ignore_ascii_case("CONNECT");
-    match opts.behavior {
+    match behavior {
         Behavior::Liar if is_connect => {
             client
                 .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
