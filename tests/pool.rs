@@ -20,7 +20,7 @@ use common::{AliveProxy, store_with_alive};
 use proxywarden::health::{Feedback, ProxyQuery, load_index};
 use proxywarden::pool::{Carrier, FetchError, NoProxy, Pool, PoolOptions, Request, StrategyKind};
 use proxywarden::proxy::{Country, Scheme};
-use proxywarden::store::{DueLane, Store};
+use proxywarden::store::{DueCursor, DueLane, Store};
 
 /// No test may take longer than this, whatever a server does.
 const TEST_LIMIT: Duration = Duration::from_secs(30);
@@ -889,7 +889,7 @@ async fn a_broken_tunnel_asks_for_an_https_retest() {
             let store = store.clone();
             async move {
                 store
-                    .due_page(at, true, DueLane::Alive, 0, 10)
+                    .due_page(at, true, DueLane::Alive, DueCursor::START, 10)
                     .await
                     .unwrap()
             }

@@ -3,11 +3,14 @@
 
 mod common;
 
+use std::collections::BTreeSet;
 use std::net::{IpAddr, Ipv4Addr};
 
 use proxywarden::model::{Candidate, Hints, SourceScheme};
 use proxywarden::proxy::Scheme;
-use proxywarden::store::{ProxyFilter, ProxySort, SCHEMA_VERSION, SourceRun, Store, StoreError};
+use proxywarden::store::{
+    DueCursor, DueLane, ProxyFilter, ProxySort, SCHEMA_VERSION, SourceRun, Store, StoreError,
+};
 
 fn run(name: &str, at: i64) -> SourceRun {
     SourceRun {
@@ -252,4 +255,58 @@ async fn a_write_waits_out_another_process_holding_the_lock() {
     assert_eq!(written.unwrap().found, 3);
     holder.join().unwrap();
     assert_eq!(store.stats().await.unwrap().total, 3);
+}
+
+/// A round pages through what is due in the order it fell due, through the
+/// due-time index: every due proxy comes exactly once, across pages and
+/// across proxies that fell due at the same moment, and none that is not.
+#[tokio::test]
+async fn due_proxies_page_once_each_in_due_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("due.db")).unwrap();
+    store
+        .record_source_run(run("a", 1_000), candidates(2_500))
+        .await
+        .unwrap();
+    let ids: Vec<i64> = store
+        .list_proxies(ProxyFilter::default())
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.id)
+        .collect();
+    let now = proxywarden::store::now_ms();
+    // A third not due for an hour; the rest due together, at one moment.
+    let later: Vec<i64> = ids.iter().copied().step_by(3).collect();
+    store
+        .defer_checks(later.clone(), now + 3_600_000)
+        .await
+        .unwrap();
+    let due: BTreeSet<i64> = ids
+        .iter()
+        .copied()
+        .filter(|id| !later.contains(id))
+        .collect();
+    assert_eq!(store.count_due(now, false).await.unwrap(), due.len() as i64);
+
+    let (mut seen, mut after, mut pages) = (Vec::new(), DueCursor::START, 0);
+    loop {
+        let page = store
+            .due_page(now, false, DueLane::Others, after, 500)
+            .await
+            .unwrap();
+        let Some(last) = page.last() else { break };
+        after = last.cursor();
+        pages += 1;
+        seen.extend(page.iter().map(|d| d.id));
+    }
+    assert_eq!(pages, 4);
+    assert_eq!(seen.len(), due.len(), "a proxy came twice");
+    assert_eq!(seen.iter().copied().collect::<BTreeSet<_>>(), due);
+    // With `all`, every proxy of the lane, due or not.
+    let every = store
+        .due_page(now, true, DueLane::Others, DueCursor::START, 5_000)
+        .await
+        .unwrap();
+    assert_eq!(every.len(), 2_500);
 }

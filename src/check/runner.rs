@@ -26,7 +26,7 @@ use super::{Checker, Prior, Verdict};
 use crate::health::Feedback;
 use crate::model::{Reason, RecheckPolicy};
 use crate::proxy::Anonymity;
-use crate::store::{CheckRecord, DueLane, DueProxy, Store, StoreError, now_ms};
+use crate::store::{CheckRecord, DueCursor, DueLane, DueProxy, Store, StoreError, now_ms};
 
 /// Results per committed batch.
 const BATCH: usize = 500;
@@ -350,14 +350,18 @@ impl Dispatcher<'_> {
         let deadline = tokio::time::sleep_until(self.deadline.unwrap_or_else(Instant::now).into());
         tokio::pin!(deadline);
         for &lane in lanes {
-            let mut after = i64::MIN;
+            let mut after = DueCursor::START;
             loop {
                 let page = self
                     .store
                     .due_page(self.now, self.all, lane, after, PAGE)
                     .await?;
                 let Some(last) = page.last() else { break };
-                after = last.id;
+                after = last.cursor();
+                // A short page is the lane's last: no query to find so.
+                // (A page shortened by a row that does not parse ends the
+                // lane early; what it left is still due next round.)
+                let more = page.len() == PAGE;
                 for due in page {
                     let capped = match cap {
                         None => None,
@@ -375,6 +379,9 @@ impl Dispatcher<'_> {
                         p = self.permits.clone().acquire_owned() => p.expect("never closed"),
                     };
                     self.spawn(due, (permit, capped));
+                }
+                if !more {
+                    break;
                 }
             }
         }

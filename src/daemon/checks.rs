@@ -18,9 +18,14 @@ use crate::store::{Store, now_ms, rfc3339};
 /// find judges that stopped answering). Rounds run whenever something is
 /// due, so served proxies are checked as they fall due.
 const ROUND_DISPATCH: Duration = Duration::from_secs(20);
-/// The longest the loop waits between rounds: how soon a proxy that fell
-/// due (or was asked to be re-checked) is checked.
+/// The longest the loop waits between looks at what is due: how soon a
+/// proxy another process made due is checked.
 const POLL: Duration = Duration::from_millis(100);
+/// Rounds start at most once a second (or a twentieth of the served
+/// proxies' re-check cycle, if shorter), unless a re-check is asked for:
+/// served proxies fall due one by one, spread by jitter, and a round per
+/// proxy would cost more than the checks.
+const ROUND_GAP: Duration = Duration::from_secs(1);
 /// Waits before asking the judges again when none answered: short at
 /// first (a judge that is this daemon's own API may not be up yet),
 /// doubling up to the longest.
@@ -62,6 +67,7 @@ impl CheckLoop {
         };
         let mut retry = JUDGE_RETRY_FIRST;
         let mut prepared: Option<(Arc<Checker>, std::time::Instant)> = None;
+        let mut last_round: Option<std::time::Instant> = None;
         while !stop.is_cancelled() {
             // The judges are asked directly (our own address, who still
             // answers) at start-up and then every ROUND_DISPATCH, not per
@@ -89,7 +95,8 @@ impl CheckLoop {
                         self.state.set_checker(checker.clone());
                         prepared = Some((checker.clone(), std::time::Instant::now()));
                     }
-                    if self.until_due(&stop).await {
+                    if self.until_due(&stop, last_round).await {
+                        last_round = Some(std::time::Instant::now());
                         self.round(checker, &opts, &stop).await;
                     }
                 }
@@ -106,17 +113,28 @@ impl CheckLoop {
     }
 
     /// Queues the re-checks asked for meanwhile, then, unless a proxy is
-    /// due, waits until one may be, a re-check is asked for, or [`POLL`]
-    /// passes.
-    /// True when something is due now; otherwise waits and returns false,
-    /// so an idle daemon runs no rounds.
-    async fn until_due(&self, stop: &CancellationToken) -> bool {
+    /// due and [`ROUND_GAP`] has passed since the last round started (or a
+    /// re-check was asked for), waits until that may be, a re-check is
+    /// asked for, or [`POLL`] passes.
+    /// True when a round is to start now; otherwise waits and returns
+    /// false, so an idle daemon runs no rounds.
+    async fn until_due(
+        &self,
+        stop: &CancellationToken,
+        last_round: Option<std::time::Instant>,
+    ) -> bool {
         let rechecks = self.state.feedback.take_rechecks();
-        if !rechecks.is_empty()
-            && let Err(e) = self.store.mark_due_many(rechecks, now_ms()).await
-        {
+        let urgent = !rechecks.is_empty();
+        if urgent && let Err(e) = self.store.mark_due_many(rechecks, now_ms()).await {
             tracing::error!(error = %e, "cannot queue proxies for an early re-check");
         }
+        let gap = match last_round {
+            Some(at) if !urgent => {
+                let cycle = self.config.check.serve_cycle(self.state.index().len());
+                ROUND_GAP.min(cycle / 20).saturating_sub(at.elapsed())
+            }
+            _ => Duration::ZERO,
+        };
         let wait = match self.store.next_due_at().await {
             Ok(Some(t)) => {
                 Duration::from_millis((t - now_ms()).clamp(0, POLL.as_millis() as i64) as u64)
@@ -127,9 +145,10 @@ impl CheckLoop {
                 POLL
             }
         };
-        if wait.is_zero() {
+        if wait.is_zero() && gap.is_zero() {
             return true;
         }
+        let wait = if wait.is_zero() { gap } else { wait };
         tokio::select! {
             _ = stop.cancelled() => {}
             _ = self.state.feedback.recheck_wanted() => {}

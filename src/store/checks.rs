@@ -24,6 +24,37 @@ pub struct DueProxy {
     pub alive: bool,
     /// When its HTTPS support was last tested (unix ms), if ever.
     pub https_checked_at: Option<i64>,
+    /// When it fell due (unix ms).
+    pub next_check_at: i64,
+}
+
+impl DueProxy {
+    /// The cursor for the page after this proxy.
+    pub fn cursor(&self) -> DueCursor {
+        DueCursor {
+            at: self.next_check_at,
+            id: self.id,
+        }
+    }
+}
+
+/// Where paging through a lane of due proxies stands. Due proxies are read
+/// in the order they fell due, through the `next_check_at` index, so a page
+/// costs the due rows it returns, not a scan of the table; with `all`
+/// (every proxy, due or not) they are read by id, since a checked proxy's
+/// new due time must not bring it round again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DueCursor {
+    at: i64,
+    id: i64,
+}
+
+impl DueCursor {
+    /// Before the first proxy.
+    pub const START: DueCursor = DueCursor {
+        at: i64::MIN,
+        id: i64::MIN,
+    };
 }
 
 /// One check's result, ready to record.
@@ -40,8 +71,6 @@ pub struct CheckRecord {
 fn ms(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
-
-const DUE_WHERE: &str = "(?1 OR next_check_at <= ?2) AND id > ?3";
 
 /// Which due proxies a page holds. A round takes the alive ones, the ones
 /// being served, before new and dead ones, so that their re-checks never
@@ -90,28 +119,39 @@ impl Store {
     /// How many proxies are due at `now` (all of them with `all`).
     pub async fn count_due(&self, now: i64, all: bool) -> Result<i64, StoreError> {
         self.read(move |c| {
-            Ok(c.query_row(
-                &format!("SELECT count(*) FROM proxies WHERE {DUE_WHERE}"),
-                params![all, now, i64::MIN],
-                |r| r.get(0),
-            )?)
+            let sql = if all {
+                "SELECT count(*) FROM proxies"
+            } else {
+                "SELECT count(*) FROM proxies WHERE next_check_at <= ?1"
+            };
+            let mut stmt = c.prepare_cached(sql)?;
+            let count = if all {
+                stmt.query_row([], |r| r.get(0))?
+            } else {
+                stmt.query_row([now], |r| r.get(0))?
+            };
+            Ok(count)
         })
         .await
     }
 
     /// When the next check is due (unix ms), if any proxy is stored.
     pub async fn next_due_at(&self) -> Result<Option<i64>, StoreError> {
-        self.read(|c| Ok(c.query_row("SELECT min(next_check_at) FROM proxies", [], |r| r.get(0))?))
-            .await
+        self.read(|c| {
+            Ok(c.prepare_cached("SELECT min(next_check_at) FROM proxies")?
+                .query_row([], |r| r.get(0))?)
+        })
+        .await
     }
 
-    /// Up to `limit` due proxies of `lane` with ids above `after`, by id.
+    /// Up to `limit` due proxies of `lane` (every proxy of the lane with
+    /// `all`) after `after`.
     pub async fn due_page(
         &self,
         now: i64,
         all: bool,
         lane: DueLane,
-        after: i64,
+        after: DueCursor,
         limit: usize,
     ) -> Result<Vec<DueProxy>, StoreError> {
         self.read(move |c| due_page(c, now, all, lane, after, limit))
@@ -268,17 +308,28 @@ fn due_page(
     now: i64,
     all: bool,
     lane: DueLane,
-    after: i64,
+    after: DueCursor,
     limit: usize,
 ) -> Result<Vec<DueProxy>, StoreError> {
+    // Named, since without statistics SQLite would rather scan every alive
+    // row through the status index and sort them.
+    let (index, range, order) = if all {
+        ("", "id > ?3", "id")
+    } else {
+        (
+            "INDEXED BY proxies_next_check",
+            "next_check_at <= ?1 AND (next_check_at, id) > (?2, ?3)",
+            "next_check_at, id",
+        )
+    };
     let mut stmt = conn.prepare_cached(&format!(
         "SELECT id, scheme, host, port, username, password, scheme_detect, status = 'alive',
-                https_checked_at
-             FROM proxies WHERE {DUE_WHERE} AND {}
-             ORDER BY id LIMIT ?4",
+                https_checked_at, next_check_at
+             FROM proxies {index} WHERE {range} AND {}
+             ORDER BY {order} LIMIT ?4",
         lane.condition()
     ))?;
-    let rows = stmt.query_map(params![all, now, after, limit as i64], |r| {
+    let rows = stmt.query_map(params![now, after.at, after.id, limit as i64], |r| {
         let scheme: String = r.get(1)?;
         let host: String = r.get(2)?;
         let username: String = r.get(4)?;
@@ -293,11 +344,13 @@ fn due_page(
             r.get::<_, bool>(6)?,
             r.get::<_, bool>(7)?,
             r.get::<_, Option<i64>>(8)?,
+            r.get::<_, i64>(9)?,
         ))
     })?;
     let mut out = Vec::new();
     for row in rows {
-        let (id, scheme, host, port, username, password, detect, alive, https_checked_at) = row?;
+        let (id, scheme, host, port, username, password, detect, alive, https_checked_at, due_at) =
+            row?;
         // Rows that do not parse were not written by us; skip them
         // rather than fail the round.
         let (Ok(scheme), Ok(host)) = (scheme.parse::<Scheme>(), host.parse()) else {
@@ -318,6 +371,7 @@ fn due_page(
             detect,
             alive,
             https_checked_at,
+            next_check_at: due_at,
         });
     }
     Ok(out)

@@ -8,7 +8,7 @@ mod migrate;
 mod queries;
 mod writer;
 
-pub use checks::{CheckRecord, DueLane, DueProxy};
+pub use checks::{CheckRecord, DueCursor, DueLane, DueProxy};
 pub use queries::{
     Page, ProxyFilter, ProxyRecord, ProxySort, SourceRecord, SourceRun, Stats, UpsertCounts,
 };
