@@ -842,3 +842,95 @@ async fn serve_runs_the_gateway_and_shows_its_counters_in_stats_and_metrics() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn quiet_kept_alive_connections_and_tunnels_are_closed() {
+    within(async {
+        let dir = tempfile::tempdir().unwrap();
+        let site = Site::start(SiteOpts::routes(vec![("/a", Reply::html("page a"))])).await;
+        let echo = common::fakes::EchoServer::start().await;
+        let p = http_proxy(2).await;
+        let gw = Gw::start_with(dir.path(), &[AliveProxy::new(p.url())], |c| {
+            c.set("gateway", "header_timeout", "\"1s\"")
+                .set("gateway", "idle_timeout", "\"1s\"")
+        })
+        .await;
+        // One request, then silence: the kept-alive connection is closed.
+        let mut conn = TcpStream::connect(gw.addr).await.unwrap();
+        let head = format!(
+            "GET {} HTTP/1.1\r\nHost: {}\r\n\r\n",
+            site.url("/a"),
+            site.addr
+        );
+        conn.write_all(head.as_bytes()).await.unwrap();
+        let mut got = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(10), async {
+            let mut buf = [0u8; 4096];
+            loop {
+                match conn.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => got.extend_from_slice(&buf[..n]),
+                }
+            }
+        })
+        .await;
+        assert!(read.is_ok(), "an idle kept-alive connection was held");
+        let text = String::from_utf8_lossy(&got);
+        assert!(
+            text.starts_with("HTTP/1.1 200") && text.ends_with("page a"),
+            "{text}"
+        );
+
+        // A tunnel that carries data, then goes quiet, is closed.
+        let mut t = TcpStream::connect(gw.addr).await.unwrap();
+        let connect = format!("CONNECT {0} HTTP/1.1\r\nHost: {0}\r\n\r\n", echo.addr());
+        t.write_all(connect.as_bytes()).await.unwrap();
+        let mut buf = [0u8; 256];
+        let n = t.read(&mut buf).await.unwrap();
+        assert!(
+            buf[..n].starts_with(b"HTTP/1.1 200"),
+            "{:?}",
+            String::from_utf8_lossy(&buf[..n])
+        );
+        t.write_all(b"ping").await.unwrap();
+        let mut echoed = [0u8; 4];
+        t.read_exact(&mut echoed).await.unwrap();
+        assert_eq!(&echoed, b"ping");
+        let closed = tokio::time::timeout(Duration::from_secs(10), t.read(&mut buf)).await;
+        assert!(
+            matches!(closed, Ok(Ok(0)) | Ok(Err(_))),
+            "a quiet tunnel was held"
+        );
+        assert_eq!(gw.gateway.metrics().snapshot().tunnels_open, 0);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_page_that_refuses_everyone_is_passed_on_after_two_proxies() {
+    within(async {
+        let dir = tempfile::tempdir().unwrap();
+        let site = Site::start(SiteOpts::routes(vec![("/private", Reply::status(403))])).await;
+        let proxies = [
+            http_proxy(2).await,
+            http_proxy(3).await,
+            http_proxy(4).await,
+            http_proxy(5).await,
+        ];
+        let alive: Vec<AliveProxy> = proxies.iter().map(|p| AliveProxy::new(p.url())).collect();
+        let gw = Gw::start(dir.path(), &alive).await;
+        let resp = gw
+            .client(None)
+            .get(site.url("/private"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 403);
+        assert_eq!(resp.text().await.unwrap(), "status 403");
+        // Two proxies refused alike: the page means it; the others were
+        // not spent on it.
+        assert_eq!(site.log().len(), 2);
+        assert_eq!(gw.gateway.metrics().snapshot().retries, 1);
+    })
+    .await;
+}

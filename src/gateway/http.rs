@@ -46,6 +46,10 @@ const CLASSIFY_MAX: u64 = 16 * 1024;
 /// believes it.
 const UNREACHED_QUORUM: u32 = 2;
 
+/// Proxies refused alike (a bare 403) before the refusal is passed on as
+/// the page's.
+const REFUSAL_QUORUM: u32 = 2;
+
 /// Serves HTTP on one client connection until it closes, goes quiet past
 /// the header timeout, or the gateway stops.
 pub(super) async fn serve(
@@ -227,7 +231,7 @@ async fn plain(gw: Gateway, req: Request<Incoming>, controls: Controls) -> Respo
         https: false,
     };
     let mut tried = HashSet::new();
-    let (mut retries, mut unreached) = (0u32, 0u32);
+    let (mut retries, mut unreached, mut refusals) = (0u32, 0u32, 0u32);
     let mut last: Option<Response<Body>> = None;
     loop {
         let Ok(lease) = gw.pool().take(&want, &tried).await else {
@@ -303,10 +307,14 @@ async fn plain(gw: Gateway, req: Request<Incoming>, controls: Controls) -> Respo
                     wait,
                 };
                 gw.pool().settle(&lease, used).await;
+                if !page && rparts.status == StatusCode::FORBIDDEN {
+                    refusals += 1;
+                }
                 // The site's own word is the answer when no other proxy
-                // may try.
+                // may try, or when proxies were refused alike: then the
+                // refusal is the page's (a private page), not the proxies'.
                 let answer = respond(rparts, rbody, lease, &metrics);
-                if retries >= s.retries || held.is_none() {
+                if retries >= s.retries || held.is_none() || refusals >= REFUSAL_QUORUM {
                     metrics.added(started.elapsed().saturating_sub(upstream));
                     metrics.finished(Kind::Plain, "blocked");
                     return answer;
