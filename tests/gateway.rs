@@ -372,7 +372,7 @@ async fn filters_in_the_username_or_headers_choose_the_proxy() {
         opts.tls_dir = Some(dir.path().to_owned());
         let tls = Site::start(opts).await;
         let ca = tls.ca_file().display().to_string();
-        let via = format!("http://country-de:x@{}", gw.addr);
+        let via = format!("http://country-de+session-s1:x@{}", gw.addr);
         let (code, body, err) = curl(&["--cacert", &ca, "-x", &via, &tls.url("/s")]).await;
         assert_eq!((code, body.as_str()), (0, "secret page"), "{err}");
         assert_eq!(peers(&tls), vec![ip(2)]);
