@@ -173,7 +173,12 @@ async fn measure() -> anyhow::Result<()> {
     )?;
     let cycle = config.check.serve_cycle(PROXIES);
     let shutdown = CancellationToken::new();
-    let daemon = tokio::spawn(proxywarden::daemon::run(config, listener, shutdown.clone()));
+    let daemon = tokio::spawn(proxywarden::daemon::run(
+        config,
+        listener,
+        None,
+        shutdown.clone(),
+    ));
     let tls = proxywarden::net::tls::client_config(None, proxywarden::net::tls::ALPN_H2_H1)?;
     let http = reqwest::Client::builder()
         .tls_backend_preconfigured(std::sync::Arc::unwrap_or_clone(tls))

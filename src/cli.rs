@@ -424,6 +424,16 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let listener = tokio::net::TcpListener::bind(config.api.listen)
                 .await
                 .with_context(|| format!("cannot listen on {} (api.listen)", config.api.listen))?;
+            let gateway = if config.gateway.enabled {
+                let addr = config.gateway.listen;
+                Some(
+                    tokio::net::TcpListener::bind(addr)
+                        .await
+                        .with_context(|| format!("cannot listen on {addr} (gateway.listen)"))?,
+                )
+            } else {
+                None
+            };
             tracing::info!(config = %origin, "starting");
             let shutdown = tokio_util::sync::CancellationToken::new();
             {
@@ -433,7 +443,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     shutdown.cancel();
                 });
             }
-            crate::daemon::run(config, listener, shutdown).await?;
+            crate::daemon::run(config, listener, gateway, shutdown).await?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Check(args) => check(cli.config.as_deref(), args).await,

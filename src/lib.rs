@@ -14,6 +14,7 @@
 //! - [`check`]: probes per scheme over the dialer, judges, anonymity, the batched check round
 //! - [`pool`]: fetch through proxies: strategies, sticky sessions, cooldowns, bans, retries
 //! - [`crawl`]: the polite crawler: frontier in SQLite, per-host politeness, robots.txt, extraction, output
+//! - [`gateway`]: the local rotating forward proxy: HTTP (absolute-form, CONNECT) and SOCKS5 on one port, through the pool
 //! - [`export`]: proxies as txt, json or csv, files written atomically
 //! - [`api`]: the axum router: serving, listings, reports, metrics, the judge; bounded connections
 //! - [`daemon`]: `serve`: the API, check loop, harvests, purge and watchdog as components on one task tracker
@@ -26,6 +27,7 @@ pub mod config;
 pub mod crawl;
 pub mod daemon;
 pub mod export;
+pub mod gateway;
 pub mod harvest;
 pub mod health;
 pub mod model;

@@ -68,7 +68,12 @@ impl Daemon {
         let config = tune(config).build();
         let token = config.api.token.as_ref().map(|t| t.0.clone());
         let shutdown = CancellationToken::new();
-        let task = tokio::spawn(proxywarden::daemon::run(config, listener, shutdown.clone()));
+        let task = tokio::spawn(proxywarden::daemon::run(
+            config,
+            listener,
+            None,
+            shutdown.clone(),
+        ));
         Daemon {
             addr,
             shutdown,

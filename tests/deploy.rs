@@ -193,6 +193,7 @@ fn the_daemon_keeps_the_promises_the_unit_relies_on() {
         format!(
             "[check]\njudges = [\"http://127.0.0.1:9/judge\"]\n\n\
              [api]\nlisten = \"127.0.0.1:0\"\n\n\
+             [gateway]\nlisten = \"127.0.0.1:0\"\n\n\
              [[sources]]\nname = \"empty\"\nurl = \"{}\"\n",
             empty.display()
         ),

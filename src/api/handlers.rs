@@ -316,6 +316,7 @@ pub async fn stats(State(state): State<AppState>) -> Result<Response, ApiError> 
         "by_reason": stats.by_reason,
         "last_harvest": rounds.last_harvest,
         "last_check": rounds.last_check,
+        "gateway": state.gateway.as_ref().map(|g| g.snapshot()),
     }))
     .into_response())
 }

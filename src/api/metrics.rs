@@ -1,6 +1,7 @@
 //! Prometheus metrics: proxies by status and scheme (read from the store at
 //! scrape time), checks by outcome, a check-latency histogram, harvest
-//! results per source, and API requests by route and status.
+//! results per source, API requests by route and status, and the
+//! gateway's own (registered by [`Metrics::register_gateway`]).
 
 use std::sync::Mutex;
 
@@ -98,6 +99,12 @@ impl Metrics {
         );
         *m.registry.lock().unwrap_or_else(|e| e.into_inner()) = registry;
         m
+    }
+
+    /// Adds the gateway's metrics, under `proxywarden_gateway_`.
+    pub fn register_gateway(&self, gateway: &crate::gateway::GatewayMetrics) {
+        let mut registry = self.registry.lock().unwrap_or_else(|e| e.into_inner());
+        gateway.register(registry.sub_registry_with_prefix("gateway"));
     }
 
     /// Counts a batch of committed check results.

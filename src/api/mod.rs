@@ -31,6 +31,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::check::Checker;
 use crate::config::Config;
+use crate::gateway::GatewayMetrics;
 use crate::health::{Feedback, HealthIndex};
 use crate::store::Store;
 use metrics::Metrics;
@@ -97,6 +98,8 @@ pub struct AppState {
     /// `/judge` calls per client network (see [`client_network`]).
     judge_limiter: Arc<DefaultKeyedRateLimiter<IpAddr>>,
     judge_calls: Arc<AtomicU64>,
+    /// The gateway's counters, when it runs, for `/stats` and `/metrics`.
+    pub gateway: Option<Arc<GatewayMetrics>>,
 }
 
 impl std::fmt::Debug for AppState {
@@ -120,8 +123,16 @@ impl AppState {
             answers: Arc::default(),
             judge_limiter: Arc::new(RateLimiter::keyed(Quota::per_minute(per_minute))),
             judge_calls: Arc::default(),
+            gateway: None,
             config,
         }
+    }
+
+    /// Shows the gateway's counters in `/stats` and `/metrics`.
+    pub fn with_gateway(mut self, gateway: Arc<GatewayMetrics>) -> AppState {
+        self.metrics.register_gateway(&gateway);
+        self.gateway = Some(gateway);
+        self
     }
 
     /// The checker for `verify=true`, once a round has prepared one.

@@ -50,15 +50,42 @@ pub const MIN_PUBLIC_TOKEN: usize = 16;
 /// Validates `[api]`.
 pub(super) fn read(a: &mut Section) -> Option<ApiConfig> {
     let listen = a.parsed::<SocketAddr>("listen", "an address like \"127.0.0.1:8080\"");
+    let token = token(a);
+    let max_age = a.duration("max_age");
+    let judge = a.boolean("judge");
+    let judge_per_minute = a.int("judge_per_minute", 1, 1_000_000);
+    let request_timeout = a.duration("request_timeout");
+    let header_timeout = a.duration("header_timeout");
+    let idle_timeout = a.duration("idle_timeout");
+    let max_connections = a.int("max_connections", 1, 1_000_000);
+    guard_public(a, "api", listen, &token);
+    Some(ApiConfig {
+        listen: listen?,
+        token,
+        max_age: max_age?,
+        judge: judge?,
+        // The range was checked, so the cast cannot truncate.
+        judge_per_minute: judge_per_minute? as u32,
+        request_timeout: request_timeout?,
+        header_timeout: header_timeout?,
+        idle_timeout: idle_timeout?,
+        // The range was checked, so the cast cannot truncate.
+        max_connections: max_connections? as usize,
+    })
+}
+
+/// Reads `token`: compared exactly as written, so it must not be blank,
+/// start or end with blanks, or hold control characters.
+pub(super) fn token(a: &mut Section) -> Option<Secret> {
     let token = a.optional("token", Section::string);
-    // The token is compared exactly as written. A blank one would guard
-    // nothing, and HTTP strips blanks around header values, so a token that
-    // starts or ends with one could never be presented.
-    let token = match token {
+    // A blank one would guard nothing, and HTTP strips blanks around header
+    // values, so a token that starts or ends with one could never be
+    // presented.
+    match token {
         Some(t) if t.trim().is_empty() => {
             a.problem(
                 "token",
-                "must not be blank (leave the key out for an API without a token)",
+                "must not be blank (leave the key out to run without a token)",
             );
             None
         }
@@ -74,45 +101,35 @@ pub(super) fn read(a: &mut Section) -> Option<ApiConfig> {
             None
         }
         t => t.map(Secret),
-    };
-    let max_age = a.duration("max_age");
-    let judge = a.boolean("judge");
-    let judge_per_minute = a.int("judge_per_minute", 1, 1_000_000);
-    let request_timeout = a.duration("request_timeout");
-    let header_timeout = a.duration("header_timeout");
-    let idle_timeout = a.duration("idle_timeout");
-    let max_connections = a.int("max_connections", 1, 1_000_000);
-    if let Some(listen) = listen
-        && !listen.ip().is_loopback()
-    {
-        match &token {
-            None if !a.has_problem("token") => a.problem(
-                "listen",
-                &format!(
-                    "{listen} is not a loopback address: set api.token so that strangers cannot use the API"
-                ),
-            ),
-            Some(t) if t.0.chars().count() < MIN_PUBLIC_TOKEN => a.problem(
-                "token",
-                &format!(
-                    "must be at least {MIN_PUBLIC_TOKEN} characters when api.listen ({listen}) is not a loopback address, found {}",
-                    t.0.chars().count()
-                ),
-            ),
-            _ => {}
-        }
     }
-    Some(ApiConfig {
-        listen: listen?,
-        token,
-        max_age: max_age?,
-        judge: judge?,
-        // The range was checked, so the cast cannot truncate.
-        judge_per_minute: judge_per_minute? as u32,
-        request_timeout: request_timeout?,
-        header_timeout: header_timeout?,
-        idle_timeout: idle_timeout?,
-        // The range was checked, so the cast cannot truncate.
-        max_connections: max_connections? as usize,
-    })
+}
+
+/// A `listen` address other than loopback needs a token of at least
+/// [`MIN_PUBLIC_TOKEN`] characters in the same `section`.
+pub(super) fn guard_public(
+    a: &mut Section,
+    section: &str,
+    listen: Option<SocketAddr>,
+    token: &Option<Secret>,
+) {
+    let Some(listen) = listen else { return };
+    if listen.ip().is_loopback() {
+        return;
+    }
+    match token {
+        None if !a.has_problem("token") => a.problem(
+            "listen",
+            &format!(
+                "{listen} is not a loopback address: set {section}.token so that strangers cannot use it"
+            ),
+        ),
+        Some(t) if t.0.chars().count() < MIN_PUBLIC_TOKEN => a.problem(
+            "token",
+            &format!(
+                "must be at least {MIN_PUBLIC_TOKEN} characters when {section}.listen ({listen}) is not a loopback address, found {}",
+                t.0.chars().count()
+            ),
+        ),
+        _ => {}
+    }
 }

@@ -6,6 +6,7 @@
 mod api;
 mod check;
 mod database;
+mod gateway;
 mod geoip;
 mod harvest;
 mod section;
@@ -20,6 +21,7 @@ use toml::Table;
 pub use api::{ApiConfig, MIN_PUBLIC_TOKEN, Secret};
 pub use check::{CheckConfig, JudgeConfig};
 pub use database::DatabaseConfig;
+pub use gateway::GatewayConfig;
 pub use geoip::GeoipConfig;
 pub use harvest::{HarvestConfig, Schedule};
 pub use sources::{
@@ -64,6 +66,8 @@ pub struct Config {
     pub geoip: GeoipConfig,
     /// The HTTP API.
     pub api: ApiConfig,
+    /// The local rotating gateway.
+    pub gateway: GatewayConfig,
 }
 
 /// Every problem found in a config file.
@@ -303,6 +307,7 @@ fn build(root: &mut Section) -> Option<Config> {
     let check = root.read_section("check", check::read);
     let geoip = root.read_section("geoip", geoip::read);
     let api = root.read_section("api", api::read);
+    let gateway = root.read_section("gateway", gateway::read);
     Some(Config {
         database: database?,
         harvest: harvest?,
@@ -310,6 +315,7 @@ fn build(root: &mut Section) -> Option<Config> {
         check: check?,
         geoip,
         api: api?,
+        gateway: gateway?,
     })
 }
 
@@ -532,7 +538,7 @@ mod tests {
         for blank in ["", " ", "\t"] {
             assert_eq!(
                 problems(&format!("[api]\ntoken = {blank:?}\n")),
-                ["api.token: must not be blank (leave the key out for an API without a token)"],
+                ["api.token: must not be blank (leave the key out to run without a token)"],
                 "{blank:?}"
             );
         }

@@ -1,4 +1,4 @@
-//! `serve`: the daemon's components (the API, the check loop, harvests on
+//! `serve`: the daemon's components (the API, the gateway, the check loop, harvests on
 //! the cron schedule, the daily purge, the systemd watchdog), each a task
 //! on one tracker, started together and stopped together.
 
@@ -20,6 +20,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::api::{self, AppState};
 use crate::config::Config;
+use crate::gateway::{self, Gateway};
 use crate::health::{self, Feedback};
 use crate::store::Store;
 use checks::CheckLoop;
@@ -36,9 +37,9 @@ const STOP_LIMIT: Duration = Duration::from_secs(8);
 /// When the daily purge runs (03:17:00 UTC).
 const PURGE_SCHEDULE: &str = "0 17 3 * * *";
 
-/// Runs the daemon on an already bound listener until `shutdown` is
-/// cancelled. Every component (API, check loop, harvests, purge, the index
-/// sync, watchdog)
+/// Runs the daemon on an already bound API listener (and the gateway's,
+/// when it runs) until `shutdown` is cancelled. Every component (API,
+/// gateway, check loop, harvests, purge, the index sync, watchdog)
 /// is a task on one tracker; the cron scheduler only signals the harvest
 /// and purge components. On shutdown every component is cancelled, checks
 /// in flight get [`CHECK_GRACE`], and the whole stop takes at most
@@ -46,6 +47,7 @@ const PURGE_SCHEDULE: &str = "0 17 3 * * *";
 pub async fn run(
     config: Config,
     listener: TcpListener,
+    gateway: Option<TcpListener>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let config = Arc::new(config);
@@ -56,7 +58,20 @@ pub async fn run(
         .await
         .context("loading the health index")?;
     let feedback = Feedback::new(index.clone(), store.clone());
-    let state = AppState::new(store.clone(), feedback, config.clone());
+    let mut state = AppState::new(store.clone(), feedback.clone(), config.clone());
+    let gateway = match gateway {
+        Some(listener) => {
+            let gw = Gateway::new(feedback, &config.gateway, config.api.max_age)
+                .context("setting up the gateway")?;
+            state = state.with_gateway(gw.metrics());
+            tracing::info!(addr = %listener.local_addr()?, "gateway listening");
+            Some(GatewayComponent {
+                listener,
+                gateway: gw,
+            })
+        }
+        None => None,
+    };
     let addr = listener.local_addr()?;
     tracing::info!(%addr, servable = index.len(), "proxywarden serving");
 
@@ -74,6 +89,9 @@ pub async fn run(
                 tracing::error!(error = %e, "the API stopped serving");
             }
         });
+    }
+    if let Some(gateway) = gateway {
+        tasks.spawn(gateway.run(stop.clone()));
     }
     tasks.spawn(
         CheckLoop {
@@ -137,6 +155,20 @@ pub async fn run(
     }
     tracing::info!("stopped");
     Ok(())
+}
+
+/// The gateway on its listener.
+struct GatewayComponent {
+    listener: TcpListener,
+    gateway: Gateway,
+}
+
+impl GatewayComponent {
+    async fn run(self, stop: CancellationToken) {
+        if let Err(e) = gateway::serve(self.listener, self.gateway, stop).await {
+            tracing::error!(error = %e, "the gateway stopped serving");
+        }
+    }
 }
 
 /// Starts the cron scheduler. Its jobs only send a request to the harvest

@@ -21,6 +21,7 @@ mod classify;
 mod fetch;
 mod strategy;
 
+pub(crate) use classify::Class;
 pub use classify::{Classifier, DEFAULT_BLOCK_PATTERNS, DEFAULT_PORTAL_PATTERNS};
 pub use strategy::StrategyKind;
 
@@ -44,7 +45,7 @@ use crate::health::{Entry, Feedback, HealthIndex, ProxyQuery, Verdict};
 use crate::model::Reason;
 use crate::proxy::{Proxy, Scheme, Status};
 use crate::store::{ProxyFilter, Store, StoreError};
-use classify::Class;
+
 use fetch::{Answer, Client, Failure, Limits};
 use strategy::{Bound, Usage};
 
@@ -523,10 +524,29 @@ impl fmt::Debug for Pool {
     }
 }
 
-/// A proxy handed to one request; the in-flight slot frees on drop.
-struct Lease {
+/// A proxy handed to one request (or one tunnel); its in-flight slot
+/// frees on drop.
+pub struct Lease {
     inner: Arc<Inner>,
     entry: Arc<Entry>,
+}
+
+impl Lease {
+    /// The proxy's id in the store.
+    pub fn id(&self) -> i64 {
+        self.entry.id
+    }
+
+    /// The proxy.
+    pub fn proxy(&self) -> &Proxy {
+        &self.entry.proxy
+    }
+}
+
+impl fmt::Debug for Lease {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Lease").field("id", &self.entry.id).finish()
+    }
 }
 
 impl Drop for Lease {
@@ -538,6 +558,44 @@ impl Drop for Lease {
         drop(st);
         self.inner.changed.notify_waiters();
     }
+}
+
+/// What a caller of [`Pool::take`] wants of one proxy.
+#[derive(Clone, Copy, Debug)]
+pub struct Want<'a> {
+    /// The filters (instead of [`PoolOptions::query`]).
+    pub query: &'a ProxyQuery,
+    /// A sticky session: the same proxy until it fails or expires.
+    pub session: Option<&'a str>,
+    /// The site the proxy will reach (see [`site_of`]): proxies it banned
+    /// are left out.
+    pub site: &'a str,
+    /// True when the proxy must tunnel (HTTP proxies need CONNECT).
+    pub https: bool,
+}
+
+/// How a use of a proxy from [`Pool::take`] ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Used {
+    /// It carried the request (or opened the tunnel) in this long.
+    Worked(Duration),
+    /// The proxy failed.
+    ProxyFailed(Reason),
+    /// The site refused this proxy with `status`: a rate limit (429, 503
+    /// without a ban page) rests the pair for `wait`, other refusals ban
+    /// it (`page`: a captcha or ban page) or rest it (a bare status).
+    Blocked {
+        /// The site, as [`site_of`] names it.
+        site: String,
+        /// The status it answered.
+        status: u16,
+        /// A captcha or ban page, not a bare status.
+        page: bool,
+        /// Its `Retry-After`.
+        wait: Option<Duration>,
+    },
+    /// The site failed on its own, or could not be reached.
+    TargetError,
 }
 
 /// How one attempt (with its redirects) ended.
@@ -897,20 +955,38 @@ impl Pool {
         tried: &HashSet<i64>,
         attempts: u32,
     ) -> Result<Option<Lease>, FetchError> {
+        let want = Want {
+            query: &self.inner.opts.query,
+            session: req.session.as_deref(),
+            site: &site_of(&req.url),
+            https: req.url.scheme() == "https",
+        };
+        self.acquire_for(&want, tried, attempts, self.inner.opts.no_proxy)
+            .await
+    }
+
+    /// A proxy for `want`, waiting as `policy` allows; `None` only under
+    /// [`NoProxy::Direct`].
+    async fn acquire_for(
+        &self,
+        want: &Want<'_>,
+        tried: &HashSet<i64>,
+        attempts: u32,
+        policy: NoProxy,
+    ) -> Result<Option<Lease>, FetchError> {
         let inner = &self.inner;
         let mut loaded = inner.loaded.subscribe();
         if !*loaded.borrow() {
             let _ = tokio::time::timeout(FIRST_LOAD_WAIT, loaded.wait_for(|l| *l)).await;
         }
         let started = Instant::now();
-        let site = site_of(&req.url);
-        let https = req.url.scheme() == "https";
         loop {
             // Registered before looking, so a slot freed meanwhile wakes us.
             let changed = inner.changed.notified();
             tokio::pin!(changed);
             changed.as_mut().enable();
-            let (lease, next_free) = self.try_pick(req.session.as_deref(), &site, https, tried);
+            let (lease, next_free) =
+                self.try_pick(want.query, want.session, want.site, want.https, tried);
             if let Some(lease) = lease {
                 return Ok(Some(lease));
             }
@@ -920,7 +996,7 @@ impl Pool {
                 attempts,
                 hint: lock(&inner.load_error).clone(),
             };
-            let bound = match inner.opts.no_proxy {
+            let bound = match policy {
                 NoProxy::Direct => return Ok(None),
                 NoProxy::Fail => return Err(give_up(waited)),
                 NoProxy::Wait(bound) => bound,
@@ -938,10 +1014,68 @@ impl Pool {
         }
     }
 
+    /// A proxy for a caller that does its own I/O through it (the
+    /// gateway): picked like [`Pool::fetch`]'s, under `want`'s filters and
+    /// session, never one in `tried`; waits as [`PoolOptions::no_proxy`]
+    /// says, except that it never goes direct. Report how the use ended
+    /// with [`Pool::settle`].
+    pub async fn take(&self, want: &Want<'_>, tried: &HashSet<i64>) -> Result<Lease, FetchError> {
+        let c = &self.inner.counters;
+        c.attempts.fetch_add(1, Ordering::Relaxed);
+        let policy = match self.inner.opts.no_proxy {
+            NoProxy::Direct => NoProxy::Fail,
+            p => p,
+        };
+        match self.acquire_for(want, tried, 0, policy).await? {
+            Some(lease) => Ok(lease),
+            None => Err(FetchError::NoProxy {
+                waited: Duration::ZERO,
+                attempts: 0,
+                hint: None,
+            }),
+        }
+    }
+
+    /// Learns from a use of a proxy from [`Pool::take`], exactly as from
+    /// the pool's own fetches: a proxy failure cools it down and reports it
+    /// on the feedback path, a block bans or rests the (proxy, site) pair, a
+    /// target error costs the proxy nothing.
+    pub async fn settle(&self, lease: &Lease, used: Used) {
+        let c = &self.inner.counters;
+        let id = lease.entry.id;
+        match used {
+            Used::Worked(latency) => {
+                c.pages.fetch_add(1, Ordering::Relaxed);
+                self.worked(lease, latency).await;
+            }
+            Used::ProxyFailed(reason) => {
+                c.proxy_failures.fetch_add(1, Ordering::Relaxed);
+                self.failed(lease, reason).await;
+            }
+            Used::Blocked {
+                site,
+                status,
+                page,
+                wait,
+            } => {
+                if !page && matches!(status, 429 | 503) {
+                    c.rate_limits.fetch_add(1, Ordering::Relaxed);
+                    let rest = wait.unwrap_or(RATE_LIMIT_REST).max(Duration::from_secs(1));
+                    self.inner.feedback.rest(id, &site, rest);
+                } else {
+                    c.blocks.fetch_add(1, Ordering::Relaxed);
+                    self.blocked(id, &site, page).await;
+                }
+            }
+            Used::TargetError => self.report(id, Verdict::TargetError, None).await,
+        }
+    }
+
     /// Picks and reserves a proxy; otherwise says when the first cooldown
     /// ends.
     fn try_pick(
         &self,
+        query: &ProxyQuery,
         session: Option<&str>,
         site: &str,
         https: bool,
@@ -968,7 +1102,7 @@ impl Pool {
             let fresh = s.uses < opts.session_uses && now - s.since < opts.session_age;
             let entry = index
                 .get(s.id)
-                .filter(|e| fresh && opts.query.matches(e, now_ms) && usable(&st, e));
+                .filter(|e| fresh && query.matches(e, now_ms) && usable(&st, e));
             match entry {
                 Some(e) => chosen = Some(e),
                 None => {
@@ -986,7 +1120,7 @@ impl Pool {
             // past the freshness window or one a burst made suspect.
             chosen = inner
                 .feedback
-                .pick(&opts.query, now_ms, &strategy, &|e| !usable(&st, e));
+                .pick(query, now_ms, &strategy, &|e| !usable(&st, e));
             if let Some(e) = &chosen {
                 st.last_rr = e.id;
             }

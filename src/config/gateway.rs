@@ -1,0 +1,96 @@
+//! `[gateway]`: the local rotating forward proxy's address, token, retry
+//! budget, timeouts and connection limits.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use super::api::{Secret, guard_public, token};
+use super::section::Section;
+
+/// The strategy names `strategy` accepts.
+pub const STRATEGIES: [&str; 4] = ["round-robin", "random", "least-used", "fastest-of-two"];
+
+/// `[gateway]`
+#[derive(Clone, Debug, PartialEq)]
+pub struct GatewayConfig {
+    /// Run the gateway with `serve`.
+    pub enabled: bool,
+    /// Listen address (HTTP proxy and SOCKS5 on the same port).
+    pub listen: SocketAddr,
+    /// The password clients must give (Proxy-Authorization Basic or SOCKS5
+    /// username/password), if any.
+    pub token: Option<Secret>,
+    /// How a proxy is chosen for a request or tunnel: one of
+    /// [`STRATEGIES`] (the pool's names; config sits below the pool).
+    pub strategy: String,
+    /// Other proxies a failed request or tunnel set-up moves on to.
+    pub retries: u32,
+    /// Request bodies up to this size are kept so the request can be
+    /// retried; larger ones are streamed once.
+    pub retry_body_max: usize,
+    /// TCP connect to an upstream proxy.
+    pub connect_timeout: Duration,
+    /// From the connection to the upstream answer's head (handshake
+    /// included).
+    pub timeout: Duration,
+    /// Time a client has to send a request head (or SOCKS greeting), and
+    /// the longest a kept-alive connection may wait for its next request.
+    pub header_timeout: Duration,
+    /// A tunnel on which nothing moves this long is closed.
+    pub idle_timeout: Duration,
+    /// Open client connections at most; more are refused.
+    pub max_connections: usize,
+    /// The largest request head accepted.
+    pub max_header_size: usize,
+    /// Requests and tunnels through one upstream proxy at once.
+    pub max_per_proxy: u32,
+    /// A sticky session keeps its proxy this long at most.
+    pub session_ttl: Duration,
+}
+
+/// Validates `[gateway]`.
+pub(super) fn read(g: &mut Section) -> Option<GatewayConfig> {
+    let enabled = g.boolean("enabled");
+    let listen = g.parsed::<SocketAddr>("listen", "an address like \"127.0.0.1:8081\"");
+    let token = token(g);
+    let strategy = g.string("strategy").and_then(|s| {
+        if STRATEGIES.contains(&s.as_str()) {
+            Some(s)
+        } else {
+            g.problem(
+                "strategy",
+                &format!("expected one of {}, found {s:?}", STRATEGIES.join(", ")),
+            );
+            None
+        }
+    });
+    let retries = g.int("retries", 0, 20);
+    let retry_body_max = g.size("retry_body_max", 0, 16 * 1024 * 1024);
+    let connect_timeout = g.duration("connect_timeout");
+    let timeout = g.duration("timeout");
+    let header_timeout = g.duration("header_timeout");
+    let idle_timeout = g.duration("idle_timeout");
+    let max_connections = g.int("max_connections", 1, 1_000_000);
+    // hyper needs at least 8 KiB to buffer a head.
+    let max_header_size = g.size("max_header_size", 8 * 1024, 1024 * 1024);
+    let max_per_proxy = g.int("max_per_proxy", 1, 100_000);
+    let session_ttl = g.duration("session_ttl");
+    guard_public(g, "gateway", listen, &token);
+    // The ranges were checked, so the casts below cannot truncate.
+    Some(GatewayConfig {
+        enabled: enabled?,
+        listen: listen?,
+        token,
+        strategy: strategy?,
+        retries: retries? as u32,
+        retry_body_max: retry_body_max? as usize,
+        connect_timeout: connect_timeout?,
+        timeout: timeout?,
+        header_timeout: header_timeout?,
+        idle_timeout: idle_timeout?,
+        max_connections: max_connections? as usize,
+        max_header_size: max_header_size? as usize,
+        max_per_proxy: max_per_proxy? as u32,
+        session_ttl: session_ttl?,
+    })
+}

@@ -1,0 +1,221 @@
+//! What a client asks of the gateway: filters and a sticky session, given
+//! in the proxy username (`country-de+scheme-socks5+session-abc`) or, for
+//! plain HTTP, in `X-Proxywarden-*` headers; and the token check.
+
+use base64::Engine;
+use subtle::ConstantTimeEq;
+
+use crate::config::Secret;
+use crate::health::ProxyQuery;
+use crate::proxy::{Anonymity, Country, Scheme};
+
+/// The request headers that carry controls, stripped before forwarding.
+pub const HEADER_PREFIX: &str = "x-proxywarden-";
+
+/// The longest session name: it is a map key held for the session's life.
+const MAX_SESSION: usize = 128;
+
+/// What one client connection or request asks for.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Controls {
+    /// Any of these countries (empty: any).
+    pub countries: Vec<Country>,
+    /// Any of these schemes (empty: any).
+    pub schemes: Vec<Scheme>,
+    /// At least this anonymous.
+    pub min_anonymity: Option<Anonymity>,
+    /// At most this slow (ms, as checked).
+    pub max_latency_ms: Option<i64>,
+    /// Keep one proxy for every request naming this session.
+    pub session: Option<String>,
+}
+
+/// A control the gateway does not understand.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ControlError {
+    /// Not one of the known keys.
+    #[error(
+        "unknown control {0:?} (known: country-CC, scheme-http|socks4|socks5, anonymity-transparent|anonymous|elite, latency-MS, session-NAME, joined with +)"
+    )]
+    Unknown(String),
+    /// A known key with a value it cannot take.
+    #[error("bad {key} {value:?}: expected {expected}")]
+    Value {
+        /// The key.
+        key: &'static str,
+        /// As given.
+        value: String,
+        /// What would do.
+        expected: &'static str,
+    },
+}
+
+impl Controls {
+    /// Reads a proxy username: `key-value` pairs joined by `+`; an empty
+    /// username asks for nothing.
+    pub fn from_username(user: &str) -> Result<Controls, ControlError> {
+        let mut c = Controls::default();
+        for part in user.split('+').filter(|p| !p.is_empty()) {
+            let Some((key, value)) = part.split_once('-') else {
+                return Err(ControlError::Unknown(part.to_owned()));
+            };
+            c.set(&key.to_ascii_lowercase(), value)?;
+        }
+        Ok(c)
+    }
+
+    /// Sets one control by key (`country`, `scheme`, `anonymity`,
+    /// `latency`, `session`), from a username part or a header
+    /// `X-Proxywarden-<key>`.
+    pub fn set(&mut self, key: &str, value: &str) -> Result<(), ControlError> {
+        let value = value.trim();
+        let bad = |key, expected| ControlError::Value {
+            key,
+            value: value.to_owned(),
+            expected,
+        };
+        match key {
+            "country" => {
+                self.countries = value
+                    .split(',')
+                    .map(|c| {
+                        Country::parse(c)
+                            .ok_or_else(|| bad("country", "two-letter codes like de or us,gb"))
+                    })
+                    .collect::<Result<_, _>>()?;
+            }
+            "scheme" => {
+                self.schemes = value
+                    .split(',')
+                    .map(|s| {
+                        s.trim()
+                            .to_ascii_lowercase()
+                            .parse::<Scheme>()
+                            .map_err(|_| bad("scheme", "http, socks4 or socks5"))
+                    })
+                    .collect::<Result<_, _>>()?;
+            }
+            "anonymity" => {
+                self.min_anonymity = Some(
+                    value
+                        .to_ascii_lowercase()
+                        .parse()
+                        .map_err(|_| bad("anonymity", "transparent, anonymous or elite"))?,
+                );
+            }
+            "latency" => {
+                self.max_latency_ms = Some(
+                    value
+                        .parse::<i64>()
+                        .ok()
+                        .filter(|ms| *ms > 0)
+                        .ok_or_else(|| bad("latency", "a positive number of milliseconds"))?,
+                );
+            }
+            "session" => {
+                let ok = !value.is_empty()
+                    && value.len() <= MAX_SESSION
+                    && value
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
+                if !ok {
+                    return Err(bad("session", "1 to 128 letters, digits, '-', '_' or '.'"));
+                }
+                self.session = Some(value.to_owned());
+            }
+            other => return Err(ControlError::Unknown(other.to_owned())),
+        }
+        Ok(())
+    }
+
+    /// `base` narrowed by these controls.
+    pub fn query(&self, base: &ProxyQuery) -> ProxyQuery {
+        let mut q = base.clone();
+        if !self.countries.is_empty() {
+            q.countries = self.countries.clone();
+        }
+        if !self.schemes.is_empty() {
+            q.schemes = self.schemes.clone();
+        }
+        if self.min_anonymity.is_some() {
+            q.min_anonymity = self.min_anonymity;
+        }
+        if self.max_latency_ms.is_some() {
+            q.max_latency_ms = self.max_latency_ms;
+        }
+        q
+    }
+}
+
+/// The user and password of a `Proxy-Authorization: Basic` value.
+pub fn basic_credentials(value: &[u8]) -> Option<(String, String)> {
+    let value = std::str::from_utf8(value).ok()?.trim();
+    let (scheme, encoded) = value.split_once(' ')?;
+    if !scheme.eq_ignore_ascii_case("basic") {
+        return None;
+    }
+    let raw = base64::engine::general_purpose::STANDARD
+        .decode(encoded.trim())
+        .ok()?;
+    let raw = String::from_utf8(raw).ok()?;
+    let (user, pass) = raw.split_once(':')?;
+    Some((user.to_owned(), pass.to_owned()))
+}
+
+/// True when `password` opens a gateway guarded by `token` (always, when
+/// there is none). Compared in constant time.
+pub fn admits(token: Option<&Secret>, password: Option<&str>) -> bool {
+    match token {
+        None => true,
+        Some(t) => password.is_some_and(|p| bool::from(p.as_bytes().ct_eq(t.0.as_bytes()))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn usernames_carry_filters_and_a_session() {
+        let c =
+            Controls::from_username("country-de,us+scheme-socks5+anonymity-elite+session-abc-1")
+                .unwrap();
+        assert_eq!(
+            c.countries,
+            vec![Country::parse("DE").unwrap(), Country::parse("US").unwrap()]
+        );
+        assert_eq!(c.schemes, vec![Scheme::Socks5]);
+        assert_eq!(c.min_anonymity, Some(Anonymity::Elite));
+        assert_eq!(c.session.as_deref(), Some("abc-1"));
+        assert_eq!(Controls::from_username("").unwrap(), Controls::default());
+        assert_eq!(
+            Controls::from_username("colour-red"),
+            Err(ControlError::Unknown("colour".into()))
+        );
+        assert_eq!(
+            Controls::from_username("bob"),
+            Err(ControlError::Unknown("bob".into()))
+        );
+        let e = Controls::from_username("country-germany").unwrap_err();
+        assert!(e.to_string().contains("bad country \"germany\""), "{e}");
+        assert!(Controls::from_username("session-a b").is_err());
+        assert!(Controls::from_username("latency-0").is_err());
+    }
+
+    #[test]
+    fn basic_credentials_and_the_token() {
+        // RFC 7617's example.
+        let v = b"Basic QWxhZGRpbjpvcGVuIHNlc2FtZQ==";
+        assert_eq!(
+            basic_credentials(v),
+            Some(("Aladdin".into(), "open sesame".into()))
+        );
+        assert_eq!(basic_credentials(b"Bearer x"), None);
+        let t = Secret("tok".into());
+        assert!(admits(Some(&t), Some("tok")));
+        assert!(!admits(Some(&t), Some("to")));
+        assert!(!admits(Some(&t), None));
+        assert!(admits(None, None));
+        assert!(admits(None, Some("anything")));
+    }
+}

@@ -1,0 +1,713 @@
+//! The HTTP side of the gateway: absolute-form requests forwarded through
+//! a proxy per request (retried on another when one fails or the site
+//! blocks it), and CONNECT tunnels through a proxy per connection. Headers
+//! are cleaned both ways; nothing about the client or the gateway is added.
+
+use std::collections::HashSet;
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::request::Parts;
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::{Body as HttpBody, Frame, Incoming, SizeHint};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::net::TcpStream;
+use tokio::sync::OwnedSemaphorePermit;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use super::Gateway;
+use super::controls::{ControlError, Controls, HEADER_PREFIX, admits, basic_credentials};
+use super::metrics::{GatewayMetrics, Kind};
+use super::tunnel::{self, TunnelError};
+use crate::model::Reason;
+use crate::net::{self, DialOptions, Target, hyper_reason, proxy_authorization};
+use crate::pool::{Class, Lease, Used, Want};
+use crate::proxy::Proxy;
+
+type Body = BoxBody<Bytes, hyper::Error>;
+
+/// Names the upstream proxy (by id) on every forwarded answer.
+pub const PROXY_HEADER: &str = "x-proxywarden-proxy";
+
+/// Answers of a small HTML page are read whole before they are passed on,
+/// so that a captcha or captive-portal page can be told from content; the
+/// same size the pool's classifier looks at.
+const CLASSIFY_MAX: u64 = 16 * 1024;
+
+/// Proxies that say a target cannot be reached before the gateway
+/// believes it.
+const UNREACHED_QUORUM: u32 = 2;
+
+/// Proxies refused alike (a bare 403) before the refusal is passed on as
+/// the page's.
+const REFUSAL_QUORUM: u32 = 2;
+
+/// Serves HTTP on one client connection until it closes, goes quiet past
+/// the header timeout, or the gateway stops.
+pub(super) async fn serve(
+    gw: &Gateway,
+    stream: TcpStream,
+    shutdown: &CancellationToken,
+    slot: Arc<OwnedSemaphorePermit>,
+    tasks: &TaskTracker,
+) {
+    let s = gw.settings();
+    let (gw2, stop, tasks) = (gw.clone(), shutdown.clone(), tasks.clone());
+    let service = hyper::service::service_fn(move |req| {
+        let (gw, stop, slot, tasks) = (gw2.clone(), stop.clone(), slot.clone(), tasks.clone());
+        async move { Ok::<_, Infallible>(handle(gw, req, stop, slot, tasks).await) }
+    });
+    let conn = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(s.header_timeout)
+        .max_buf_size(s.max_header_size)
+        .serve_connection(TokioIo::new(stream), service)
+        .with_upgrades();
+    tokio::pin!(conn);
+    tokio::select! {
+        _ = conn.as_mut() => {}
+        _ = shutdown.cancelled() => {
+            conn.as_mut().graceful_shutdown();
+            let _ = conn.await;
+        }
+    }
+}
+
+async fn handle(
+    gw: Gateway,
+    mut req: Request<Incoming>,
+    shutdown: CancellationToken,
+    slot: Arc<OwnedSemaphorePermit>,
+    tasks: TaskTracker,
+) -> Response<Body> {
+    let kind = if req.method() == Method::CONNECT {
+        Kind::Connect
+    } else {
+        Kind::Plain
+    };
+    let metrics = gw.metrics();
+    let credentials = req
+        .headers()
+        .get(header::PROXY_AUTHORIZATION)
+        .and_then(|v| basic_credentials(v.as_bytes()));
+    let (user, pass) = match &credentials {
+        Some((u, p)) => (u.as_str(), Some(p.as_str())),
+        None => ("", None),
+    };
+    if !admits(gw.settings().token.as_ref(), pass) {
+        metrics.finished(kind, "denied");
+        let mut resp = error(
+            StatusCode::PROXY_AUTHENTICATION_REQUIRED,
+            "auth_required",
+            "this gateway needs its token as the proxy password (http://CONTROLS:TOKEN@host:port)",
+        );
+        resp.headers_mut().insert(
+            header::PROXY_AUTHENTICATE,
+            HeaderValue::from_static("Basic realm=\"proxywarden\""),
+        );
+        return resp;
+    }
+    let controls = match controls(user, req.headers(), kind == Kind::Plain) {
+        Ok(c) => c,
+        Err(e) => {
+            metrics.finished(kind, "bad_request");
+            return error(StatusCode::BAD_REQUEST, "bad_control", &e.to_string());
+        }
+    };
+    if kind == Kind::Connect {
+        return connect(gw, &mut req, controls, shutdown, slot, tasks).await;
+    }
+    match req.uri().scheme_str() {
+        Some("http") if req.uri().host().is_some() => plain(gw, req, controls).await,
+        Some("https") => {
+            metrics.finished(kind, "bad_request");
+            error(
+                StatusCode::BAD_REQUEST,
+                "use_connect",
+                "https URLs go through CONNECT (the gateway never sees inside TLS); use the gateway as an HTTPS proxy",
+            )
+        }
+        _ => {
+            metrics.finished(kind, "bad_request");
+            error(
+                StatusCode::BAD_REQUEST,
+                "not_a_proxy_request",
+                "this is proxywarden's gateway, a forward proxy: send absolute-form requests (http://host/path) or CONNECT, e.g. curl -x http://127.0.0.1:8081 http://example.com/",
+            )
+        }
+    }
+}
+
+/// The controls of a request: from the proxy username, then (plain HTTP
+/// only) from `X-Proxywarden-*` headers, which win.
+fn controls(user: &str, headers: &HeaderMap, plain: bool) -> Result<Controls, ControlError> {
+    let mut c = Controls::from_username(user)?;
+    if plain {
+        for (name, value) in headers {
+            if let Some(key) = name.as_str().strip_prefix(HEADER_PREFIX) {
+                let value = value.to_str().map_err(|_| ControlError::Value {
+                    key: "header",
+                    value: name.as_str().to_owned(),
+                    expected: "a value in plain ASCII",
+                })?;
+                c.set(key, value)?;
+            }
+        }
+    }
+    Ok(c)
+}
+
+/// Why one attempt of a plain request got no answer.
+enum Failure {
+    /// The proxy failed.
+    Proxy(Reason),
+    /// The proxy said the target cannot be reached (a SOCKS failure reply).
+    Unreached,
+}
+
+/// Forwards an absolute-form request through a proxy per attempt.
+async fn plain(gw: Gateway, req: Request<Incoming>, controls: Controls) -> Response<Body> {
+    let started = Instant::now();
+    let metrics = gw.metrics();
+    let s = gw.settings();
+    let (mut parts, body) = req.into_parts();
+    let host = parts.uri.host().unwrap_or_default().to_owned();
+    let port = parts.uri.port_u16().unwrap_or(80);
+    let target = match Target::new(&host, port) {
+        Ok(t) => t,
+        Err(e) => {
+            metrics.finished(Kind::Plain, "bad_request");
+            return error(StatusCode::BAD_REQUEST, "bad_target", &e.to_string());
+        }
+    };
+    let path = parts
+        .uri
+        .path_and_query()
+        .map_or("/", |p| p.as_str())
+        .to_owned();
+    let authority = parts.uri.authority().map(|a| a.to_string());
+    clean(&mut parts.headers);
+    if !parts.headers.contains_key(header::HOST)
+        && let Some(host) = authority.and_then(|a| HeaderValue::from_str(&a).ok())
+    {
+        parts.headers.insert(header::HOST, host);
+    }
+    // A body small enough to send again is held; a larger one goes once.
+    let hint = body.size_hint();
+    let (mut held, mut once) = if body.is_end_stream() {
+        (Some(Bytes::new()), None)
+    } else if hint.upper().is_some_and(|n| n <= s.retry_body_max as u64) {
+        match Limited::new(body, s.retry_body_max).collect().await {
+            Ok(b) => (Some(b.to_bytes()), None),
+            Err(_) => {
+                metrics.finished(Kind::Plain, "bad_request");
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    "bad_body",
+                    "the request body could not be read",
+                );
+            }
+        }
+    } else {
+        (None, Some(body))
+    };
+    if let Some(b) = &held {
+        metrics.sent(b.len() as u64);
+    }
+    let query = controls.query(&s.base);
+    let site = tunnel::site(&target, 80);
+    let want = Want {
+        query: &query,
+        session: controls.session.as_deref(),
+        site: &site,
+        https: false,
+    };
+    let mut tried = HashSet::new();
+    let (mut retries, mut unreached, mut refusals) = (0u32, 0u32, 0u32);
+    let mut last: Option<Response<Body>> = None;
+    loop {
+        let Ok(lease) = gw.pool().take(&want, &tried).await else {
+            break;
+        };
+        tried.insert(lease.id());
+        let body: Body = match (&held, once.take()) {
+            (Some(b), _) => Full::new(b.clone()).map_err(|n| match n {}).boxed(),
+            (None, Some(stream)) => Counted::sent(stream, metrics.clone()).boxed(),
+            // The body went with a failed attempt and cannot be sent again.
+            (None, None) => break,
+        };
+        let t0 = Instant::now();
+        let sent = tokio::time::timeout(
+            s.timeout,
+            send(lease.proxy(), &target, &parts, &path, body, s),
+        )
+        .await
+        .unwrap_or(Err(Failure::Proxy(Reason::Timeout)));
+        let answer = match sent {
+            Ok(a) => a,
+            Err(Failure::Unreached) => {
+                gw.pool().settle(&lease, Used::TargetError).await;
+                unreached += 1;
+                last = Some(error(
+                    StatusCode::BAD_GATEWAY,
+                    "target_unreachable",
+                    &format!("proxies say {target} cannot be reached"),
+                ));
+                if unreached >= UNREACHED_QUORUM {
+                    break;
+                }
+                if !retry(&mut retries, s.retries, &metrics) {
+                    break;
+                }
+                continue;
+            }
+            Err(Failure::Proxy(reason)) => {
+                metrics.upstream_failed(reason);
+                gw.pool().settle(&lease, Used::ProxyFailed(reason)).await;
+                last = Some(upstream_failed(reason, tried.len()));
+                if !retry(&mut retries, s.retries, &metrics) {
+                    break;
+                }
+                continue;
+            }
+        };
+        let (rparts, rbody, forward) = answer;
+        let (class, rbody) = classify(&gw, &rparts, rbody, forward).await;
+        let upstream = t0.elapsed();
+        match class {
+            Class::Page | Class::SiteError => {
+                let used = if class == Class::Page {
+                    Used::Worked(upstream)
+                } else {
+                    Used::TargetError
+                };
+                gw.pool().settle(&lease, used).await;
+                metrics.added(started.elapsed().saturating_sub(upstream));
+                metrics.finished(Kind::Plain, "ok");
+                return respond(rparts, rbody, lease, &metrics);
+            }
+            Class::ProxyFailure(reason) => {
+                metrics.upstream_failed(reason);
+                gw.pool().settle(&lease, Used::ProxyFailed(reason)).await;
+                last = Some(upstream_failed(reason, tried.len()));
+            }
+            Class::Blocked(wait, page) => {
+                let used = Used::Blocked {
+                    site: site.clone(),
+                    status: rparts.status.as_u16(),
+                    page,
+                    wait,
+                };
+                gw.pool().settle(&lease, used).await;
+                if !page && rparts.status == StatusCode::FORBIDDEN {
+                    refusals += 1;
+                }
+                // The site's own word is the answer when no other proxy
+                // may try, or when proxies were refused alike: then the
+                // refusal is the page's (a private page), not the proxies'.
+                let answer = respond(rparts, rbody, lease, &metrics);
+                if retries >= s.retries || held.is_none() || refusals >= REFUSAL_QUORUM {
+                    metrics.added(started.elapsed().saturating_sub(upstream));
+                    metrics.finished(Kind::Plain, "blocked");
+                    return answer;
+                }
+                last = Some(answer);
+            }
+        }
+        if !retry(&mut retries, s.retries, &metrics) {
+            break;
+        }
+        if held.is_none() {
+            break;
+        }
+    }
+    held.take();
+    match last {
+        Some(resp) => {
+            metrics.finished(Kind::Plain, "upstream_failed");
+            resp
+        }
+        None => {
+            metrics.finished(Kind::Plain, "no_proxy");
+            no_proxy(&controls)
+        }
+    }
+}
+
+/// Counts a retry if the budget allows one.
+fn retry(retries: &mut u32, max: u32, metrics: &GatewayMetrics) -> bool {
+    if *retries >= max {
+        return false;
+    }
+    *retries += 1;
+    metrics.retried();
+    true
+}
+
+type Answer = (http::response::Parts, Incoming, bool);
+
+/// One attempt: a connection through `proxy` (to the proxy itself for
+/// HTTP proxies, which get the absolute form; a tunnel to the target for
+/// SOCKS proxies), the request, the answer's head.
+async fn send(
+    proxy: &Proxy,
+    target: &Target,
+    parts: &Parts,
+    path: &str,
+    body: Body,
+    s: &super::Settings,
+) -> Result<Answer, Failure> {
+    let opts = DialOptions {
+        connect_timeout: s.connect_timeout,
+        handshake_timeout: s.timeout,
+        forward: true,
+    };
+    let dialed = net::dial(Some(proxy), target, &opts)
+        .await
+        .map_err(|r| match r {
+            Reason::BadStatus => Failure::Unreached,
+            r => Failure::Proxy(r),
+        })?;
+    let forward = dialed.forward;
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(dialed.stream))
+        .await
+        .map_err(|e| Failure::Proxy(hyper_reason(&e)))?;
+    // Ends once the answer's body is read and the sender is gone.
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    let uri = if forward {
+        format!("http://{target}{path}")
+    } else {
+        path.to_owned()
+    };
+    let mut req = Request::builder()
+        .method(parts.method.clone())
+        .uri(uri)
+        .body(body)
+        .map_err(|_| Failure::Proxy(Reason::ProtocolError))?;
+    *req.headers_mut() = parts.headers.clone();
+    if forward
+        && let Some(auth) = proxy_authorization(proxy).and_then(|a| HeaderValue::from_str(&a).ok())
+    {
+        req.headers_mut().insert(header::PROXY_AUTHORIZATION, auth);
+    }
+    let resp = sender
+        .send_request(req)
+        .await
+        .map_err(|e| Failure::Proxy(hyper_reason(&e)))?;
+    let (rparts, rbody) = resp.into_parts();
+    Ok((rparts, rbody, forward))
+}
+
+/// An answer's body: as it streams, or read whole (small HTML pages, to
+/// tell captcha and portal pages by their content).
+enum Answered {
+    Stream(Incoming),
+    Whole(Bytes),
+}
+
+/// What the answer means for the proxy, by the pool's classifier.
+async fn classify(
+    gw: &Gateway,
+    parts: &http::response::Parts,
+    body: Incoming,
+    forward: bool,
+) -> (Class, Answered) {
+    let classifier = &gw.pool().options().classifier;
+    let html = parts
+        .headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|t| t.to_ascii_lowercase().contains("html"));
+    let small = body.size_hint().upper().is_some_and(|n| n <= CLASSIFY_MAX);
+    if html && small {
+        match body.collect().await {
+            Ok(b) => {
+                let b = b.to_bytes();
+                let class = classifier.classify(parts.status, &parts.headers, &b, forward, false);
+                return (class, Answered::Whole(b));
+            }
+            Err(e) => {
+                return (
+                    Class::ProxyFailure(hyper_reason(&e)),
+                    Answered::Whole(Bytes::new()),
+                );
+            }
+        }
+    }
+    let class = classifier.classify(parts.status, &parts.headers, &[], forward, false);
+    (class, Answered::Stream(body))
+}
+
+/// The answer for the client: hop-by-hop headers gone, the proxy named.
+fn respond(
+    mut parts: http::response::Parts,
+    body: Answered,
+    lease: Lease,
+    metrics: &Arc<GatewayMetrics>,
+) -> Response<Body> {
+    clean(&mut parts.headers);
+    parts
+        .headers
+        .insert(PROXY_HEADER, HeaderValue::from(lease.id()));
+    let body = match body {
+        Answered::Whole(b) => {
+            metrics.received(b.len() as u64);
+            Full::new(b).map_err(|n| match n {}).boxed()
+        }
+        // The lease (the proxy's in-flight slot) lives as long as the body.
+        Answered::Stream(s) => Counted::received(s, metrics.clone(), lease).boxed(),
+    };
+    Response::from_parts(parts, body)
+}
+
+/// Opens a tunnel for CONNECT, answers 200 once it is up and relays the
+/// upgraded connection in a task of its own.
+async fn connect(
+    gw: Gateway,
+    req: &mut Request<Incoming>,
+    controls: Controls,
+    shutdown: CancellationToken,
+    slot: Arc<OwnedSemaphorePermit>,
+    tasks: TaskTracker,
+) -> Response<Body> {
+    let started = Instant::now();
+    let metrics = gw.metrics();
+    let target = req
+        .uri()
+        .authority()
+        .and_then(|a| Some((a.host().to_owned(), a.port_u16()?)))
+        .and_then(|(h, p)| Target::new(&h, p).ok());
+    let Some(target) = target else {
+        metrics.finished(Kind::Connect, "bad_request");
+        return error(
+            StatusCode::BAD_REQUEST,
+            "bad_target",
+            "CONNECT needs host:port",
+        );
+    };
+    match tunnel::open(&gw, &controls, &target).await {
+        Ok(opened) => {
+            metrics.added(started.elapsed().saturating_sub(opened.dial));
+            metrics.finished(Kind::Connect, "ok");
+            let upgrade = hyper::upgrade::on(req);
+            let idle = gw.settings().idle_timeout;
+            tasks.spawn(async move {
+                if let Ok(client) = upgrade.await {
+                    tunnel::relay(&gw, TokioIo::new(client), opened.stream, idle, &shutdown).await;
+                }
+                drop(opened.lease);
+                drop(slot);
+            });
+            Response::new(Full::new(Bytes::new()).map_err(|n| match n {}).boxed())
+        }
+        Err(TunnelError::NoProxy) => {
+            metrics.finished(Kind::Connect, "no_proxy");
+            no_proxy(&controls)
+        }
+        Err(TunnelError::Unreachable) => {
+            metrics.finished(Kind::Connect, "target_unreachable");
+            error(
+                StatusCode::BAD_GATEWAY,
+                "target_unreachable",
+                &format!("proxies say {target} cannot be reached"),
+            )
+        }
+        Err(TunnelError::Failed(reason)) => {
+            metrics.finished(Kind::Connect, "upstream_failed");
+            upstream_failed(reason, 0)
+        }
+    }
+}
+
+/// Removes hop-by-hop headers (those `Connection` names too), every
+/// `Proxy-*` header and the gateway's own controls.
+fn clean(headers: &mut HeaderMap) {
+    let listed: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+        .collect();
+    for name in listed {
+        headers.remove(name);
+    }
+    for name in [
+        header::CONNECTION,
+        header::TE,
+        header::TRAILER,
+        header::TRANSFER_ENCODING,
+        header::UPGRADE,
+        HeaderName::from_static("keep-alive"),
+    ] {
+        headers.remove(name);
+    }
+    let own: Vec<HeaderName> = headers
+        .keys()
+        .filter(|n| n.as_str().starts_with("proxy-") || n.as_str().starts_with(HEADER_PREFIX))
+        .cloned()
+        .collect();
+    for name in own {
+        headers.remove(name);
+    }
+}
+
+/// A JSON error in the API's envelope.
+fn error(status: StatusCode, code: &str, message: &str) -> Response<Body> {
+    let body = serde_json::json!({ "error": { "code": code, "message": message } }).to_string();
+    let mut resp = Response::new(Full::new(Bytes::from(body)).map_err(|n| match n {}).boxed());
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    resp
+}
+
+fn no_proxy(controls: &Controls) -> Response<Body> {
+    let wanted = if *controls == Controls::default() {
+        String::new()
+    } else {
+        format!(" ({})", describe(controls))
+    };
+    error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "no_proxy",
+        &format!("no working proxy matches{wanted} right now; the gateway never connects directly"),
+    )
+}
+
+fn upstream_failed(reason: Reason, tried: usize) -> Response<Body> {
+    let tried = if tried > 0 {
+        format!(" after trying {tried} proxies")
+    } else {
+        String::new()
+    };
+    error(
+        StatusCode::BAD_GATEWAY,
+        "upstream_failed",
+        &format!("the upstream proxy failed ({reason}){tried}"),
+    )
+}
+
+/// The filters asked for, as the username would spell them.
+fn describe(c: &Controls) -> String {
+    let mut parts = Vec::new();
+    if !c.countries.is_empty() {
+        let list: Vec<&str> = c.countries.iter().map(|c| c.as_str()).collect();
+        parts.push(format!("country {}", list.join(",")));
+    }
+    if !c.schemes.is_empty() {
+        let list: Vec<&str> = c.schemes.iter().map(|s| s.as_str()).collect();
+        parts.push(format!("scheme {}", list.join(",")));
+    }
+    if let Some(a) = c.min_anonymity {
+        parts.push(format!("anonymity {a}"));
+    }
+    if let Some(ms) = c.max_latency_ms {
+        parts.push(format!("latency ≤ {ms} ms"));
+    }
+    if let Some(s) = &c.session {
+        parts.push(format!("session {s}"));
+    }
+    parts.join(", ")
+}
+
+/// A body passed through while its bytes are counted; holds the lease
+/// of the proxy carrying it until it is dropped.
+struct Counted {
+    inner: Incoming,
+    metrics: Arc<GatewayMetrics>,
+    received: bool,
+    _lease: Option<Lease>,
+}
+
+impl Counted {
+    fn sent(inner: Incoming, metrics: Arc<GatewayMetrics>) -> Counted {
+        Counted {
+            inner,
+            metrics,
+            received: false,
+            _lease: None,
+        }
+    }
+
+    fn received(inner: Incoming, metrics: Arc<GatewayMetrics>, lease: Lease) -> Counted {
+        Counted {
+            inner,
+            metrics,
+            received: true,
+            _lease: Some(lease),
+        }
+    }
+}
+
+impl HttpBody for Counted {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let this = self.get_mut();
+        let r = Pin::new(&mut this.inner).poll_frame(cx);
+        if let Poll::Ready(Some(Ok(frame))) = &r
+            && let Some(data) = frame.data_ref()
+        {
+            let n = data.len() as u64;
+            if this.received {
+                this.metrics.received(n);
+            } else {
+                this.metrics.sent(n);
+            }
+        }
+        r
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hop_by_hop_proxy_and_control_headers_go() {
+        let mut h = HeaderMap::new();
+        for (k, v) in [
+            ("connection", "keep-alive, x-secret"),
+            ("x-secret", "1"),
+            ("keep-alive", "timeout=5"),
+            ("proxy-authorization", "Basic eDp5"),
+            ("proxy-connection", "keep-alive"),
+            ("x-proxywarden-country", "de"),
+            ("te", "trailers"),
+            ("upgrade", "websocket"),
+            ("accept", "*/*"),
+            ("cookie", "a=b"),
+        ] {
+            h.append(HeaderName::from_static(k), HeaderValue::from_static(v));
+        }
+        clean(&mut h);
+        let mut left: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
+        left.sort_unstable();
+        assert_eq!(left, ["accept", "cookie"]);
+    }
+}

@@ -1,0 +1,232 @@
+//! The gateway: a local forward proxy on one port that speaks HTTP
+//! (absolute-form requests and CONNECT) and SOCKS5, told apart by the first
+//! byte, and sends everything out through proxies the pool picks. It never
+//! connects to a client's target itself and never looks inside TLS.
+
+mod controls;
+mod http;
+mod metrics;
+mod socks;
+mod tunnel;
+
+pub use controls::{ControlError, Controls, HEADER_PREFIX, admits, basic_credentials};
+pub use metrics::{GatewayMetrics, GatewayStats};
+
+use std::io;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::config::{GatewayConfig, Secret};
+use crate::health::{Feedback, ProxyQuery};
+use crate::pool::{NoProxy, Pool, PoolError, PoolOptions, StrategyKind};
+
+/// How long to wait before accepting again after `accept` failed (out of
+/// file descriptors, typically), instead of spinning on the error.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
+
+/// How long connections may take to finish after shutdown begins.
+const DRAIN: Duration = Duration::from_secs(3);
+
+/// The gateway's settings, from `[gateway]`.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// The password clients must give, if any.
+    pub token: Option<Secret>,
+    /// Other proxies a request or tunnel set-up moves on to.
+    pub retries: u32,
+    /// Bodies up to this size are held for a retry.
+    pub retry_body_max: usize,
+    /// TCP connect to an upstream proxy.
+    pub connect_timeout: Duration,
+    /// From the upstream connection to its answer's head.
+    pub timeout: Duration,
+    /// For a request head or a SOCKS handshake, and between requests.
+    pub header_timeout: Duration,
+    /// A quiet tunnel is closed after this.
+    pub idle_timeout: Duration,
+    /// Open client connections at most.
+    pub max_connections: usize,
+    /// The largest request head.
+    pub max_header_size: usize,
+    /// The filters every pick starts from (freshness).
+    pub base: ProxyQuery,
+}
+
+impl Settings {
+    /// From `[gateway]`; proxies served must have passed a check within
+    /// `max_age` (the API's `max_age`).
+    pub fn new(g: &GatewayConfig, max_age: Duration) -> Settings {
+        Settings {
+            token: g.token.clone(),
+            retries: g.retries,
+            retry_body_max: g.retry_body_max,
+            connect_timeout: g.connect_timeout,
+            timeout: g.timeout,
+            header_timeout: g.header_timeout,
+            idle_timeout: g.idle_timeout,
+            max_connections: g.max_connections,
+            max_header_size: g.max_header_size,
+            base: ProxyQuery {
+                max_age: Some(max_age),
+                ..ProxyQuery::default()
+            },
+        }
+    }
+}
+
+struct Inner {
+    pool: Pool,
+    settings: Settings,
+    metrics: Arc<GatewayMetrics>,
+}
+
+/// A cheap, cloneable handle to the gateway: its pool, settings and
+/// metrics.
+#[derive(Clone)]
+pub struct Gateway {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Gateway {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gateway")
+            .field("settings", &self.inner.settings)
+            .finish()
+    }
+}
+
+impl Gateway {
+    /// A gateway picking from the index behind `feedback` (the daemon's
+    /// live one) and reporting there, configured by `[gateway]`.
+    pub fn new(
+        feedback: Feedback,
+        config: &GatewayConfig,
+        max_age: Duration,
+    ) -> Result<Gateway, PoolError> {
+        let settings = Settings::new(config, max_age);
+        let strategy = match config.strategy.as_str() {
+            "random" => StrategyKind::Random,
+            "least-used" => StrategyKind::LeastUsed,
+            "fastest-of-two" => StrategyKind::FastestOfTwo,
+            _ => StrategyKind::RoundRobin,
+        };
+        let opts = PoolOptions {
+            query: settings.base.clone(),
+            strategy,
+            max_in_flight: config.max_per_proxy,
+            connect_timeout: config.connect_timeout,
+            first_byte_timeout: config.timeout,
+            total_timeout: config.timeout,
+            rotations: config.retries,
+            // A client waiting on a proxy setting wants an answer now: with
+            // no usable proxy it gets a 503 at once, never a direct
+            // connection.
+            no_proxy: NoProxy::Fail,
+            // A session keeps its proxy until it fails or expires.
+            session_uses: u32::MAX,
+            session_age: config.session_ttl,
+            ..PoolOptions::default()
+        };
+        let pool = Pool::new(feedback, opts)?;
+        Ok(Gateway {
+            inner: Arc::new(Inner {
+                pool,
+                settings,
+                metrics: Arc::default(),
+            }),
+        })
+    }
+
+    /// Its counters.
+    pub fn metrics(&self) -> Arc<GatewayMetrics> {
+        self.inner.metrics.clone()
+    }
+
+    /// The pool it picks from.
+    pub fn pool(&self) -> &Pool {
+        &self.inner.pool
+    }
+
+    /// Its settings.
+    pub fn settings(&self) -> &Settings {
+        &self.inner.settings
+    }
+}
+
+/// Serves the gateway on `listener` until `shutdown` is cancelled, then
+/// gives connections a moment to finish and returns.
+pub async fn serve(
+    listener: TcpListener,
+    gateway: Gateway,
+    shutdown: CancellationToken,
+) -> io::Result<()> {
+    let slots = Arc::new(Semaphore::new(gateway.settings().max_connections));
+    let tasks = TaskTracker::new();
+    loop {
+        let (stream, peer) = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot accept a gateway connection");
+                    tokio::select! {
+                        _ = shutdown.cancelled() => break,
+                        _ = tokio::time::sleep(ACCEPT_BACKOFF) => continue,
+                    }
+                }
+            },
+        };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            tracing::debug!(%peer, "gateway connection cap reached; refusing one");
+            gateway.inner.metrics.refused();
+            continue;
+        };
+        let gw = gateway.clone();
+        let stop = shutdown.clone();
+        let slot = Arc::new(slot);
+        let tunnels = tasks.clone();
+        tasks.spawn(async move {
+            gw.inner.metrics.connection(1);
+            tokio::select! {
+                _ = connection(&gw, stream, &stop, slot, &tunnels) => {}
+                // Slow clients end with the gateway.
+                _ = async { stop.cancelled().await; tokio::time::sleep(DRAIN).await } => {}
+            }
+            gw.inner.metrics.connection(-1);
+        });
+    }
+    tasks.close();
+    let _ = tokio::time::timeout(DRAIN + Duration::from_secs(1), tasks.wait()).await;
+    Ok(())
+}
+
+/// One client connection: SOCKS5 when its first byte is 5, HTTP otherwise.
+/// `slot` is the connection's place under the cap, held by its tunnel too;
+/// tunnels are spawned on `tasks`.
+async fn connection(
+    gw: &Gateway,
+    stream: TcpStream,
+    shutdown: &CancellationToken,
+    slot: Arc<OwnedSemaphorePermit>,
+    tasks: &TaskTracker,
+) {
+    let _ = stream.set_nodelay(true);
+    let mut first = [0u8; 1];
+    let peeked = tokio::time::timeout(gw.settings().header_timeout, stream.peek(&mut first)).await;
+    match peeked {
+        Ok(Ok(1)) => {}
+        // Closed, failed or silent past the header timeout.
+        _ => return,
+    }
+    match first[0] {
+        socks::VERSION => socks::serve(gw, stream, shutdown, slot).await,
+        // SOCKS4 is not spoken here: a clear refusal beats a hang.
+        4 => socks::refuse_v4(stream).await,
+        _ => http::serve(gw, stream, shutdown, slot, tasks).await,
+    }
+}
