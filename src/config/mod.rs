@@ -5,6 +5,7 @@
 
 mod api;
 mod check;
+mod crawls;
 mod database;
 mod geoip;
 mod harvest;
@@ -19,6 +20,7 @@ use toml::Table;
 
 pub use api::{ApiConfig, MIN_PUBLIC_TOKEN, Secret};
 pub use check::{CheckConfig, JudgeConfig};
+pub use crawls::CrawlsConfig;
 pub use database::DatabaseConfig;
 pub use geoip::GeoipConfig;
 pub use harvest::{HarvestConfig, Schedule};
@@ -64,6 +66,8 @@ pub struct Config {
     pub geoip: GeoipConfig,
     /// The HTTP API.
     pub api: ApiConfig,
+    /// Crawl jobs run by the daemon.
+    pub crawls: CrawlsConfig,
 }
 
 /// Every problem found in a config file.
@@ -303,6 +307,7 @@ fn build(root: &mut Section) -> Option<Config> {
     let check = root.read_section("check", check::read);
     let geoip = root.read_section("geoip", geoip::read);
     let api = root.read_section("api", api::read);
+    let crawls = root.read_section("crawls", crawls::read);
     Some(Config {
         database: database?,
         harvest: harvest?,
@@ -310,6 +315,7 @@ fn build(root: &mut Section) -> Option<Config> {
         check: check?,
         geoip,
         api: api?,
+        crawls: crawls?,
     })
 }
 

@@ -6,6 +6,7 @@
 
 pub mod extract;
 pub mod frontier;
+pub mod jobs;
 pub mod output;
 pub mod polite;
 pub mod summary;

@@ -1,5 +1,5 @@
 //! `serve`: the daemon's components (the API, the check loop, harvests on
-//! the cron schedule, the daily purge, the systemd watchdog), each a task
+//! the cron schedule, the daily purge, crawl jobs, the systemd watchdog), each a task
 //! on one tracker, started together and stopped together.
 
 mod checks;
@@ -109,6 +109,7 @@ pub async fn run(
         }
         .run(stop.clone()),
     );
+    tasks.spawn(state.crawls.clone().run(stop.clone()));
     tasks.spawn(systemd::watchdog(stop.clone()));
     tasks.close();
     systemd::notify(&[sd_notify::NotifyState::Ready]);
