@@ -981,3 +981,34 @@ async fn a_dead_proxy_costs_the_site_no_turn() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn one_sites_requests_are_spread_over_proxies() {
+    within(async {
+        let dir = tempfile::tempdir().unwrap();
+        let site = Site::start(SiteOpts::new(|_, _| Reply::html("ok"))).await;
+        let mut farm = Vec::new();
+        for last in 2..8 {
+            farm.push(http_proxy(last).await);
+        }
+        let proxies: Vec<AliveProxy> = farm.iter().map(|p| AliveProxy::new(p.url())).collect();
+        // The default strategy favours the fastest: without spreading, the
+        // same few would carry most requests back to back.
+        let (pool, _, _) = live_pool(dir.path(), &proxies, quick()).await;
+        for i in 0..30 {
+            pool.get(&site.url(&format!("/{i}"))).await.unwrap();
+        }
+        let peers = peers(&site);
+        assert_eq!(peers.len(), 30);
+        // No proxy carries two of any five requests in a row to the site.
+        for w in peers.windows(5) {
+            let distinct: HashSet<&IpAddr> = w.iter().collect();
+            assert_eq!(distinct.len(), 5, "{w:?}");
+        }
+        // Another site may use a proxy the first one just had.
+        let other = Site::start(SiteOpts::new(|_, _| Reply::html("ok"))).await;
+        let page = pool.get(&other.url("/")).await.unwrap();
+        assert_eq!(page.text(), "ok");
+    })
+    .await;
+}
