@@ -12,7 +12,9 @@
 //! - `frontier`: 1,001 pages of 1,000 links each (1,000,000 URLs
 //!   discovered): peak RSS ≤ 200 MB.
 //!
-//! Figures are printed next to their targets, not asserted. Each pass runs
+//! The working proxies keep client connections alive, as most real ones
+//! do (`CRAWL_BENCH_CLOSE=1`: they close after every answer). Figures are
+//! printed next to their targets, not asserted. Each pass runs
 //! in its own measuring process (`--measure PASS`), which starts the site
 //! and the proxies in a child (`--serve-farm PASS`) so their CPU and memory
 //! are not counted; the child reports what the site saw when its stdin
@@ -183,12 +185,16 @@ fn serve_farm(pass: Pass) {
             });
         }
         let site = Site::start(opts).await;
+        // Working proxies keep client connections alive, as most real ones
+        // do; CRAWL_BENCH_CLOSE=1 makes them close after every answer.
+        let keep_alive = std::env::var_os("CRAWL_BENCH_CLOSE").is_none();
         let mut proxies = Vec::new();
         for i in 0..pass.working + pass.banned {
             proxies.push(
                 FakeHttpProxy::start(HttpProxyOpts {
                     connect: true,
                     upstream_bind: Some(upstream_ip(i)),
+                    keep_alive,
                     ..HttpProxyOpts::default()
                 })
                 .await,

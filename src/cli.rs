@@ -708,24 +708,36 @@ fn resume_args(args: CrawlArgs) -> anyhow::Result<CrawlArgs> {
 
 /// One line on the terminal, redrawn a few times a second.
 async fn show_crawl_progress(progress: &crate::crawl::Progress, pool: &crate::pool::Pool) {
-    use std::sync::atomic::Ordering;
     let started = std::time::Instant::now();
     let mut tick = tokio::time::interval(std::time::Duration::from_millis(250));
     loop {
         tick.tick().await;
-        let done = progress.done.load(Ordering::Relaxed);
-        let s = pool.stats();
-        let banned: u64 = s.banned_by_site.values().sum();
         eprint!(
-            "\r\x1b[2K{done} pages ({} failed), {} queued, {} in flight, {:.1} pages/s; proxies {} busy, {} cooling, {banned} banned",
-            progress.failed.load(Ordering::Relaxed),
-            progress.queued.load(Ordering::Relaxed),
-            progress.in_flight.load(Ordering::Relaxed),
-            done as f64 / started.elapsed().as_secs_f64().max(0.001),
-            s.proxies_busy,
-            s.proxies_cooling,
+            "\r\x1b[2K{}",
+            crawl_progress_line(progress, &pool.stats(), started.elapsed())
         );
     }
+}
+
+/// The crawl's progress in one line: pages done and failed, queued, in
+/// flight, pages/s, and the proxies busy, cooling and banned.
+fn crawl_progress_line(
+    progress: &crate::crawl::Progress,
+    pool: &crate::pool::PoolStats,
+    elapsed: std::time::Duration,
+) -> String {
+    use std::sync::atomic::Ordering;
+    let done = progress.done.load(Ordering::Relaxed);
+    let banned: u64 = pool.banned_by_site.values().sum();
+    format!(
+        "{done} pages ({} failed), {} queued, {} in flight, {:.1} pages/s; proxies {} busy, {} cooling, {banned} banned",
+        progress.failed.load(Ordering::Relaxed),
+        progress.queued.load(Ordering::Relaxed),
+        progress.in_flight.load(Ordering::Relaxed),
+        done as f64 / elapsed.as_secs_f64().max(0.001),
+        pool.proxies_busy,
+        pool.proxies_cooling,
+    )
 }
 
 /// `proxywarden check`: one round with a progress display, Ctrl-C stopping
@@ -1060,5 +1072,27 @@ mod tests {
         assert_eq!(rate_text(0.4), "0/s");
         assert_eq!(rate_text(f64::NAN), "0/s");
         assert_eq!(rate_text(f64::INFINITY), "0/s");
+    }
+
+    #[test]
+    fn the_crawl_progress_line_shows_pages_rate_and_proxies() {
+        use std::sync::atomic::Ordering;
+        let p = crate::crawl::Progress::default();
+        p.done.store(120, Ordering::Relaxed);
+        p.failed.store(3, Ordering::Relaxed);
+        p.queued.store(40, Ordering::Relaxed);
+        p.in_flight.store(6, Ordering::Relaxed);
+        let mut pool = crate::pool::PoolStats {
+            proxies_busy: 5,
+            proxies_cooling: 2,
+            ..Default::default()
+        };
+        pool.banned_by_site.insert("a".into(), 1);
+        pool.banned_by_site.insert("b".into(), 3);
+        assert_eq!(
+            crawl_progress_line(&p, &pool, std::time::Duration::from_secs(8)),
+            "120 pages (3 failed), 40 queued, 6 in flight, 15.0 pages/s; \
+             proxies 5 busy, 2 cooling, 4 banned"
+        );
     }
 }

@@ -743,3 +743,67 @@ async fn ctrl_c_finishes_the_pages_in_flight_and_exits_130() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn a_terminal_shows_a_progress_line_and_a_pipe_only_the_summary() {
+    within(async {
+        let dir = tempfile::tempdir().unwrap();
+        let mut opts = SiteOpts::new(|p, _| tree_page(p, 30, 3));
+        opts.latency = Duration::from_millis(60);
+        let site = Site::start(opts).await;
+        let a = http_proxy(2).await;
+        let config = binary_setup(dir.path(), &[AliveProxy::new(a.url())]).await;
+        let url = site.url("/");
+        let out = dir.path().join("tty.jsonl");
+        // `script` (util-linux) runs the crawl on a pseudo-terminal and
+        // copies what the terminal showed to its stdout.
+        let line = format!(
+            "'{}' -c '{}' crawl '{url}' --per-host-concurrency 1 -o '{}'",
+            env!("CARGO_BIN_EXE_proxywarden"),
+            config.display(),
+            out.display()
+        );
+        let tty = tokio::process::Command::new("script")
+            .args(["-qfec", &line, "/dev/null"])
+            .stdin(Stdio::null())
+            .output()
+            .await
+            .expect("script (util-linux) runs");
+        let shown = String::from_utf8_lossy(&tty.stdout);
+        assert!(tty.status.success(), "{shown}");
+        assert_eq!(lines(&out).len(), 30);
+        let redraw = "\r\x1b[2K";
+        let progress: Vec<&str> = shown
+            .split(redraw)
+            .filter(|l| l.contains(" in flight, "))
+            .collect();
+        assert!(
+            !progress.is_empty(),
+            "no progress line on a terminal: {shown:?}"
+        );
+        assert!(
+            progress
+                .iter()
+                .all(|l| l.contains(" pages (") && l.contains("pages/s; proxies ")),
+            "{progress:?}"
+        );
+        // The line is cleared before the summary.
+        let summary = shown.rfind("crawl finished").expect("the summary");
+        assert!(shown[..summary].ends_with(redraw), "{shown:?}");
+
+        // Piped: the summary alone.
+        let out = dir.path().join("piped.jsonl");
+        let piped = crawl_cmd(&config, &[url.as_str(), "-o", out.to_str().unwrap()])
+            .output()
+            .await
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&piped.stderr);
+        assert!(piped.status.success(), "{stderr}");
+        assert!(stderr.starts_with("crawl finished"), "{stderr:?}");
+        assert!(
+            !stderr.contains(" in flight") && !stderr.contains('\x1b'),
+            "{stderr:?}"
+        );
+    })
+    .await;
+}

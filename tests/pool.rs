@@ -862,6 +862,157 @@ async fn a_page_refused_to_every_proxy_is_the_sites_answer() {
     .await;
 }
 
+#[tokio::test]
+async fn a_connection_is_kept_alive_per_proxy_and_target() {
+    within(async {
+        let dir = tempfile::tempdir().unwrap();
+        let a = Site::start(SiteOpts::new(|_, _| Reply::html("a"))).await;
+        let b = Site::start(SiteOpts::new(|_, _| Reply::html("b"))).await;
+        let mut tls_opts = SiteOpts::new(|_, _| Reply::html("s"));
+        tls_opts.tls_dir = Some(dir.path().to_owned());
+        let tls = Site::start(tls_opts).await;
+        let socks5 = FakeSocks5::start(SocksOpts {
+            upstream_bind: Some(ip(2)),
+            ..SocksOpts::default()
+        })
+        .await;
+        let http = http_proxy(3).await;
+        let proxies = [AliveProxy::new(socks5.url()), AliveProxy::new(http.url())];
+        let (store, _) = store_with_alive(&dir.path().join("p.db"), &proxies).await;
+        let index = load_index(&store).await.unwrap();
+        let socks_pool = Pool::new(
+            Feedback::new(index.clone(), store.clone()),
+            PoolOptions {
+                query: ProxyQuery {
+                    schemes: vec![Scheme::Socks5],
+                    ..ProxyQuery::default()
+                },
+                ..quick()
+            },
+        )
+        .unwrap();
+        for i in 0..3 {
+            let page = socks_pool.get(&a.url(&format!("/{i}"))).await.unwrap();
+            assert_eq!(page.text(), "a");
+        }
+        // Three pages of one site through one proxy: one connection.
+        assert_eq!(socks5.requests(), 1, "connections to the proxy");
+        assert_eq!(a.connections(), 1, "connections reaching the site");
+        assert_eq!(a.log().len(), 3);
+        // Another site through the same proxy needs its own connection,
+        // which is then kept as well.
+        socks_pool.get(&b.url("/x")).await.unwrap();
+        socks_pool.get(&b.url("/y")).await.unwrap();
+        assert_eq!(socks5.requests(), 2);
+        assert_eq!(b.connections(), 1);
+        socks_pool.get(&a.url("/again")).await.unwrap();
+        assert_eq!(socks5.requests(), 2, "the first connection is still kept");
+
+        // A TLS tunnel through an HTTP proxy is kept too: one CONNECT.
+        let http_pool = Pool::new(
+            Feedback::new(index, store.clone()),
+            PoolOptions {
+                query: ProxyQuery {
+                    schemes: vec![Scheme::Http],
+                    ..ProxyQuery::default()
+                },
+                extra_ca: Some(tls.ca_file().to_owned()),
+                ..quick()
+            },
+        )
+        .unwrap();
+        for i in 0..3 {
+            let page = http_pool.get(&tls.url(&format!("/{i}"))).await.unwrap();
+            assert_eq!(page.text(), "s");
+        }
+        assert_eq!(http.requests(), 1, "one CONNECT for three pages");
+        assert_eq!(tls.connections(), 1);
+    })
+    .await;
+}
+
+/// Counts the turns a request took at the site.
+#[derive(Default)]
+struct CountingPacer(std::sync::atomic::AtomicUsize);
+
+impl proxywarden::pool::Pacer for CountingPacer {
+    fn wait<'a>(
+        &'a self,
+        _url: &'a url::Url,
+    ) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send + 'a>> {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Box::pin(async {})
+    }
+
+    fn answered(&self, _: &url::Url, _: Option<http::StatusCode>, _: Option<Duration>) {}
+}
+
+#[tokio::test]
+async fn a_dead_proxy_costs_the_site_no_turn() {
+    within(async {
+        let dir = tempfile::tempdir().unwrap();
+        let site = Site::start(SiteOpts::new(|_, _| Reply::html("ok"))).await;
+        let dead: Vec<_> = (0..3).map(|_| common::fakes::closed_port()).collect();
+        let alive = http_proxy(2).await;
+        let mut proxies: Vec<AliveProxy> = dead
+            .iter()
+            .map(|d| AliveProxy::new(format!("http://{}", d.addr())))
+            .collect();
+        proxies.push(AliveProxy::new(alive.url()));
+        let (pool, _, _) = live_pool(
+            dir.path(),
+            &proxies,
+            PoolOptions {
+                strategy: StrategyKind::RoundRobin,
+                ..quick()
+            },
+        )
+        .await;
+        let pacer = Arc::new(CountingPacer::default());
+        let req = Request::new(site.url("/a").parse().unwrap())
+            .unwrap()
+            .pacer(pacer.clone());
+        let page = pool.fetch(req).await.unwrap();
+        assert_eq!(page.text(), "ok");
+        assert_eq!(page.attempts(), 4, "three dead proxies tried first");
+        // Only the request that reached the site took a turn there.
+        assert_eq!(pacer.0.load(std::sync::atomic::Ordering::SeqCst), 1);
+        assert_eq!(site.log().len(), 1);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn one_sites_requests_are_spread_over_proxies() {
+    within(async {
+        let dir = tempfile::tempdir().unwrap();
+        let site = Site::start(SiteOpts::new(|_, _| Reply::html("ok"))).await;
+        let mut farm = Vec::new();
+        for last in 2..8 {
+            farm.push(http_proxy(last).await);
+        }
+        let proxies: Vec<AliveProxy> = farm.iter().map(|p| AliveProxy::new(p.url())).collect();
+        // The default strategy favours the fastest: without spreading, the
+        // same few would carry most requests back to back.
+        let (pool, _, _) = live_pool(dir.path(), &proxies, quick()).await;
+        for i in 0..30 {
+            pool.get(&site.url(&format!("/{i}"))).await.unwrap();
+        }
+        let peers = peers(&site);
+        assert_eq!(peers.len(), 30);
+        // No proxy carries two of any five requests in a row to the site.
+        for w in peers.windows(5) {
+            let distinct: HashSet<&IpAddr> = w.iter().collect();
+            assert_eq!(distinct.len(), 5, "{w:?}");
+        }
+        // Another site may use a proxy the first one just had.
+        let other = Site::start(SiteOpts::new(|_, _| Reply::html("ok"))).await;
+        let page = pool.get(&other.url("/")).await.unwrap();
+        assert_eq!(page.text(), "ok");
+    })
+    .await;
+}
+
 /// An https fetch whose CONNECT tunnel breaks in use has the proxy's HTTPS
 /// support tested again at its next check, which is made due now: a proxy
 /// that stopped tunnelling is not offered for https targets for hours.

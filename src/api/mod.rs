@@ -4,6 +4,7 @@
 //! `/judge` when configured.
 
 mod answers;
+mod crawls;
 mod error;
 mod handlers;
 pub mod judge;
@@ -23,6 +24,8 @@ use axum::extract::{MatchedPath, Request, State};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+
+use crate::crawl::jobs::CrawlJobs;
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 use serde::Serialize;
 use subtle::ConstantTimeEq;
@@ -93,6 +96,8 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     /// The last rounds.
     pub rounds: Arc<Mutex<Rounds>>,
+    /// Crawl jobs (`/crawls`), on the pool of `feedback`'s index.
+    pub crawls: CrawlJobs,
     /// Rendered `/proxy` answers.
     answers: Arc<answers::Answers>,
     /// `/judge` calls per client network (see [`client_network`]).
@@ -115,6 +120,7 @@ impl AppState {
     pub fn new(store: Store, feedback: Feedback, config: Arc<Config>) -> AppState {
         let per_minute = NonZeroU32::new(config.api.judge_per_minute).unwrap_or(NonZeroU32::MIN);
         AppState {
+            crawls: CrawlJobs::new(store.clone(), feedback.clone(), &config),
             store,
             feedback,
             checker: Arc::new(tokio::sync::watch::Sender::new(None)),
@@ -171,6 +177,9 @@ pub fn router(state: AppState) -> Router {
         .route("/export", get(handlers::export))
         .route("/stats", get(handlers::stats))
         .route("/sources", get(handlers::sources))
+        .route("/crawls", get(crawls::list).post(crawls::start))
+        .route("/crawls/{id}", get(crawls::show).delete(crawls::cancel))
+        .route("/crawls/{id}/pages", get(crawls::pages))
         .route("/metrics", get(handlers::metrics))
         .route("/healthz", get(handlers::healthz))
         .route("/judge", get(judge_route))

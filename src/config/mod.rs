@@ -5,6 +5,7 @@
 
 mod api;
 mod check;
+mod crawls;
 mod database;
 mod gateway;
 mod geoip;
@@ -20,6 +21,7 @@ use toml::Table;
 
 pub use api::{ApiConfig, MIN_PUBLIC_TOKEN, Secret};
 pub use check::{CheckConfig, JudgeConfig};
+pub use crawls::CrawlsConfig;
 pub use database::DatabaseConfig;
 pub use gateway::GatewayConfig;
 pub use geoip::GeoipConfig;
@@ -68,6 +70,8 @@ pub struct Config {
     pub api: ApiConfig,
     /// The local rotating gateway.
     pub gateway: GatewayConfig,
+    /// Crawl jobs run by the daemon.
+    pub crawls: CrawlsConfig,
 }
 
 /// Every problem found in a config file.
@@ -308,6 +312,7 @@ fn build(root: &mut Section) -> Option<Config> {
     let geoip = root.read_section("geoip", geoip::read);
     let api = root.read_section("api", api::read);
     let gateway = root.read_section("gateway", gateway::read);
+    let crawls = root.read_section("crawls", crawls::read);
     Some(Config {
         database: database?,
         harvest: harvest?,
@@ -316,6 +321,7 @@ fn build(root: &mut Section) -> Option<Config> {
         geoip,
         api: api?,
         gateway: gateway?,
+        crawls: crawls?,
     })
 }
 

@@ -1,9 +1,10 @@
 //! The crawl's state in its own SQLite file (WAL): every URL seen, its
 //! depth, parent and state, and the crawl's settings and output offsets.
-//! Each finished page is one small transaction, so a crawl of millions of
-//! URLs keeps only queue heads in memory and resumes after `kill -9`:
-//! a page is marked done in the same commit that records the output
-//! length including its line.
+//! Finished pages are committed in small batches (what the crawler handled
+//! in one turn of its loop, at most the pages in flight), so a crawl of
+//! millions of URLs keeps only queue heads in memory and resumes after
+//! `kill -9`: a page is marked done in the same commit that records the
+//! output length including its line.
 
 use std::path::Path;
 use std::time::Duration;
@@ -72,6 +73,8 @@ pub enum FrontierError {
 pub struct Frontier {
     conn: Connection,
     path: String,
+    /// A transaction is open: writes since the last [`Frontier::commit`].
+    open: bool,
     /// Removes a temporary state file when the crawl ends.
     _temp: Option<tempfile::TempPath>,
 }
@@ -130,6 +133,7 @@ impl Frontier {
         Ok(Frontier {
             conn,
             path: shown,
+            open: false,
             _temp: temp,
         })
     }
@@ -149,7 +153,7 @@ impl Frontier {
             .map_err(|e| self.err(e))
     }
 
-    /// Stores a setting.
+    /// Stores a setting (in the open batch, if there is one).
     pub fn set_meta(&mut self, key: &str, value: &str) -> Result<(), FrontierError> {
         self.conn
             .execute(
@@ -161,44 +165,73 @@ impl Frontier {
             .map_err(|e| self.err(e))
     }
 
-    /// Adds `urls` not seen before; returns those it added.
-    pub fn add(&mut self, urls: &[NewUrl]) -> Result<Vec<Queued>, FrontierError> {
-        let tx = self.conn.transaction().map_err(|e| FrontierError::Sqlite {
-            path: self.path.clone(),
-            source: e,
-        })?;
-        let added = insert(&tx, urls).and_then(|a| tx.commit().map(|()| a));
-        added.map_err(|e| self.err(e))
+    /// Opens the batch's transaction unless one is open.
+    fn begin(&mut self) -> Result<(), FrontierError> {
+        if !self.open {
+            self.conn
+                .execute_batch("BEGIN IMMEDIATE")
+                .map_err(|e| self.err(e))?;
+            self.open = true;
+        }
+        Ok(())
     }
 
-    /// Records page `id`'s end (its state and attempts), adds the URLs it
-    /// linked to, and stores `meta` (output offsets), all in one commit.
+    /// Commits what was written since the last commit, with `meta` (the
+    /// output lengths that include the lines of the pages it finishes).
+    pub fn commit(&mut self, meta: &[(&str, String)]) -> Result<(), FrontierError> {
+        if !self.open {
+            return Ok(());
+        }
+        let run = |conn: &Connection| -> rusqlite::Result<()> {
+            let mut st = conn.prepare_cached(
+                "INSERT INTO meta (key, value) VALUES (?1, ?2)
+                 ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+            )?;
+            for (k, v) in meta {
+                st.execute(params![k, v])?;
+            }
+            conn.execute_batch("COMMIT")
+        };
+        let r = run(&self.conn);
+        self.open = false;
+        if r.is_err() {
+            let _ = self.conn.execute_batch("ROLLBACK");
+        }
+        r.map_err(|e| self.err(e))
+    }
+
+    /// True while writes wait for [`Frontier::commit`].
+    pub fn dirty(&self) -> bool {
+        self.open
+    }
+
+    /// Adds `urls` not seen before and commits; returns those it added.
+    pub fn add(&mut self, urls: &[NewUrl]) -> Result<Vec<Queued>, FrontierError> {
+        self.begin()?;
+        let added = insert(&self.conn, urls).map_err(|e| self.err(e))?;
+        self.commit(&[])?;
+        Ok(added)
+    }
+
+    /// Records page `id`'s end (its state and attempts) and adds the URLs
+    /// it linked to, in the open batch: nothing is durable before
+    /// [`Frontier::commit`], which also stores the output lengths.
     pub fn finish(
         &mut self,
         id: i64,
         state: UrlState,
         attempts: u32,
         links: &[NewUrl],
-        meta: &[(&str, String)],
     ) -> Result<Vec<Queued>, FrontierError> {
-        let run = |conn: &mut Connection| -> rusqlite::Result<Vec<Queued>> {
-            let tx = conn.transaction()?;
-            tx.execute(
+        self.begin()?;
+        let run = |conn: &Connection| -> rusqlite::Result<Vec<Queued>> {
+            conn.prepare_cached(
                 "UPDATE urls SET state = ?2, attempts = attempts + ?3 WHERE id = ?1",
-                params![id, state as i64, attempts],
-            )?;
-            let added = insert(&tx, links)?;
-            for (k, v) in meta {
-                tx.execute(
-                    "INSERT INTO meta (key, value) VALUES (?1, ?2)
-                     ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-                    params![k, v],
-                )?;
-            }
-            tx.commit()?;
-            Ok(added)
+            )?
+            .execute(params![id, state as i64, attempts])?;
+            insert(conn, links)
         };
-        run(&mut self.conn).map_err(|e| self.err(e))
+        run(&self.conn).map_err(|e| self.err(e))
     }
 
     /// Marks a URL done without fetching it (it was reached through a
@@ -209,13 +242,14 @@ impl Frontier {
         host: &str,
         depth: u32,
     ) -> Result<(), FrontierError> {
+        self.begin()?;
         let r = self
             .conn
-            .execute(
+            .prepare_cached(
                 "INSERT INTO urls (url, host, depth, state) VALUES (?1, ?2, ?3, 2)
                  ON CONFLICT (url) DO UPDATE SET state = 2 WHERE state = 0",
-                params![url, host, depth],
             )
+            .and_then(|mut st| st.execute(params![url, host, depth]))
             .map(|_| ());
         r.map_err(|e| self.err(e))
     }
@@ -280,6 +314,7 @@ impl Frontier {
 
     /// Puts the pages that failed for good back in the queue; how many.
     pub fn requeue_failed(&mut self) -> Result<usize, FrontierError> {
+        self.commit(&[])?;
         self.conn
             .execute(
                 "UPDATE urls SET state = 0 WHERE state = ?1",
@@ -333,15 +368,14 @@ mod tests {
         assert_eq!(added.len(), 2);
         assert!(f.add(&[new("http://h/a", 1)]).unwrap().is_empty());
         let more = f
-            .finish(
-                added[0].id,
-                UrlState::Done,
-                2,
-                &[new("http://h/c", 1)],
-                &[("out_len", "10".into())],
-            )
+            .finish(added[0].id, UrlState::Done, 2, &[new("http://h/c", 1)])
             .unwrap();
         assert_eq!(more[0].url, "http://h/c");
+        f.commit(&[("out_len", "10".into())]).unwrap();
+        // A batch never committed (a crash) is not kept.
+        f.finish(added[1].id, UrlState::Done, 1, &[new("http://h/d", 1)])
+            .unwrap();
+        assert!(f.dirty());
         drop(f);
 
         let mut f = Frontier::open(Some(&path)).unwrap();
@@ -356,7 +390,7 @@ mod tests {
         assert_eq!(waiting, ["http://h/b", "http://h/c"]);
         assert_eq!(f.count(UrlState::Done).unwrap(), 1);
         let b = f.waiting("h", 0, 1).unwrap().remove(0);
-        f.finish(b.id, UrlState::Failed, 1, &[], &[]).unwrap();
+        f.finish(b.id, UrlState::Failed, 1, &[]).unwrap();
         assert_eq!(f.requeue_failed().unwrap(), 1);
         f.mark_seen_done("http://h/c", "h", 1).unwrap();
         assert_eq!(f.waiting("h", 0, 10).unwrap().len(), 1);

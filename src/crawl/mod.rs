@@ -6,6 +6,7 @@
 
 pub mod extract;
 pub mod frontier;
+pub mod jobs;
 pub mod output;
 pub mod polite;
 pub mod summary;
@@ -353,15 +354,22 @@ impl Crawler {
             self.progress
                 .in_flight
                 .store(running.len() as u64, Ordering::Relaxed);
+            // One commit for what this turn of the loop finished.
+            self.commit(sink)?;
             if running.is_empty() && (stop_at.is_some() || wake.is_none()) {
                 return Ok(());
             }
             tokio::select! {
                 done = running.join_next(), if !running.is_empty() => {
-                    match done {
-                        Some(Ok(done)) => self.handle(done, sink)?,
-                        Some(Err(e)) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-                        _ => {}
+                    let mut done = done;
+                    // Everything else already finished joins the batch.
+                    while let Some(d) = done {
+                        match d {
+                            Ok(d) => self.handle(d, sink)?,
+                            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+                            Err(_) => {}
+                        }
+                        done = running.try_join_next();
                     }
                 }
                 _ = sleep_until(wake), if wake.is_some() && stop_at.is_none() => {}
@@ -373,7 +381,7 @@ impl Crawler {
                     // Out of grace: what is still in flight stays queued in
                     // the frontier and is fetched by the next run.
                     running.abort_all();
-                    return Ok(());
+                    return self.commit(sink);
                 }
             }
         }
@@ -572,8 +580,7 @@ impl Crawler {
                 }
                 Verdict::Disallowed => {
                     self.unqueue();
-                    self.frontier
-                        .finish(q.id, UrlState::Disallowed, 0, &[], &[])?;
+                    self.frontier.finish(q.id, UrlState::Disallowed, 0, &[])?;
                     self.summary.disallowed += 1;
                 }
             }
@@ -752,9 +759,7 @@ impl Crawler {
                 what: "the output".into(),
                 source,
             })?;
-        let added = self
-            .frontier
-            .finish(q.id, state, attempts, links, &sink.offsets())?;
+        let added = self.frontier.finish(q.id, state, attempts, links)?;
         self.progress.done.fetch_add(1, Ordering::Relaxed);
         if failed {
             self.progress.failed.fetch_add(1, Ordering::Relaxed);
@@ -780,6 +785,20 @@ impl Crawler {
         self.progress
             .queued
             .store(self.buffered as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Writes the lines of the pages finished since the last commit, then
+    /// commits their end with the output lengths.
+    fn commit(&mut self, sink: &mut Sink) -> Result<(), CrawlError> {
+        if !self.frontier.dirty() {
+            return Ok(());
+        }
+        sink.flush().map_err(|source| CrawlError::Output {
+            what: "the output".into(),
+            source,
+        })?;
+        self.frontier.commit(&sink.offsets())?;
         Ok(())
     }
 

@@ -1,8 +1,8 @@
 //! Where pages go: one JSON line per page (to a file or stdout), failed
 //! pages also to `failed.jsonl` beside the output file, and bodies by hash.
-//! Every line is written whole and flushed at once; the lengths written are
-//! committed with the page in the crawl state, and a resumed crawl cuts
-//! the files back to them, so no line is ever doubled or torn.
+//! Lines of a batch of pages are written whole just before the batch's
+//! commit, which records the lengths written; a resumed crawl cuts the
+//! files back to them, so no line is ever doubled or torn.
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
@@ -15,7 +15,12 @@ pub const FAILED_LEN: &str = "failed_len";
 
 enum Target {
     Stdout,
-    File { file: File, len: u64 },
+    /// `len` counts the bytes in `pending` too.
+    File {
+        file: File,
+        len: u64,
+        pending: Vec<u8>,
+    },
 }
 
 impl Target {
@@ -31,7 +36,11 @@ impl Target {
         // what it committed and drops lines of pages it will fetch again.
         let len = keep.unwrap_or(0).min(on_disk);
         file.set_len(len)?;
-        let mut t = Target::File { file, len };
+        let mut t = Target::File {
+            file,
+            len,
+            pending: Vec::new(),
+        };
         if let Target::File { file, .. } = &mut t {
             use std::io::Seek;
             file.seek(io::SeekFrom::Start(len))?;
@@ -46,12 +55,22 @@ impl Target {
                 out.write_all(line)?;
                 out.flush()
             }
-            Target::File { file, len } => {
-                file.write_all(line)?;
+            Target::File { len, pending, .. } => {
+                pending.extend_from_slice(line);
                 *len += line.len() as u64;
                 Ok(())
             }
         }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        if let Target::File { file, pending, .. } = self
+            && !pending.is_empty()
+        {
+            file.write_all(pending)?;
+            pending.clear();
+        }
+        Ok(())
     }
 
     fn len(&self) -> Option<u64> {
@@ -101,7 +120,8 @@ impl Sink {
         })
     }
 
-    /// Writes a page's line (and, when it failed, to `failed.jsonl`).
+    /// Queues a page's line (and, when it failed, to `failed.jsonl`) for
+    /// the next [`Sink::flush`]; stdout gets it at once.
     pub fn page(&mut self, line: &serde_json::Value, failed: bool) -> io::Result<()> {
         let mut bytes = serde_json::to_vec(line).map_err(io::Error::other)?;
         bytes.push(b'\n');
@@ -112,7 +132,16 @@ impl Sink {
         Ok(())
     }
 
-    /// The lengths to commit with the page just written.
+    /// Writes the queued lines, before the commit of their pages.
+    pub fn flush(&mut self) -> io::Result<()> {
+        self.out.flush()?;
+        if let Some(f) = &mut self.failed {
+            f.flush()?;
+        }
+        Ok(())
+    }
+
+    /// The lengths to commit with the pages written.
     pub fn offsets(&self) -> Vec<(&'static str, String)> {
         let mut v = Vec::new();
         if let Some(n) = self.out.len() {
@@ -156,12 +185,14 @@ mod tests {
         let committed = sink.offsets();
         sink.page(&serde_json::json!({"url": "b", "error": "x"}), true)
             .unwrap();
+        sink.flush().unwrap();
         drop(sink);
         assert_eq!(std::fs::read_to_string(&path).unwrap().lines().count(), 2);
         let out_len = committed[0].1.parse().unwrap();
         let failed_len = committed[1].1.parse().unwrap();
         let mut sink = Sink::open(Some(&path), Some(out_len), Some(failed_len)).unwrap();
         sink.page(&serde_json::json!({"url": "c"}), false).unwrap();
+        sink.flush().unwrap();
         drop(sink);
         let text = std::fs::read_to_string(&path).unwrap();
         assert_eq!(text, "{\"url\":\"a\"}\n{\"url\":\"c\"}\n");

@@ -97,7 +97,13 @@ impl Politeness {
                 let h = self.host(&mut hosts, key);
                 let now = Instant::now();
                 if h.next_at <= now {
-                    h.next_at = now + current(h);
+                    // A turn taken late (timer and scheduling lag) lends
+                    // the next one up to a tenth of the delay, so lags do
+                    // not add up over a crawl; any run of turns still
+                    // spans at least its delays less that tenth.
+                    let delay = current(h);
+                    let late = (now - h.next_at).min(delay / 10);
+                    h.next_at = now + delay - late;
                     h.last_start = Some(now);
                     return;
                 }
@@ -140,6 +146,11 @@ impl Pacer for Politeness {
 
     fn answered(&self, url: &Url, status: Option<StatusCode>, retry_after: Option<Duration>) {
         self.note(&site_of(url), status, retry_after);
+    }
+
+    fn ready_in(&self, url: &Url) -> Duration {
+        self.ready_at(&site_of(url))
+            .saturating_duration_since(Instant::now())
     }
 }
 

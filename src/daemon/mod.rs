@@ -1,5 +1,6 @@
-//! `serve`: the daemon's components (the API, the gateway, the check loop, harvests on
-//! the cron schedule, the daily purge, the systemd watchdog), each a task
+//! `serve`: the daemon's components (the API, the gateway, the check loop,
+//! harvests on the cron schedule, the daily purge, crawl jobs, the systemd
+//! watchdog), each a task
 //! on one tracker, started together and stopped together.
 
 mod checks;
@@ -127,6 +128,7 @@ pub async fn run(
         }
         .run(stop.clone()),
     );
+    tasks.spawn(state.crawls.clone().run(stop.clone()));
     tasks.spawn(systemd::watchdog(stop.clone()));
     tasks.close();
     systemd::notify(&[sd_notify::NotifyState::Ready]);

@@ -22,6 +22,8 @@ use crate::model::Reason;
 use crate::net::{self, DialOptions, hyper_reason, proxy_authorization};
 use crate::proxy::{Proxy, Scheme};
 
+use super::Pacer;
+
 /// Idle connections kept per (proxy, origin); more are closed.
 const IDLE_PER_KEY: usize = 2;
 /// Idle connections kept in all.
@@ -68,6 +70,10 @@ pub(crate) enum Failure {
 
 type Key = (Option<i64>, String);
 
+/// A connection ready for a request: its sender, whether it is TLS end to
+/// end, whether it speaks to a forward proxy, and whether it is new.
+type Conn = (SendRequest<Empty<Bytes>>, bool, bool, bool);
+
 struct Idle {
     sender: SendRequest<Empty<Bytes>>,
     since: Instant,
@@ -79,7 +85,7 @@ struct Idle {
 pub(crate) struct Client {
     tls: Arc<rustls::ClientConfig>,
     user_agent: HeaderValue,
-    idle: Mutex<HashMap<Key, Vec<Idle>>>,
+    idle: Mutex<IdleConns>,
 }
 
 impl Client {
@@ -92,24 +98,16 @@ impl Client {
     }
 
     /// GETs `url` through `proxy` (`id` names it for keep-alive), or
-    /// directly when `proxy` is `None`, within `limits`.
+    /// directly when `proxy` is `None`, within `limits`. With a `pacer`,
+    /// the site's turn is taken once the connection is up: a proxy that
+    /// refuses or never answers its handshake costs the site no turn.
+    /// The wait for the turn counts against no limit.
     pub async fn get(
         &self,
         proxy: Option<(i64, &Proxy)>,
         url: &Url,
         limits: Limits,
-    ) -> Result<Answer, Failure> {
-        match tokio::time::timeout(limits.total, self.get_inner(proxy, url, limits)).await {
-            Ok(r) => r,
-            Err(_) => Err(Failure::Proxy(Reason::Timeout)),
-        }
-    }
-
-    async fn get_inner(
-        &self,
-        proxy: Option<(i64, &Proxy)>,
-        url: &Url,
-        limits: Limits,
+        pacer: Option<&dyn Pacer>,
     ) -> Result<Answer, Failure> {
         let https = url.scheme() == "https";
         let host = url
@@ -120,55 +118,98 @@ impl Client {
             .ok_or(Failure::Proxy(Reason::ProtocolError))?;
         let target = net::Target::new(host, port).map_err(|_| Failure::Unreached)?;
         let key: Key = (proxy.map(|(id, _)| id), origin(url));
-        let mut reused = self.take_idle(&key);
-        loop {
-            let fresh = reused.is_none();
-            let (mut sender, tls, forward) = match reused.take() {
-                Some(idle) => (idle.sender, idle.tls, idle.forward),
-                None => {
-                    self.connect(proxy.map(|(_, p)| p), &target, https, limits)
-                        .await?
-                }
-            };
-            let req = self.request(url, &target, forward, proxy.map(|(_, p)| p))?;
-            let sent = tokio::time::timeout(limits.first_byte, sender.send_request(req)).await;
-            let resp = match sent {
-                Err(_) => return Err(Failure::Proxy(Reason::Timeout)),
-                // A kept-alive connection the server closed meanwhile: no
-                // one's fault, open a new one.
-                Ok(Err(e)) if !fresh && (e.is_closed() || e.is_canceled()) => continue,
-                Ok(Err(e)) => return Err(Failure::Proxy(hyper_reason(&e))),
-                Ok(Ok(resp)) => resp,
-            };
-            let (parts, body) = resp.into_parts();
-            let raw = Limited::new(body, limits.max_body)
-                .collect()
+        let t0 = Instant::now();
+        let mut conn: Conn = match self.take_idle(&key) {
+            Some(idle) => (idle.sender, idle.tls, idle.forward, false),
+            None => {
+                let c = tokio::time::timeout(
+                    limits.total,
+                    self.connect(proxy.map(|(_, p)| p), &target, https, limits),
+                )
                 .await
-                .map_err(|e| match e.downcast_ref::<hyper::Error>() {
-                    Some(h) => Failure::Proxy(hyper_reason(h)),
-                    None => Failure::TooLarge,
-                })?
-                .to_bytes();
-            if sender.is_ready() && keep_alive(&parts.headers) {
-                self.put_idle(
-                    key,
-                    Idle {
-                        sender,
-                        since: Instant::now(),
-                        tls,
-                        forward,
-                    },
-                );
+                .map_err(|_| Failure::Proxy(Reason::Timeout))??;
+                (c.0, c.1, c.2, true)
             }
-            let body = decode(&parts.headers, raw, limits.max_body)?;
-            return Ok(Answer {
-                status: parts.status,
-                headers: parts.headers,
-                body,
-                forward,
-                tls,
-            });
+        };
+        let connecting = t0.elapsed();
+        if let Some(p) = pacer {
+            p.wait(url).await;
         }
+        let left = limits.total.saturating_sub(connecting);
+        let exchange = async {
+            loop {
+                match self
+                    .exchange(conn, key.clone(), url, &target, proxy, limits)
+                    .await
+                {
+                    // A kept-alive connection the server closed meanwhile: no
+                    // one's fault, open a new one (the turn is still ours:
+                    // the request never left).
+                    Err(None) => {
+                        let c = self
+                            .connect(proxy.map(|(_, p)| p), &target, https, limits)
+                            .await?;
+                        conn = (c.0, c.1, c.2, true);
+                    }
+                    Err(Some(f)) => return Err(f),
+                    Ok(a) => return Ok(a),
+                }
+            }
+        };
+        match tokio::time::timeout(left, exchange).await {
+            Ok(r) => r,
+            Err(_) => Err(Failure::Proxy(Reason::Timeout)),
+        }
+    }
+
+    /// One request on `conn`; `Err(None)` when a reused connection turned
+    /// out closed before the request left.
+    async fn exchange(
+        &self,
+        conn: Conn,
+        key: Key,
+        url: &Url,
+        target: &net::Target,
+        proxy: Option<(i64, &Proxy)>,
+        limits: Limits,
+    ) -> Result<Answer, Option<Failure>> {
+        let (mut sender, tls, forward, fresh) = conn;
+        let req = self.request(url, target, forward, proxy.map(|(_, p)| p))?;
+        let sent = tokio::time::timeout(limits.first_byte, sender.send_request(req)).await;
+        let resp = match sent {
+            Err(_) => return Err(Some(Failure::Proxy(Reason::Timeout))),
+            Ok(Err(e)) if !fresh && (e.is_closed() || e.is_canceled()) => return Err(None),
+            Ok(Err(e)) => return Err(Some(Failure::Proxy(hyper_reason(&e)))),
+            Ok(Ok(resp)) => resp,
+        };
+        let (parts, body) = resp.into_parts();
+        let raw = Limited::new(body, limits.max_body)
+            .collect()
+            .await
+            .map_err(|e| match e.downcast_ref::<hyper::Error>() {
+                Some(h) => Failure::Proxy(hyper_reason(h)),
+                None => Failure::TooLarge,
+            })?
+            .to_bytes();
+        if sender.is_ready() && keep_alive(&parts.headers) {
+            self.put_idle(
+                key,
+                Idle {
+                    sender,
+                    since: Instant::now(),
+                    tls,
+                    forward,
+                },
+            );
+        }
+        let body = decode(&parts.headers, raw, limits.max_body)?;
+        Ok(Answer {
+            status: parts.status,
+            headers: parts.headers,
+            body,
+            forward,
+            tls,
+        })
     }
 
     /// A new connection ready for requests: dialed, TLS for https targets.
@@ -249,42 +290,58 @@ impl Client {
 
     fn take_idle(&self, key: &Key) -> Option<Idle> {
         let mut idle = lock(&self.idle);
-        let list = idle.get_mut(key)?;
+        let pool = &mut *idle;
+        let list = pool.conns.get_mut(key)?;
         let found = loop {
             match list.pop() {
-                Some(c) if c.since.elapsed() < IDLE_FOR && c.sender.is_ready() => break Some(c),
-                Some(_) => continue,
+                Some(c) => {
+                    pool.count -= 1;
+                    if c.since.elapsed() < IDLE_FOR && c.sender.is_ready() {
+                        break Some(c);
+                    }
+                }
                 None => break None,
             }
         };
         if list.is_empty() {
-            idle.remove(key);
+            pool.conns.remove(key);
         }
         found
     }
 
     fn put_idle(&self, key: Key, conn: Idle) {
         let mut idle = lock(&self.idle);
-        let total: usize = idle.values().map(Vec::len).sum();
-        if total >= IDLE_TOTAL {
-            idle.retain(|_, list| {
+        let pool = &mut *idle;
+        if pool.count >= IDLE_TOTAL {
+            pool.conns.retain(|_, list| {
                 list.retain(|c| c.since.elapsed() < IDLE_FOR);
                 !list.is_empty()
             });
-            if idle.values().map(Vec::len).sum::<usize>() >= IDLE_TOTAL {
+            pool.count = pool.conns.values().map(Vec::len).sum();
+            if pool.count >= IDLE_TOTAL {
                 return;
             }
         }
-        let list = idle.entry(key).or_default();
+        let list = pool.conns.entry(key).or_default();
         if list.len() < IDLE_PER_KEY {
             list.push(conn);
+            pool.count += 1;
         }
     }
 
     /// Drops the idle connections through proxy `id` (it failed).
     pub fn forget(&self, id: i64) {
-        lock(&self.idle).retain(|(p, _), _| *p != Some(id));
+        let mut idle = lock(&self.idle);
+        idle.conns.retain(|(p, _), _| *p != Some(id));
+        idle.count = idle.conns.values().map(Vec::len).sum();
     }
+}
+
+/// Idle connections by (proxy, origin), and how many in all.
+#[derive(Default)]
+struct IdleConns {
+    conns: HashMap<Key, Vec<Idle>>,
+    count: usize,
 }
 
 /// `scheme://host:port` of `url`.

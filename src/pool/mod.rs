@@ -25,7 +25,7 @@ pub(crate) use classify::Class;
 pub use classify::{Classifier, DEFAULT_BLOCK_PATTERNS, DEFAULT_PORTAL_PATTERNS};
 pub use strategy::StrategyKind;
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::fmt;
 use std::future::Future;
 use std::path::PathBuf;
@@ -338,7 +338,16 @@ pub trait Pacer: Send + Sync {
     /// What the request to `url` got: its status (`None` when no answer
     /// came) and `Retry-After`.
     fn answered(&self, url: &Url, status: Option<StatusCode>, retry_after: Option<Duration>);
+    /// How long until a request to `url` may start, as far as known now.
+    fn ready_in(&self, _url: &Url) -> Duration {
+        Duration::ZERO
+    }
 }
+
+/// The pool connects to a proxy this long before the site's turn comes
+/// (so that a dead proxy costs the site no turn) and sleeps through the
+/// rest of a longer wait first.
+const PRE_DIAL: Duration = Duration::from_secs(1);
 
 /// Decides whether a redirect from one URL to another is followed.
 pub type RedirectRule = Arc<dyn Fn(&Url, &Url) -> bool + Send + Sync>;
@@ -448,6 +457,13 @@ const REFUSAL_QUORUM: u32 = 3;
 const MAX_SESSIONS: usize = 100_000;
 /// Sites whose bans are counted for the stats.
 const MAX_BAN_SITES: usize = 1024;
+/// A proxy that carried one of a site's last this many requests is taken
+/// for that site again only when no other can: one site's requests spread
+/// over proxies, so that no proxy address runs into a per-address rate
+/// limit while the site as a whole is paced politely.
+const RECENT_PER_SITE: usize = 4;
+/// Sites whose recent proxies are remembered.
+const MAX_RECENT_SITES: usize = 4096;
 /// Proxies saying a target cannot be reached before the pool believes it.
 const UNREACHED_QUORUM: u32 = 3;
 /// How long a first pick waits for a store-backed pool's first load.
@@ -468,6 +484,8 @@ struct State {
     last_rr: i64,
     failed: HashSet<i64>,
     bans: HashMap<String, HashSet<i64>>,
+    /// The proxies that last carried a request to each site, newest last.
+    recent: HashMap<String, VecDeque<i64>>,
 }
 
 #[derive(Default)]
@@ -888,9 +906,15 @@ impl Pool {
         let mut redirects = 0;
         loop {
             if let Some(p) = &req.pacer {
-                p.wait(&url).await;
+                // A long wait for the site's turn is spent before dialing,
+                // not on an open connection the proxy may close.
+                let early = p.ready_in(&url).saturating_sub(PRE_DIAL);
+                if !early.is_zero() {
+                    tokio::time::sleep(early).await;
+                }
             }
-            let answer = match self.inner.client.get(proxy, &url, limits).await {
+            let pacer = req.pacer.as_deref();
+            let answer = match self.inner.client.get(proxy, &url, limits, pacer).await {
                 Ok(a) => a,
                 Err(f) => {
                     if let Some(p) = &req.pacer {
@@ -1118,9 +1142,15 @@ impl Pool {
             };
             // Through the feedback path, so the pool never takes a proxy
             // past the freshness window or one a burst made suspect.
-            chosen = inner
-                .feedback
-                .pick(query, now_ms, &strategy, &|e| !usable(&st, e));
+            let recent = st.recent.get(site);
+            chosen = inner.feedback.pick(query, now_ms, &strategy, &|e| {
+                !usable(&st, e) || recent.is_some_and(|r| r.contains(&e.id))
+            });
+            if chosen.is_none() && recent.is_some() {
+                chosen = inner
+                    .feedback
+                    .pick(query, now_ms, &strategy, &|e| !usable(&st, e));
+            }
             if let Some(e) = &chosen {
                 st.last_rr = e.id;
             }
@@ -1137,6 +1167,14 @@ impl Pool {
         let u = st.usage.entry(entry.id).or_default();
         u.in_flight += 1;
         u.uses += 1;
+        if st.recent.len() >= MAX_RECENT_SITES && !st.recent.contains_key(site) {
+            st.recent.clear();
+        }
+        let recent = st.recent.entry(site.to_owned()).or_default();
+        if recent.len() >= RECENT_PER_SITE {
+            recent.pop_front();
+        }
+        recent.push_back(entry.id);
         if let Some(key) = session {
             if st.sessions.len() >= MAX_SESSIONS {
                 let age = opts.session_age;

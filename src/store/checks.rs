@@ -271,17 +271,16 @@ impl Store {
     /// due now. False when there is no such proxy.
     pub async fn record_report(&self, id: i64, ok: bool, now: i64) -> Result<bool, StoreError> {
         self.write(move |c| {
+            // Cached statements: every page a pool or crawl fetches lands here.
             let changed = if ok {
-                c.execute(
-                    "UPDATE proxies SET reports_ok = reports_ok + 1 WHERE id = ?1",
-                    [id],
-                )?
+                c.prepare_cached("UPDATE proxies SET reports_ok = reports_ok + 1 WHERE id = ?1")?
+                    .execute([id])?
             } else {
-                c.execute(
+                c.prepare_cached(
                     "UPDATE proxies SET reports_failed = reports_failed + 1,
                          next_check_at = min(next_check_at, ?2) WHERE id = ?1",
-                    params![id, now],
                 )?
+                .execute(params![id, now])?
             };
             Ok(changed > 0)
         })

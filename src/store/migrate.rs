@@ -14,6 +14,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/0002_reports.sql"),
     include_str!("../../migrations/0003_change_seq.sql"),
     include_str!("../../migrations/0004_https_checked.sql"),
+    include_str!("../../migrations/0005_crawl_jobs.sql"),
 ];
 
 /// The schema version this binary writes.

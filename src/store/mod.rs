@@ -4,11 +4,13 @@
 //! batched writes while read-only connections serve listings.
 
 mod checks;
+mod crawls;
 mod migrate;
 mod queries;
 mod writer;
 
 pub use checks::{CheckRecord, DueCursor, DueLane, DueProxy};
+pub use crawls::CrawlJobRecord;
 pub use queries::{
     Page, ProxyFilter, ProxyRecord, ProxySort, SourceRecord, SourceRun, Stats, UpsertCounts,
 };

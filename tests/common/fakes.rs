@@ -402,6 +402,10 @@ pub struct HttpProxyOpts {
     /// Once the flag is set, answers as this behaviour instead: a proxy
     /// that changes its ways while in use.
     pub later: Option<(Arc<AtomicBool>, Behavior)>,
+    /// Keeps a client's connection open across plain requests whose
+    /// answer has a Content-Length, as most real proxies do; otherwise
+    /// every answer closes it.
+    pub keep_alive: bool,
 }
 
 /// A loopback HTTP/1.1 forward proxy (absolute-form requests and CONNECT).
@@ -559,8 +563,102 @@ async fn http_proxy_conn(
             return respond(client, 405, &[("Allow", "GET, HEAD, POST")], b"no CONNECT").await;
         }
         tunnel(client, &head, rest, &opts, &targets).await
+    } else if opts.keep_alive && rest.is_empty() {
+        let mut head = head;
+        loop {
+            if !forward_kept(&mut client, &head, &opts).await? {
+                return finish(client).await;
+            }
+            let Some((raw_head, rest)) = read_head(&mut client).await? else {
+                return Ok(());
+            };
+            count.fetch_add(1, Ordering::SeqCst);
+            match Head::parse(&raw_head) {
+                Some(h) if rest.is_empty() && !h.first.eq_ignore_ascii_case("CONNECT") => head = h,
+                _ => return respond(client, 400, &[], b"bad request").await,
+            }
+        }
     } else {
         forward(client, peer, &head, rest, &opts).await
+    }
+}
+
+/// One plain request without a body on a kept-alive client connection: the
+/// answer keeps the connection open when its length is known. `Ok(false)`
+/// when the connection is to close.
+async fn forward_kept(
+    client: &mut TcpStream,
+    head: &Head,
+    opts: &HttpProxyOpts,
+) -> io::Result<bool> {
+    let target = head.second.as_str();
+    let Some(after_scheme) = target
+        .get(..7)
+        .filter(|s| s.eq_ignore_ascii_case("http://"))
+        .map(|_| &target[7..])
+    else {
+        return Ok(false);
+    };
+    let split = after_scheme.find(['/', '?']).unwrap_or(after_scheme.len());
+    let (authority, path) = after_scheme.split_at(split);
+    let origin = match path {
+        "" => "/".to_owned(),
+        p if p.starts_with('?') => format!("/{p}"),
+        p => p.to_owned(),
+    };
+    let Some((host, port)) = split_host_port(authority, Some(80)) else {
+        return Ok(false);
+    };
+    let Ok(mut upstream) = connect_upstream(host, port, opts.upstream_bind).await else {
+        client
+            .write_all(b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\n\r\n")
+            .await?;
+        return Ok(true);
+    };
+    let listed = connection_tokens(head);
+    let mut out = format!("{} {origin} HTTP/1.1\r\n", head.first);
+    if head.header("host").is_none() {
+        out.push_str(&format!("Host: {authority}\r\n"));
+    }
+    for (name, value) in &head.headers {
+        if !is_hop_by_hop(name, &listed) {
+            out.push_str(&format!("{name}: {value}\r\n"));
+        }
+    }
+    out.push_str("Connection: close\r\n\r\n");
+    upstream.write_all(out.as_bytes()).await?;
+    let Some((raw_head, rest)) = read_head(&mut upstream).await? else {
+        return Ok(false);
+    };
+    let Some(resp) = Head::parse(&raw_head).filter(|h| h.first.starts_with("HTTP/")) else {
+        return Ok(false);
+    };
+    let length: Option<u64> = resp
+        .header("content-length")
+        .and_then(|v| v.trim().parse().ok());
+    let listed = connection_tokens(&resp);
+    let mut out = format!("{} {} {}\r\n", resp.first, resp.second, resp.third);
+    for (name, value) in &resp.headers {
+        if !is_hop_by_hop(name, &listed) {
+            out.push_str(&format!("{name}: {value}\r\n"));
+        }
+    }
+    if length.is_none() {
+        out.push_str("Connection: close\r\n");
+    }
+    out.push_str("\r\n");
+    client.write_all(out.as_bytes()).await?;
+    client.write_all(&rest).await?;
+    match length {
+        Some(n) => {
+            let left = n.saturating_sub(rest.len() as u64);
+            tokio::io::copy(&mut (&mut upstream).take(left), client).await?;
+            Ok(true)
+        }
+        None => {
+            tokio::io::copy(&mut upstream, client).await?;
+            Ok(false)
+        }
     }
 }
 

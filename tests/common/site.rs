@@ -165,6 +165,8 @@ struct Log {
     per_path: HashMap<String, usize>,
     in_flight: usize,
     max_in_flight: usize,
+    /// TCP connections accepted.
+    connections: usize,
     /// Recent request times per peer, for the rate limit.
     recent: HashMap<IpAddr, Vec<Instant>>,
 }
@@ -207,6 +209,7 @@ impl Site {
                     tokio::select! {
                         accepted = listener.accept() => {
                             let Ok((tcp, peer)) = accepted else { continue };
+                            log.lock().unwrap().connections += 1;
                             let opts = opts.clone();
                             let log = log.clone();
                             let acceptor = acceptor.clone();
@@ -275,6 +278,11 @@ impl Site {
     /// Requests per path.
     pub fn per_path(&self) -> HashMap<String, usize> {
         self.log.lock().unwrap().per_path.clone()
+    }
+
+    /// TCP connections accepted so far (keep-alive reuses one).
+    pub fn connections(&self) -> usize {
+        self.log.lock().unwrap().connections
     }
 
     /// The most requests it was answering at once.

@@ -1,0 +1,874 @@
+//! Crawl jobs in the daemon (`/crawls`): a job's options (the same as
+//! `proxywarden crawl`'s) validated from JSON, its row in the store, and its
+//! crawl run on the daemon's live pool with its frontier and pages in files
+//! beside the database, so that a restarted daemon continues it. At most
+//! `crawls.max_running` crawl at once; the others wait, queued.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use tokio::sync::{Semaphore, watch};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use super::{CrawlOptions, Progress, ScopeKind, Select, Summary, crawl};
+use crate::config::{Config, CrawlsConfig};
+use crate::health::{Feedback, ProxyQuery};
+use crate::pool::{Pool, PoolOptions};
+use crate::proxy::{Anonymity, Country, Scheme};
+use crate::store::{CrawlJobRecord, Store, StoreError, rfc3339};
+
+/// How long the pages in flight of a job that is cancelled or stopped by
+/// a shutdown may take to finish: inside the daemon's stop limit.
+const JOB_GRACE: Duration = Duration::from_secs(5);
+/// Seeds one job may start from.
+const MAX_SEEDS: usize = 1000;
+/// Jobs `GET /crawls` lists, newest first.
+pub const MAX_LISTED: usize = 1000;
+/// Bytes of pages read per chunk of a `/pages` stream.
+const CHUNK: usize = 64 * 1024;
+
+/// A job's options as JSON: the options of `proxywarden crawl`.
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobSpec {
+    /// Where to start (http or https URLs).
+    pub seeds: Vec<String>,
+    /// Links followed from a seed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_depth: Option<u32>,
+    /// Pages fetched at most (at most `crawls.max_pages`, the default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_pages: Option<u64>,
+    /// `same-host` (default), `same-site` or `any`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope: Option<String>,
+    /// URLs must match one of these regexes, when any are given.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub include: Vec<String>,
+    /// URLs must match none of these regexes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub exclude: Vec<String>,
+    /// Query parameters dropped besides `utm_*`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub strip_params: Vec<String>,
+    /// Pages in flight (default 16).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrency: Option<u32>,
+    /// Pages in flight per host (default 2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub per_host_concurrency: Option<u32>,
+    /// Least time between request starts to a host, like `"500ms"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delay: Option<String>,
+    /// Skip robots.txt.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub ignore_robots: bool,
+    /// Fields to extract: name → CSS selector (text of the first match).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub select: BTreeMap<String, String>,
+    /// Every match of each selector, not only the first.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub select_all: bool,
+    /// Only proxies in these countries (ISO codes).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub country: Vec<String>,
+    /// Only proxies of these schemes (`http`, `socks4`, `socks5`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub scheme: Vec<String>,
+    /// Only proxies at least this anonymous.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub anonymity: Option<String>,
+    /// Only proxies that tunnel HTTPS.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub https: bool,
+    /// Only proxies at most this slow.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_latency_ms: Option<u32>,
+    /// Only proxies checked this recently, like `"10m"` (default
+    /// `api.max_age`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_age: Option<String>,
+    /// The user agent sent and matched against robots.txt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user_agent: Option<String>,
+}
+
+/// A job option that is not valid: which one, and why.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct SpecError {
+    /// The option (`seeds[1]`, `max_pages`, …; `body` for the whole).
+    pub field: String,
+    /// What is wrong.
+    pub message: String,
+}
+
+fn bad(field: impl Into<String>, message: impl Into<String>) -> SpecError {
+    SpecError {
+        field: field.into(),
+        message: message.into(),
+    }
+}
+
+/// A job's options made real.
+#[derive(Clone, Debug)]
+pub struct Validated {
+    /// The crawl's options (state and output are the job's own files).
+    pub crawl: CrawlOptions,
+    /// The pool's, on the daemon's index.
+    pub pool: PoolOptions,
+}
+
+impl JobSpec {
+    /// Reads a job's options from a JSON body; the error names the field.
+    pub fn from_json(body: &[u8]) -> Result<JobSpec, SpecError> {
+        // serde would take a struct from an array too.
+        if body.trim_ascii_start().first() != Some(&b'{') {
+            return Err(bad("body", "expected a JSON object of crawl options"));
+        }
+        let mut de = serde_json::Deserializer::from_slice(body);
+        serde_path_to_error::deserialize(&mut de).map_err(|e| {
+            let path = e.path().to_string();
+            let inner = e.into_inner();
+            let field = if matches!(path.as_str(), "." | "?" | "") {
+                // Unknown fields are reported at the object that has them.
+                "body".to_owned()
+            } else {
+                path
+            };
+            bad(field, inner.to_string())
+        })
+    }
+
+    /// Checks every option against `limits` and builds the crawl's and the
+    /// pool's options; `max_age` defaults to `default_age`.
+    pub fn validate(
+        &self,
+        limits: &CrawlsConfig,
+        default_age: Duration,
+    ) -> Result<Validated, SpecError> {
+        if self.seeds.is_empty() {
+            return Err(bad("seeds", "give at least one URL to start from"));
+        }
+        if self.seeds.len() > MAX_SEEDS {
+            return Err(bad("seeds", format!("at most {MAX_SEEDS} URLs")));
+        }
+        let mut seeds = Vec::new();
+        for (i, s) in self.seeds.iter().enumerate() {
+            let field = format!("seeds[{i}]");
+            let url = url::Url::parse(s).map_err(|e| bad(&field, format!("{s:?}: {e}")))?;
+            if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
+                return Err(bad(&field, format!("{s:?} is not an http or https URL")));
+            }
+            seeds.push(url);
+        }
+        let max_pages = match self.max_pages {
+            None => limits.max_pages,
+            Some(0) => return Err(bad("max_pages", "must be at least 1")),
+            Some(n) if n > limits.max_pages => {
+                return Err(bad(
+                    "max_pages",
+                    format!("at most {} (crawls.max_pages), found {n}", limits.max_pages),
+                ));
+            }
+            Some(n) => n,
+        };
+        let scope = match self.scope.as_deref() {
+            None | Some("same-host") => ScopeKind::SameHost,
+            Some("same-site") => ScopeKind::SameSite,
+            Some("any") => ScopeKind::Any,
+            Some(other) => {
+                return Err(bad(
+                    "scope",
+                    format!("expected same-host, same-site or any, found {other:?}"),
+                ));
+            }
+        };
+        let regexes = |name: &str, list: &[String]| -> Result<Vec<regex::Regex>, SpecError> {
+            list.iter()
+                .enumerate()
+                .map(|(i, r)| {
+                    regex::Regex::new(r).map_err(|e| bad(format!("{name}[{i}]"), e.to_string()))
+                })
+                .collect()
+        };
+        let include = regexes("include", &self.include)?;
+        let exclude = regexes("exclude", &self.exclude)?;
+        let count = |name: &str, v: Option<u32>, default: usize, max: u32| match v {
+            None => Ok(default),
+            Some(n) if (1..=max).contains(&n) => Ok(n as usize),
+            Some(n) => Err(bad(name, format!("must be between 1 and {max}, found {n}"))),
+        };
+        let concurrency = count("concurrency", self.concurrency, 16, 1024)?;
+        let per_host = count("per_host_concurrency", self.per_host_concurrency, 2, 256)?;
+        let duration = |name: &str, v: &Option<String>| -> Result<Option<Duration>, SpecError> {
+            v.as_deref()
+                .map(|s| {
+                    humantime::parse_duration(s.trim()).map_err(|e| {
+                        bad(name, format!("{s:?} is not a duration like \"500ms\": {e}"))
+                    })
+                })
+                .transpose()
+        };
+        let delay = duration("delay", &self.delay)?.unwrap_or_default();
+        if delay > Duration::from_secs(3600) {
+            return Err(bad("delay", "at most 1h"));
+        }
+        let max_age = duration("max_age", &self.max_age)?.unwrap_or(default_age);
+        let mut selects = Vec::new();
+        for (name, css) in &self.select {
+            let s = Select::parse(&format!("{name}={css}"))
+                .map_err(|e| bad(format!("select.{name}"), e))?;
+            selects.push(s);
+        }
+        let mut countries = Vec::new();
+        for (i, c) in self.country.iter().enumerate() {
+            countries.push(Country::parse(c).ok_or_else(|| {
+                bad(
+                    format!("country[{i}]"),
+                    format!("{c:?} is not a two-letter country code"),
+                )
+            })?);
+        }
+        let mut schemes = Vec::new();
+        for (i, s) in self.scheme.iter().enumerate() {
+            schemes.push(s.parse::<Scheme>().map_err(|_| {
+                bad(
+                    format!("scheme[{i}]"),
+                    format!("expected http, socks4 or socks5, found {s:?}"),
+                )
+            })?);
+        }
+        let min_anonymity = self
+            .anonymity
+            .as_deref()
+            .map(|a| {
+                a.parse::<Anonymity>().map_err(|_| {
+                    bad(
+                        "anonymity",
+                        format!("expected transparent, anonymous or elite, found {a:?}"),
+                    )
+                })
+            })
+            .transpose()?;
+        let mut pool = PoolOptions {
+            query: ProxyQuery {
+                countries,
+                schemes,
+                min_anonymity,
+                https: self.https,
+                max_latency_ms: self.max_latency_ms.map(i64::from),
+                max_age: Some(max_age),
+                ..ProxyQuery::default()
+            },
+            ..PoolOptions::default()
+        };
+        if let Some(ua) = &self.user_agent {
+            if ua.trim().is_empty() || http::HeaderValue::from_str(ua).is_err() {
+                return Err(bad("user_agent", "must be printable text, not blank"));
+            }
+            pool.user_agent = ua.clone();
+        }
+        let crawl = CrawlOptions {
+            seeds,
+            max_depth: self.max_depth,
+            max_pages: Some(max_pages),
+            scope,
+            include,
+            exclude,
+            strip_params: self.strip_params.clone(),
+            concurrency,
+            per_host_concurrency: per_host,
+            delay,
+            ignore_robots: self.ignore_robots,
+            selects,
+            select_all: self.select_all,
+            grace: JOB_GRACE,
+            ..CrawlOptions::default()
+        };
+        Ok(Validated { crawl, pool })
+    }
+}
+
+/// Why a job request failed.
+#[derive(Debug, thiserror::Error)]
+pub enum JobError {
+    /// An option is invalid.
+    #[error(transparent)]
+    Spec(#[from] SpecError),
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The daemon is stopping.
+    #[error("the daemon is stopping")]
+    Stopping,
+    /// A job's files could not be read.
+    #[error("cannot read a crawl job's pages: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// A job crawling (or waiting to) in this process.
+struct Live {
+    cancel: CancellationToken,
+    /// Cancelled by `DELETE`, not by a shutdown.
+    by_user: Arc<AtomicBool>,
+    progress: Arc<Progress>,
+    ended: watch::Receiver<bool>,
+}
+
+struct Inner {
+    store: Store,
+    feedback: Feedback,
+    limits: CrawlsConfig,
+    default_age: Duration,
+    /// Each job's files live in `dir/<id>/`.
+    dir: PathBuf,
+    permits: Arc<Semaphore>,
+    live: Mutex<HashMap<i64, Live>>,
+    tracker: TaskTracker,
+    shutdown: CancellationToken,
+}
+
+/// The daemon's crawl jobs: a cheap, cloneable handle.
+#[derive(Clone)]
+pub struct CrawlJobs {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for CrawlJobs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CrawlJobs")
+            .field("dir", &self.inner.dir)
+            .finish()
+    }
+}
+
+/// Where the jobs of the database at `db` keep their files.
+pub fn jobs_dir(db: &Path) -> PathBuf {
+    let mut name = db.file_name().unwrap_or_default().to_os_string();
+    name.push(".crawls");
+    db.with_file_name(name)
+}
+
+impl CrawlJobs {
+    /// Jobs of `store`, crawling on the pool of `feedback`'s index, within
+    /// `config.crawls`.
+    pub fn new(store: Store, feedback: Feedback, config: &Config) -> CrawlJobs {
+        CrawlJobs {
+            inner: Arc::new(Inner {
+                store,
+                feedback,
+                limits: config.crawls.clone(),
+                default_age: config.api.max_age,
+                dir: jobs_dir(&config.database.path),
+                permits: Arc::new(Semaphore::new(config.crawls.max_running.max(1))),
+                live: Mutex::default(),
+                tracker: TaskTracker::new(),
+                shutdown: CancellationToken::new(),
+            }),
+        }
+    }
+
+    /// The daemon's component: continues the jobs that had not ended, runs
+    /// jobs until `stop`, then stops them (pages in flight finish within
+    /// [`JOB_GRACE`]) with their state kept for the next start.
+    pub async fn run(self, stop: CancellationToken) {
+        match self.inner.store.unended_crawl_jobs().await {
+            Ok(jobs) => {
+                for rec in jobs {
+                    let spec = JobSpec::from_json(rec.spec.as_bytes())
+                        .and_then(|s| s.validate(&self.inner.limits, self.inner.default_age));
+                    match spec {
+                        Ok(v) => {
+                            tracing::info!(job = rec.id, "continuing a crawl job");
+                            self.spawn(rec.id, v);
+                        }
+                        Err(e) => {
+                            let _ = self
+                                .inner
+                                .store
+                                .crawl_job_ended(rec.id, "failed", None, Some(e.to_string()))
+                                .await;
+                        }
+                    }
+                }
+            }
+            Err(e) => tracing::error!(error = %e, "cannot read the crawl jobs to continue"),
+        }
+        stop.cancelled().await;
+        self.inner.shutdown.cancel();
+        self.inner.tracker.close();
+        self.inner.tracker.wait().await;
+    }
+
+    /// Starts a job from a JSON body; returns its view.
+    pub async fn start(&self, body: &[u8]) -> Result<serde_json::Value, JobError> {
+        if self.inner.shutdown.is_cancelled() {
+            return Err(JobError::Stopping);
+        }
+        let spec = JobSpec::from_json(body)?;
+        let v = spec.validate(&self.inner.limits, self.inner.default_age)?;
+        let json = serde_json::to_string(&spec).expect("options serialize");
+        let rec = self.inner.store.insert_crawl_job(json).await?;
+        self.spawn(rec.id, v);
+        Ok(self.view(&rec))
+    }
+
+    fn spawn(&self, id: i64, v: Validated) {
+        let cancel = self.inner.shutdown.child_token();
+        let by_user = Arc::new(AtomicBool::new(false));
+        let progress = Arc::new(Progress::default());
+        let (ended_tx, ended) = watch::channel(false);
+        lock(&self.inner.live).insert(
+            id,
+            Live {
+                cancel: cancel.clone(),
+                by_user: by_user.clone(),
+                progress: progress.clone(),
+                ended,
+            },
+        );
+        let jobs = self.clone();
+        self.inner.tracker.spawn(async move {
+            let end = jobs.run_job(id, v, cancel, by_user, progress).await;
+            if let Some((state, summary, error)) = end
+                && let Err(e) = jobs
+                    .inner
+                    .store
+                    .crawl_job_ended(id, state, summary, error)
+                    .await
+            {
+                tracing::error!(job = id, error = %e, "cannot record a crawl job's end");
+            }
+            lock(&jobs.inner.live).remove(&id);
+            let _ = ended_tx.send(true);
+        });
+    }
+
+    /// Runs job `id`; how it ended, or `None` when a shutdown stopped it
+    /// (it continues at the next start).
+    async fn run_job(
+        &self,
+        id: i64,
+        v: Validated,
+        cancel: CancellationToken,
+        by_user: Arc<AtomicBool>,
+        progress: Arc<Progress>,
+    ) -> Option<(&'static str, Option<String>, Option<String>)> {
+        let stopped = |by_user: &AtomicBool| {
+            by_user
+                .load(Ordering::SeqCst)
+                .then_some(("cancelled", None, None))
+        };
+        let permit = tokio::select! {
+            p = self.inner.permits.clone().acquire_owned() => p.ok()?,
+            _ = cancel.cancelled() => return stopped(&by_user),
+        };
+        if let Err(e) = self.inner.store.crawl_job_running(id).await {
+            tracing::error!(job = id, error = %e, "cannot record a crawl job's start");
+        }
+        let dir = self.inner.dir.join(id.to_string());
+        if let Err(e) = std::fs::create_dir_all(&dir) {
+            let error = format!("cannot create {}: {e}", dir.display());
+            return Some(("failed", None, Some(error)));
+        }
+        let pool = match Pool::new(self.inner.feedback.clone(), v.pool) {
+            Ok(p) => p,
+            Err(e) => return Some(("failed", None, Some(e.to_string()))),
+        };
+        let opts = CrawlOptions {
+            state: Some(dir.join("state.db")),
+            output: Some(dir.join("pages.jsonl")),
+            ..v.crawl
+        };
+        let result = crawl(&pool, opts, cancel, progress).await;
+        drop(permit);
+        // What earlier runs (before a restart) did counts too.
+        let earlier = match self.inner.store.crawl_job(id).await {
+            Ok(Some(rec)) => rec.summary.and_then(|s| serde_json::from_str(&s).ok()),
+            _ => None,
+        };
+        let total = |s: &Summary| merge_summaries(earlier.as_ref(), summary_json(s)).to_string();
+        match result {
+            Ok(summary) if summary.interrupted => match stopped(&by_user) {
+                Some((state, _, _)) => Some((state, Some(total(&summary)), None)),
+                None => {
+                    if let Err(e) = self.inner.store.crawl_job_paused(id, total(&summary)).await {
+                        tracing::warn!(job = id, error = %e, "cannot keep a crawl job's summary");
+                    }
+                    None
+                }
+            },
+            Ok(summary) => Some(("finished", Some(total(&summary)), None)),
+            Err(e) => {
+                tracing::warn!(job = id, error = %e, "crawl job failed");
+                Some(("failed", None, Some(e.to_string())))
+            }
+        }
+    }
+
+    /// The jobs, newest first.
+    pub async fn list(&self) -> Result<Vec<serde_json::Value>, StoreError> {
+        let recs = self.inner.store.crawl_jobs(MAX_LISTED).await?;
+        Ok(recs.iter().map(|r| self.view(r)).collect())
+    }
+
+    /// Job `id`'s view, if there is such a job.
+    pub async fn get(&self, id: i64) -> Result<Option<serde_json::Value>, StoreError> {
+        let rec = self.inner.store.crawl_job(id).await?;
+        Ok(rec.map(|r| self.view(&r)))
+    }
+
+    /// Cancels job `id`: its pages in flight finish, then it ends
+    /// `cancelled`. Returns its view once it ended (or the grace ran out),
+    /// `None` when there is no such job.
+    pub async fn cancel(&self, id: i64) -> Result<Option<serde_json::Value>, StoreError> {
+        let ended = {
+            let live = lock(&self.inner.live);
+            live.get(&id).map(|l| {
+                l.by_user.store(true, Ordering::SeqCst);
+                l.cancel.cancel();
+                l.ended.clone()
+            })
+        };
+        if let Some(mut ended) = ended {
+            let _ =
+                tokio::time::timeout(JOB_GRACE + Duration::from_secs(2), ended.wait_for(|e| *e))
+                    .await;
+        }
+        self.get(id).await
+    }
+
+    /// Job `id`'s page lines after the first `after`: the number of lines
+    /// written so far, and a stream of the rest. `None` when there is no
+    /// such job.
+    pub async fn pages(&self, id: i64, after: u64) -> Result<Option<(u64, PageStream)>, JobError> {
+        if self.inner.store.crawl_job(id).await?.is_none() {
+            return Ok(None);
+        }
+        let path = self.inner.dir.join(id.to_string()).join("pages.jsonl");
+        let span = tokio::task::spawn_blocking(move || line_span(&path, after).map(|s| (path, s)))
+            .await
+            .map_err(|e| std::io::Error::other(e.to_string()))?;
+        let (path, (start, end, lines)) = match span {
+            Ok(s) => s,
+            // Nothing written yet.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Ok(Some((0, PageStream::empty())));
+            }
+            Err(e) => return Err(JobError::Io(e)),
+        };
+        Ok(Some((lines, PageStream::new(path, start, end))))
+    }
+
+    fn view(&self, rec: &CrawlJobRecord) -> serde_json::Value {
+        let options: serde_json::Value =
+            serde_json::from_str(&rec.spec).unwrap_or(serde_json::Value::Null);
+        let summary: Option<serde_json::Value> = rec
+            .summary
+            .as_deref()
+            .and_then(|s| serde_json::from_str(s).ok());
+        let progress = {
+            let live = lock(&self.inner.live);
+            // While it runs, `summary` is that of the runs before a restart.
+            let before = |k: &str| summary.as_ref().and_then(|s| s[k].as_u64()).unwrap_or(0);
+            match live.get(&rec.id) {
+                Some(l) => {
+                    let p = &l.progress;
+                    let failed = before("pages_failed") + p.failed.load(Ordering::Relaxed);
+                    serde_json::json!({
+                        "pages": before("pages_ok") + before("pages_failed")
+                            + p.done.load(Ordering::Relaxed),
+                        "failed": failed,
+                        "queued": p.queued.load(Ordering::Relaxed),
+                        "in_flight": p.in_flight.load(Ordering::Relaxed),
+                    })
+                }
+                None => match &summary {
+                    Some(s) => serde_json::json!({
+                        "pages": s["pages_ok"].as_u64().unwrap_or(0)
+                            + s["pages_failed"].as_u64().unwrap_or(0),
+                        "failed": s["pages_failed"],
+                        "queued": s["queued"],
+                        "in_flight": 0,
+                    }),
+                    None => serde_json::json!({
+                        "pages": 0, "failed": 0, "queued": 0, "in_flight": 0,
+                    }),
+                },
+            }
+        };
+        serde_json::json!({
+            "id": rec.id,
+            "state": rec.state,
+            "created_at": rfc3339(rec.created_at),
+            "started_at": rec.started_at.map(rfc3339),
+            "finished_at": rec.finished_at.map(rfc3339),
+            "options": options,
+            "progress": progress,
+            "summary": summary,
+            "error": rec.error,
+        })
+    }
+}
+
+/// A crawl summary as JSON.
+pub fn summary_json(s: &Summary) -> serde_json::Value {
+    let ms = |p: f64| s.latency.percentile(p).map(|d| d.as_millis() as u64);
+    serde_json::json!({
+        "elapsed_ms": s.elapsed.as_millis() as u64,
+        "interrupted": s.interrupted,
+        "pages_ok": s.ok(),
+        "pages_failed": s.failed(),
+        "ok_by_status": s.ok_by_status,
+        "failed_by_reason": s.failed_by_reason,
+        "disallowed": s.disallowed,
+        "queued": s.queued,
+        "discovered": s.discovered,
+        "bytes": s.bytes,
+        "latency_ms": { "p50": ms(50.0), "p90": ms(90.0), "p99": ms(99.0) },
+        "pool": s.pool,
+    })
+}
+
+/// The summary of a job's runs so far: `earlier` (the runs before a
+/// restart) plus `now`. Counts add up; what describes the frontier
+/// (queued, discovered, disallowed), latencies and the pool are the last
+/// run's.
+fn merge_summaries(
+    earlier: Option<&serde_json::Value>,
+    mut now: serde_json::Value,
+) -> serde_json::Value {
+    let Some(earlier) = earlier else {
+        return now;
+    };
+    for key in ["elapsed_ms", "pages_ok", "pages_failed", "bytes"] {
+        let sum = earlier[key].as_u64().unwrap_or(0) + now[key].as_u64().unwrap_or(0);
+        now[key] = sum.into();
+    }
+    for key in ["ok_by_status", "failed_by_reason"] {
+        if let (Some(before), Some(map)) = (earlier[key].as_object(), now[key].as_object_mut()) {
+            for (k, v) in before {
+                let sum =
+                    v.as_u64().unwrap_or(0) + map.get(k).and_then(|n| n.as_u64()).unwrap_or(0);
+                map.insert(k.clone(), sum.into());
+            }
+        }
+    }
+    now
+}
+
+/// The byte offset of line `after` (0-based) of `path`, the end of its
+/// last whole line, and how many whole lines it has.
+fn line_span(path: &Path, after: u64) -> std::io::Result<(u64, u64, u64)> {
+    use std::io::Read;
+    let mut f = std::fs::File::open(path)?;
+    let mut buf = vec![0u8; CHUNK];
+    let (mut pos, mut lines, mut start, mut end) = (0u64, 0u64, None, 0u64);
+    if after == 0 {
+        start = Some(0);
+    }
+    loop {
+        let n = f.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        for i in memchr::memchr_iter(b'\n', &buf[..n]) {
+            lines += 1;
+            end = pos + i as u64 + 1;
+            if lines == after {
+                start = Some(end);
+            }
+        }
+        pos += n as u64;
+    }
+    let start = start.unwrap_or(end).min(end);
+    Ok((start, end, lines))
+}
+
+/// Bytes `start..end` of a job's pages file, read in chunks as the client
+/// takes them.
+pub struct PageStream {
+    path: Option<PathBuf>,
+    start: u64,
+    end: u64,
+}
+
+impl PageStream {
+    fn new(path: PathBuf, start: u64, end: u64) -> PageStream {
+        PageStream {
+            path: Some(path),
+            start,
+            end,
+        }
+    }
+
+    fn empty() -> PageStream {
+        PageStream {
+            path: None,
+            start: 0,
+            end: 0,
+        }
+    }
+
+    /// The chunks, as a stream for a response body.
+    pub fn into_stream(
+        self,
+    ) -> impl futures::Stream<Item = std::io::Result<Bytes>> + Send + 'static {
+        use tokio::io::{AsyncReadExt, AsyncSeekExt};
+        let state = (self, None::<tokio::fs::File>);
+        futures::stream::try_unfold(state, |(s, file)| async move {
+            let Some(path) = &s.path else {
+                return Ok(None);
+            };
+            if s.start >= s.end {
+                return Ok(None);
+            }
+            let mut file = match file {
+                Some(f) => f,
+                None => {
+                    let mut f = tokio::fs::File::open(path).await?;
+                    f.seek(std::io::SeekFrom::Start(s.start)).await?;
+                    f
+                }
+            };
+            let want = (s.end - s.start).min(CHUNK as u64) as usize;
+            let mut buf = vec![0u8; want];
+            let n = file.read(&mut buf).await?;
+            if n == 0 {
+                return Ok(None);
+            }
+            buf.truncate(n);
+            let next = PageStream {
+                path: s.path.clone(),
+                start: s.start + n as u64,
+                end: s.end,
+            };
+            Ok(Some((Bytes::from(buf), (next, Some(file)))))
+        })
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits() -> CrawlsConfig {
+        CrawlsConfig {
+            max_running: 2,
+            max_pages: 1000,
+        }
+    }
+
+    fn check(json: &str) -> Result<Validated, SpecError> {
+        JobSpec::from_json(json.as_bytes())?.validate(&limits(), Duration::from_secs(1800))
+    }
+
+    #[test]
+    fn options_are_validated_naming_the_bad_field() {
+        let field = |json: &str| check(json).unwrap_err().field;
+        assert_eq!(field(r#"{"seeds": []}"#), "seeds");
+        assert_eq!(field(r#"{"seeds": ["http://a/", "ftp://b/"]}"#), "seeds[1]");
+        assert_eq!(
+            field(r#"{"seeds": ["http://a/"], "max_pages": 5000}"#),
+            "max_pages"
+        );
+        assert_eq!(
+            field(r#"{"seeds": ["http://a/"], "max_pages": "x"}"#),
+            "max_pages"
+        );
+        assert_eq!(
+            field(r#"{"seeds": ["http://a/"], "scope": "world"}"#),
+            "scope"
+        );
+        assert_eq!(
+            field(r#"{"seeds": ["http://a/"], "include": ["("]}"#),
+            "include[0]"
+        );
+        assert_eq!(
+            field(r#"{"seeds": ["http://a/"], "delay": "soon"}"#),
+            "delay"
+        );
+        assert_eq!(
+            field(r#"{"seeds": ["http://a/"], "concurrency": 0}"#),
+            "concurrency"
+        );
+        assert_eq!(
+            field(r#"{"seeds": ["http://a/"], "country": ["USA"]}"#),
+            "country[0]"
+        );
+        assert_eq!(
+            field(r#"{"seeds": ["http://a/"], "scheme": ["ftp"]}"#),
+            "scheme[0]"
+        );
+        assert_eq!(
+            field(r#"{"seeds": ["http://a/"], "anonymity": "x"}"#),
+            "anonymity"
+        );
+        assert_eq!(
+            field(r#"{"seeds": ["http://a/"], "select": {"t": ""}}"#),
+            "select.t"
+        );
+        let unknown = check(r#"{"seeds": ["http://a/"], "max_pagez": 3}"#).unwrap_err();
+        assert!(unknown.message.contains("max_pagez"), "{unknown}");
+        assert_eq!(field("[1, 2]"), "body");
+        assert_eq!(field("{"), "body");
+
+        let v = check(
+            r#"{"seeds": ["http://a/"], "max_pages": 10, "delay": "250ms", "country": ["de"],
+                "scheme": ["socks5"], "select": {"title": "h1"}}"#,
+        )
+        .unwrap();
+        assert_eq!(v.crawl.max_pages, Some(10));
+        assert_eq!(v.crawl.delay, Duration::from_millis(250));
+        assert_eq!(v.pool.query.countries, [Country::parse("DE").unwrap()]);
+        assert_eq!(v.pool.query.schemes, [Scheme::Socks5]);
+        assert_eq!(v.crawl.selects.len(), 1);
+        // Without max_pages, the cap.
+        let v = check(r#"{"seeds": ["http://a/"]}"#).unwrap();
+        assert_eq!(v.crawl.max_pages, Some(1000));
+    }
+
+    #[test]
+    fn summaries_of_runs_add_up() {
+        let earlier = serde_json::json!({
+            "pages_ok": 5, "pages_failed": 1, "bytes": 100, "elapsed_ms": 10,
+            "ok_by_status": {"200": 5}, "failed_by_reason": {"http_404": 1}, "queued": 30,
+        });
+        let now = serde_json::json!({
+            "pages_ok": 7, "pages_failed": 0, "bytes": 50, "elapsed_ms": 20,
+            "ok_by_status": {"200": 6, "301": 1}, "failed_by_reason": {}, "queued": 0,
+        });
+        let all = merge_summaries(Some(&earlier), now);
+        assert_eq!(all["pages_ok"], 12);
+        assert_eq!(all["pages_failed"], 1);
+        assert_eq!(all["bytes"], 150);
+        assert_eq!(
+            all["ok_by_status"],
+            serde_json::json!({"200": 11, "301": 1})
+        );
+        assert_eq!(all["failed_by_reason"], serde_json::json!({"http_404": 1}));
+        assert_eq!(all["queued"], 0, "the frontier as it is now");
+    }
+
+    #[test]
+    fn line_spans_skip_whole_lines() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("p");
+        std::fs::write(&path, "a\nbb\nccc\npartial").unwrap();
+        assert_eq!(line_span(&path, 0).unwrap(), (0, 9, 3));
+        assert_eq!(line_span(&path, 1).unwrap(), (2, 9, 3));
+        assert_eq!(line_span(&path, 3).unwrap(), (9, 9, 3));
+        assert_eq!(line_span(&path, 7).unwrap(), (9, 9, 3));
+    }
+}

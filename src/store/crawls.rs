@@ -1,0 +1,142 @@
+//! The daemon's crawl jobs: one row per job with its options, state,
+//! times and summary. The crawl itself (frontier, pages) lives in the
+//! job's own files; the store only knows the JSON it is handed.
+
+use rusqlite::{Connection, OptionalExtension, Row, params};
+
+use super::{Store, StoreError, now_ms};
+
+/// A crawl job as stored.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CrawlJobRecord {
+    /// Row id: the job's id in the API.
+    pub id: i64,
+    /// Its options, as JSON.
+    pub spec: String,
+    /// `queued`, `running`, `finished`, `cancelled` or `failed`.
+    pub state: String,
+    /// When it was asked for (unix ms).
+    pub created_at: i64,
+    /// When it (last) started running.
+    pub started_at: Option<i64>,
+    /// When it ended.
+    pub finished_at: Option<i64>,
+    /// The summary as JSON, once it ended.
+    pub summary: Option<String>,
+    /// Why it failed.
+    pub error: Option<String>,
+}
+
+const COLUMNS: &str = "id, spec, state, created_at, started_at, finished_at, summary, error";
+
+fn record(r: &Row<'_>) -> rusqlite::Result<CrawlJobRecord> {
+    Ok(CrawlJobRecord {
+        id: r.get(0)?,
+        spec: r.get(1)?,
+        state: r.get(2)?,
+        created_at: r.get(3)?,
+        started_at: r.get(4)?,
+        finished_at: r.get(5)?,
+        summary: r.get(6)?,
+        error: r.get(7)?,
+    })
+}
+
+fn by_id(c: &Connection, id: i64) -> rusqlite::Result<Option<CrawlJobRecord>> {
+    c.query_row(
+        &format!("SELECT {COLUMNS} FROM crawl_jobs WHERE id = ?1"),
+        [id],
+        record,
+    )
+    .optional()
+}
+
+impl Store {
+    /// Records a new job, queued; returns it.
+    pub async fn insert_crawl_job(&self, spec: String) -> Result<CrawlJobRecord, StoreError> {
+        self.write(move |c| {
+            c.execute(
+                "INSERT INTO crawl_jobs (spec, state, created_at) VALUES (?1, 'queued', ?2)",
+                params![spec, now_ms()],
+            )?;
+            let id = c.last_insert_rowid();
+            Ok(by_id(c, id)?.expect("the row just inserted"))
+        })
+        .await
+    }
+
+    /// Marks job `id` running (now).
+    pub async fn crawl_job_running(&self, id: i64) -> Result<(), StoreError> {
+        self.write(move |c| {
+            c.execute(
+                "UPDATE crawl_jobs SET state = 'running', started_at = ?2 WHERE id = ?1",
+                params![id, now_ms()],
+            )?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// Marks job `id` ended in `state` (`finished`, `cancelled`, `failed`)
+    /// with its summary or error.
+    pub async fn crawl_job_ended(
+        &self,
+        id: i64,
+        state: &'static str,
+        summary: Option<String>,
+        error: Option<String>,
+    ) -> Result<(), StoreError> {
+        self.write(move |c| {
+            c.execute(
+                "UPDATE crawl_jobs SET state = ?2, finished_at = ?3, summary = ?4, error = ?5
+                 WHERE id = ?1",
+                params![id, state, now_ms(), summary, error],
+            )?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// Keeps the summary of the part of job `id` that ran before a
+    /// shutdown, for the summary of the whole once it ends.
+    pub async fn crawl_job_paused(&self, id: i64, summary: String) -> Result<(), StoreError> {
+        self.write(move |c| {
+            c.execute(
+                "UPDATE crawl_jobs SET summary = ?2 WHERE id = ?1",
+                params![id, summary],
+            )?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// Job `id`, if there is one.
+    pub async fn crawl_job(&self, id: i64) -> Result<Option<CrawlJobRecord>, StoreError> {
+        self.read(move |c| Ok(by_id(c, id)?)).await
+    }
+
+    /// Every job, newest first, at most `limit`.
+    pub async fn crawl_jobs(&self, limit: usize) -> Result<Vec<CrawlJobRecord>, StoreError> {
+        self.read(move |c| {
+            let mut st = c.prepare(&format!(
+                "SELECT {COLUMNS} FROM crawl_jobs ORDER BY id DESC LIMIT ?1"
+            ))?;
+            let rows = st.query_map([limit as i64], record)?;
+            Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
+        })
+        .await
+    }
+
+    /// Jobs that had not ended (queued or running), oldest first: what a
+    /// restarted daemon continues.
+    pub async fn unended_crawl_jobs(&self) -> Result<Vec<CrawlJobRecord>, StoreError> {
+        self.read(move |c| {
+            let mut st = c.prepare(&format!(
+                "SELECT {COLUMNS} FROM crawl_jobs WHERE state IN ('queued', 'running') ORDER BY id"
+            ))?;
+            let rows = st.query_map([], record)?;
+            Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
+        })
+        .await
+    }
+}
