@@ -459,7 +459,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Stats(args) => {
             let (config, _) = load(cli.config.as_deref())?;
-            let store = open_store(&config)?;
+            let store = Store::open_read_only(&config.database.path)?;
             let stats = store.stats().await?;
             let mut out = std::io::stdout().lock();
             if args.json {
@@ -472,7 +472,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Export(args) => {
             let (config, _) = load(cli.config.as_deref())?;
-            let store = open_store(&config)?;
+            let store = Store::open_read_only(&config.database.path)?;
             let mut q = crate::health::ProxyQuery {
                 countries: args.country,
                 schemes: args.scheme,

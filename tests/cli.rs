@@ -734,3 +734,206 @@ async fn check_on_an_empty_database_says_to_harvest_first() {
         stderr(&out)
     );
 }
+
+/// The tables and schema version of the SQLite file at `path`.
+fn schema(path: &Path) -> (Vec<String>, i64) {
+    let c = rusqlite::Connection::open(path).unwrap();
+    let tables = c
+        .prepare("SELECT name FROM sqlite_schema ORDER BY name")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    let version = c
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .unwrap();
+    (tables, version)
+}
+
+/// Issue 10, Must 7: `stats` and `export` only read: in an empty directory
+/// they say there is no database yet and create none.
+#[tokio::test]
+async fn stats_and_export_never_create_a_database() {
+    let dir = tempfile::tempdir().unwrap();
+    for args in [&["stats"][..], &["export"], &["export", "--status", "all"]] {
+        let out = proxywarden(dir.path(), args).await;
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
+        assert!(
+            stderr(&out).contains("there is no database at proxywarden.db yet"),
+            "{args:?}: {}",
+            stderr(&out)
+        );
+        let left: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert!(left.is_empty(), "{args:?} left {left:?}");
+    }
+}
+
+/// Issue 10, Must 7: a SQLite file of another application (or no SQLite at
+/// all) is refused by every command and left exactly as it was.
+#[tokio::test]
+async fn another_applications_database_is_refused_and_left_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let list = dir.path().join("list.txt");
+    std::fs::write(&list, "10.0.0.1:8080\n").unwrap();
+    write_config(
+        dir.path(),
+        &config_toml(
+            dir.path(),
+            &format!("[[sources]]\nname = \"l\"\nurl = \"{}\"\n", list.display()),
+        ),
+    );
+    let db = dir.path().join("test.db");
+    {
+        let c = rusqlite::Connection::open(&db).unwrap();
+        c.execute_batch("CREATE TABLE users (id INTEGER PRIMARY KEY, name TEXT); INSERT INTO users (name) VALUES ('ann');")
+            .unwrap();
+    }
+    let before = schema(&db);
+    for args in [
+        &["stats"][..],
+        &["export"],
+        &["harvest"],
+        &["check"],
+        &["purge"],
+    ] {
+        let out = proxywarden(dir.path(), args).await;
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
+        let err = stderr(&out);
+        assert!(
+            err.contains("is not a proxywarden database")
+                && err.contains("tables that are not proxywarden's: users"),
+            "{args:?}: {err}"
+        );
+        assert_eq!(schema(&db), before, "{args:?} changed the file");
+    }
+    std::fs::write(&db, "name,age\nann,3\n").unwrap();
+    for args in [&["stats"][..], &["harvest"]] {
+        let out = proxywarden(dir.path(), args).await;
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
+        assert!(
+            stderr(&out).contains("not a SQLite file"),
+            "{}",
+            stderr(&out)
+        );
+        assert_eq!(std::fs::read(&db).unwrap(), b"name,age\nann,3\n");
+    }
+}
+
+/// Runs the binary as a user that the file modes apply to: as is when not
+/// root, else as `nobody` through `setpriv`. `None` when neither is possible.
+async fn proxywarden_unprivileged(dir: &Path, args: &[&str]) -> Option<Output> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let root = status
+        .lines()
+        .find(|l| l.starts_with("Uid:"))
+        .is_some_and(|l| l.split_whitespace().nth(1) == Some("0"));
+    let mut cmd = if root {
+        let setpriv = ["/usr/bin/setpriv", "/bin/setpriv"]
+            .into_iter()
+            .find(|p| Path::new(p).exists())?;
+        let mut c = tokio::process::Command::new(setpriv);
+        c.args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .arg(env!("CARGO_BIN_EXE_proxywarden"));
+        c
+    } else {
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_proxywarden"))
+    };
+    let out = cmd
+        .args(args)
+        .current_dir(dir)
+        .env_remove("PROXYWARDEN_CONFIG")
+        .env_remove("RUST_LOG")
+        .env("HTTP_PROXY", "http://127.0.0.1:9")
+        .env("ALL_PROXY", "http://127.0.0.1:9")
+        .output()
+        .await
+        .unwrap();
+    Some(out)
+}
+
+/// Issue 10, Must 7: on a database this user may not write, `serve` and
+/// `check` stop at start saying "permission denied" (once, not SQLite's
+/// "Error code 14" twice), and `stats` and `export` read it as it is; a
+/// missing directory is named as such.
+#[cfg(unix)]
+#[tokio::test]
+async fn an_unwritable_database_is_named_plainly_and_still_read() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let ro = dir.path().join("ro");
+    std::fs::create_dir(&ro).unwrap();
+    let config = |db: &str| {
+        common::TestConfig::new(dir.path())
+            .db(db)
+            .set("api", "listen", "\"127.0.0.1:0\"")
+            .write();
+    };
+    config("ro/test.db");
+    store_with(&ro, &["10.0.0.1:8080", "10.0.0.2:3128"]).await;
+    // The writer is gone; fold the WAL in so that the file alone holds all.
+    rusqlite::Connection::open(ro.join("test.db"))
+        .unwrap()
+        .execute_batch("PRAGMA wal_checkpoint(TRUNCATE)")
+        .unwrap();
+    for f in std::fs::read_dir(&ro).unwrap() {
+        let f = f.unwrap().path();
+        if f.extension().is_some_and(|e| e != "db") {
+            std::fs::remove_file(f).unwrap();
+        }
+    }
+    for (path, mode) in [
+        (dir.path(), 0o755),
+        (&ro, 0o555),
+        (&ro.join("test.db"), 0o444),
+    ] {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+    for args in [&["check"][..], &["serve"], &["harvest"]] {
+        let Some(out) = proxywarden_unprivileged(dir.path(), args).await else {
+            eprintln!("skipped: running as root without setpriv");
+            return;
+        };
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
+        let err = stderr(&out);
+        assert!(err.contains("permission denied"), "{args:?}: {err}");
+        assert!(!err.contains("code 14"), "{args:?}: {err}");
+        assert_eq!(err.matches("cannot open database").count(), 1, "{err}");
+    }
+    let out = proxywarden_unprivileged(dir.path(), &["stats", "--json"])
+        .await
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let stats: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(stats["total"], 2);
+    let out = proxywarden_unprivileged(dir.path(), &["export", "--status", "all"])
+        .await
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out).lines().count(), 2, "{}", stdout(&out));
+    // Nothing was created beside the file.
+    assert_eq!(std::fs::read_dir(&ro).unwrap().count(), 1);
+
+    // A writable directory and a read-only file.
+    std::fs::set_permissions(&ro, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let out = proxywarden_unprivileged(dir.path(), &["check"])
+        .await
+        .unwrap();
+    assert!(
+        stderr(&out).contains("permission denied"),
+        "{}",
+        stderr(&out)
+    );
+
+    config("gone/test.db");
+    for args in [&["check"][..], &["serve"]] {
+        let out = proxywarden(dir.path(), args).await;
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
+        let err = stderr(&out);
+        assert!(err.contains("directory does not exist"), "{args:?}: {err}");
+        assert_eq!(err.matches("does not exist").count(), 1, "{err}");
+    }
+}

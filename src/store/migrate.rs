@@ -17,6 +17,10 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/0005_crawl_jobs.sql"),
 ];
 
+/// Every table the migrations create: a database holding any other is
+/// another application's.
+pub const TABLES: &[&str] = &["meta", "proxies", "proxy_sources", "sources"];
+
 /// The schema version this binary writes.
 pub const LATEST: i64 = MIGRATIONS.len() as i64;
 

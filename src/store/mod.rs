@@ -26,12 +26,46 @@ use tokio::sync::{Semaphore, mpsc};
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     /// The database file could not be opened or configured.
-    #[error("cannot open database {path}: {source}")]
+    #[error("cannot open database {path}: {reason}")]
     Open {
         /// The file.
         path: PathBuf,
-        /// What SQLite said.
-        source: rusqlite::Error,
+        /// Why, in words (not a source error, so that it is printed once).
+        reason: String,
+    },
+    /// A read-only command found no database to read.
+    #[error(
+        "there is no database at {path} yet: run `proxywarden harvest` (or `serve`) first, \
+         or point database.path at the right file"
+    )]
+    Missing {
+        /// The file.
+        path: PathBuf,
+    },
+    /// The file is not a proxywarden database.
+    #[error(
+        "{path} is not a proxywarden database ({what}); it is left untouched: \
+         point database.path at another file"
+    )]
+    Foreign {
+        /// The file.
+        path: PathBuf,
+        /// What it holds instead.
+        what: String,
+    },
+    /// The database was written by an older proxywarden and a read-only
+    /// command cannot upgrade it.
+    #[error(
+        "database {path} has schema version {found}, older than this proxywarden's {supported}; \
+         run `proxywarden serve` or `proxywarden harvest` once to upgrade it"
+    )]
+    TooOld {
+        /// The file.
+        path: PathBuf,
+        /// Its schema version.
+        found: i64,
+        /// The version this binary reads.
+        supported: i64,
     },
     /// The database was written by a newer proxywarden.
     #[error(
@@ -69,6 +103,12 @@ pub enum StoreError {
     /// The store's writer has stopped.
     #[error("the database writer has stopped")]
     Closed,
+    /// A write on a store opened read-only.
+    #[error("the database is open read-only")]
+    ReadOnly,
+    /// The caller stopped waiting before the query ran.
+    #[error("the database query was given up")]
+    Cancelled,
 }
 
 /// A cheap, cloneable handle to the database: one writer thread fed by a
@@ -83,12 +123,13 @@ pub struct Store {
 
 struct Shared {
     path: PathBuf,
-    writer: mpsc::Sender<Box<dyn writer::Job>>,
+    /// `None` on a store opened read-only.
+    writer: Option<mpsc::Sender<Box<dyn writer::Job>>>,
     /// Idle read connections. The pool crates of the field pin an older
     /// rusqlite (and so a second bundled SQLite), so this is a Vec behind a
     /// mutex with a semaphore counting what is free.
     readers: Mutex<Vec<Connection>>,
-    read_permits: Semaphore,
+    read_permits: Arc<Semaphore>,
 }
 
 impl std::fmt::Debug for Store {
@@ -112,23 +153,19 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 impl Store {
     /// Opens (creating if needed) the database, switches it to WAL, applies
     /// pending migrations and starts the writer. Refuses a database from a
-    /// newer version.
+    /// newer version and a file that belongs to another application; says
+    /// plainly when the directory is missing or not writable.
     pub fn open(path: &Path) -> Result<Store, StoreError> {
-        let open_err = |source| StoreError::Open {
+        let open_err = |e: rusqlite::Error| StoreError::Open {
             path: path.to_path_buf(),
-            source,
+            reason: e.to_string(),
         };
-        if let Some(dir) = path.parent()
-            && !dir.as_os_str().is_empty()
-            && !dir.exists()
-        {
-            return Err(StoreError::Open {
-                path: path.to_path_buf(),
-                source: rusqlite::Error::InvalidPath(dir.to_path_buf()),
-            });
-        }
-        let mut conn = Connection::open(path).map_err(open_err)?;
+        writable(path)?;
+        let mut conn = Connection::open(path).map_err(|e| not_sqlite(path, e))?;
         conn.busy_timeout(BUSY_TIMEOUT).map_err(open_err)?;
+        // Before anything is written: a file of another application stays
+        // as it was.
+        schema_of(&conn, path)?;
         // WAL lets readers (stats, export) run while the writer commits.
         let mode: String = conn
             .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
@@ -139,25 +176,71 @@ impl Store {
         conn.execute_batch("PRAGMA synchronous = NORMAL; PRAGMA foreign_keys = ON;")
             .map_err(open_err)?;
         migrate::apply(&mut conn, path)?;
-        let mut readers = Vec::with_capacity(READERS);
-        for _ in 0..READERS {
-            let r = Connection::open_with_flags(
-                path,
-                OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-            )
-            .map_err(open_err)?;
-            r.busy_timeout(BUSY_TIMEOUT).map_err(open_err)?;
-            readers.push(r);
-        }
+        let readers = open_readers(path, None)?;
         let writer = writer::start(conn, path.to_path_buf())?;
-        Ok(Store {
+        Ok(Store::with(path, Some(writer), readers))
+    }
+
+    /// Opens an existing database for reading only (`stats`, `export`):
+    /// nothing is created, migrated or written, and a read-only file (or
+    /// one in a read-only directory) is read as it is.
+    pub fn open_read_only(path: &Path) -> Result<Store, StoreError> {
+        if !path.exists() {
+            return Err(StoreError::Missing {
+                path: path.to_path_buf(),
+            });
+        }
+        let mut immutable = None;
+        let first = match read_connection(path, None) {
+            Ok(c) => match schema_of(&c, path) {
+                Err(StoreError::Open { .. }) => None,
+                Err(e) => return Err(e),
+                Ok(version) => Some((c, version)),
+            },
+            Err(_) => None,
+        };
+        let version = match first {
+            Some((_, version)) => version,
+            None => {
+                // SQLite reads a WAL database only where it may create the
+                // shared-memory file beside it; where it may not, the file
+                // is read as it stands (nobody here can change it anyway).
+                let uri = immutable_uri(path)?;
+                let c = read_connection(path, Some(&uri))?;
+                let version = schema_of(&c, path)?;
+                immutable = Some(uri);
+                version
+            }
+        };
+        match version {
+            None => Err(StoreError::Missing {
+                path: path.to_path_buf(),
+            }),
+            Some(found) if found < SCHEMA_VERSION => Err(StoreError::TooOld {
+                path: path.to_path_buf(),
+                found,
+                supported: SCHEMA_VERSION,
+            }),
+            Some(_) => {
+                let readers = open_readers(path, immutable.as_deref())?;
+                Ok(Store::with(path, None, readers))
+            }
+        }
+    }
+
+    fn with(
+        path: &Path,
+        writer: Option<mpsc::Sender<Box<dyn writer::Job>>>,
+        readers: Vec<Connection>,
+    ) -> Store {
+        Store {
             inner: Arc::new(Shared {
                 path: path.to_path_buf(),
                 writer,
+                read_permits: Arc::new(Semaphore::new(readers.len())),
                 readers: Mutex::new(readers),
-                read_permits: Semaphore::new(READERS),
             }),
-        })
+        }
     }
 
     /// The database file.
@@ -171,25 +254,38 @@ impl Store {
             .await
     }
 
-    /// Runs `f` on a read-only connection on tokio's blocking pool.
+    /// Runs `f` on a read-only connection on tokio's blocking pool. A
+    /// caller that stops waiting (a request that timed out, a shutdown)
+    /// interrupts its query, so abandoned reads never pile up; the
+    /// connection and its permit return only when `f` is over.
     pub(crate) async fn read<T, F>(&self, f: F) -> Result<T, StoreError>
     where
         T: Send + 'static,
         F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
     {
-        let _permit = self
+        let permit = self
             .inner
             .read_permits
-            .acquire()
+            .clone()
+            .acquire_owned()
             .await
             .map_err(|_| StoreError::Closed)?;
+        let conn = lock(&self.inner.readers)
+            .pop()
+            .expect("a permit guarantees an idle reader");
+        let guard = InterruptOnDrop(Arc::new(Mutex::new(Some(conn.get_interrupt_handle()))));
+        let handle = guard.0.clone();
         let shared = self.inner.clone();
         let joined = tokio::task::spawn_blocking(move || {
-            let conn = lock(&shared.readers)
-                .pop()
-                .expect("a permit guarantees an idle reader");
-            let result = f(&conn);
+            let result = if lock(&handle).is_some() {
+                f(&conn)
+            } else {
+                Err(StoreError::Cancelled)
+            };
+            // Disarmed before the connection can serve anyone else.
+            lock(&handle).take();
             lock(&shared.readers).push(conn);
+            drop(permit);
             result
         })
         .await;
@@ -216,14 +312,162 @@ impl Store {
         T: Send + 'static,
         F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
     {
+        let Some(writer) = &self.inner.writer else {
+            return Err(StoreError::ReadOnly);
+        };
         let (job, done) = writer::Call::job(weight, f);
-        self.inner
-            .writer
-            .send(job)
-            .await
-            .map_err(|_| StoreError::Closed)?;
+        writer.send(job).await.map_err(|_| StoreError::Closed)?;
         done.await.map_err(|_| StoreError::Closed)?
     }
+}
+
+/// Interrupts a read whose caller stopped waiting (see [`Store::read`]).
+struct InterruptOnDrop(Arc<Mutex<Option<rusqlite::InterruptHandle>>>);
+
+impl Drop for InterruptOnDrop {
+    fn drop(&mut self) {
+        if let Some(h) = lock(&self.0).take() {
+            h.interrupt();
+        }
+    }
+}
+
+/// Says plainly why `path` cannot be written, before SQLite says
+/// `unable to open database file` (error code 14): a missing directory, a
+/// file or directory this user may not write (SQLite creates `-wal` and
+/// `-shm` files beside the database).
+fn writable(path: &Path) -> Result<(), StoreError> {
+    let fail = |reason: String| StoreError::Open {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    if !dir.is_dir() {
+        return Err(fail(format!(
+            "directory does not exist: {} (create it, or set database.path)",
+            dir.display()
+        )));
+    }
+    let denied = |what: String, e: &std::io::Error| {
+        if e.kind() == std::io::ErrorKind::PermissionDenied {
+            fail(format!("permission denied: {what}"))
+        } else {
+            fail(format!("{what}: {e}"))
+        }
+    };
+    if path.exists()
+        && let Err(e) = std::fs::OpenOptions::new().write(true).open(path)
+    {
+        return Err(denied("this user may not write the file".to_string(), &e));
+    }
+    if let Err(e) = tempfile::Builder::new()
+        .prefix(".proxywarden-probe")
+        .tempfile_in(dir)
+    {
+        return Err(denied(
+            format!(
+                "this user may not create files in {} (SQLite keeps -wal and -shm files beside the database)",
+                dir.display()
+            ),
+            &e,
+        ));
+    }
+    Ok(())
+}
+
+/// An open error, saying so when the file is not SQLite at all.
+fn not_sqlite(path: &Path, e: rusqlite::Error) -> StoreError {
+    match e.sqlite_error_code() {
+        Some(rusqlite::ErrorCode::NotADatabase) => StoreError::Foreign {
+            path: path.to_path_buf(),
+            what: "not a SQLite file".into(),
+        },
+        _ => StoreError::Open {
+            path: path.to_path_buf(),
+            reason: e.to_string(),
+        },
+    }
+}
+
+/// The schema version of the database on `conn`: `None` for an empty
+/// file. Refuses a newer version and a file holding tables that are not
+/// proxywarden's.
+fn schema_of(conn: &Connection, path: &Path) -> Result<Option<i64>, StoreError> {
+    let version: i64 = conn
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .map_err(|e| not_sqlite(path, e))?;
+    let tables: Vec<String> = conn
+        .prepare(
+            "SELECT name FROM sqlite_schema WHERE type = 'table' AND name NOT LIKE 'sqlite\\_%' ESCAPE '\\'
+             ORDER BY name",
+        )
+        .and_then(|mut s| s.query_map([], |r| r.get(0))?.collect())
+        .map_err(|e| not_sqlite(path, e))?;
+    if version > SCHEMA_VERSION {
+        return Err(StoreError::TooNew {
+            path: path.to_path_buf(),
+            found: version,
+            supported: SCHEMA_VERSION,
+        });
+    }
+    if version == 0 && tables.is_empty() {
+        return Ok(None);
+    }
+    let foreign: Vec<&str> = tables
+        .iter()
+        .map(String::as_str)
+        .filter(|t| !migrate::TABLES.contains(t))
+        .collect();
+    if version == 0 || !foreign.is_empty() || !tables.iter().any(|t| t == "proxies") {
+        let shown: Vec<&str> = if foreign.is_empty() {
+            tables.iter().map(String::as_str).collect()
+        } else {
+            foreign
+        };
+        return Err(StoreError::Foreign {
+            path: path.to_path_buf(),
+            what: format!(
+                "it holds tables that are not proxywarden's: {}",
+                shown.join(", ")
+            ),
+        });
+    }
+    Ok(Some(version))
+}
+
+/// A read-only connection to `path`, or to `uri` when given.
+fn read_connection(path: &Path, uri: Option<&str>) -> Result<Connection, StoreError> {
+    let open_err = |e: rusqlite::Error| StoreError::Open {
+        path: path.to_path_buf(),
+        reason: e.to_string(),
+    };
+    let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let conn = match uri {
+        Some(uri) => Connection::open_with_flags(uri, flags | OpenFlags::SQLITE_OPEN_URI),
+        None => Connection::open_with_flags(path, flags),
+    }
+    .map_err(open_err)?;
+    conn.busy_timeout(BUSY_TIMEOUT).map_err(open_err)?;
+    Ok(conn)
+}
+
+fn open_readers(path: &Path, uri: Option<&str>) -> Result<Vec<Connection>, StoreError> {
+    (0..READERS).map(|_| read_connection(path, uri)).collect()
+}
+
+/// `path` as an SQLite URI opening it read-only and immutable.
+fn immutable_uri(path: &Path) -> Result<String, StoreError> {
+    let fail = |reason: String| StoreError::Open {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let abs = std::path::absolute(path).map_err(|e| fail(e.to_string()))?;
+    let url = url::Url::from_file_path(&abs)
+        .map_err(|()| fail("the path cannot be written as a URI".into()))?;
+    Ok(format!("{url}?mode=ro&immutable=1"))
 }
 
 /// A poisoned lock only means a panic elsewhere; the connections are sound.
