@@ -438,9 +438,14 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let shutdown = tokio_util::sync::CancellationToken::new();
             {
                 let shutdown = shutdown.clone();
+                let mut signals = Signals::new()?;
                 tokio::spawn(async move {
-                    wait_for_signal().await;
+                    signals.next().await;
                     shutdown.cancel();
+                    // A second signal: no more waiting for the graceful stop.
+                    signals.next().await;
+                    tracing::warn!("stopping at once on a second signal");
+                    std::process::exit(130);
                 });
             }
             crate::daemon::run(config, listener, gateway, shutdown).await?;
@@ -779,11 +784,15 @@ async fn check(config_path: Option<&Path>, args: CheckArgs) -> anyhow::Result<Ex
     let cancel = tokio_util::sync::CancellationToken::new();
     {
         let cancel = cancel.clone();
+        let mut signals = Signals::new()?;
         tokio::spawn(async move {
-            if tokio::signal::ctrl_c().await.is_ok() {
-                eprintln!("\ninterrupted: finishing the checks in flight…");
-                cancel.cancel();
-            }
+            // SIGTERM (a service manager, `kill`) is handled as Ctrl-C.
+            signals.next().await;
+            eprintln!("\ninterrupted: finishing the checks in flight (Ctrl-C again to quit now)…");
+            cancel.cancel();
+            signals.next().await;
+            // Every committed result stays; those in flight are checked again.
+            std::process::exit(130);
         });
     }
     let progress = Arc::new(RoundProgress::default());
@@ -913,25 +922,37 @@ pub fn print_check_summary(
     Ok(())
 }
 
-/// SIGTERM (systemd stop) or SIGINT (Ctrl-C).
-async fn wait_for_signal() {
+/// SIGTERM (systemd stop, `kill`) and SIGINT (Ctrl-C), listened to from
+/// the start so that none is missed between two waits.
+struct Signals {
     #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = term.recv() => {}
-                    _ = tokio::signal::ctrl_c() => {}
-                }
-            }
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
-            }
+    term: tokio::signal::unix::Signal,
+    #[cfg(unix)]
+    int: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn new() -> anyhow::Result<Signals> {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{SignalKind, signal};
+            Ok(Signals {
+                term: signal(SignalKind::terminate()).context("cannot listen for SIGTERM")?,
+                int: signal(SignalKind::interrupt()).context("cannot listen for SIGINT")?,
+            })
         }
+        #[cfg(not(unix))]
+        Ok(Signals {})
     }
-    #[cfg(not(unix))]
-    {
+
+    /// The next SIGTERM or SIGINT.
+    async fn next(&mut self) {
+        #[cfg(unix)]
+        tokio::select! {
+            _ = self.term.recv() => {}
+            _ = self.int.recv() => {}
+        }
+        #[cfg(not(unix))]
         let _ = tokio::signal::ctrl_c().await;
     }
 }

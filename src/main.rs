@@ -2,14 +2,19 @@
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::Parser;
 use proxywarden::cli::{self, Cli, Command};
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::fmt::writer::BoxMakeWriter;
 
-#[tokio::main]
-async fn main() -> ExitCode {
+/// How long work still running on the runtime's blocking threads (a parse,
+/// a query nobody waits for) may hold up the exit once the command is done:
+/// the daemon's own stop has had its time (see `daemon::run`).
+const EXIT_GRACE: Duration = Duration::from_secs(1);
+
+fn main() -> ExitCode {
     let cli = Cli::parse();
     // The daemon logs its rounds at info; one-shot commands print their own
     // results and only log problems.
@@ -48,7 +53,22 @@ async fn main() -> ExitCode {
     } else {
         builder.init();
     }
-    match cli::run(cli).await {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let result = runtime.block_on(cli::run(cli));
+    // Dropping the runtime would wait for every blocking task however long
+    // it runs; the process ends instead (SQLite rolls back whatever was
+    // not committed).
+    runtime.shutdown_timeout(EXIT_GRACE);
+    match result {
         Ok(code) => code,
         // `proxywarden stats | head -1`: the reader has all it wanted.
         Err(e) if cli::is_broken_pipe(&e) => ExitCode::SUCCESS,

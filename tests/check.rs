@@ -567,6 +567,27 @@ fn checked_rows(db: &Path) -> i64 {
 /// new checks, commits what completed, prints the summary and exits 130.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_check_command_stops_on_ctrl_c_with_status_130() {
+    check_stops_on("INT").await;
+}
+
+/// Issue 10, Must 9: SIGTERM (a service manager, `kill`) stops `check` as
+/// Ctrl-C does, summary and committed results included, instead of killing
+/// it on the spot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_check_command_handles_sigterm_like_ctrl_c() {
+    check_stops_on("TERM").await;
+}
+
+/// Sends `signal` (a `kill` name) to process `pid`.
+fn send_signal(signal: &str, pid: u32) {
+    let kill = std::process::Command::new("sh")
+        .args(["-c", &format!("kill -{signal} {pid}")])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+}
+
+async fn check_stops_on(signal: &str) {
     let dir = tempfile::tempdir().unwrap();
     let judge = Judge::plain().await;
     let farm = FakeFarm::start(20, 200, Some(exit_ip())).await;
@@ -606,11 +627,7 @@ async fn the_check_command_stops_on_ctrl_c_with_status_130() {
         assert!(std::time::Instant::now() < deadline, "no results committed");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let kill = std::process::Command::new("sh")
-        .args(["-c", &format!("kill -INT {pid}")])
-        .status()
-        .unwrap();
-    assert!(kill.success());
+    send_signal(signal, pid);
     let out = child.wait_with_output().await.unwrap();
     assert_eq!(
         out.status.code(),
@@ -630,6 +647,81 @@ async fn the_check_command_stops_on_ctrl_c_with_status_130() {
     assert_eq!(stored, reported, "every completed result is committed");
     assert!(reported < 220, "{reported}");
     assert!(stdout.contains("alive"), "{stdout}");
+}
+
+/// Issue 10, Must 9: a second Ctrl-C ends `check` at once, even with
+/// checks in flight that would take half a minute to time out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_ctrl_c_ends_the_check_command_at_once() {
+    use tokio::io::AsyncBufReadExt;
+    let dir = tempfile::tempdir().unwrap();
+    let judge = Judge::plain().await;
+    // Proxies that take the connection and never answer.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = silent.local_addr().unwrap();
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let held = {
+        let accepted = accepted.clone();
+        tokio::spawn(async move {
+            let mut conns = Vec::new();
+            while let Ok((c, _)) = silent.accept().await {
+                accepted.fetch_add(1, Ordering::Relaxed);
+                conns.push(c);
+            }
+        })
+    };
+    std::fs::write(dir.path().join("list.txt"), format!("{addr}\n")).unwrap();
+    let toml = format!(
+        "[database]\npath = \"test.db\"\n[check]\njudges = [\"{}\"]\nconcurrency = 10\n\
+         connect_timeout = \"10s\"\ntimeout = \"60s\"\nhttps = false\n\
+         [[sources]]\nname = \"list\"\nurl = \"list.txt\"\n",
+        judge.url()
+    );
+    std::fs::write(dir.path().join("proxywarden.toml"), toml).unwrap();
+    let bin = env!("CARGO_BIN_EXE_proxywarden");
+    let harvest = tokio::process::Command::new(bin)
+        .arg("harvest")
+        .current_dir(dir.path())
+        .output()
+        .await
+        .unwrap();
+    assert!(harvest.status.success());
+    let mut child = tokio::process::Command::new(bin)
+        .arg("check")
+        .current_dir(dir.path())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let pid = child.id().unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while accepted.load(Ordering::Relaxed) == 0 {
+        assert!(std::time::Instant::now() < deadline, "no check started");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    send_signal("INT", pid);
+    let mut stderr = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    common::within(async {
+        while let Some(line) = stderr.next_line().await.unwrap() {
+            if line.contains("interrupted") {
+                assert!(line.contains("Ctrl-C again to quit now"), "{line}");
+                return;
+            }
+        }
+        panic!("no word of the interruption");
+    })
+    .await;
+    let second = std::time::Instant::now();
+    send_signal("INT", pid);
+    let status = common::within(child.wait()).await.unwrap();
+    let took = second.elapsed();
+    assert_eq!(status.code(), Some(130));
+    assert!(
+        took < Duration::from_secs(5),
+        "exited {took:?} after the second Ctrl-C"
+    );
+    held.abort();
 }
 
 /// A judge that dies mid-round must not make proxies look dead: failures

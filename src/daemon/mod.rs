@@ -32,8 +32,10 @@ use sync::IndexSync;
 /// How long checks in flight may run after shutdown begins before they are
 /// stopped (their results are then not recorded).
 const CHECK_GRACE: Duration = Duration::from_secs(5);
-/// How long every component together may take to stop: well inside the
-/// unit's TimeoutStopSec, whatever is in flight.
+/// How long every component together (the scheduler included) may take to
+/// stop: with the binary's one second for blocking work (`main.rs`), an exit
+/// within 10 s of SIGTERM, well inside the unit's TimeoutStopSec, whatever
+/// is in flight.
 const STOP_LIMIT: Duration = Duration::from_secs(8);
 /// When the daily purge runs (03:17:00 UTC).
 const PURGE_SCHEDULE: &str = "0 17 3 * * *";
@@ -136,11 +138,11 @@ pub async fn run(
     shutdown.cancelled().await;
     tracing::info!("shutting down");
     systemd::notify(&[sd_notify::NotifyState::Stopping]);
-    if let Err(e) = scheduler.shutdown().await {
-        tracing::warn!(error = %e, "scheduler did not stop cleanly");
-    }
     stop.cancel();
     let stopped = async {
+        if let Err(e) = scheduler.shutdown().await {
+            tracing::warn!(error = %e, "scheduler did not stop cleanly");
+        }
         tokio::select! {
             _ = tasks.wait() => {}
             _ = tokio::time::sleep(CHECK_GRACE) => {
