@@ -33,6 +33,7 @@ fn config(dir: &Path, port: u16, extra: impl FnOnce(common::TestConfig) -> commo
     extra(
         common::TestConfig::new(dir)
             .set("api", "listen", &format!("\"127.0.0.1:{port}\""))
+            .set("gateway", "listen", "\"127.0.0.1:0\"")
             .judges("[\"http://127.0.0.1:9/judge\"]"),
     )
     .write();

@@ -19,7 +19,7 @@ const MIGRATIONS: &[&str] = &[
 
 /// Every table the migrations create: a database holding any other is
 /// another application's.
-pub const TABLES: &[&str] = &["meta", "proxies", "proxy_sources", "sources"];
+pub const TABLES: &[&str] = &["crawl_jobs", "meta", "proxies", "proxy_sources", "sources"];
 
 /// The schema version this binary writes.
 pub const LATEST: i64 = MIGRATIONS.len() as i64;
