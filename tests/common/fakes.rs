@@ -414,6 +414,8 @@ pub struct FakeHttpProxy {
     server: Server,
     /// Request heads received (a CONNECT counts as one).
     count: Arc<AtomicUsize>,
+    /// Client connections accepted.
+    connections: Arc<AtomicUsize>,
     /// CONNECT targets asked for.
     targets: Recorder,
 }
@@ -428,9 +430,12 @@ impl FakeHttpProxy {
     fn serve(listener: TcpListener, opts: Arc<HttpProxyOpts>) -> FakeHttpProxy {
         let count = Arc::new(AtomicUsize::new(0));
         let counter = count.clone();
+        let connections = Arc::new(AtomicUsize::new(0));
+        let accepted = connections.clone();
         let targets = Recorder::default();
         let recorder = targets.clone();
         let server = serve(listener, move |stream, peer| {
+            accepted.fetch_add(1, Ordering::SeqCst);
             http_proxy_conn(
                 stream,
                 peer,
@@ -442,6 +447,7 @@ impl FakeHttpProxy {
         FakeHttpProxy {
             server,
             count,
+            connections,
             targets,
         }
     }
@@ -459,6 +465,11 @@ impl FakeHttpProxy {
     /// How many requests (heads) it has received so far.
     pub fn requests(&self) -> usize {
         self.count.load(Ordering::SeqCst)
+    }
+
+    /// How many client connections it has accepted so far.
+    pub fn connections(&self) -> usize {
+        self.connections.load(Ordering::SeqCst)
     }
 
     /// The CONNECT targets it was asked for, as sent.
