@@ -4,6 +4,14 @@
 //! - `latency`: sequential plain GETs, alternating between the direct path
 //!   (client → upstream proxy → site) and the gateway (client → gateway →
 //!   upstream → site). Added latency: p50 ≤ 0.3 ms, p99 ≤ 2 ms.
+//!
+//! Clients keep their connections alive on both paths (to the gateway, or
+//! to each upstream proxy). The upstream proxies keep theirs too, to
+//! clients and to the site, as most real proxies do, so that the farm costs
+//! little per request and the machine's two cores go to the paths compared;
+//! `GATEWAY_BENCH_UPSTREAMS=close` makes them close after every answer
+//! instead (a new connection per request on both paths, through them and
+//! from them to the site).
 //! - `plain`: plain GETs from 64 concurrent clients for a few seconds, each
 //!   path in turn: ≥ 10,000 requests/s through the gateway and ≥ 0.5× the
 //!   direct path.
@@ -12,6 +20,11 @@
 //! - `crowd`: 1,000 idle clients and 100 slowloris clients (a header line
 //!   trickled every 200 ms) held open while one normal client sends
 //!   sequential requests: its p99 ≤ 10 ms.
+//!
+//! The throughput passes also print the CPU time spent per request or
+//! tunnel, in this process (clients, plus the gateway on its path) and in
+//! the farm: this process's figure on the gateway path less its figure on
+//! the direct path is the gateway's own cost.
 //!
 //! Figures are printed next to their targets, not asserted. The site, a
 //! TCP echo target and the upstream proxies run in a child process
@@ -61,8 +74,14 @@ fn main() -> ExitCode {
     ExitCode::SUCCESS
 }
 
+/// True unless `GATEWAY_BENCH_UPSTREAMS=close` (the farm inherits it).
+fn upstreams_keep_alive() -> bool {
+    std::env::var("GATEWAY_BENCH_UPSTREAMS").as_deref() != Ok("close")
+}
+
 fn serve_farm() {
     let rt = tokio::runtime::Runtime::new().expect("tokio runtime");
+    let keep_alive = upstreams_keep_alive();
     rt.block_on(async {
         raise_nofile_limit();
         let site = Site::start(SiteOpts::routes(vec![("/", Reply::text("ok"))])).await;
@@ -72,6 +91,8 @@ fn serve_farm() {
             proxies.push(
                 FakeHttpProxy::start(HttpProxyOpts {
                     connect: true,
+                    keep_alive,
+                    reuse_site: keep_alive,
                     ..HttpProxyOpts::default()
                 })
                 .await,
@@ -95,6 +116,8 @@ fn serve_farm() {
 }
 
 struct Farm {
+    /// The farm's process id, for its CPU time.
+    pid: u32,
     site: SocketAddr,
     echo: SocketAddr,
     proxies: Vec<SocketAddr>,
@@ -109,6 +132,7 @@ fn measure() {
         .spawn()
         .expect("start the farm");
     let mut farm = Farm {
+        pid: child.id(),
         site: "127.0.0.1:0".parse().unwrap(),
         echo: "127.0.0.1:0".parse().unwrap(),
         proxies: Vec::new(),
@@ -147,6 +171,14 @@ fn measure() {
         let shutdown = CancellationToken::new();
         tokio::spawn(gateway::serve(listener, gw.clone(), shutdown.clone()));
 
+        println!(
+            "[farm] {UPSTREAMS} upstream proxies that {} after every answer",
+            if upstreams_keep_alive() {
+                "keep connections (to clients and to the site)"
+            } else {
+                "close connections"
+            }
+        );
         // GATEWAY_BENCH_PASS=plain runs one pass (for profiling).
         let only = std::env::var("GATEWAY_BENCH_PASS").ok();
         let runs = |p: &str| only.as_deref().is_none_or(|o| o == p);
@@ -205,21 +237,15 @@ async fn fetch(sender: &mut Sender, site: SocketAddr) -> bool {
     ok && resp.into_body().collect().await.is_ok()
 }
 
-/// Direct: a new connection to the upstream per request (the fake proxies
-/// close after each answer, as many free proxies do).
-async fn fetch_direct(proxy: SocketAddr, site: SocketAddr) -> bool {
-    let mut sender = open(proxy).await;
-    fetch(&mut sender, site).await
-}
-
-/// Through the gateway on a kept-alive connection, reopened if it closed.
-async fn fetch_gateway(conn: &mut Option<Sender>, gateway: SocketAddr, site: SocketAddr) -> bool {
+/// A GET through `proxy` (the gateway or an upstream) on a kept-alive
+/// connection, reopened if the proxy closed it.
+async fn fetch_on(conn: &mut Option<Sender>, proxy: SocketAddr, site: SocketAddr) -> bool {
     if conn.as_ref().is_none_or(|s| s.is_closed()) {
-        *conn = Some(open(gateway).await);
+        *conn = Some(open(proxy).await);
     }
     let sender = conn.as_mut().expect("just opened");
     if sender.ready().await.is_err() {
-        *conn = Some(open(gateway).await);
+        *conn = Some(open(proxy).await);
     }
     let ok = fetch(conn.as_mut().expect("open"), site).await;
     if !ok {
@@ -244,17 +270,20 @@ async fn latency(farm: &Farm, gateway: SocketAddr) {
     let mut direct = Vec::with_capacity(LATENCY_SAMPLES);
     let mut via = Vec::with_capacity(LATENCY_SAMPLES);
     let mut conn = None;
+    let mut upstream: Vec<Option<Sender>> = (0..UPSTREAMS).map(|_| None).collect();
     // Warm-up: connections, the index, the first store writes.
     for i in 0..200 {
-        fetch_direct(farm.proxies[i % UPSTREAMS], farm.site).await;
-        fetch_gateway(&mut conn, gateway, farm.site).await;
+        let k = i % UPSTREAMS;
+        fetch_on(&mut upstream[k], farm.proxies[k], farm.site).await;
+        fetch_on(&mut conn, gateway, farm.site).await;
     }
     for i in 0..LATENCY_SAMPLES {
+        let k = i % UPSTREAMS;
         let t = Instant::now();
-        assert!(fetch_direct(farm.proxies[i % UPSTREAMS], farm.site).await);
+        assert!(fetch_on(&mut upstream[k], farm.proxies[k], farm.site).await);
         direct.push(t.elapsed());
         let t = Instant::now();
-        assert!(fetch_gateway(&mut conn, gateway, farm.site).await);
+        assert!(fetch_on(&mut conn, gateway, farm.site).await);
         via.push(t.elapsed());
     }
     direct.sort();
@@ -279,14 +308,8 @@ async fn latency(farm: &Farm, gateway: SocketAddr) {
 async fn plain(farm: &Farm, gateway: SocketAddr) {
     let (mut direct, mut via) = (Tally::default(), Tally::default());
     for _ in 0..SLICES {
-        direct += throughput(
-            |i, site, proxies, _| async move { fetch_direct(proxies[i % UPSTREAMS], site).await },
-            farm,
-            gateway,
-            RUN_FOR / SLICES,
-        )
-        .await;
-        via += throughput_gateway(farm, gateway, RUN_FOR / SLICES).await;
+        direct += throughput_kept(farm, None, RUN_FOR / SLICES).await;
+        via += throughput_kept(farm, Some(gateway), RUN_FOR / SLICES).await;
     }
     report("plain", "requests", direct, via, 10_000.0);
 }
@@ -297,6 +320,9 @@ struct Tally {
     done: u64,
     failed: u64,
     secs: f64,
+    /// CPU seconds used by this process and by the farm meanwhile.
+    cpu_here: f64,
+    cpu_farm: f64,
 }
 
 impl std::ops::AddAssign for Tally {
@@ -304,6 +330,8 @@ impl std::ops::AddAssign for Tally {
         self.done += o.done;
         self.failed += o.failed;
         self.secs += o.secs;
+        self.cpu_here += o.cpu_here;
+        self.cpu_farm += o.cpu_farm;
     }
 }
 
@@ -311,6 +339,35 @@ impl Tally {
     fn rate(&self) -> f64 {
         self.done as f64 / self.secs.max(1e-9)
     }
+
+    /// CPU µs per unit of work (this process, the farm).
+    fn cpu_us(&self) -> (f64, f64) {
+        let n = self.done.max(1) as f64;
+        (self.cpu_here * 1e6 / n, self.cpu_farm * 1e6 / n)
+    }
+}
+
+/// CPU seconds (user and system) process `pid` has used so far, from
+/// /proc (in clock ticks of 10 ms, fine over seconds of work).
+fn cpu_secs(pid: u32) -> f64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0.0;
+    };
+    // Fields after the command name, which may hold spaces: utime and
+    // stime are the 14th and 15th of the line.
+    let after = stat.rsplit_once(')').map_or("", |(_, a)| a);
+    let f: Vec<u64> = after
+        .split_whitespace()
+        .skip(11)
+        .take(2)
+        .filter_map(|v| v.parse().ok())
+        .collect();
+    f.iter().sum::<u64>() as f64 / 100.0
+}
+
+/// CPU seconds of this process and of the farm so far.
+fn cpu_now(farm: &Farm) -> (f64, f64) {
+    (cpu_secs(std::process::id()), cpu_secs(farm.pid))
 }
 
 /// Slices per path in a throughput pass, alternating, so that load from
@@ -328,6 +385,7 @@ where
     let stop = Arc::new(AtomicBool::new(false));
     let proxies = Arc::new(farm.proxies.clone());
     let mut tasks = Vec::new();
+    let cpu0 = cpu_now(farm);
     let t0 = Instant::now();
     for w in 0..CLIENTS {
         let (one, done, failed, stop, proxies) = (
@@ -357,27 +415,39 @@ where
     for t in tasks {
         let _ = t.await;
     }
+    let cpu1 = cpu_now(farm);
     Tally {
         done: counted,
         failed: failed.load(Ordering::Relaxed),
         secs: took.as_secs_f64(),
+        cpu_here: cpu1.0 - cpu0.0,
+        cpu_farm: cpu1.1 - cpu0.1,
     }
 }
 
-/// Plain GETs through the gateway, each worker on its own kept-alive
-/// connection.
-async fn throughput_gateway(farm: &Farm, gateway: SocketAddr, run_for: Duration) -> Tally {
+/// Plain GETs through the gateway (`Some`) or directly through the
+/// upstreams in turn (`None`), each worker on its own kept-alive
+/// connections.
+async fn throughput_kept(farm: &Farm, gateway: Option<SocketAddr>, run_for: Duration) -> Tally {
     let done = Arc::new(AtomicU64::new(0));
     let failed = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
     let mut tasks = Vec::new();
+    let cpu0 = cpu_now(farm);
     let t0 = Instant::now();
-    for _ in 0..CLIENTS {
+    for w in 0..CLIENTS {
         let (done, failed, stop, site) = (done.clone(), failed.clone(), stop.clone(), farm.site);
+        let proxies = farm.proxies.clone();
         tasks.push(tokio::spawn(async move {
-            let mut conn = None;
+            let mut conns: Vec<Option<Sender>> = (0..UPSTREAMS).map(|_| None).collect();
+            let mut i = w;
             while !stop.load(Ordering::Relaxed) {
-                if fetch_gateway(&mut conn, gateway, site).await {
+                let (conn, to) = match gateway {
+                    Some(gw) => (&mut conns[0], gw),
+                    None => (&mut conns[i % UPSTREAMS], proxies[i % UPSTREAMS]),
+                };
+                i += 1;
+                if fetch_on(conn, to, site).await {
                     done.fetch_add(1, Ordering::Relaxed);
                 } else {
                     failed.fetch_add(1, Ordering::Relaxed);
@@ -392,10 +462,13 @@ async fn throughput_gateway(farm: &Farm, gateway: SocketAddr, run_for: Duration)
     for t in tasks {
         let _ = t.await;
     }
+    let cpu1 = cpu_now(farm);
     Tally {
         done: counted,
         failed: failed.load(Ordering::Relaxed),
         secs: took.as_secs_f64(),
+        cpu_here: cpu1.0 - cpu0.0,
+        cpu_farm: cpu1.1 - cpu0.1,
     }
 }
 
@@ -410,6 +483,15 @@ fn report(pass: &str, what: &str, direct: Tally, via: Tally, target: f64) {
         via.rate(),
         via.failed,
         via.rate() / direct.rate().max(1e-9)
+    );
+    let (d_here, d_farm) = direct.cpu_us();
+    let (g_here, g_farm) = via.cpu_us();
+    let unit = what.trim_end_matches('s');
+    println!(
+        "[{pass}] CPU per {unit}: this process (clients, and the gateway on its path) direct \
+         {d_here:.1} µs, gateway {g_here:.1} µs, so the gateway's own ≈ {:.1} µs; farm direct \
+         {d_farm:.1} µs, gateway {g_farm:.1} µs",
+        g_here - d_here
     );
 }
 
@@ -497,7 +579,7 @@ async fn crowd(farm: &Farm, gateway: SocketAddr) {
     let mut samples = Vec::with_capacity(LATENCY_SAMPLES);
     for _ in 0..LATENCY_SAMPLES {
         let t = Instant::now();
-        assert!(fetch_gateway(&mut conn, gateway, farm.site).await);
+        assert!(fetch_on(&mut conn, gateway, farm.site).await);
         samples.push(t.elapsed());
     }
     stop.store(true, Ordering::Relaxed);

@@ -663,6 +663,10 @@ async fn crawl(config_path: Option<&Path>, args: CrawlArgs) -> anyhow::Result<Ex
         tokio::spawn(async move { show_crawl_progress(&progress, &pool).await })
     });
     let result = crate::crawl::crawl(&pool, options, cancel, progress).await;
+    // The proxies' worked-use counts are written in batches; the last one now.
+    if let Err(e) = pool.feedback().flush().await {
+        tracing::warn!(error = %e, "cannot record proxies' worked uses");
+    }
     if let Some(display) = display {
         display.abort();
         let _ = display.await;

@@ -177,6 +177,91 @@ async fn plain_http_rotates_per_request_and_names_the_proxy() {
     .await;
 }
 
+/// A working HTTP proxy forwarding from 127.0.0.`last` that keeps its
+/// clients' connections open across requests.
+async fn kept_alive_proxy(last: u8) -> FakeHttpProxy {
+    FakeHttpProxy::start(HttpProxyOpts {
+        keep_alive: true,
+        upstream_bind: Some(ip(last)),
+        ..HttpProxyOpts::default()
+    })
+    .await
+}
+
+#[tokio::test]
+async fn kept_alive_upstream_connections_are_reused_while_requests_still_rotate() {
+    within(async {
+        let dir = tempfile::tempdir().unwrap();
+        let site = Site::start(SiteOpts::routes(vec![
+            ("/a", Reply::html("page a")),
+            ("/t", Reply::text("plain text")),
+        ]))
+        .await;
+        let proxies = [
+            kept_alive_proxy(2).await,
+            kept_alive_proxy(3).await,
+            kept_alive_proxy(4).await,
+        ];
+        let alive: Vec<AliveProxy> = proxies.iter().map(|p| AliveProxy::new(p.url())).collect();
+        let gw = Gw::start(dir.path(), &alive).await;
+        let client = gw.client(None);
+        let mut used = Vec::new();
+        for i in 0..12 {
+            // Pages read whole (small HTML) and streamed (text) alike.
+            let path = if i % 2 == 0 { "/a" } else { "/t" };
+            let resp = client.get(site.url(path)).send().await.unwrap();
+            assert_eq!(resp.status(), 200);
+            used.push(proxy_id(&resp));
+            let want = if i % 2 == 0 { "page a" } else { "plain text" };
+            assert_eq!(resp.text().await.unwrap(), want);
+        }
+        // Still a new proxy per request, every one of them.
+        assert_eq!(used.iter().collect::<HashSet<_>>().len(), 3, "{used:?}");
+        assert!(used.windows(2).all(|w| w[0] != w[1]), "{used:?}");
+        let seen: HashSet<IpAddr> = peers(&site).into_iter().collect();
+        assert_eq!(seen, HashSet::from([ip(2), ip(3), ip(4)]));
+        // Each proxy carried four requests on fewer connections.
+        for p in &proxies {
+            assert_eq!(p.requests(), 4);
+            assert!(p.connections() < 4, "{} connections", p.connections());
+        }
+        assert!(!peers(&site).contains(&ip(1)), "the gateway went direct");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_proxy_that_died_with_kept_connections_is_not_handed_out_again() {
+    within(async {
+        let dir = tempfile::tempdir().unwrap();
+        let site = Site::start(SiteOpts::routes(vec![("/t", Reply::text("ok"))])).await;
+        let mut proxies = vec![kept_alive_proxy(2).await, kept_alive_proxy(3).await];
+        let alive: Vec<AliveProxy> = proxies.iter().map(|p| AliveProxy::new(p.url())).collect();
+        let gw = Gw::start(dir.path(), &alive).await;
+        let client = gw.client(None);
+        for _ in 0..4 {
+            let resp = client.get(site.url("/t")).send().await.unwrap();
+            assert_eq!(resp.status(), 200);
+            assert_eq!(resp.text().await.unwrap(), "ok");
+        }
+        // The first proxy goes away, its kept connections with it.
+        let dead = proxies.remove(0);
+        drop(dead);
+        for _ in 0..6 {
+            let resp = client.get(site.url("/t")).send().await.unwrap();
+            assert_eq!(resp.status(), 200, "retried on the other proxy");
+            assert_eq!(proxy_id(&resp), gw.ids[1]);
+            assert_eq!(resp.text().await.unwrap(), "ok");
+        }
+        assert!(
+            gw.feedback.index().get(gw.ids[0]).is_none(),
+            "the dead proxy is no longer served"
+        );
+        assert!(gw.gateway.pool().is_cooling(gw.ids[0]));
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn connect_tunnels_tls_end_to_end_and_rotates_per_tunnel() {
     within(async {

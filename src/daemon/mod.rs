@@ -151,6 +151,14 @@ pub async fn run(
             }
         }
     };
+    let stopped = async {
+        stopped.await;
+        // Worked uses are written in batches: the last one before the store
+        // closes.
+        if let Err(e) = state.feedback.flush().await {
+            tracing::warn!(error = %e, "cannot record proxies' worked uses");
+        }
+    };
     if tokio::time::timeout(STOP_LIMIT, stopped).await.is_err() {
         tracing::warn!(
             unfinished = tasks.len(),

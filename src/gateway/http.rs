@@ -27,12 +27,13 @@ use super::Gateway;
 use super::controls::{ControlError, Controls, HEADER_PREFIX, admits, basic_credentials};
 use super::metrics::{GatewayMetrics, Kind};
 use super::tunnel::{self, TunnelError};
+use super::upstream::{Kept, Key, keeps_alive};
 use crate::model::Reason;
 use crate::net::{self, DialOptions, Target, hyper_reason, proxy_authorization};
 use crate::pool::{Class, Lease, Used, Want};
 use crate::proxy::Proxy;
 
-type Body = BoxBody<Bytes, hyper::Error>;
+pub(super) type Body = BoxBody<Bytes, hyper::Error>;
 
 /// Names the upstream proxy (by id) on every forwarded answer.
 pub const PROXY_HEADER: &str = "x-proxywarden-proxy";
@@ -247,7 +248,7 @@ async fn plain(gw: Gateway, req: Request<Incoming>, controls: Controls) -> Respo
         let t0 = Instant::now();
         let sent = tokio::time::timeout(
             s.timeout,
-            send(lease.proxy(), &target, &parts, &path, body, s),
+            send(&gw, &lease, &target, &parts, &path, body, held.as_ref()),
         )
         .await
         .unwrap_or(Err(Failure::Proxy(Reason::Timeout)));
@@ -271,6 +272,7 @@ async fn plain(gw: Gateway, req: Request<Incoming>, controls: Controls) -> Respo
             }
             Err(Failure::Proxy(reason)) => {
                 metrics.upstream_failed(reason);
+                gw.inner.upstreams.forget(lease.id());
                 gw.pool().settle(&lease, Used::ProxyFailed(reason)).await;
                 last = Some(upstream_failed(reason, tried.len()));
                 if !retry(&mut retries, s.retries, &metrics) {
@@ -279,7 +281,9 @@ async fn plain(gw: Gateway, req: Request<Incoming>, controls: Controls) -> Respo
                 continue;
             }
         };
-        let (rparts, rbody, forward) = answer;
+        let (rparts, rbody, kept) = answer;
+        let forward = kept.forward;
+        let kept = keeps_alive(&rparts).then_some(kept);
         let (class, rbody) = classify(&gw, &rparts, rbody, forward).await;
         let upstream = t0.elapsed();
         match class {
@@ -292,10 +296,11 @@ async fn plain(gw: Gateway, req: Request<Incoming>, controls: Controls) -> Respo
                 gw.pool().settle(&lease, used).await;
                 metrics.added(started.elapsed().saturating_sub(upstream));
                 metrics.finished(Kind::Plain, "ok");
-                return respond(rparts, rbody, lease, &metrics);
+                return respond(&gw, rparts, rbody, lease, kept);
             }
             Class::ProxyFailure(reason) => {
                 metrics.upstream_failed(reason);
+                gw.inner.upstreams.forget(lease.id());
                 gw.pool().settle(&lease, Used::ProxyFailed(reason)).await;
                 last = Some(upstream_failed(reason, tried.len()));
             }
@@ -313,7 +318,7 @@ async fn plain(gw: Gateway, req: Request<Incoming>, controls: Controls) -> Respo
                 // The site's own word is the answer when no other proxy
                 // may try, or when proxies were refused alike: then the
                 // refusal is the page's (a private page), not the proxies'.
-                let answer = respond(rparts, rbody, lease, &metrics);
+                let answer = respond(&gw, rparts, rbody, lease, kept);
                 if retries >= s.retries || held.is_none() || refusals >= REFUSAL_QUORUM {
                     metrics.added(started.elapsed().saturating_sub(upstream));
                     metrics.finished(Kind::Plain, "blocked");
@@ -352,19 +357,55 @@ fn retry(retries: &mut u32, max: u32, metrics: &GatewayMetrics) -> bool {
     true
 }
 
-type Answer = (http::response::Parts, Incoming, bool);
+/// An answer's head and body, and the connection it came on.
+type Answer = (http::response::Parts, Incoming, Kept);
 
-/// One attempt: a connection through `proxy` (to the proxy itself for
-/// HTTP proxies, which get the absolute form; a tunnel to the target for
-/// SOCKS proxies), the request, the answer's head.
+/// Methods a request may be sent again with, if a kept connection turns
+/// out closed as it goes (RFC 9110 §9.2.2).
+fn idempotent(m: &Method) -> bool {
+    matches!(
+        *m,
+        Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE | Method::PUT | Method::DELETE
+    )
+}
+
+/// One attempt through the lease's proxy: on a kept-alive connection to it
+/// when one is idle and the request can be sent again (`held`: its body,
+/// kept), else on a new connection (to the proxy itself for HTTP proxies,
+/// which get the absolute form; a tunnel to the target for SOCKS
+/// proxies); the request, the answer's head.
 async fn send(
-    proxy: &Proxy,
+    gw: &Gateway,
+    lease: &Lease,
     target: &Target,
     parts: &Parts,
     path: &str,
     body: Body,
-    s: &super::Settings,
+    held: Option<&Bytes>,
 ) -> Result<Answer, Failure> {
+    let s = gw.settings();
+    let proxy = lease.proxy();
+    let key = Key::new(lease.id(), proxy, target);
+    if let Some(bytes) = held.filter(|_| idempotent(&parts.method)) {
+        while let Some(mut kept) = gw.inner.upstreams.take(&key) {
+            // Ready at once unless the proxy closed it meanwhile.
+            match tokio::time::timeout(s.connect_timeout, kept.sender.ready()).await {
+                Ok(Ok(())) => {}
+                _ => continue,
+            }
+            let again = Full::new(bytes.clone()).map_err(|n| match n {}).boxed();
+            let req = request(proxy, target, parts, path, again, kept.forward)?;
+            match kept.sender.send_request(req).await {
+                Ok(resp) => {
+                    let (rparts, rbody) = resp.into_parts();
+                    return Ok((rparts, rbody, kept));
+                }
+                // Closed by the proxy as the request went: no one's
+                // fault; a new connection carries it.
+                Err(_) => break,
+            }
+        }
+    }
     let opts = DialOptions {
         connect_timeout: s.connect_timeout,
         handshake_timeout: s.timeout,
@@ -380,10 +421,38 @@ async fn send(
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(dialed.stream))
         .await
         .map_err(|e| Failure::Proxy(hyper_reason(&e)))?;
-    // Ends once the answer's body is read and the sender is gone.
+    // Ends once the sender is gone (the connection was not kept, or left
+    // the idle set) and the answer's body is read.
     tokio::spawn(async move {
         let _ = conn.await;
     });
+    let req = request(proxy, target, parts, path, body, forward)?;
+    let resp = sender
+        .send_request(req)
+        .await
+        .map_err(|e| Failure::Proxy(hyper_reason(&e)))?;
+    let (rparts, rbody) = resp.into_parts();
+    Ok((
+        rparts,
+        rbody,
+        Kept {
+            key,
+            sender,
+            forward,
+        },
+    ))
+}
+
+/// The request for the upstream: absolute-form for an HTTP proxy (with
+/// its credentials), origin-form through a tunnel.
+fn request(
+    proxy: &Proxy,
+    target: &Target,
+    parts: &Parts,
+    path: &str,
+    body: Body,
+    forward: bool,
+) -> Result<Request<Body>, Failure> {
     let uri = if forward {
         format!("http://{target}{path}")
     } else {
@@ -400,12 +469,7 @@ async fn send(
     {
         req.headers_mut().insert(header::PROXY_AUTHORIZATION, auth);
     }
-    let resp = sender
-        .send_request(req)
-        .await
-        .map_err(|e| Failure::Proxy(hyper_reason(&e)))?;
-    let (rparts, rbody) = resp.into_parts();
-    Ok((rparts, rbody, forward))
+    Ok(req)
 }
 
 /// An answer's body: as it streams, or read whole (small HTML pages, to
@@ -449,12 +513,16 @@ async fn classify(
 }
 
 /// The answer for the client: hop-by-hop headers gone, the proxy named.
+/// The connection it came on (`kept`) is kept for the next request once
+/// the body has been read to its end.
 fn respond(
+    gw: &Gateway,
     mut parts: http::response::Parts,
     body: Answered,
     lease: Lease,
-    metrics: &Arc<GatewayMetrics>,
+    kept: Option<Kept>,
 ) -> Response<Body> {
+    let metrics = &gw.inner.metrics;
     clean(&mut parts.headers);
     parts
         .headers
@@ -462,10 +530,13 @@ fn respond(
     let body = match body {
         Answered::Whole(b) => {
             metrics.received(b.len() as u64);
+            if let Some(kept) = kept {
+                gw.inner.upstreams.put(kept);
+            }
             Full::new(b).map_err(|n| match n {}).boxed()
         }
         // The lease (the proxy's in-flight slot) lives as long as the body.
-        Answered::Stream(s) => Counted::received(s, metrics.clone(), lease).boxed(),
+        Answered::Stream(s) => Counted::received(s, gw.clone(), lease, kept).boxed(),
     };
     Response::from_parts(parts, body)
 }
@@ -630,6 +701,9 @@ struct Counted {
     metrics: Arc<GatewayMetrics>,
     received: bool,
     _lease: Option<Lease>,
+    /// The upstream connection the body comes on, kept by the gateway once
+    /// the body ends.
+    kept: Option<(Gateway, Kept)>,
 }
 
 impl Counted {
@@ -639,15 +713,30 @@ impl Counted {
             metrics,
             received: false,
             _lease: None,
+            kept: None,
         }
     }
 
-    fn received(inner: Incoming, metrics: Arc<GatewayMetrics>, lease: Lease) -> Counted {
-        Counted {
+    fn received(inner: Incoming, gw: Gateway, lease: Lease, kept: Option<Kept>) -> Counted {
+        let mut body = Counted {
             inner,
-            metrics,
+            metrics: gw.inner.metrics.clone(),
             received: true,
             _lease: Some(lease),
+            kept: kept.map(|k| (gw, k)),
+        };
+        // An empty body (HEAD, 204, 304) is never polled.
+        if body.inner.is_end_stream() {
+            body.ended();
+        }
+        body
+    }
+
+    /// The body was read to its end: its connection may carry another
+    /// request.
+    fn ended(&mut self) {
+        if let Some((gw, kept)) = self.kept.take() {
+            gw.inner.upstreams.put(kept);
         }
     }
 }
@@ -662,15 +751,22 @@ impl HttpBody for Counted {
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         let this = self.get_mut();
         let r = Pin::new(&mut this.inner).poll_frame(cx);
-        if let Poll::Ready(Some(Ok(frame))) = &r
-            && let Some(data) = frame.data_ref()
-        {
-            let n = data.len() as u64;
-            if this.received {
-                this.metrics.received(n);
-            } else {
-                this.metrics.sent(n);
+        match &r {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(data) = frame.data_ref() {
+                    let n = data.len() as u64;
+                    if this.received {
+                        this.metrics.received(n);
+                    } else {
+                        this.metrics.sent(n);
+                    }
+                }
+                if this.inner.is_end_stream() {
+                    this.ended();
+                }
             }
+            Poll::Ready(None) => this.ended(),
+            _ => {}
         }
         r
     }

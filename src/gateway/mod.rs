@@ -8,6 +8,7 @@ mod http;
 mod metrics;
 mod socks;
 mod tunnel;
+mod upstream;
 
 pub use controls::{ControlError, Controls, HEADER_PREFIX, admits, basic_credentials};
 pub use metrics::{GatewayMetrics, GatewayStats};
@@ -83,6 +84,8 @@ struct Inner {
     pool: Pool,
     settings: Settings,
     metrics: Arc<GatewayMetrics>,
+    /// Idle connections to upstream proxies, for plain requests.
+    upstreams: upstream::Upstreams,
 }
 
 /// A cheap, cloneable handle to the gateway: its pool, settings and
@@ -138,6 +141,7 @@ impl Gateway {
                 pool,
                 settings,
                 metrics: Arc::default(),
+                upstreams: upstream::Upstreams::default(),
             }),
         })
     }

@@ -114,6 +114,7 @@ pub(super) async fn open(
             }
             Err(reason) => {
                 metrics.upstream_failed(reason);
+                gw.inner.upstreams.forget(lease.id());
                 gw.pool().settle(&lease, Used::ProxyFailed(reason)).await;
                 last = TunnelError::Failed(reason);
             }

@@ -5,7 +5,7 @@
 //! the store.
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -23,6 +23,14 @@ pub const SERVED_RECHECK_AFTER: Duration = Duration::from_secs(30);
 /// The most proxies queued for an early re-check at once; the check loop
 /// drains the queue every few seconds.
 const MAX_RECHECK_QUEUE: usize = 10_000;
+
+/// Uses that worked are written to the store together, this long after the
+/// first of them: a fetch or a tunnel that went through costs a map update,
+/// not a write. Failures never wait: they change the index at once.
+pub const WORKED_FLUSH_AFTER: Duration = Duration::from_secs(1);
+
+/// Rows per store write when worked uses are flushed.
+const WORKED_FLUSH_CHUNK: usize = 4096;
 
 /// How long a (proxy, site) pair stays banned after the site blocked it.
 pub const BAN_FOR: Duration = Duration::from_secs(600);
@@ -94,8 +102,16 @@ struct Inner {
     recheck: Mutex<HashSet<i64>>,
     /// Wakes the check loop when a re-check is queued.
     wake: Notify,
-    /// (proxy id, site) → banned until.
-    bans: Mutex<HashMap<(i64, String), Instant>>,
+    /// site → proxy id → banned until (by site first, so a lookup needs
+    /// no key of its own).
+    bans: Mutex<HashMap<String, HashMap<i64, Instant>>>,
+    /// Bans in `bans`, to keep the map bounded.
+    ban_count: std::sync::atomic::AtomicUsize,
+    /// Worked uses not written yet, by proxy id (at most one entry per
+    /// proxy the index served).
+    worked: Mutex<HashMap<i64, u64>>,
+    /// True while a flush of `worked` is scheduled.
+    flush_scheduled: AtomicBool,
 }
 
 /// A cheap, cloneable handle: every verdict on a proxy goes through it.
@@ -127,6 +143,9 @@ impl Feedback {
                 recheck: Mutex::default(),
                 wake: Notify::new(),
                 bans: Mutex::default(),
+                ban_count: std::sync::atomic::AtomicUsize::new(0),
+                worked: Mutex::default(),
+                flush_scheduled: AtomicBool::new(false),
             }),
         }
     }
@@ -174,6 +193,50 @@ impl Feedback {
             hidden,
             recheck,
         })
+    }
+
+    /// A use of proxy `id` worked (the pool, the crawler, the gateway). It
+    /// is counted in memory and written with others within
+    /// [`WORKED_FLUSH_AFTER`] (or at [`Feedback::flush`]), so that the
+    /// request path never waits for the store.
+    pub fn worked(&self, id: i64) {
+        let first = {
+            let mut worked = lock(&self.inner.worked);
+            let first = worked.is_empty();
+            *worked.entry(id).or_default() += 1;
+            first
+        };
+        if !first || self.inner.flush_scheduled.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => {
+                let feedback = self.clone();
+                rt.spawn(async move {
+                    tokio::time::sleep(WORKED_FLUSH_AFTER).await;
+                    if let Err(e) = feedback.flush().await {
+                        tracing::warn!(error = %e, "cannot record proxies' worked uses");
+                    }
+                });
+            }
+            // Outside a runtime the next flush (or use inside one) takes them.
+            Err(_) => self.inner.flush_scheduled.store(false, Ordering::Release),
+        }
+    }
+
+    /// Writes the worked uses counted so far to the store. The daemon and
+    /// the crawler call it before they stop.
+    pub async fn flush(&self) -> Result<(), StoreError> {
+        // Cleared before the take: a use counted after it schedules the
+        // next flush itself.
+        self.inner.flush_scheduled.store(false, Ordering::Release);
+        let batch: Vec<(i64, u64)> = std::mem::take(&mut *lock(&self.inner.worked))
+            .into_iter()
+            .collect();
+        for chunk in batch.chunks(WORKED_FLUSH_CHUNK) {
+            self.inner.store.record_worked(chunk.to_vec()).await?;
+        }
+        Ok(())
     }
 
     /// A tunnel (CONNECT) through HTTP proxy `id` failed in use: its HTTPS
@@ -380,8 +443,14 @@ impl Feedback {
 
     /// True when `site` blocked proxy `id` less than [`BAN_FOR`] ago.
     pub fn is_banned(&self, id: i64, site: &str) -> bool {
+        // Asked for every candidate of every pick: no lock while nothing is
+        // banned, no allocation ever.
+        if self.inner.ban_count.load(Ordering::Relaxed) == 0 {
+            return false;
+        }
         let bans = lock(&self.inner.bans);
-        bans.get(&(id, site.to_owned()))
+        bans.get(site)
+            .and_then(|ids| ids.get(&id))
             .is_some_and(|until| *until > Instant::now())
     }
 
@@ -400,15 +469,29 @@ impl Feedback {
     fn ban_for(&self, id: i64, site: &str, rest: Duration) {
         let now = Instant::now();
         let mut bans = lock(&self.inner.bans);
-        if bans.len() >= MAX_BANS {
-            bans.retain(|_, until| *until > now);
+        let mut count = self.inner.ban_count.load(Ordering::Relaxed);
+        if count >= MAX_BANS {
+            bans.retain(|_, ids| {
+                ids.retain(|_, until| *until > now);
+                !ids.is_empty()
+            });
+            count = bans.values().map(HashMap::len).sum();
         }
-        if bans.len() < MAX_BANS {
+        let known = bans.get(site).is_some_and(|ids| ids.contains_key(&id));
+        if count < MAX_BANS || known {
             let until = now + rest;
-            let entry = bans.entry((id, site.to_owned())).or_insert(until);
+            let ids = match bans.get_mut(site) {
+                Some(ids) => ids,
+                None => bans.entry(site.to_owned()).or_default(),
+            };
+            let entry = ids.entry(id).or_insert(until);
             // A shorter rest never cuts a longer ban short.
             *entry = (*entry).max(until);
+            if !known {
+                count += 1;
+            }
         }
+        self.inner.ban_count.store(count, Ordering::Relaxed);
     }
 }
 
@@ -538,6 +621,50 @@ mod tests {
             .await
             .unwrap();
         assert!(!missing.found);
+    }
+
+    /// `reports_ok` of proxy `id`.
+    async fn reports_ok(store: &Store, id: i64) -> i64 {
+        store
+            .read(move |c| {
+                Ok(
+                    c.query_row("SELECT reports_ok FROM proxies WHERE id = ?1", [id], |r| {
+                        r.get(0)
+                    })?,
+                )
+            })
+            .await
+            .unwrap()
+    }
+
+    #[test]
+    fn worked_uses_are_written_together_not_one_write_each() {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let (store, ids) = rt.block_on(store_with(dir.path(), 2));
+        let feedback = Feedback::new(HealthIndex::new(), store.clone());
+        // Outside the runtime no flush is scheduled: what the store holds
+        // is only what a flush wrote.
+        for _ in 0..5 {
+            feedback.worked(ids[0]);
+        }
+        feedback.worked(ids[1]);
+        rt.block_on(async {
+            assert_eq!(reports_ok(&store, ids[0]).await, 0, "no write per use");
+            feedback.flush().await.unwrap();
+            assert_eq!(reports_ok(&store, ids[0]).await, 5);
+            assert_eq!(reports_ok(&store, ids[1]).await, 1);
+            feedback.flush().await.unwrap();
+            assert_eq!(reports_ok(&store, ids[0]).await, 5, "counted once");
+
+            // Inside the runtime a use schedules the flush itself.
+            feedback.worked(ids[1]);
+            let deadline = Instant::now() + WORKED_FLUSH_AFTER + Duration::from_secs(20);
+            while reports_ok(&store, ids[1]).await != 2 {
+                assert!(Instant::now() < deadline, "the batch was never written");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        });
     }
 
     #[tokio::test]

@@ -37,7 +37,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
 use rand::RngExt;
-use tokio::sync::{Notify, Semaphore, watch};
+use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 use url::Url;
 
@@ -442,9 +442,6 @@ pub struct PoolStats {
     pub banned_by_site: BTreeMap<String, u64>,
 }
 
-/// Reports a worked use in the background up to this many at once; past
-/// that, fetches wait for the store so that the backlog stays bounded.
-const REPORTS_IN_FLIGHT: usize = 1024;
 /// How long a (proxy, site) pair rests after a 429 or 503 that gave no
 /// Retry-After.
 const RATE_LIMIT_REST: Duration = Duration::from_secs(30);
@@ -510,7 +507,6 @@ struct Inner {
     /// Wakes waiters: a slot freed, a proxy indexed.
     changed: Notify,
     counters: Counters,
-    reports: Arc<Semaphore>,
     /// True once a store-backed pool loaded the store (always for live
     /// pools).
     loaded: watch::Sender<bool>,
@@ -682,7 +678,6 @@ impl Pool {
                 state: Mutex::default(),
                 changed: Notify::new(),
                 counters: Counters::default(),
-                reports: Arc::new(Semaphore::new(REPORTS_IN_FLIGHT)),
                 loaded: watch::Sender::new(loaded),
                 load_error: Mutex::new(None),
                 refresher: Mutex::new(None),
@@ -1268,30 +1263,17 @@ impl Pool {
         }
     }
 
-    /// Reports a verdict. Only `Worked` writes to the store, so only it
-    /// runs in the background, while few such writes are pending; blocks
-    /// and target errors take effect in memory before this returns.
+    /// Reports a verdict. A use that worked is only counted (the feedback
+    /// path writes such counts together, off the request path); failures,
+    /// blocks and target errors take effect before this returns.
     async fn report(&self, id: i64, verdict: Verdict, site: Option<&str>) {
-        let feedback = self.inner.feedback.clone();
-        if verdict != Verdict::Worked {
-            if let Err(e) = feedback.report(id, verdict, site).await {
-                tracing::warn!(id, error = %e, "cannot record a proxy's use");
-            }
+        let feedback = &self.inner.feedback;
+        if verdict == Verdict::Worked {
+            feedback.worked(id);
             return;
         }
-        let job = async move {
-            if let Err(e) = feedback.report(id, verdict, None).await {
-                tracing::warn!(id, error = %e, "cannot record a proxy's use");
-            }
-        };
-        match self.inner.reports.clone().try_acquire_owned() {
-            Ok(permit) => {
-                tokio::spawn(async move {
-                    job.await;
-                    drop(permit);
-                });
-            }
-            Err(_) => job.await,
+        if let Err(e) = feedback.report(id, verdict, site).await {
+            tracing::warn!(id, error = %e, "cannot record a proxy's use");
         }
     }
 

@@ -287,6 +287,24 @@ impl Store {
         .await
     }
 
+    /// Adds uses that worked, `(proxy id, count)`, to the proxies' counters
+    /// in one write: the feedback path collects them instead of writing once
+    /// per use.
+    pub async fn record_worked(&self, uses: Vec<(i64, u64)>) -> Result<(), StoreError> {
+        if uses.is_empty() {
+            return Ok(());
+        }
+        self.write_weighted(uses.len(), move |c| {
+            let mut stmt =
+                c.prepare_cached("UPDATE proxies SET reports_ok = reports_ok + ?2 WHERE id = ?1")?;
+            for (id, n) in uses {
+                stmt.execute(params![id, i64::try_from(n).unwrap_or(i64::MAX)])?;
+            }
+            Ok(())
+        })
+        .await
+    }
+
     /// Deletes proxies dead for longer than `after` that no source has
     /// listed for that long. Returns how many went.
     pub async fn purge(&self, now: i64, after: Duration) -> Result<usize, StoreError> {

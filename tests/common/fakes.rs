@@ -406,6 +406,10 @@ pub struct HttpProxyOpts {
     /// answer has a Content-Length, as most real proxies do; otherwise
     /// every answer closes it.
     pub keep_alive: bool,
+    /// With `keep_alive`: also keeps its own connection to the site open
+    /// across a client connection's requests, as a proxy with a connection
+    /// pool does (benches use it so the fake costs little per request).
+    pub reuse_site: bool,
 }
 
 /// A loopback HTTP/1.1 forward proxy (absolute-form requests and CONNECT).
@@ -414,6 +418,8 @@ pub struct FakeHttpProxy {
     server: Server,
     /// Request heads received (a CONNECT counts as one).
     count: Arc<AtomicUsize>,
+    /// Client connections accepted.
+    connections: Arc<AtomicUsize>,
     /// CONNECT targets asked for.
     targets: Recorder,
 }
@@ -428,9 +434,12 @@ impl FakeHttpProxy {
     fn serve(listener: TcpListener, opts: Arc<HttpProxyOpts>) -> FakeHttpProxy {
         let count = Arc::new(AtomicUsize::new(0));
         let counter = count.clone();
+        let connections = Arc::new(AtomicUsize::new(0));
+        let accepted = connections.clone();
         let targets = Recorder::default();
         let recorder = targets.clone();
         let server = serve(listener, move |stream, peer| {
+            accepted.fetch_add(1, Ordering::SeqCst);
             http_proxy_conn(
                 stream,
                 peer,
@@ -442,6 +451,7 @@ impl FakeHttpProxy {
         FakeHttpProxy {
             server,
             count,
+            connections,
             targets,
         }
     }
@@ -459,6 +469,11 @@ impl FakeHttpProxy {
     /// How many requests (heads) it has received so far.
     pub fn requests(&self) -> usize {
         self.count.load(Ordering::SeqCst)
+    }
+
+    /// How many client connections it has accepted so far.
+    pub fn connections(&self) -> usize {
+        self.connections.load(Ordering::SeqCst)
     }
 
     /// The CONNECT targets it was asked for, as sent.
@@ -565,8 +580,10 @@ async fn http_proxy_conn(
         tunnel(client, &head, rest, &opts, &targets).await
     } else if opts.keep_alive && rest.is_empty() {
         let mut head = head;
+        let mut site = None;
+        let _ = client.set_nodelay(true);
         loop {
-            if !forward_kept(&mut client, &head, &opts).await? {
+            if !forward_kept(&mut client, &head, &opts, &mut site).await? {
                 return finish(client).await;
             }
             let Some((raw_head, rest)) = read_head(&mut client).await? else {
@@ -585,11 +602,14 @@ async fn http_proxy_conn(
 
 /// One plain request without a body on a kept-alive client connection: the
 /// answer keeps the connection open when its length is known. `Ok(false)`
-/// when the connection is to close.
+/// when the connection is to close. `site` is the connection to the site
+/// kept from the last request (with [`HttpProxyOpts::reuse_site`]), by
+/// authority.
 async fn forward_kept(
     client: &mut TcpStream,
     head: &Head,
     opts: &HttpProxyOpts,
+    site: &mut Option<(String, TcpStream)>,
 ) -> io::Result<bool> {
     let target = head.second.as_str();
     let Some(after_scheme) = target
@@ -609,11 +629,21 @@ async fn forward_kept(
     let Some((host, port)) = split_host_port(authority, Some(80)) else {
         return Ok(false);
     };
-    let Ok(mut upstream) = connect_upstream(host, port, opts.upstream_bind).await else {
-        client
-            .write_all(b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\n\r\n")
-            .await?;
-        return Ok(true);
+    let kept = site
+        .take()
+        .filter(|(a, _)| opts.reuse_site && a == authority);
+    let reused = kept.is_some();
+    let mut upstream = match kept {
+        Some((_, s)) => s,
+        None => match connect_upstream(host, port, opts.upstream_bind).await {
+            Ok(s) => s,
+            Err(_) => {
+                client
+                    .write_all(b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\n\r\n")
+                    .await?;
+                return Ok(true);
+            }
+        },
     };
     let listed = connection_tokens(head);
     let mut out = format!("{} {origin} HTTP/1.1\r\n", head.first);
@@ -625,9 +655,24 @@ async fn forward_kept(
             out.push_str(&format!("{name}: {value}\r\n"));
         }
     }
-    out.push_str("Connection: close\r\n\r\n");
-    upstream.write_all(out.as_bytes()).await?;
-    let Some((raw_head, rest)) = read_head(&mut upstream).await? else {
+    if !opts.reuse_site {
+        out.push_str("Connection: close\r\n");
+    }
+    out.push_str("\r\n");
+    let mut answer = None;
+    if upstream.write_all(out.as_bytes()).await.is_ok() {
+        answer = read_head(&mut upstream).await.ok().flatten();
+    }
+    if answer.is_none() && reused {
+        // The site closed the kept connection meanwhile: a new one.
+        let Ok(fresh) = connect_upstream(host, port, opts.upstream_bind).await else {
+            return Ok(false);
+        };
+        upstream = fresh;
+        upstream.write_all(out.as_bytes()).await?;
+        answer = read_head(&mut upstream).await?;
+    }
+    let Some((raw_head, rest)) = answer else {
         return Ok(false);
     };
     let Some(resp) = Head::parse(&raw_head).filter(|h| h.first.starts_with("HTTP/")) else {
@@ -647,12 +692,22 @@ async fn forward_kept(
         out.push_str("Connection: close\r\n");
     }
     out.push_str("\r\n");
-    client.write_all(out.as_bytes()).await?;
-    client.write_all(&rest).await?;
+    // One write for the head and what came with it: on a kept-alive
+    // connection a second small write would wait for the client's delayed
+    // ACK (Nagle).
+    let mut answer = out.into_bytes();
+    answer.extend_from_slice(&rest);
+    client.write_all(&answer).await?;
     match length {
         Some(n) => {
             let left = n.saturating_sub(rest.len() as u64);
             tokio::io::copy(&mut (&mut upstream).take(left), client).await?;
+            let closes = resp
+                .header("connection")
+                .is_some_and(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case("close")));
+            if opts.reuse_site && !closes {
+                *site = Some((authority.to_owned(), upstream));
+            }
             Ok(true)
         }
         None => {
