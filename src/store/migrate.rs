@@ -15,6 +15,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/0003_change_seq.sql"),
     include_str!("../../migrations/0004_https_checked.sql"),
     include_str!("../../migrations/0005_crawl_jobs.sql"),
+    include_str!("../../migrations/0006_listed.sql"),
 ];
 
 /// Every table the migrations create: a database holding any other is
