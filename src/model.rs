@@ -402,13 +402,30 @@ pub struct RecheckPolicy {
 mod tests {
     use super::*;
 
+    /// `scheme://[user:pass@]host:port`, any address (the list does not
+    /// judge which addresses are worth storing).
     fn cand(s: &str) -> Candidate {
-        let p = Proxy::parse_url(s).unwrap();
-        Candidate {
-            proxy: p,
-            detect: false,
-            hints: Hints::default(),
-        }
+        let (scheme, rest) = s.split_once("://").unwrap();
+        let (auth, addr) = match rest.split_once('@') {
+            Some((a, addr)) => {
+                let (u, p) = a.split_once(':').unwrap();
+                let auth = Credentials {
+                    username: u.into(),
+                    password: p.into(),
+                };
+                (Some(auth), addr)
+            }
+            None => (None, rest),
+        };
+        let addr: std::net::SocketAddr = addr.parse().unwrap();
+        Candidate::new(
+            addr.ip(),
+            addr.port(),
+            auth,
+            Some(scheme.parse().unwrap()),
+            SourceScheme::Detect,
+            Hints::default(),
+        )
     }
 
     #[test]
