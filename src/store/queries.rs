@@ -545,6 +545,24 @@ fn upsert_candidates(
     now: i64,
     candidates: &[Candidate],
 ) -> Result<(UpsertCounts, Vec<i64>), StoreError> {
+    // SQLite checks a `col IN (...)` CHECK constraint by building a
+    // temporary b-tree for the list, on every row written: four of them
+    // for each new proxy, most of the cost of inserting it. The values
+    // written here come from closed enums (scheme, anonymity, 'source')
+    // and the port is checked below, so the constraints cannot fail; they
+    // are off for this job only.
+    tx.pragma_update(None, "ignore_check_constraints", true)?;
+    let result = upsert_unchecked(tx, source_id, now, candidates);
+    tx.pragma_update(None, "ignore_check_constraints", false)?;
+    result
+}
+
+fn upsert_unchecked(
+    tx: &Connection,
+    source_id: i64,
+    now: i64,
+    candidates: &[Candidate],
+) -> Result<(UpsertCounts, Vec<i64>), StoreError> {
     let mut counts = UpsertCounts::default();
     let mut ids = Vec::with_capacity(candidates.len());
     // Bumped once, before the first row of the chunk whose country changes:
@@ -592,9 +610,18 @@ fn upsert_candidates(
              ON CONFLICT (proxy_id, source_id) DO UPDATE SET
                  listed = 1, last_seen = max(last_seen, excluded.last_seen)",
     )?;
+    let mut link_new = tx.prepare_cached(
+        "INSERT INTO proxy_sources (proxy_id, source_id, first_seen, last_seen, listed)
+             VALUES (?1, ?2, ?3, ?3, 1)",
+    )?;
     let mut host = String::with_capacity(64);
     for c in candidates {
         let p = &c.proxy;
+        if p.port == 0 {
+            return Err(StoreError::Sqlite(rusqlite::Error::ToSqlConversionFailure(
+                format!("{p}: port 0 is not a proxy's port").into(),
+            )));
+        }
         host.clear();
         std::fmt::Write::write_fmt(&mut host, format_args!("{}", p.host))
             .expect("formatting an address into a String cannot fail");
@@ -647,7 +674,9 @@ fn upsert_candidates(
                     now
                 ])?;
                 counts.new += 1;
-                (tx.last_insert_rowid(), false)
+                let id = tx.last_insert_rowid();
+                link_new.execute(params![id, source_id, now])?;
+                (id, true)
             }
         };
         if !listed {
