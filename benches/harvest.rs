@@ -87,7 +87,8 @@ impl Rng {
     }
 }
 
-/// Writes `n` distinct proxies, one per line, in no particular order:
+/// Writes `n` distinct proxies with usable addresses, one per line, in no
+/// particular order:
 /// addresses are a permutation of the index (an odd multiplier is a
 /// bijection on u32), ports from the common ones, one in ten with a
 /// `socks5://` and one in ten with a `socks4://` prefix.
@@ -95,8 +96,18 @@ fn write_list(path: &Path, n: usize) -> std::io::Result<u64> {
     const PORTS: [u16; 8] = [80, 8080, 3128, 1080, 8888, 9999, 4145, 999];
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
     let mut out = std::io::BufWriter::new(std::fs::File::create(path)?);
-    for i in 0..n as u32 {
+    let mut written = 0;
+    for i in 0..=u32::MAX {
+        if written == n {
+            break;
+        }
         let ip = std::net::Ipv4Addr::from(i.wrapping_mul(0x9e37_79b1).wrapping_add(0x0101_0101));
+        // Addresses the parser refuses (private, loopback, reserved...)
+        // would not be stored: the list holds only usable ones.
+        if !proxywarden::proxy::usable_ip(ip.into()) {
+            continue;
+        }
+        written += 1;
         let r = rng.next();
         let port = PORTS[(r % 8) as usize];
         let prefix = match r >> 8 & 15 {

@@ -309,6 +309,8 @@ async fn due_proxies_page_once_each_in_due_order() {
         .await
         .unwrap();
     assert_eq!(every.len(), 2_500);
+}
+
 /// Candidates `0..n` of [`candidates`], with a country and an anonymity
 /// claim on each, as a text list would not give but a JSON API does.
 fn hinted(n: u32, country: &str) -> Vec<Candidate> {
@@ -566,4 +568,123 @@ async fn proxies_seen_by_two_sources_count_once() {
     assert_eq!(store.count_seen_since(5_100).await.unwrap(), 15);
     assert_eq!(store.count_seen_since(1_000).await.unwrap(), 30);
     assert_eq!(store.count_seen_since(6_000).await.unwrap(), 0);
+}
+
+/// An entry whose scheme is to be detected is the proxy already stored at
+/// its address, whatever scheme that row has, and only an address no row
+/// holds is new.
+#[tokio::test]
+async fn a_detected_entry_is_the_proxy_known_at_its_address() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("p.db")).unwrap();
+    let entry = |url: &str, detect: bool| {
+        let proxy = proxywarden::proxy::Proxy::parse_url(url).unwrap();
+        Candidate::new(
+            proxy.host,
+            proxy.port,
+            None,
+            (!detect).then_some(proxy.scheme),
+            SourceScheme::Detect,
+            Hints::default(),
+        )
+    };
+    let first = vec![
+        entry("socks5://10.1.0.1:1080", false),
+        entry("socks4://10.1.0.2:1080", false),
+        entry("http://10.1.0.3:8080", false),
+        entry("http://10.1.0.4:80", true),
+    ];
+    let c = store
+        .record_source_run(run("a", 1_000), first)
+        .await
+        .unwrap();
+    assert_eq!((c.found, c.new), (4, 4));
+    let second = vec![
+        entry("http://10.1.0.1:1080", true),
+        entry("http://10.1.0.2:1080", true),
+        entry("http://10.1.0.4:80", true),
+        entry("http://10.1.0.5:80", true),
+    ];
+    let c = store
+        .record_source_run(run("b", 2_000), second)
+        .await
+        .unwrap();
+    assert_eq!((c.found, c.new), (4, 1));
+    let all = store.list_proxies(ProxyFilter::default()).await.unwrap();
+    assert_eq!(all.len(), 5);
+    let by_url = |url: &str| {
+        all.iter()
+            .find(|r| r.proxy.to_string() == url)
+            .unwrap_or_else(|| panic!("{url} is not stored"))
+    };
+    for url in [
+        "socks5://10.1.0.1:1080",
+        "socks4://10.1.0.2:1080",
+        "http://10.1.0.4:80",
+    ] {
+        assert_eq!(by_url(url).sources, ["a", "b"], "{url}");
+    }
+    // A detected entry never takes away a scheme already settled.
+    assert!(!by_url("socks5://10.1.0.1:1080").scheme_detect);
+    assert_eq!(by_url("http://10.1.0.3:8080").sources, ["a"]);
+    assert_eq!(by_url("http://10.1.0.5:80").sources, ["b"]);
+    assert!(by_url("http://10.1.0.5:80").scheme_detect);
+}
+
+/// The migration that rebuilds the proxies table keeps every row, its id
+/// and its links, and the rebuilt table refuses what the old one refused.
+#[tokio::test]
+async fn rebuilding_the_proxies_table_keeps_rows_links_and_rules() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("p.db");
+    let store = Store::open(&path).unwrap();
+    store
+        .record_source_run(run("a", 1_000), hinted(50, "DE"))
+        .await
+        .unwrap();
+    let before = store.list_proxies(ProxyFilter::default()).await.unwrap();
+    drop(store);
+    // Back to the version before the rebuild, so that opening runs it.
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    conn.pragma_update(None, "user_version", SCHEMA_VERSION - 1)
+        .unwrap();
+    drop(conn);
+
+    let store = Store::open(&path).unwrap();
+    assert_eq!(store.schema_version().await.unwrap(), SCHEMA_VERSION);
+    let after = store.list_proxies(ProxyFilter::default()).await.unwrap();
+    assert_eq!(after, before);
+    assert!(after.iter().all(|r| r.sources == ["a"]));
+    drop(store);
+
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    let tables: Vec<String> = conn
+        .prepare("SELECT name FROM sqlite_schema WHERE type = 'table' ORDER BY name")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(
+        tables,
+        ["crawl_jobs", "meta", "proxies", "proxy_sources", "sources"]
+    );
+    for (column, value) in [
+        ("scheme", "'ftp'"),
+        ("status", "'maybe'"),
+        ("anonymity", "'high'"),
+        ("hint_anonymity", "'high'"),
+        ("country_source", "'guess'"),
+        ("scheme_detect", "2"),
+        ("https", "2"),
+        ("hint_https", "-1"),
+    ] {
+        let written = conn.execute(&format!("UPDATE proxies SET {column} = {value}"), []);
+        assert!(
+            written.is_err(),
+            "{column} = {value} was accepted: {written:?}"
+        );
+    }
+    conn.execute("UPDATE proxies SET anonymity = 'elite', https = 1", [])
+        .unwrap();
 }

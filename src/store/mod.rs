@@ -176,8 +176,12 @@ impl Store {
         if !mode.eq_ignore_ascii_case("wal") {
             tracing::warn!(path = %path.display(), mode, "database is not in WAL mode");
         }
-        conn.execute_batch("PRAGMA synchronous = NORMAL; PRAGMA foreign_keys = ON;")
-            .map_err(open_err)?;
+        // Statement journals (a multi-row insert keeps one, to undo
+        // itself alone) in memory rather than in temporary files.
+        conn.execute_batch(
+            "PRAGMA synchronous = NORMAL; PRAGMA foreign_keys = ON; PRAGMA temp_store = MEMORY;",
+        )
+        .map_err(open_err)?;
         // The writer's page cache (SQLite's default is 2 MiB): a harvest
         // walks the identity index and the table in order, and a larger
         // cache keeps the pages a chunk shares with the next one.

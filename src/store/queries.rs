@@ -494,6 +494,8 @@ struct Found {
     id: i64,
     changes: bool,
     country_changes: bool,
+    /// Whether its scheme is still to be detected.
+    detect: bool,
     /// `None` without a link, else whether the link is listed.
     listed: Option<bool>,
 }
@@ -533,6 +535,7 @@ fn found(row: &Row, c: &Candidate) -> rusqlite::Result<Found> {
         id: row.get(0)?,
         changes,
         country_changes,
+        detect,
         listed: row.get(7)?,
     })
 }
@@ -545,19 +548,252 @@ fn upsert_candidates(
     now: i64,
     candidates: &[Candidate],
 ) -> Result<(UpsertCounts, Vec<i64>), StoreError> {
-    // SQLite checks a `col IN (...)` CHECK constraint by building a
-    // temporary b-tree for the list, on every row written: four of them
-    // for each new proxy, most of the cost of inserting it. The values
-    // written here come from closed enums (scheme, anonymity, 'source')
-    // and the port is checked below, so the constraints cannot fail; they
-    // are off for this job only.
-    tx.pragma_update(None, "ignore_check_constraints", true)?;
-    let result = upsert_unchecked(tx, source_id, now, candidates);
-    tx.pragma_update(None, "ignore_check_constraints", false)?;
-    result
+    if addresses_repeat(candidates) {
+        upsert_rowwise(tx, source_id, now, candidates)
+    } else {
+        upsert_batched(tx, source_id, now, candidates)
+    }
 }
 
-fn upsert_unchecked(
+/// Updates a known proxy from a candidate: `?1` id, `?2` password, `?3`
+/// detect, `?4` country, `?5` anonymity, `?6` https, `?7` whether the row
+/// takes a new change number.
+const UPDATE_KNOWN: &str = "UPDATE proxies SET
+                 password = coalesce(?2, password),
+                 scheme_detect = min(scheme_detect, ?3),
+                 country = CASE WHEN country_source = 'geoip' OR ?4 IS NULL
+                                THEN country ELSE ?4 END,
+                 country_source = CASE WHEN country_source = 'geoip' OR ?4 IS NULL
+                                THEN country_source ELSE 'source' END,
+                 hint_anonymity = coalesce(?5, hint_anonymity),
+                 hint_https = coalesce(?6, hint_https),
+                 changed_seq = CASE WHEN ?7 THEN (SELECT change_seq FROM meta) ELSE changed_seq END
+             WHERE id = ?1";
+
+/// Links a proxy to a source's latest list: `?1` proxy, `?2` source, `?3`
+/// the list's time.
+const LINK_SOURCE: &str =
+    "INSERT INTO proxy_sources (proxy_id, source_id, first_seen, last_seen, listed)
+             VALUES (?1, ?2, ?3, ?3, 1)
+             ON CONFLICT (proxy_id, source_id) DO UPDATE SET
+                 listed = 1, last_seen = max(last_seen, excluded.last_seen)";
+
+/// True when two candidates of the chunk share an address (and user
+/// name), whatever their schemes: one may then find or change the row the
+/// other writes, which only the row-by-row path sees.
+fn addresses_repeat(candidates: &[Candidate]) -> bool {
+    let mut seen = std::collections::HashSet::with_capacity(candidates.len());
+    !candidates
+        .iter()
+        .all(|c| seen.insert((c.proxy.host, c.proxy.port, c.proxy.username())))
+}
+
+/// Candidates looked up per statement: each brings one identity (three
+/// for a candidate whose scheme is to be detected) of four parameters.
+const LOOKUP_BATCH: usize = 128;
+/// New proxies written per statement (14 parameters each).
+const INSERT_BATCH: usize = 64;
+
+/// `n` groups of `group` placeholders: `(?,?),(?,?)`.
+fn placeholders(n: usize, group: &str) -> String {
+    let mut s = String::with_capacity(n * (group.len() + 1));
+    for i in 0..n {
+        if i > 0 {
+            s.push(',');
+        }
+        s.push_str(group);
+    }
+    s
+}
+
+/// Writes a chunk whose candidates all have distinct addresses, with a
+/// handful of statements per hundred candidates instead of three per
+/// candidate: the stored rows of a batch are found in one join, and new
+/// proxies and their links go in multi-row inserts with ids assigned here
+/// (the next after the largest, as SQLite would). The outcome is that of
+/// [`upsert_rowwise`], which handles chunks where this does not hold.
+fn upsert_batched(
+    tx: &Connection,
+    source_id: i64,
+    now: i64,
+    candidates: &[Candidate],
+) -> Result<(UpsertCounts, Vec<i64>), StoreError> {
+    use rusqlite::ToSql;
+    let mut counts = UpsertCounts::default();
+    if let Some(c) = candidates.iter().find(|c| c.proxy.port == 0) {
+        return Err(StoreError::Sqlite(rusqlite::Error::ToSqlConversionFailure(
+            format!("{}: port 0 is not a proxy's port", c.proxy).into(),
+        )));
+    }
+    let hosts: Vec<String> = candidates
+        .iter()
+        .map(|c| c.proxy.host.to_string())
+        .collect();
+    // What the store holds for each candidate (before this chunk).
+    let mut known: Vec<Option<Found>> = Vec::with_capacity(candidates.len());
+    known.resize_with(candidates.len(), || None);
+    // The source is written into the statement, not bound: SQLite
+    // compiles a statement again whenever a value bound in its WHERE
+    // clause changes, and that would be on every batch.
+    for (b, batch) in candidates.chunks(LOOKUP_BATCH).enumerate() {
+        let base = b * LOOKUP_BATCH;
+        let keys: usize = batch.iter().map(|c| if c.detect { 3 } else { 1 }).sum();
+        let mut find = tx.prepare_cached(&format!(
+            "SELECT {FOUND_COLUMNS}, ps.listed, k.column5
+                 FROM (VALUES {}) k
+                 CROSS JOIN proxies p ON p.scheme = k.column1 AND p.host = k.column2
+                     AND p.port = k.column3 AND p.username = k.column4
+                 LEFT JOIN proxy_sources ps ON ps.proxy_id = p.id AND ps.source_id = {source_id}",
+            placeholders(keys, "(?,?,?,?,?)")
+        ))?;
+        let mut i = 1;
+        for (j, c) in batch.iter().enumerate() {
+            let schemes: &[Scheme] = if c.detect {
+                &[Scheme::Http, Scheme::Socks4, Scheme::Socks5]
+            } else {
+                std::slice::from_ref(&c.proxy.scheme)
+            };
+            for s in schemes {
+                find.raw_bind_parameter(i, s.as_str())?;
+                find.raw_bind_parameter(i + 1, &hosts[base + j])?;
+                find.raw_bind_parameter(i + 2, c.proxy.port)?;
+                find.raw_bind_parameter(i + 3, c.proxy.username())?;
+                find.raw_bind_parameter(i + 4, (base + j) as i64)?;
+                i += 5;
+            }
+        }
+        let mut rows = find.raw_query();
+        while let Some(r) = rows.next()? {
+            let at = r.get::<_, i64>(8)? as usize;
+            let c = &candidates[at];
+            let f = found(r, c)?;
+            // A candidate to detect is the row with a settled scheme
+            // first, then the oldest: as `ORDER BY scheme_detect, id`.
+            let better = match &known[at] {
+                None => true,
+                Some(old) => (f.detect, f.id) < (old.detect, old.id),
+            };
+            if better {
+                known[at] = Some(f);
+            }
+        }
+    }
+    let mut next_id: i64 =
+        tx.query_row("SELECT coalesce(max(id), 0) + 1 FROM proxies", [], |r| {
+            r.get(0)
+        })?;
+    let mut ids = Vec::with_capacity(candidates.len());
+    let mut fresh: Vec<usize> = Vec::with_capacity(INSERT_BATCH);
+    let mut bumped = false;
+    let mut update = None;
+    let mut link = None;
+    let flush = |fresh: &mut Vec<usize>, ids: &[i64]| -> Result<(), StoreError> {
+        if fresh.is_empty() {
+            return Ok(());
+        }
+        let mut insert = tx.prepare_cached(&format!(
+            "INSERT OR IGNORE INTO proxies (id, scheme, host, port, username, password, scheme_detect,
+                     country, country_source, hint_anonymity, hint_https,
+                     first_seen, last_seen, next_check_at)
+                 VALUES {}",
+            placeholders(fresh.len(), "(?,?,?,?,?,?,?,?,?,?,?,?,?,?)")
+        ))?;
+        let mut links = tx.prepare_cached(&format!(
+            "INSERT OR IGNORE INTO proxy_sources (proxy_id, source_id, first_seen, last_seen, listed)
+                 VALUES {}",
+            placeholders(fresh.len(), "(?,?,?,?,1)")
+        ))?;
+        for (j, &at) in fresh.iter().enumerate() {
+            let c = &candidates[at];
+            let country = c.hints.country.as_ref().map(|c| c.as_str());
+            let values: [&dyn ToSql; 14] = [
+                &ids[at],
+                &c.proxy.scheme.as_str(),
+                &hosts[at],
+                &c.proxy.port,
+                &c.proxy.username(),
+                &c.proxy.auth.as_ref().map(|a| a.password.as_str()),
+                &c.detect,
+                &country,
+                &country.map(|_| "source"),
+                &c.hints.anonymity.map(Anonymity::as_str),
+                &c.hints.https,
+                &now,
+                &now,
+                &now,
+            ];
+            for (k, v) in values.iter().enumerate() {
+                insert.raw_bind_parameter(j * 14 + k + 1, v)?;
+            }
+            let link_values: [&dyn ToSql; 4] = [&ids[at], &source_id, &now, &now];
+            for (k, v) in link_values.iter().enumerate() {
+                links.raw_bind_parameter(j * 4 + k + 1, v)?;
+            }
+        }
+        // `OR IGNORE` spares SQLite a statement journal for a statement
+        // that cannot fail halfway; a row it did skip would be a bug in
+        // the lookup above, reported rather than lost.
+        for (what, stmt) in [("proxies", &mut insert), ("links", &mut links)] {
+            let written = stmt.raw_execute()?;
+            if written != fresh.len() {
+                return Err(StoreError::Sqlite(rusqlite::Error::ToSqlConversionFailure(
+                    format!("wrote {written} of {} new {what}", fresh.len()).into(),
+                )));
+            }
+        }
+        fresh.clear();
+        Ok(())
+    };
+    for (at, c) in candidates.iter().enumerate() {
+        let id = match &known[at] {
+            Some(f) => {
+                if f.country_changes && !bumped {
+                    super::checks::bump_change_seq(tx)?;
+                    bumped = true;
+                }
+                if f.changes {
+                    let update = match &mut update {
+                        Some(u) => u,
+                        None => update.insert(tx.prepare_cached(UPDATE_KNOWN)?),
+                    };
+                    update.execute(params![
+                        f.id,
+                        c.proxy.auth.as_ref().map(|a| a.password.as_str()),
+                        c.detect,
+                        c.hints.country.as_ref().map(|c| c.as_str()),
+                        c.hints.anonymity.map(Anonymity::as_str),
+                        c.hints.https,
+                        f.country_changes
+                    ])?;
+                }
+                if f.listed != Some(true) {
+                    let link = match &mut link {
+                        Some(l) => l,
+                        None => link.insert(tx.prepare_cached(LINK_SOURCE)?),
+                    };
+                    link.execute(params![f.id, source_id, now])?;
+                }
+                f.id
+            }
+            None => {
+                let id = next_id;
+                next_id += 1;
+                counts.new += 1;
+                fresh.push(at);
+                id
+            }
+        };
+        ids.push(id);
+        counts.found += 1;
+        if fresh.len() == INSERT_BATCH {
+            flush(&mut fresh, &ids)?;
+        }
+    }
+    flush(&mut fresh, &ids)?;
+    Ok((counts, ids))
+}
+
+fn upsert_rowwise(
     tx: &Connection,
     source_id: i64,
     now: i64,
@@ -591,25 +827,8 @@ fn upsert_unchecked(
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, CASE WHEN ?7 IS NULL THEN NULL ELSE 'source' END,
                  ?8, ?9, ?10, ?10, ?10)",
     )?;
-    let mut update = tx.prepare_cached(
-        "UPDATE proxies SET
-                 password = coalesce(?2, password),
-                 scheme_detect = min(scheme_detect, ?3),
-                 country = CASE WHEN country_source = 'geoip' OR ?4 IS NULL
-                                THEN country ELSE ?4 END,
-                 country_source = CASE WHEN country_source = 'geoip' OR ?4 IS NULL
-                                THEN country_source ELSE 'source' END,
-                 hint_anonymity = coalesce(?5, hint_anonymity),
-                 hint_https = coalesce(?6, hint_https),
-                 changed_seq = CASE WHEN ?7 THEN (SELECT change_seq FROM meta) ELSE changed_seq END
-             WHERE id = ?1",
-    )?;
-    let mut link = tx.prepare_cached(
-        "INSERT INTO proxy_sources (proxy_id, source_id, first_seen, last_seen, listed)
-             VALUES (?1, ?2, ?3, ?3, 1)
-             ON CONFLICT (proxy_id, source_id) DO UPDATE SET
-                 listed = 1, last_seen = max(last_seen, excluded.last_seen)",
-    )?;
+    let mut update = tx.prepare_cached(UPDATE_KNOWN)?;
+    let mut link = tx.prepare_cached(LINK_SOURCE)?;
     let mut link_new = tx.prepare_cached(
         "INSERT INTO proxy_sources (proxy_id, source_id, first_seen, last_seen, listed)
              VALUES (?1, ?2, ?3, ?3, 1)",
