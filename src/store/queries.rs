@@ -356,9 +356,10 @@ impl Store {
     /// start `unknown` and due at once; known ones keep their checked facts
     /// and get the source link and the source's hints updated, and a row
     /// is written only when something in it changes, so a re-harvest of an
-    /// unchanged list costs lookups, not writes. The list is written in
-    /// identity order (see [`CandidateList::sort_by_identity_text`]), so
-    /// the lookups and inserts walk the identity index in order. The
+    /// unchanged list costs lookups, not writes. A list longer than one
+    /// transaction is written in identity order (see
+    /// [`CandidateList::sort_by_identity_text`]), so the lookups and inserts
+    /// walk the identity index in order. The
     /// candidates go in chunks of bounded transactions, so a huge list never
     /// holds the write lock longer than another process waits for it; then
     /// the source's links that this list left out are unlisted, and the
@@ -375,9 +376,13 @@ impl Store {
             self.write(move |tx| source_id(tx, &run)).await?
         };
         let now = run.started_at;
-        // Sorting millions of entries is CPU work: off the runtime.
+        // Sorting millions of entries is CPU work: off the runtime. A list
+        // that fits one transaction keeps its order, so its new proxies
+        // are numbered (and first checked) in the order the source gives.
         let list = match tokio::task::spawn_blocking(move || {
-            list.sort_by_identity_text();
+            if list.len() > SOURCE_CHUNK {
+                list.sort_by_identity_text();
+            }
             list
         })
         .await
