@@ -87,6 +87,194 @@ impl Candidate {
     }
 }
 
+/// A list of candidates kept compactly: an IPv4 candidate without
+/// credentials (nearly every entry of a public list) takes 16 bytes instead
+/// of a full [`Candidate`]'s ~80, so a source listing millions of proxies
+/// fits in a small machine's memory. Other candidates are kept whole.
+#[derive(Clone, Debug, Default)]
+pub struct CandidateList {
+    packed: Vec<Packed>,
+    /// Every other candidate, with its position in the whole list.
+    other: Vec<(usize, Candidate)>,
+}
+
+/// An IPv4 candidate without credentials.
+#[derive(Clone, Copy, Debug)]
+struct Packed {
+    /// [`CandidateList::packed_key`] of its identity.
+    key: u64,
+    detect: bool,
+    hints: Hints,
+}
+
+impl CandidateList {
+    /// An empty list.
+    pub fn new() -> CandidateList {
+        CandidateList::default()
+    }
+
+    /// The identity of an IPv4 candidate without credentials as one
+    /// number (scheme, address and port), `None` for any other candidate.
+    pub fn packed_key(c: &Candidate) -> Option<u64> {
+        match c.proxy.host {
+            IpAddr::V4(v4) if c.proxy.auth.is_none() => {
+                let scheme: u64 = match c.proxy.scheme {
+                    Scheme::Http => 1,
+                    Scheme::Socks4 => 2,
+                    Scheme::Socks5 => 3,
+                };
+                Some(scheme << 48 | u64::from(u32::from(v4)) << 16 | u64::from(c.proxy.port))
+            }
+            _ => None,
+        }
+    }
+
+    /// Appends a candidate (duplicates are the caller's concern).
+    pub fn push(&mut self, c: Candidate) {
+        match CandidateList::packed_key(&c) {
+            Some(key) => self.packed.push(Packed {
+                key,
+                detect: c.detect,
+                hints: c.hints,
+            }),
+            None => self.other.push((self.len(), c)),
+        }
+    }
+
+    /// How many candidates the list holds.
+    pub fn len(&self) -> usize {
+        self.packed.len() + self.other.len()
+    }
+
+    /// True when the list is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Orders the list by identity as text: scheme name, then the address
+    /// as it is written (`10.0.0.1` before `9.0.0.1`), then port and user
+    /// name. That is the order of an index over those texts (the store's),
+    /// so writing a list in this order walks such an index from one end to
+    /// the other instead of jumping about in it.
+    pub fn sort_by_identity_text(&mut self) {
+        self.packed.sort_unstable_by_key(|p| text_order(p.key));
+        self.other.sort_by_cached_key(|(_, c)| {
+            (
+                c.proxy.scheme,
+                c.proxy.host.to_string(),
+                c.proxy.port,
+                c.proxy.username().to_owned(),
+            )
+        });
+        let first = self.packed.len();
+        for (i, (pos, _)) in self.other.iter_mut().enumerate() {
+            *pos = first + i;
+        }
+    }
+
+    /// The candidates in list order.
+    pub fn iter(&self) -> impl Iterator<Item = Candidate> + '_ {
+        let mut packed = self.packed.iter();
+        let mut other = self.other.iter().peekable();
+        (0..self.len()).filter_map(move |i| match other.peek() {
+            Some((pos, _)) if *pos == i => other.next().map(|(_, c)| c.clone()),
+            _ => packed.next().map(|p| p.unpack()),
+        })
+    }
+
+    /// The candidates in list order, as full values.
+    pub fn to_vec(&self) -> Vec<Candidate> {
+        self.iter().collect()
+    }
+}
+
+impl From<Vec<Candidate>> for CandidateList {
+    fn from(v: Vec<Candidate>) -> CandidateList {
+        let mut list = CandidateList::new();
+        for c in v {
+            list.push(c);
+        }
+        list
+    }
+}
+
+impl Packed {
+    fn unpack(&self) -> Candidate {
+        let scheme = match self.key >> 48 {
+            1 => Scheme::Http,
+            2 => Scheme::Socks4,
+            _ => Scheme::Socks5,
+        };
+        Candidate {
+            proxy: Proxy {
+                scheme,
+                host: IpAddr::V4(std::net::Ipv4Addr::from((self.key >> 16) as u32)),
+                port: self.key as u16,
+                auth: None,
+            },
+            detect: self.detect,
+            hints: self.hints,
+        }
+    }
+}
+
+/// Where each octet's decimal text falls among all 256 such texts
+/// ("0" < "1" < "10" < "100" < … < "99"). Dotted addresses compare as text
+/// octet by octet (a `.` or the end sorts before any digit), so replacing
+/// each octet by its rank gives a number that sorts as the text does.
+const OCTET_TEXT_RANK: [u8; 256] = {
+    const fn digits(n: usize) -> ([u8; 3], usize) {
+        if n >= 100 {
+            (
+                [
+                    b'0' + (n / 100) as u8,
+                    b'0' + (n / 10 % 10) as u8,
+                    b'0' + (n % 10) as u8,
+                ],
+                3,
+            )
+        } else if n >= 10 {
+            ([b'0' + (n / 10) as u8, b'0' + (n % 10) as u8, 0], 2)
+        } else {
+            ([b'0' + n as u8, 0, 0], 1)
+        }
+    }
+    const fn less(a: usize, b: usize) -> bool {
+        let (da, la) = digits(a);
+        let (db, lb) = digits(b);
+        let mut i = 0;
+        while i < la && i < lb {
+            if da[i] != db[i] {
+                return da[i] < db[i];
+            }
+            i += 1;
+        }
+        la < lb
+    }
+    let mut rank = [0u8; 256];
+    let mut a = 0;
+    while a < 256 {
+        let mut below = 0;
+        let mut b = 0;
+        while b < 256 {
+            if less(b, a) {
+                below += 1;
+            }
+            b += 1;
+        }
+        rank[a] = below as u8;
+        a += 1;
+    }
+    rank
+};
+
+/// A packed key reordered so that its number order is its text order.
+fn text_order(key: u64) -> u64 {
+    let ip = (key >> 16) as u32;
+    let ranked = ip.to_be_bytes().map(|o| OCTET_TEXT_RANK[usize::from(o)]);
+    key & !(0xffff_ffff << 16) | u64::from(u32::from_be_bytes(ranked)) << 16
+}
+
 /// Why a check failed: a closed set, stored and counted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -208,4 +396,110 @@ pub struct RecheckPolicy {
     pub dead: Duration,
     /// The longest wait after failures.
     pub dead_max: Duration,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `scheme://[user:pass@]host:port`, any address (the list does not
+    /// judge which addresses are worth storing).
+    fn cand(s: &str) -> Candidate {
+        let (scheme, rest) = s.split_once("://").unwrap();
+        let (auth, addr) = match rest.split_once('@') {
+            Some((a, addr)) => {
+                let (u, p) = a.split_once(':').unwrap();
+                let auth = Credentials {
+                    username: u.into(),
+                    password: p.into(),
+                };
+                (Some(auth), addr)
+            }
+            None => (None, rest),
+        };
+        let addr: std::net::SocketAddr = addr.parse().unwrap();
+        Candidate::new(
+            addr.ip(),
+            addr.port(),
+            auth,
+            Some(scheme.parse().unwrap()),
+            SourceScheme::Detect,
+            Hints::default(),
+        )
+    }
+
+    #[test]
+    fn a_list_gives_back_what_was_pushed_in_order() {
+        let mut items = vec![
+            cand("http://1.2.3.4:80"),
+            cand("socks5://[2001:db8::1]:1080"),
+            cand("socks4://10.0.0.1:1080"),
+            cand("http://u:p@1.2.3.4:80"),
+            cand("socks5://255.255.255.255:65535"),
+        ];
+        items[0].detect = true;
+        items[2].hints.country = Country::parse("DE");
+        items[2].hints.anonymity = Some(Anonymity::Elite);
+        items[4].hints.https = Some(false);
+        assert!(
+            items[3].proxy.auth
+                == Some(Credentials {
+                    username: "u".into(),
+                    password: "p".into()
+                })
+        );
+        let list = CandidateList::from(items.clone());
+        assert_eq!(list.len(), 5);
+        assert_eq!(list.to_vec(), items);
+    }
+
+    #[test]
+    fn identity_text_order_is_the_order_of_the_texts() {
+        let mut rng_state = 0x2545_f491_4f6c_dd1d_u64;
+        let mut next = || {
+            rng_state ^= rng_state << 13;
+            rng_state ^= rng_state >> 7;
+            rng_state ^= rng_state << 17;
+            rng_state
+        };
+        let schemes = ["http", "socks4", "socks5"];
+        let mut items: Vec<Candidate> = (0..2_000)
+            .map(|_| {
+                let r = next();
+                // Small octets too, where "9" and "10" and "100" meet.
+                let octet =
+                    |shift: u32| (r >> shift) as u8 % if r >> 60 & 1 == 0 { 12 } else { 255 };
+                let ip = format!("{}.{}.{}.{}", octet(0), octet(8), octet(16), octet(24));
+                cand(&format!(
+                    "{}://{ip}:{}",
+                    schemes[(r >> 32) as usize % 3],
+                    (r >> 40) as u16 % 3 + 1
+                ))
+            })
+            .collect();
+        items.push(cand("http://[2001:db8::1]:8080"));
+        items.push(cand("http://a:b@1.1.1.1:8080"));
+        let mut list = CandidateList::from(items.clone());
+        list.sort_by_identity_text();
+        let key = |c: &Candidate| {
+            (
+                c.proxy.scheme.as_str().to_owned(),
+                c.proxy.host.to_string(),
+                c.proxy.port,
+            )
+        };
+        let got: Vec<_> = list
+            .iter()
+            .filter(|c| c.proxy.auth.is_none() && c.proxy.host.is_ipv4())
+            .map(|c| key(&c))
+            .collect();
+        let mut want: Vec<_> = items
+            .iter()
+            .filter(|c| c.proxy.auth.is_none() && c.proxy.host.is_ipv4())
+            .map(key)
+            .collect();
+        want.sort();
+        assert_eq!(got, want);
+        assert_eq!(list.len(), items.len());
+    }
 }

@@ -414,7 +414,7 @@ async fn config_check_fails_on_files_that_would_fail_later() {
 async fn store_with(dir: &Path, proxies: &[&str]) {
     use proxywarden::model::{Candidate, Hints, SourceScheme};
     let store = proxywarden::store::Store::open(&dir.join("test.db")).unwrap();
-    let candidates = proxies
+    let candidates: Vec<Candidate> = proxies
         .iter()
         .map(|p| {
             let p = proxywarden::proxy::Proxy::parse_url(&format!("http://{p}")).unwrap();

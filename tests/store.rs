@@ -310,3 +310,381 @@ async fn due_proxies_page_once_each_in_due_order() {
         .unwrap();
     assert_eq!(every.len(), 2_500);
 }
+
+/// Candidates `0..n` of [`candidates`], with a country and an anonymity
+/// claim on each, as a text list would not give but a JSON API does.
+fn hinted(n: u32, country: &str) -> Vec<Candidate> {
+    candidates(n)
+        .into_iter()
+        .map(|mut c| {
+            c.hints.country = proxywarden::proxy::Country::parse(country);
+            c.hints.anonymity = Some(proxywarden::proxy::Anonymity::Elite);
+            c.hints.https = Some(true);
+            c
+        })
+        .collect()
+}
+
+/// Counts every row update SQLite executes on `proxies` and
+/// `proxy_sources` from now on (an update that writes the same values
+/// counts too): a re-harvest must not rewrite what did not change.
+fn count_row_writes(path: &std::path::Path) {
+    let conn = rusqlite::Connection::open(path).unwrap();
+    conn.execute_batch(
+        "CREATE TABLE row_writes (tbl TEXT NOT NULL, id INTEGER NOT NULL);
+         CREATE TRIGGER proxies_written AFTER UPDATE ON proxies
+             BEGIN INSERT INTO row_writes VALUES ('proxies', new.id); END;
+         CREATE TRIGGER links_written AFTER UPDATE ON proxy_sources
+             BEGIN INSERT INTO row_writes VALUES ('proxy_sources', new.proxy_id); END;",
+    )
+    .unwrap();
+}
+
+fn row_writes(path: &std::path::Path) -> Vec<(String, i64)> {
+    let conn = rusqlite::Connection::open(path).unwrap();
+    let mut stmt = conn
+        .prepare("SELECT tbl, id FROM row_writes ORDER BY tbl, id")
+        .unwrap();
+    stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap()
+}
+
+/// (id, changed_seq) of every proxy, by id.
+fn change_numbers(path: &std::path::Path) -> Vec<(i64, i64)> {
+    let conn = rusqlite::Connection::open(path).unwrap();
+    let mut stmt = conn
+        .prepare("SELECT id, changed_seq FROM proxies ORDER BY id")
+        .unwrap();
+    stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap()
+}
+
+/// Issue 9, Must 7: a re-harvest of an unchanged list writes no proxy row
+/// and no link, gives no row a new change number, and still shows every
+/// proxy as seen by the new run, with exact counts.
+#[tokio::test]
+async fn an_unchanged_re_harvest_rewrites_no_row() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("p.db");
+    let store = Store::open(&path).unwrap();
+    let list = hinted(12_000, "DE");
+    let first = store
+        .record_source_run(run("a", 1_000), list.clone())
+        .await
+        .unwrap();
+    assert_eq!((first.found, first.new), (12_000, 12_000));
+    let seq_before = store.change_seq().await.unwrap();
+    let numbers_before = change_numbers(&path);
+    count_row_writes(&path);
+
+    let again = store
+        .record_source_run(run("a", 2_000), list.clone())
+        .await
+        .unwrap();
+    assert_eq!((again.found, again.new), (12_000, 0));
+    assert_eq!(
+        row_writes(&path),
+        vec![],
+        "rows rewritten by an unchanged re-harvest"
+    );
+    assert_eq!(change_numbers(&path), numbers_before);
+    assert_eq!(store.change_seq().await.unwrap(), seq_before);
+
+    let proxies = store.list_proxies(ProxyFilter::default()).await.unwrap();
+    assert_eq!(proxies.len(), 12_000);
+    assert!(
+        proxies
+            .iter()
+            .all(|p| p.first_seen == 1_000 && p.last_seen == 2_000)
+    );
+    assert!(
+        proxies
+            .iter()
+            .all(|p| p.country.map(|c| c.to_string()).as_deref() == Some("DE"))
+    );
+    assert_eq!(store.count_seen_since(2_000).await.unwrap(), 12_000);
+    let sources = store.list_sources().await.unwrap();
+    assert_eq!(
+        (
+            sources[0].last_found,
+            sources[0].last_new,
+            sources[0].proxies
+        ),
+        (Some(12_000), Some(0), 12_000)
+    );
+}
+
+/// A changed hint rewrites that proxy's row alone, and only that row gets
+/// a new change number.
+#[tokio::test]
+async fn a_changed_hint_updates_only_that_row() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("p.db");
+    let store = Store::open(&path).unwrap();
+    let mut list = hinted(6_000, "DE");
+    store
+        .record_source_run(run("a", 1_000), list.clone())
+        .await
+        .unwrap();
+    let before = change_numbers(&path);
+    count_row_writes(&path);
+
+    list[4_321].hints.country = proxywarden::proxy::Country::parse("AT");
+    let changed = list[4_321].proxy.clone();
+    let c = store
+        .record_source_run(run("a", 2_000), list)
+        .await
+        .unwrap();
+    assert_eq!((c.found, c.new), (6_000, 0));
+    let proxies = store.list_proxies(ProxyFilter::default()).await.unwrap();
+    let id = proxies.iter().find(|p| p.proxy == changed).unwrap().id;
+    assert_eq!(row_writes(&path), vec![("proxies".to_owned(), id)]);
+    let after = change_numbers(&path);
+    let bumped: Vec<i64> = before
+        .iter()
+        .zip(&after)
+        .filter(|(b, a)| b != a)
+        .map(|(_, a)| a.0)
+        .collect();
+    assert_eq!(bumped, vec![id]);
+    let at = proxies.iter().find(|p| p.id == id).unwrap();
+    assert_eq!(at.country.map(|c| c.to_string()).as_deref(), Some("AT"));
+    assert_eq!(
+        proxies
+            .iter()
+            .filter(|p| p.country.map(|c| c.to_string()).as_deref() == Some("DE"))
+            .count(),
+        5_999
+    );
+}
+
+/// A proxy a new list leaves out keeps the time it was last listed; the
+/// rest are seen by the new run; one listed again is seen again.
+#[tokio::test]
+async fn a_proxy_left_out_keeps_its_last_sighting() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("p.db")).unwrap();
+    let list = candidates(10);
+    store
+        .record_source_run(run("a", 1_000), list.clone())
+        .await
+        .unwrap();
+    let c = store
+        .record_source_run(run("a", 2_000), list[1..].to_vec())
+        .await
+        .unwrap();
+    assert_eq!((c.found, c.new), (9, 0));
+    let seen = |records: &[proxywarden::store::ProxyRecord], p: &proxywarden::proxy::Proxy| {
+        records.iter().find(|r| &r.proxy == p).unwrap().last_seen
+    };
+    let records = store.list_proxies(ProxyFilter::default()).await.unwrap();
+    assert_eq!(seen(&records, &list[0].proxy), 1_000);
+    assert!(list[1..].iter().all(|c| seen(&records, &c.proxy) == 2_000));
+    assert_eq!(store.count_seen_since(2_000).await.unwrap(), 9);
+    assert_eq!(store.list_sources().await.unwrap()[0].proxies, 10);
+
+    // A failed fetch (nothing stored) leaves the last list standing.
+    let mut failed = run("a", 3_000);
+    failed.error = Some("timed out".into());
+    store.record_source_run(failed, Vec::new()).await.unwrap();
+    let records = store.list_proxies(ProxyFilter::default()).await.unwrap();
+    assert!(list[1..].iter().all(|c| seen(&records, &c.proxy) == 2_000));
+
+    let c = store
+        .record_source_run(run("a", 4_000), list.clone())
+        .await
+        .unwrap();
+    assert_eq!((c.found, c.new), (10, 0));
+    let records = store.list_proxies(ProxyFilter::default()).await.unwrap();
+    assert!(list.iter().all(|c| seen(&records, &c.proxy) == 4_000));
+}
+
+/// Counts stay exact when a list mixes new and known proxies, entries of
+/// other kinds (IPv6, credentials) and an entry whose scheme is to be
+/// detected at the address of a known proxy.
+#[tokio::test]
+async fn counts_are_exact_for_mixed_lists() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("p.db")).unwrap();
+    let parse = |s: &str| Candidate {
+        proxy: proxywarden::proxy::Proxy::parse_url(s).unwrap(),
+        detect: false,
+        hints: Hints::default(),
+    };
+    let mut known = candidates(100);
+    known.push(parse("socks5://[2001:db8::1]:1080"));
+    known.push(parse("http://user:pw@10.9.9.9:3128"));
+    let c = store
+        .record_source_run(run("a", 1_000), known.clone())
+        .await
+        .unwrap();
+    assert_eq!((c.found, c.new), (102, 102));
+
+    let mut next: Vec<Candidate> = known[50..].to_vec();
+    next.extend((0..25).map(|i| parse(&format!("socks4://10.200.0.{i}:1080"))));
+    // The address of a known http proxy, scheme unknown: the same proxy.
+    let mut detect = known[60].clone();
+    detect.detect = true;
+    next.push(detect);
+    next.push(parse("socks5://[2001:db8::2]:1080"));
+    let c = store
+        .record_source_run(run("a", 2_000), next)
+        .await
+        .unwrap();
+    assert_eq!((c.found, c.new), (79, 26));
+    assert_eq!(store.stats().await.unwrap().total, 128);
+    assert_eq!(store.count_seen_since(2_000).await.unwrap(), 78);
+    let src = &store.list_sources().await.unwrap()[0];
+    assert_eq!(
+        (src.last_found, src.last_new, src.proxies),
+        (Some(79), Some(26), 128)
+    );
+}
+
+/// Two sources listing overlapping proxies in one round: each proxy counts
+/// once among those seen since the round began.
+#[tokio::test]
+async fn proxies_seen_by_two_sources_count_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("p.db")).unwrap();
+    let all = candidates(30);
+    store
+        .record_source_run(run("old", 1_000), all.clone())
+        .await
+        .unwrap();
+    store
+        .record_source_run(run("a", 5_000), all[..20].to_vec())
+        .await
+        .unwrap();
+    store
+        .record_source_run(run("b", 5_100), all[10..25].to_vec())
+        .await
+        .unwrap();
+    assert_eq!(store.count_seen_since(5_000).await.unwrap(), 25);
+    assert_eq!(store.count_seen_since(5_100).await.unwrap(), 15);
+    assert_eq!(store.count_seen_since(1_000).await.unwrap(), 30);
+    assert_eq!(store.count_seen_since(6_000).await.unwrap(), 0);
+}
+
+/// An entry whose scheme is to be detected is the proxy already stored at
+/// its address, whatever scheme that row has, and only an address no row
+/// holds is new.
+#[tokio::test]
+async fn a_detected_entry_is_the_proxy_known_at_its_address() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("p.db")).unwrap();
+    let entry = |url: &str, detect: bool| {
+        let proxy = proxywarden::proxy::Proxy::parse_url(url).unwrap();
+        Candidate::new(
+            proxy.host,
+            proxy.port,
+            None,
+            (!detect).then_some(proxy.scheme),
+            SourceScheme::Detect,
+            Hints::default(),
+        )
+    };
+    let first = vec![
+        entry("socks5://10.1.0.1:1080", false),
+        entry("socks4://10.1.0.2:1080", false),
+        entry("http://10.1.0.3:8080", false),
+        entry("http://10.1.0.4:80", true),
+    ];
+    let c = store
+        .record_source_run(run("a", 1_000), first)
+        .await
+        .unwrap();
+    assert_eq!((c.found, c.new), (4, 4));
+    let second = vec![
+        entry("http://10.1.0.1:1080", true),
+        entry("http://10.1.0.2:1080", true),
+        entry("http://10.1.0.4:80", true),
+        entry("http://10.1.0.5:80", true),
+    ];
+    let c = store
+        .record_source_run(run("b", 2_000), second)
+        .await
+        .unwrap();
+    assert_eq!((c.found, c.new), (4, 1));
+    let all = store.list_proxies(ProxyFilter::default()).await.unwrap();
+    assert_eq!(all.len(), 5);
+    let by_url = |url: &str| {
+        all.iter()
+            .find(|r| r.proxy.to_string() == url)
+            .unwrap_or_else(|| panic!("{url} is not stored"))
+    };
+    for url in [
+        "socks5://10.1.0.1:1080",
+        "socks4://10.1.0.2:1080",
+        "http://10.1.0.4:80",
+    ] {
+        assert_eq!(by_url(url).sources, ["a", "b"], "{url}");
+    }
+    // A detected entry never takes away a scheme already settled.
+    assert!(!by_url("socks5://10.1.0.1:1080").scheme_detect);
+    assert_eq!(by_url("http://10.1.0.3:8080").sources, ["a"]);
+    assert_eq!(by_url("http://10.1.0.5:80").sources, ["b"]);
+    assert!(by_url("http://10.1.0.5:80").scheme_detect);
+}
+
+/// The migration that rebuilds the proxies table keeps every row, its id
+/// and its links, and the rebuilt table refuses what the old one refused.
+#[tokio::test]
+async fn rebuilding_the_proxies_table_keeps_rows_links_and_rules() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("p.db");
+    let store = Store::open(&path).unwrap();
+    store
+        .record_source_run(run("a", 1_000), hinted(50, "DE"))
+        .await
+        .unwrap();
+    let before = store.list_proxies(ProxyFilter::default()).await.unwrap();
+    drop(store);
+    // Back to the version before the rebuild, so that opening runs it.
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    conn.pragma_update(None, "user_version", SCHEMA_VERSION - 1)
+        .unwrap();
+    drop(conn);
+
+    let store = Store::open(&path).unwrap();
+    assert_eq!(store.schema_version().await.unwrap(), SCHEMA_VERSION);
+    let after = store.list_proxies(ProxyFilter::default()).await.unwrap();
+    assert_eq!(after, before);
+    assert!(after.iter().all(|r| r.sources == ["a"]));
+    drop(store);
+
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    let tables: Vec<String> = conn
+        .prepare("SELECT name FROM sqlite_schema WHERE type = 'table' ORDER BY name")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(
+        tables,
+        ["crawl_jobs", "meta", "proxies", "proxy_sources", "sources"]
+    );
+    for (column, value) in [
+        ("scheme", "'ftp'"),
+        ("status", "'maybe'"),
+        ("anonymity", "'high'"),
+        ("hint_anonymity", "'high'"),
+        ("country_source", "'guess'"),
+        ("scheme_detect", "2"),
+        ("https", "2"),
+        ("hint_https", "-1"),
+    ] {
+        let written = conn.execute(&format!("UPDATE proxies SET {column} = {value}"), []);
+        assert!(
+            written.is_err(),
+            "{column} = {value} was accepted: {written:?}"
+        );
+    }
+    conn.execute("UPDATE proxies SET anonymity = 'elite', https = 1", [])
+        .unwrap();
+}

@@ -16,7 +16,7 @@ pub use run::{
 use std::collections::HashSet;
 use std::net::IpAddr;
 
-use crate::model::{Candidate, Hints, SourceScheme};
+use crate::model::{Candidate, CandidateList, Hints, SourceScheme};
 use crate::proxy::{Country, Scheme};
 
 /// Reads an HTTPS-support flag as lists write it: `yes`/`no`, `true`/`false`,
@@ -46,7 +46,8 @@ pub fn country_hint(s: &str) -> Option<Country> {
 /// limit. Parsers push into it and stop when it is full.
 #[derive(Debug)]
 pub struct Candidates {
-    items: Vec<Candidate>,
+    /// Kept compactly: a list of millions of entries stays small.
+    items: CandidateList,
     /// Identities of IPv4 candidates without credentials (nearly all of
     /// them), packed into a `u64`. On multi-megabyte lists this set, not the
     /// scanning, bounds parser throughput: packed keys make its table a
@@ -64,7 +65,7 @@ impl Candidates {
     /// An empty set that accepts at most `limit` distinct candidates.
     pub fn new(limit: usize) -> Candidates {
         Candidates {
-            items: Vec::new(),
+            items: CandidateList::new(),
             packed: HashSet::with_hasher(foldhash::fast::RandomState::default()),
             other: HashSet::new(),
             limit,
@@ -76,18 +77,8 @@ impl Candidates {
     /// limit is reached (the candidate is dropped and the set marked
     /// truncated), telling the parser to stop.
     pub fn push(&mut self, c: Candidate) -> bool {
+        let packed = CandidateList::packed_key(&c);
         let p = &c.proxy;
-        let packed = match p.host {
-            IpAddr::V4(v4) if p.username().is_empty() => {
-                let scheme: u64 = match p.scheme {
-                    Scheme::Http => 1,
-                    Scheme::Socks4 => 2,
-                    Scheme::Socks5 => 3,
-                };
-                Some(scheme << 48 | u64::from(u32::from(v4)) << 16 | u64::from(p.port))
-            }
-            _ => None,
-        };
         // One probe per candidate in the common case: check for a
         // duplicate separately only once the set is full.
         if self.items.len() >= self.limit {
@@ -135,12 +126,19 @@ impl Candidates {
     }
 
     /// The kept candidates, in the order they were found.
-    pub fn items(&self) -> &[Candidate] {
-        &self.items
+    pub fn items(&self) -> Vec<Candidate> {
+        self.items.to_vec()
     }
 
-    /// Consumes the set, returning the kept candidates.
+    /// Consumes the set, returning the kept candidates in the order they
+    /// were found.
     pub fn into_vec(self) -> Vec<Candidate> {
+        self.items.to_vec()
+    }
+
+    /// Consumes the set, returning the kept candidates in their compact
+    /// form (the de-duplication tables are freed).
+    pub fn into_list(self) -> CandidateList {
         self.items
     }
 }

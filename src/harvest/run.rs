@@ -222,7 +222,7 @@ async fn harvest_source(
         );
     }
     let truncated = candidates.truncated();
-    let items = candidates.into_vec();
+    let items = candidates.into_list();
     let run = SourceRun {
         name: src.name.clone(),
         url: src.url.clone(),

@@ -312,7 +312,11 @@ impl Store {
         self.write(move |c| {
             Ok(c.execute(
                 "DELETE FROM proxies WHERE status = 'dead'
-                     AND coalesce(last_alive, first_seen) < ?1 AND last_seen < ?1",
+                     AND coalesce(last_alive, first_seen) < ?1 AND last_seen < ?1
+                     AND NOT EXISTS (SELECT 1 FROM proxy_sources ps JOIN sources s
+                                       ON s.id = ps.source_id
+                                     WHERE ps.proxy_id = proxies.id AND ps.listed = 1
+                                       AND s.listed_at >= ?1)",
                 [cutoff],
             )?)
         })
@@ -492,8 +496,12 @@ fn settle_scheme(tx: &Connection, id: i64, scheme: Scheme) -> Result<i64, StoreE
         return Ok(id);
     };
     tx.execute(
-        "INSERT OR IGNORE INTO proxy_sources (proxy_id, source_id, first_seen, last_seen)
-         SELECT ?2, source_id, first_seen, last_seen FROM proxy_sources WHERE proxy_id = ?1",
+        "INSERT INTO proxy_sources (proxy_id, source_id, first_seen, last_seen, listed)
+         SELECT ?2, source_id, first_seen, last_seen, listed FROM proxy_sources WHERE proxy_id = ?1
+         ON CONFLICT (proxy_id, source_id) DO UPDATE SET
+             first_seen = min(first_seen, excluded.first_seen),
+             last_seen = max(last_seen, excluded.last_seen),
+             listed = max(listed, excluded.listed)",
         params![id, other],
     )?;
     tx.execute("DELETE FROM proxies WHERE id = ?1", [id])?;

@@ -15,6 +15,8 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/0003_change_seq.sql"),
     include_str!("../../migrations/0004_https_checked.sql"),
     include_str!("../../migrations/0005_crawl_jobs.sql"),
+    include_str!("../../migrations/0006_listed.sql"),
+    include_str!("../../migrations/0007_check_comparisons.sql"),
 ];
 
 /// Every table the migrations create: a database holding any other is
@@ -34,6 +36,19 @@ pub fn apply(conn: &mut Connection, path: &Path) -> Result<(), StoreError> {
             supported: LATEST,
         });
     }
+    // A migration that rebuilds a table drops the old one: with foreign
+    // keys on, that would delete every row referring to it. They are off
+    // while migrating (the pragma has no effect inside a transaction) and
+    // each migration checks, before it commits, that every reference
+    // still finds its row.
+    let foreign_keys: bool = conn.query_row("PRAGMA foreign_keys", [], |r| r.get(0))?;
+    conn.pragma_update(None, "foreign_keys", false)?;
+    let result = apply_from(conn, path, current);
+    conn.pragma_update(None, "foreign_keys", foreign_keys)?;
+    result
+}
+
+fn apply_from(conn: &mut Connection, path: &Path, current: i64) -> Result<(), StoreError> {
     for (i, sql) in MIGRATIONS.iter().enumerate().skip(current as usize) {
         let version = i as i64 + 1;
         let migrate_err = |source| StoreError::Migrate {
@@ -43,6 +58,19 @@ pub fn apply(conn: &mut Connection, path: &Path) -> Result<(), StoreError> {
         };
         let tx = conn.transaction().map_err(migrate_err)?;
         tx.execute_batch(sql).map_err(migrate_err)?;
+        let dangling: i64 = tx
+            .query_row("SELECT count(*) FROM pragma_foreign_key_check", [], |r| {
+                r.get(0)
+            })
+            .map_err(migrate_err)?;
+        if dangling > 0 {
+            return Err(migrate_err(rusqlite::Error::SqliteFailure(
+                rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_CONSTRAINT_FOREIGNKEY),
+                Some(format!(
+                    "{dangling} rows would refer to rows that do not exist"
+                )),
+            )));
+        }
         tx.pragma_update(None, "user_version", version)
             .map_err(migrate_err)?;
         tx.commit().map_err(migrate_err)?;

@@ -147,6 +147,9 @@ pub const SCHEMA_VERSION: i64 = migrate::LATEST;
 /// listings on a small machine; more requests wait for a free one.
 const READERS: usize = 4;
 
+/// The writer's page cache, in KiB.
+const WRITER_CACHE_KIB: i64 = 16 * 1024;
+
 /// How long a connection waits for a lock another process holds.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -173,7 +176,16 @@ impl Store {
         if !mode.eq_ignore_ascii_case("wal") {
             tracing::warn!(path = %path.display(), mode, "database is not in WAL mode");
         }
-        conn.execute_batch("PRAGMA synchronous = NORMAL; PRAGMA foreign_keys = ON;")
+        // Statement journals (a multi-row insert keeps one, to undo
+        // itself alone) in memory rather than in temporary files.
+        conn.execute_batch(
+            "PRAGMA synchronous = NORMAL; PRAGMA foreign_keys = ON; PRAGMA temp_store = MEMORY;",
+        )
+        .map_err(open_err)?;
+        // The writer's page cache (SQLite's default is 2 MiB): a harvest
+        // walks the identity index and the table in order, and a larger
+        // cache keeps the pages a chunk shares with the next one.
+        conn.pragma_update(None, "cache_size", -WRITER_CACHE_KIB)
             .map_err(open_err)?;
         migrate::apply(&mut conn, path)?;
         let readers = open_readers(path, None)?;

@@ -8,12 +8,16 @@ use rusqlite::{Connection, OptionalExtension, Row, params};
 use serde::Serialize;
 
 use super::{Store, StoreError};
-use crate::model::Candidate;
+use crate::model::{Candidate, CandidateList};
 use crate::proxy::{Anonymity, Country, Credentials, Proxy, Scheme, Status};
 
 /// Candidates written per transaction: a few tens of milliseconds of
 /// work, far below the busy timeout of anyone waiting for the lock.
 const SOURCE_CHUNK: usize = 5_000;
+
+/// A source's listed links read per transaction when unlisting those a
+/// new list left out: reading is cheap, and most pages write nothing.
+const UNLIST_PAGE: usize = 50_000;
 
 /// What happened when one source was fetched.
 #[derive(Clone, Debug)]
@@ -272,7 +276,9 @@ pub struct Stats {
 
 const PROXY_COLUMNS: &str = "p.id, p.scheme, p.host, p.port, p.username, p.password, \
     p.scheme_detect, p.status, p.country, p.country_source, p.anonymity, p.https, \
-    p.latency_ms, p.exit_ip, p.last_checked, p.last_alive, p.first_seen, p.last_seen, \
+    p.latency_ms, p.exit_ip, p.last_checked, p.last_alive, p.first_seen, \
+    max(p.last_seen, coalesce((SELECT max(s.listed_at) FROM proxy_sources ps \
+       JOIN sources s ON s.id = ps.source_id WHERE ps.proxy_id = p.id AND ps.listed = 1), 0)), \
     p.last_reason, p.hint_anonymity, p.hint_https, p.checks_total, p.checks_ok, \
     p.consecutive_failures, p.next_check_at, \
     (SELECT group_concat(s.name, char(10)) FROM proxy_sources ps \
@@ -348,32 +354,82 @@ fn proxy_from_row(row: &Row) -> rusqlite::Result<ProxyRecord> {
 impl Store {
     /// Records one source fetch and writes its candidates. New proxies
     /// start `unknown` and due at once; known ones keep their checked facts
-    /// and get `last_seen`, the source link and the source's hints updated.
-    /// The candidates go in chunks of bounded transactions, so a huge list
-    /// never holds the write lock longer than another process waits for it;
-    /// the source's row records the run once every chunk is in.
+    /// and get the source link and the source's hints updated, and a row
+    /// is written only when something in it changes, so a re-harvest of an
+    /// unchanged list costs lookups, not writes. A list longer than one
+    /// transaction is written in identity order (see
+    /// [`CandidateList::sort_by_identity_text`]), so the lookups and inserts
+    /// walk the identity index in order. The
+    /// candidates go in chunks of bounded transactions, so a huge list never
+    /// holds the write lock longer than another process waits for it; then
+    /// the source's links that this list left out are unlisted, and the
+    /// source's row records the run.
     pub async fn record_source_run(
         &self,
         run: SourceRun,
-        candidates: Vec<Candidate>,
+        candidates: impl Into<CandidateList>,
     ) -> Result<UpsertCounts, StoreError> {
+        let mut list: CandidateList = candidates.into();
         let run = std::sync::Arc::new(run);
-        let source = {
+        let (source, listed_before) = {
             let run = run.clone();
             self.write(move |tx| source_id(tx, &run)).await?
         };
         let now = run.started_at;
+        // Sorting millions of entries is CPU work: off the runtime. A list
+        // that fits one transaction keeps its order, so its new proxies
+        // are numbered (and first checked) in the order the source gives.
+        let list = match tokio::task::spawn_blocking(move || {
+            if list.len() > SOURCE_CHUNK {
+                list.sort_by_identity_text();
+            }
+            list
+        })
+        .await
+        {
+            Ok(l) => l,
+            Err(e) => std::panic::resume_unwind(e.into_panic()),
+        };
         let mut counts = UpsertCounts::default();
-        let mut rest = candidates;
-        while !rest.is_empty() {
-            let tail = rest.split_off(rest.len().min(SOURCE_CHUNK));
-            let chunk = std::mem::replace(&mut rest, tail);
-            let weight = chunk.len();
-            let c = self
-                .write_weighted(weight, move |tx| upsert_candidates(tx, source, now, &chunk))
-                .await?;
-            counts.found += c.found;
-            counts.new += c.new;
+        // The proxies this list names, to unlist the source's others.
+        let mut seen: Vec<i64> = Vec::with_capacity(list.len());
+        {
+            let mut items = list.iter();
+            loop {
+                let chunk: Vec<Candidate> = items.by_ref().take(SOURCE_CHUNK).collect();
+                if chunk.is_empty() {
+                    break;
+                }
+                let (c, ids) = self
+                    .write_weighted(chunk.len(), move |tx| {
+                        upsert_candidates(tx, source, now, &chunk)
+                    })
+                    .await?;
+                counts.found += c.found;
+                counts.new += c.new;
+                seen.extend(ids);
+            }
+        }
+        drop(list);
+        // A run that stored nothing (a failed fetch) leaves the last list
+        // standing; before the first list there is nothing to unlist.
+        if let (true, Some(listed_before)) = (counts.found > 0, listed_before) {
+            seen.sort_unstable();
+            seen.dedup();
+            let seen = std::sync::Arc::new(seen);
+            let mut after = i64::MIN;
+            loop {
+                let seen = seen.clone();
+                let next = self
+                    .write_weighted(SOURCE_CHUNK, move |tx| {
+                        unlist_missing(tx, source, listed_before, after, &seen)
+                    })
+                    .await?;
+                match next {
+                    Some(last) => after = last,
+                    None => break,
+                }
+            }
         }
         self.write(move |tx| finish_source_run(tx, source, &run, counts))
             .await?;
@@ -415,14 +471,7 @@ impl Store {
 
     /// How many distinct proxies were listed at or after `since` (unix ms).
     pub async fn count_seen_since(&self, since: i64) -> Result<i64, StoreError> {
-        self.read(move |c| {
-            Ok(c.query_row(
-                "SELECT count(*) FROM proxies WHERE last_seen >= ?1",
-                [since],
-                |r| r.get(0),
-            )?)
-        })
-        .await
+        self.read(move |c| count_seen_since(c, since)).await
     }
 
     /// Counts by status, scheme, country, failure reason and source.
@@ -431,119 +480,512 @@ impl Store {
     }
 }
 
-/// The source's row id, creating the row on its first run.
-fn source_id(tx: &Connection, run: &SourceRun) -> Result<i64, StoreError> {
+/// The source's row id, creating the row on its first run, and when its
+/// latest list was taken.
+fn source_id(tx: &Connection, run: &SourceRun) -> Result<(i64, Option<i64>), StoreError> {
     Ok(tx.query_row(
         "INSERT INTO sources (name, url, format) VALUES (?1, ?2, ?3)
              ON CONFLICT (name) DO UPDATE SET url = excluded.url, format = excluded.format
-             RETURNING id",
+             RETURNING id, listed_at",
         params![run.name, run.url, run.format],
-        |r| r.get(0),
+        |r| Ok((r.get(0)?, r.get(1)?)),
     )?)
 }
 
-/// Writes one chunk of a source's candidates, linked to the source.
+/// What a candidate finds in the store: its row, whether writing the
+/// candidate's hints would change that row (and its country, which bumps
+/// its change number), and the state of its link to the source.
+struct Found {
+    id: i64,
+    changes: bool,
+    country_changes: bool,
+    /// Whether its scheme is still to be detected.
+    detect: bool,
+    /// `None` without a link, else whether the link is listed.
+    listed: Option<bool>,
+}
+
+/// Columns read to decide whether a known proxy's row changes; see
+/// [`found`] for their order.
+const FOUND_COLUMNS: &str = "p.id, p.password, p.scheme_detect, p.country, p.country_source, \
+    p.hint_anonymity, p.hint_https";
+
+/// Compares a candidate with its stored row (as `FOUND_COLUMNS` and then
+/// the link's `listed`) without copying the row.
+fn found(row: &Row, c: &Candidate) -> rusqlite::Result<Found> {
+    use rusqlite::types::ValueRef;
+    let text = |i: usize| -> rusqlite::Result<Option<&str>> {
+        match row.get_ref(i)? {
+            ValueRef::Null => Ok(None),
+            v => Ok(Some(v.as_str()?)),
+        }
+    };
+    let password = c.proxy.auth.as_ref().map(|a| a.password.as_str());
+    let detect: bool = row.get(2)?;
+    let country = c.hints.country.as_ref().map(|c| c.as_str());
+    let country_source = text(4)?;
+    // The same rules as the update statement: a GeoIP country is what the
+    // exit address really is, and a source's claim never overrides it.
+    let country_changes =
+        country_source != Some("geoip") && country.is_some() && text(3)? != country;
+    let changes = country_changes
+        || (password.is_some() && text(1)? != password)
+        || (detect && !c.detect)
+        || (country.is_some()
+            && country_source != Some("geoip")
+            && country_source != Some("source"))
+        || (c.hints.anonymity.is_some() && text(5)? != c.hints.anonymity.map(Anonymity::as_str))
+        || (c.hints.https.is_some() && row.get::<_, Option<bool>>(6)? != c.hints.https);
+    Ok(Found {
+        id: row.get(0)?,
+        changes,
+        country_changes,
+        detect,
+        listed: row.get(7)?,
+    })
+}
+
+/// Writes one chunk of a source's candidates, linked to the source, and
+/// returns the counts and the row id of every candidate.
 fn upsert_candidates(
     tx: &Connection,
     source_id: i64,
     now: i64,
     candidates: &[Candidate],
-) -> Result<UpsertCounts, StoreError> {
-    // A country from the source changes what filters select.
-    super::checks::bump_change_seq(tx)?;
+) -> Result<(UpsertCounts, Vec<i64>), StoreError> {
+    if addresses_repeat(candidates) {
+        upsert_rowwise(tx, source_id, now, candidates)
+    } else {
+        upsert_batched(tx, source_id, now, candidates)
+    }
+}
+
+/// Updates a known proxy from a candidate: `?1` id, `?2` password, `?3`
+/// detect, `?4` country, `?5` anonymity, `?6` https, `?7` whether the row
+/// takes a new change number.
+const UPDATE_KNOWN: &str = "UPDATE proxies SET
+                 password = coalesce(?2, password),
+                 scheme_detect = min(scheme_detect, ?3),
+                 country = CASE WHEN country_source = 'geoip' OR ?4 IS NULL
+                                THEN country ELSE ?4 END,
+                 country_source = CASE WHEN country_source = 'geoip' OR ?4 IS NULL
+                                THEN country_source ELSE 'source' END,
+                 hint_anonymity = coalesce(?5, hint_anonymity),
+                 hint_https = coalesce(?6, hint_https),
+                 changed_seq = CASE WHEN ?7 THEN (SELECT change_seq FROM meta) ELSE changed_seq END
+             WHERE id = ?1";
+
+/// Links a proxy to a source's latest list: `?1` proxy, `?2` source, `?3`
+/// the list's time.
+const LINK_SOURCE: &str =
+    "INSERT INTO proxy_sources (proxy_id, source_id, first_seen, last_seen, listed)
+             VALUES (?1, ?2, ?3, ?3, 1)
+             ON CONFLICT (proxy_id, source_id) DO UPDATE SET
+                 listed = 1, last_seen = max(last_seen, excluded.last_seen)";
+
+/// True when two candidates of the chunk share an address (and user
+/// name), whatever their schemes: one may then find or change the row the
+/// other writes, which only the row-by-row path sees.
+fn addresses_repeat(candidates: &[Candidate]) -> bool {
+    let mut seen = std::collections::HashSet::with_capacity(candidates.len());
+    !candidates
+        .iter()
+        .all(|c| seen.insert((c.proxy.host, c.proxy.port, c.proxy.username())))
+}
+
+/// Candidates looked up per statement: each brings one identity (three
+/// for a candidate whose scheme is to be detected) of four parameters.
+const LOOKUP_BATCH: usize = 128;
+/// New proxies written per statement (14 parameters each).
+const INSERT_BATCH: usize = 64;
+
+/// `n` groups of `group` placeholders: `(?,?),(?,?)`.
+fn placeholders(n: usize, group: &str) -> String {
+    let mut s = String::with_capacity(n * (group.len() + 1));
+    for i in 0..n {
+        if i > 0 {
+            s.push(',');
+        }
+        s.push_str(group);
+    }
+    s
+}
+
+/// Writes a chunk whose candidates all have distinct addresses, with a
+/// handful of statements per hundred candidates instead of three per
+/// candidate: the stored rows of a batch are found in one join, and new
+/// proxies and their links go in multi-row inserts with ids assigned here
+/// (the next after the largest, as SQLite would). The outcome is that of
+/// [`upsert_rowwise`], which handles chunks where this does not hold.
+fn upsert_batched(
+    tx: &Connection,
+    source_id: i64,
+    now: i64,
+    candidates: &[Candidate],
+) -> Result<(UpsertCounts, Vec<i64>), StoreError> {
+    use rusqlite::ToSql;
     let mut counts = UpsertCounts::default();
-    {
-        let mut find = tx.prepare_cached(
-                "SELECT id FROM proxies WHERE scheme = ?1 AND host = ?2 AND port = ?3 AND username = ?4",
-            )?;
-        // An entry whose scheme is to be detected is the same proxy as
-        // any row at its address, whatever scheme detection gave it.
-        let mut find_any = tx.prepare_cached(
-            "SELECT id FROM proxies WHERE host = ?1 AND port = ?2 AND username = ?3
-                 ORDER BY scheme_detect, id LIMIT 1",
-        )?;
-        let mut insert = tx.prepare_cached(
-                "INSERT INTO proxies (scheme, host, port, username, password, scheme_detect,
+    if let Some(c) = candidates.iter().find(|c| c.proxy.port == 0) {
+        return Err(StoreError::Sqlite(rusqlite::Error::ToSqlConversionFailure(
+            format!("{}: port 0 is not a proxy's port", c.proxy).into(),
+        )));
+    }
+    let hosts: Vec<String> = candidates
+        .iter()
+        .map(|c| c.proxy.host.to_string())
+        .collect();
+    // What the store holds for each candidate (before this chunk).
+    let mut known: Vec<Option<Found>> = Vec::with_capacity(candidates.len());
+    known.resize_with(candidates.len(), || None);
+    // The source is written into the statement, not bound: SQLite
+    // compiles a statement again whenever a value bound in its WHERE
+    // clause changes, and that would be on every batch.
+    for (b, batch) in candidates.chunks(LOOKUP_BATCH).enumerate() {
+        let base = b * LOOKUP_BATCH;
+        let keys: usize = batch.iter().map(|c| if c.detect { 3 } else { 1 }).sum();
+        let mut find = tx.prepare_cached(&format!(
+            "SELECT {FOUND_COLUMNS}, ps.listed, k.column5
+                 FROM (VALUES {}) k
+                 CROSS JOIN proxies p ON p.scheme = k.column1 AND p.host = k.column2
+                     AND p.port = k.column3 AND p.username = k.column4
+                 LEFT JOIN proxy_sources ps ON ps.proxy_id = p.id AND ps.source_id = {source_id}",
+            placeholders(keys, "(?,?,?,?,?)")
+        ))?;
+        let mut i = 1;
+        for (j, c) in batch.iter().enumerate() {
+            let schemes: &[Scheme] = if c.detect {
+                &[Scheme::Http, Scheme::Socks4, Scheme::Socks5]
+            } else {
+                std::slice::from_ref(&c.proxy.scheme)
+            };
+            for s in schemes {
+                find.raw_bind_parameter(i, s.as_str())?;
+                find.raw_bind_parameter(i + 1, &hosts[base + j])?;
+                find.raw_bind_parameter(i + 2, c.proxy.port)?;
+                find.raw_bind_parameter(i + 3, c.proxy.username())?;
+                find.raw_bind_parameter(i + 4, (base + j) as i64)?;
+                i += 5;
+            }
+        }
+        let mut rows = find.raw_query();
+        while let Some(r) = rows.next()? {
+            let at = r.get::<_, i64>(8)? as usize;
+            let c = &candidates[at];
+            let f = found(r, c)?;
+            // A candidate to detect is the row with a settled scheme
+            // first, then the oldest: as `ORDER BY scheme_detect, id`.
+            let better = match &known[at] {
+                None => true,
+                Some(old) => (f.detect, f.id) < (old.detect, old.id),
+            };
+            if better {
+                known[at] = Some(f);
+            }
+        }
+    }
+    let mut next_id: i64 =
+        tx.query_row("SELECT coalesce(max(id), 0) + 1 FROM proxies", [], |r| {
+            r.get(0)
+        })?;
+    let mut ids = Vec::with_capacity(candidates.len());
+    let mut fresh: Vec<usize> = Vec::with_capacity(INSERT_BATCH);
+    let mut bumped = false;
+    let mut update = None;
+    let mut link = None;
+    let flush = |fresh: &mut Vec<usize>, ids: &[i64]| -> Result<(), StoreError> {
+        if fresh.is_empty() {
+            return Ok(());
+        }
+        let mut insert = tx.prepare_cached(&format!(
+            "INSERT OR IGNORE INTO proxies (id, scheme, host, port, username, password, scheme_detect,
                      country, country_source, hint_anonymity, hint_https,
                      first_seen, last_seen, next_check_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, CASE WHEN ?7 IS NULL THEN NULL ELSE 'source' END,
-                     ?8, ?9, ?10, ?10, ?10)",
-            )?;
-        // A GeoIP country is what the exit address really is; a source's
-        // claim never overrides it.
-        let mut update = tx.prepare_cached(
-            "UPDATE proxies SET
-                     last_seen = max(last_seen, ?2),
-                     password = coalesce(?3, password),
-                     scheme_detect = min(scheme_detect, ?4),
-                     country = CASE WHEN country_source = 'geoip' OR ?5 IS NULL
-                                    THEN country ELSE ?5 END,
-                     country_source = CASE WHEN country_source = 'geoip' OR ?5 IS NULL
-                                    THEN country_source ELSE 'source' END,
-                     hint_anonymity = coalesce(?6, hint_anonymity),
-                     hint_https = coalesce(?7, hint_https),
-                     changed_seq = CASE WHEN country_source IS NOT 'geoip' AND ?5 IS NOT NULL
-                                             AND country IS NOT ?5
-                                        THEN (SELECT change_seq FROM meta) ELSE changed_seq END
-                 WHERE id = ?1",
-        )?;
-        let mut link = tx.prepare_cached(
-            "INSERT INTO proxy_sources (proxy_id, source_id, first_seen, last_seen)
-                 VALUES (?1, ?2, ?3, ?3)
-                 ON CONFLICT (proxy_id, source_id) DO UPDATE SET last_seen = excluded.last_seen",
-        )?;
-        for c in candidates {
-            let p = &c.proxy;
-            let host = p.host.to_string();
-            let password = p.auth.as_ref().map(|a| a.password.as_str());
-            let country = c.hints.country.map(|c| c.as_str().to_owned());
-            let anonymity = c.hints.anonymity.map(Anonymity::as_str);
-            let id: Option<i64> = if c.detect {
-                find_any
-                    .query_row(params![host, p.port, p.username()], |r| r.get(0))
-                    .optional()?
-            } else {
-                find.query_row(
-                    params![p.scheme.as_str(), host, p.port, p.username()],
-                    |r| r.get(0),
-                )
-                .optional()?
-            };
-            let id = match id {
-                Some(id) => {
-                    update.execute(params![
-                        id,
-                        now,
-                        password,
-                        c.detect,
-                        country,
-                        anonymity,
-                        c.hints.https
-                    ])?;
-                    id
+                 VALUES {}",
+            placeholders(fresh.len(), "(?,?,?,?,?,?,?,?,?,?,?,?,?,?)")
+        ))?;
+        let mut links = tx.prepare_cached(&format!(
+            "INSERT OR IGNORE INTO proxy_sources (proxy_id, source_id, first_seen, last_seen, listed)
+                 VALUES {}",
+            placeholders(fresh.len(), "(?,?,?,?,1)")
+        ))?;
+        for (j, &at) in fresh.iter().enumerate() {
+            let c = &candidates[at];
+            let country = c.hints.country.as_ref().map(|c| c.as_str());
+            let values: [&dyn ToSql; 14] = [
+                &ids[at],
+                &c.proxy.scheme.as_str(),
+                &hosts[at],
+                &c.proxy.port,
+                &c.proxy.username(),
+                &c.proxy.auth.as_ref().map(|a| a.password.as_str()),
+                &c.detect,
+                &country,
+                &country.map(|_| "source"),
+                &c.hints.anonymity.map(Anonymity::as_str),
+                &c.hints.https,
+                &now,
+                &now,
+                &now,
+            ];
+            for (k, v) in values.iter().enumerate() {
+                insert.raw_bind_parameter(j * 14 + k + 1, v)?;
+            }
+            let link_values: [&dyn ToSql; 4] = [&ids[at], &source_id, &now, &now];
+            for (k, v) in link_values.iter().enumerate() {
+                links.raw_bind_parameter(j * 4 + k + 1, v)?;
+            }
+        }
+        // `OR IGNORE` spares SQLite a statement journal for a statement
+        // that cannot fail halfway; a row it did skip would be a bug in
+        // the lookup above, reported rather than lost.
+        for (what, stmt) in [("proxies", &mut insert), ("links", &mut links)] {
+            let written = stmt.raw_execute()?;
+            if written != fresh.len() {
+                return Err(StoreError::Sqlite(rusqlite::Error::ToSqlConversionFailure(
+                    format!("wrote {written} of {} new {what}", fresh.len()).into(),
+                )));
+            }
+        }
+        fresh.clear();
+        Ok(())
+    };
+    for (at, c) in candidates.iter().enumerate() {
+        let id = match &known[at] {
+            Some(f) => {
+                if f.country_changes && !bumped {
+                    super::checks::bump_change_seq(tx)?;
+                    bumped = true;
                 }
-                None => {
-                    insert.execute(params![
-                        p.scheme.as_str(),
-                        host,
-                        p.port,
-                        p.username(),
+                if f.changes {
+                    let update = match &mut update {
+                        Some(u) => u,
+                        None => update.insert(tx.prepare_cached(UPDATE_KNOWN)?),
+                    };
+                    update.execute(params![
+                        f.id,
+                        c.proxy.auth.as_ref().map(|a| a.password.as_str()),
+                        c.detect,
+                        c.hints.country.as_ref().map(|c| c.as_str()),
+                        c.hints.anonymity.map(Anonymity::as_str),
+                        c.hints.https,
+                        f.country_changes
+                    ])?;
+                }
+                if f.listed != Some(true) {
+                    let link = match &mut link {
+                        Some(l) => l,
+                        None => link.insert(tx.prepare_cached(LINK_SOURCE)?),
+                    };
+                    link.execute(params![f.id, source_id, now])?;
+                }
+                f.id
+            }
+            None => {
+                let id = next_id;
+                next_id += 1;
+                counts.new += 1;
+                fresh.push(at);
+                id
+            }
+        };
+        ids.push(id);
+        counts.found += 1;
+        if fresh.len() == INSERT_BATCH {
+            flush(&mut fresh, &ids)?;
+        }
+    }
+    flush(&mut fresh, &ids)?;
+    Ok((counts, ids))
+}
+
+fn upsert_rowwise(
+    tx: &Connection,
+    source_id: i64,
+    now: i64,
+    candidates: &[Candidate],
+) -> Result<(UpsertCounts, Vec<i64>), StoreError> {
+    let mut counts = UpsertCounts::default();
+    let mut ids = Vec::with_capacity(candidates.len());
+    // Bumped once, before the first row of the chunk whose country changes:
+    // a country from the source changes what filters select. Rows that do
+    // not change keep their change number.
+    let mut bumped = false;
+    let mut find = tx.prepare_cached(&format!(
+        "SELECT {FOUND_COLUMNS},
+                (SELECT listed FROM proxy_sources WHERE proxy_id = p.id AND source_id = ?5)
+             FROM proxies p WHERE p.scheme = ?1 AND p.host = ?2 AND p.port = ?3 AND p.username = ?4"
+    ))?;
+    // An entry whose scheme is to be detected is the same proxy as any row
+    // at its address, whatever scheme detection gave it. The scheme list
+    // lets the identity index find those rows.
+    let mut find_any = tx.prepare_cached(&format!(
+        "SELECT {FOUND_COLUMNS},
+                (SELECT listed FROM proxy_sources WHERE proxy_id = p.id AND source_id = ?4)
+             FROM proxies p WHERE p.scheme IN ('http', 'socks4', 'socks5')
+                 AND p.host = ?1 AND p.port = ?2 AND p.username = ?3
+             ORDER BY p.scheme_detect, p.id LIMIT 1"
+    ))?;
+    let mut insert = tx.prepare_cached(
+        "INSERT INTO proxies (scheme, host, port, username, password, scheme_detect,
+                 country, country_source, hint_anonymity, hint_https,
+                 first_seen, last_seen, next_check_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, CASE WHEN ?7 IS NULL THEN NULL ELSE 'source' END,
+                 ?8, ?9, ?10, ?10, ?10)",
+    )?;
+    let mut update = tx.prepare_cached(UPDATE_KNOWN)?;
+    let mut link = tx.prepare_cached(LINK_SOURCE)?;
+    let mut link_new = tx.prepare_cached(
+        "INSERT INTO proxy_sources (proxy_id, source_id, first_seen, last_seen, listed)
+             VALUES (?1, ?2, ?3, ?3, 1)",
+    )?;
+    let mut host = String::with_capacity(64);
+    for c in candidates {
+        let p = &c.proxy;
+        if p.port == 0 {
+            return Err(StoreError::Sqlite(rusqlite::Error::ToSqlConversionFailure(
+                format!("{p}: port 0 is not a proxy's port").into(),
+            )));
+        }
+        host.clear();
+        std::fmt::Write::write_fmt(&mut host, format_args!("{}", p.host))
+            .expect("formatting an address into a String cannot fail");
+        let password = p.auth.as_ref().map(|a| a.password.as_str());
+        let country = c.hints.country.as_ref().map(|c| c.as_str());
+        let anonymity = c.hints.anonymity.map(Anonymity::as_str);
+        let known = if c.detect {
+            find_any
+                .query_row(params![host, p.port, p.username(), source_id], |r| {
+                    found(r, c)
+                })
+                .optional()?
+        } else {
+            find.query_row(
+                params![p.scheme.as_str(), host, p.port, p.username(), source_id],
+                |r| found(r, c),
+            )
+            .optional()?
+        };
+        let (id, listed) = match known {
+            Some(f) => {
+                if f.country_changes && !bumped {
+                    super::checks::bump_change_seq(tx)?;
+                    bumped = true;
+                }
+                if f.changes {
+                    update.execute(params![
+                        f.id,
                         password,
                         c.detect,
                         country,
                         anonymity,
                         c.hints.https,
-                        now
+                        f.country_changes
                     ])?;
-                    counts.new += 1;
-                    tx.last_insert_rowid()
                 }
-            };
+                (f.id, f.listed == Some(true))
+            }
+            None => {
+                insert.execute(params![
+                    p.scheme.as_str(),
+                    host,
+                    p.port,
+                    p.username(),
+                    password,
+                    c.detect,
+                    country,
+                    anonymity,
+                    c.hints.https,
+                    now
+                ])?;
+                counts.new += 1;
+                let id = tx.last_insert_rowid();
+                link_new.execute(params![id, source_id, now])?;
+                (id, true)
+            }
+        };
+        if !listed {
             link.execute(params![id, source_id, now])?;
-            counts.found += 1;
+        }
+        ids.push(id);
+        counts.found += 1;
+    }
+    Ok((counts, ids))
+}
+
+/// Unlists the source's links after proxy id `after` (a bounded page of
+/// them) that the new list, `seen` (sorted ids), left out: they were last
+/// seen at the source's previous list, `listed_before`. Returns where the
+/// next page starts, or `None` when this was the last.
+fn unlist_missing(
+    tx: &Connection,
+    source_id: i64,
+    listed_before: i64,
+    after: i64,
+    seen: &[i64],
+) -> Result<Option<i64>, StoreError> {
+    let ids: Vec<i64> = tx
+        .prepare_cached(
+            "SELECT proxy_id FROM proxy_sources
+                 WHERE source_id = ?1 AND listed = 1 AND proxy_id > ?2
+                 ORDER BY proxy_id LIMIT ?3",
+        )?
+        .query_map(params![source_id, after, UNLIST_PAGE as i64], |r| r.get(0))?
+        .collect::<Result<_, _>>()?;
+    let mut unlist = tx.prepare_cached(
+        "UPDATE proxy_sources SET listed = 0, last_seen = max(last_seen, ?3)
+             WHERE proxy_id = ?1 AND source_id = ?2",
+    )?;
+    let mut last_seen =
+        tx.prepare_cached("UPDATE proxies SET last_seen = max(last_seen, ?2) WHERE id = ?1")?;
+    for &id in &ids {
+        if seen.binary_search(&id).is_err() {
+            unlist.execute(params![id, source_id, listed_before])?;
+            last_seen.execute(params![id, listed_before])?;
         }
     }
-    Ok(counts)
+    Ok(match ids.last() {
+        Some(&last) if ids.len() == UNLIST_PAGE => Some(last),
+        _ => None,
+    })
+}
+
+/// Distinct proxies listed at or after `since`: those the latest list of
+/// a source taken since then names (counted from the links, each proxy
+/// once), and any other whose own `last_seen` is that recent.
+fn count_seen_since(c: &Connection, since: i64) -> Result<i64, StoreError> {
+    let recent: Vec<i64> = c
+        .prepare_cached("SELECT id FROM sources WHERE listed_at >= ?1 ORDER BY id")?
+        .query_map([since], |r| r.get(0))?
+        .collect::<Result<_, _>>()?;
+    let mut n: i64 = 0;
+    for (i, source) in recent.iter().enumerate() {
+        n += if i == 0 {
+            c.prepare_cached(
+                "SELECT count(*) FROM proxy_sources WHERE source_id = ?1 AND listed = 1",
+            )?
+            .query_row([source], |r| r.get::<_, i64>(0))?
+        } else {
+            // Each proxy once: leave out those an earlier source lists.
+            let earlier = serde_json::to_string(&recent[..i]).unwrap_or_else(|_| "[]".into());
+            c.prepare_cached(
+                "SELECT count(*) FROM proxy_sources a WHERE a.source_id = ?1 AND a.listed = 1
+                     AND NOT EXISTS (SELECT 1 FROM proxy_sources b
+                         WHERE b.proxy_id = a.proxy_id AND b.listed = 1
+                           AND b.source_id IN (SELECT value FROM json_each(?2)))",
+            )?
+            .query_row(params![source, earlier], |r| r.get::<_, i64>(0))?
+        };
+    }
+    let all = serde_json::to_string(&recent).unwrap_or_else(|_| "[]".into());
+    n += c
+        .prepare_cached(
+            "SELECT count(*) FROM proxies p WHERE p.last_seen >= ?1
+                 AND NOT EXISTS (SELECT 1 FROM proxy_sources ps
+                     WHERE ps.proxy_id = p.id AND ps.listed = 1
+                       AND ps.source_id IN (SELECT value FROM json_each(?2)))",
+        )?
+        .query_row(params![since, all], |r| r.get::<_, i64>(0))?;
+    Ok(n)
 }
 
 /// Records the end of a source run with what it found.
@@ -563,6 +1005,7 @@ fn finish_source_run(
                  last_found = ?5,
                  last_new = ?6,
                  last_error = ?7,
+                 listed_at = CASE WHEN ?5 > 0 THEN ?8 ELSE listed_at END,
                  fetches_total = fetches_total + 1,
                  fetches_failed = fetches_failed + (?7 IS NOT NULL)
              WHERE id = ?1",
@@ -573,7 +1016,8 @@ fn finish_source_run(
             run.duration_ms,
             counts.found as i64,
             counts.new as i64,
-            run.error
+            run.error,
+            run.started_at
         ],
     )?;
     Ok(())

@@ -351,7 +351,7 @@ pub async fn store_with_alive(
         .iter()
         .map(|p| Proxy::parse_url(&p.url).unwrap())
         .collect();
-    let candidates = parsed
+    let candidates: Vec<Candidate> = parsed
         .iter()
         .zip(proxies)
         .map(|(p, a)| {
