@@ -38,6 +38,8 @@ use proxywarden::pool::{NoProxy, Pool, PoolOptions};
 use tokio_util::sync::CancellationToken;
 
 const MEASURE_ARG: &str = "--measure";
+/// Mean pages in flight during the crawl, in hundredths.
+static IN_FLIGHT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 const FARM_ARG: &str = "--serve-farm";
 
 #[derive(Clone, Copy, Debug)]
@@ -222,8 +224,12 @@ fn serve_farm(pass: Pass) {
             writeln!(out, "ready").unwrap();
             out.flush().unwrap();
         }
+        let cpu0 = cpu_time();
         let mut sink = Vec::new();
         let _ = tokio::io::AsyncReadExt::read_to_end(&mut tokio::io::stdin(), &mut sink).await;
+        // The farm's own CPU while the crawl ran: on a small machine the
+        // fakes compete with the crawler for the same cores.
+        let farm_cpu = cpu_time() - cpu0;
         // What the site saw.
         let log = site.log();
         let per_path = site.per_path();
@@ -247,9 +253,10 @@ fn serve_farm(pass: Pass) {
             max_1s = max_1s.max(i - j + 1);
         }
         println!(
-            "seen requests={} paths={} duplicates={dups} disallowed={private} direct={direct} max_1s={max_1s}",
+            "seen requests={} paths={} duplicates={dups} disallowed={private} direct={direct} max_1s={max_1s} cpu_s={:.2}",
             log.len(),
-            per_path.len()
+            per_path.len(),
+            farm_cpu.as_secs_f64()
         );
         drop(proxies);
     });
@@ -301,17 +308,36 @@ fn measure(pass: Pass) {
             max_pages: pass.max_pages,
             ..CrawlOptions::default()
         };
+        let progress = Arc::new(Progress::default());
+        // Pages in flight, sampled every 10 ms: a wall far above the ideal
+        // with fewer than `concurrency` in flight is the crawler's own
+        // serialisation; with all in flight, each page takes longer.
+        let sampler = {
+            let progress = progress.clone();
+            tokio::spawn(async move {
+                let (mut sum, mut n) = (0u64, 0u64);
+                let mut tick = tokio::time::interval(Duration::from_millis(10));
+                loop {
+                    tick.tick().await;
+                    let now = progress
+                        .in_flight
+                        .load(std::sync::atomic::Ordering::Relaxed);
+                    if now > 0 || n > 0 {
+                        sum += now;
+                        n += 1;
+                    }
+                    IN_FLIGHT.store(sum * 100 / n.max(1), std::sync::atomic::Ordering::Relaxed);
+                }
+            })
+        };
         let cpu0 = cpu_time();
         let t0 = Instant::now();
-        let summary = crawl(
-            &pool,
-            opts,
-            CancellationToken::new(),
-            Arc::new(Progress::default()),
-        )
-        .await
-        .expect("crawl");
-        (summary, t0.elapsed(), cpu_time() - cpu0)
+        let summary = crawl(&pool, opts, CancellationToken::new(), progress)
+            .await
+            .expect("crawl");
+        let out = (summary, t0.elapsed(), cpu_time() - cpu0);
+        sampler.abort();
+        out
     });
     rt.shutdown_background();
     drop(child.stdin.take());
@@ -350,6 +376,18 @@ fn measure(pass: Pass) {
         s("disallowed"),
         s("direct"),
         s("max_1s"),
+    );
+    println!(
+        "[{}] mean pages in flight {:.1} of {}",
+        pass.name,
+        IN_FLIGHT.load(std::sync::atomic::Ordering::Relaxed) as f64 / 100.0,
+        pass.concurrency
+    );
+    println!(
+        "[{}] farm (site and proxies, another process): CPU {:.1}s = {:.0}% of one core over the wall",
+        pass.name,
+        s("cpu_s"),
+        100.0 * s("cpu_s") / wall.as_secs_f64()
     );
     match pass.name {
         "polite" => {

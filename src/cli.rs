@@ -917,6 +917,14 @@ pub fn print_check_summary(
             .collect();
         writeln!(out, "alive by anonymity: {}", parts.join(", "))?;
     }
+    if s.unconfirmed > 0 {
+        writeln!(
+            out,
+            "unconfirmed: {} alive proxies failed in a way that may be the judge's and no second \
+             healthy judge could confirm it; they stay alive and are checked again within a minute",
+            s.unconfirmed
+        )?;
+    }
     if !s.dead_by_reason.is_empty() {
         let mut reasons: Vec<(&crate::model::Reason, &u64)> = s.dead_by_reason.iter().collect();
         reasons.sort_by(|a, b| b.1.cmp(a.1));
@@ -1090,6 +1098,21 @@ pub fn print_stats(stats: &Stats, out: &mut impl Write) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Checks no second judge could confirm are named in the summary.
+    #[test]
+    fn the_summary_names_unconfirmed_checks() {
+        let mut s = crate::check::RoundSummary::default();
+        (s.checked, s.alive, s.dead, s.unconfirmed) = (10, 7, 3, 4);
+        let mut out = Vec::new();
+        print_check_summary(&s, &mut out).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert!(text.contains("unconfirmed: 4 alive proxies"), "{text}");
+        s.unconfirmed = 0;
+        let mut out = Vec::new();
+        print_check_summary(&s, &mut out).unwrap();
+        assert!(!String::from_utf8(out).unwrap().contains("unconfirmed"));
+    }
 
     #[test]
     fn rates_are_whole_numbers() {

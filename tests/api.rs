@@ -303,10 +303,12 @@ async fn proxy_as_text_answers_errors_as_text() {
     let dir = tempfile::tempdir().unwrap();
     let s = state(dir.path(), "").await;
     for (path, status, message) in [
+        // An empty store: the 404 says why nothing can be served (issue
+        // 10, Must 13).
         (
             "/proxy?format=text",
             404,
-            "no alive proxy matches the filters\n",
+            "no proxy to serve yet: the first harvest has not finished\n",
         ),
         (
             "/proxy?country=USA&format=TEXT",

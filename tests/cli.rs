@@ -937,3 +937,99 @@ async fn an_unwritable_database_is_named_plainly_and_still_read() {
         assert_eq!(err.matches("does not exist").count(), 1, "{err}");
     }
 }
+
+/// Issue 10, Must 13: `serve` with no source working says so in one log
+/// line naming each source and why, answers `/proxy` with a 404 that says
+/// no sources worked, tries the failed sources again with backoff well
+/// before the next scheduled harvest (here a year away), and then says
+/// nothing was checked yet (the judge is unreachable).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_says_no_source_worked_and_retries_failed_sources() {
+    use tokio::io::AsyncBufReadExt;
+    let site = FakeSite::start(vec![(
+        "/list.txt",
+        Behavior::Flaky {
+            failures: 4,
+            retry_after: 0,
+            then: Box::new(Behavior::ok("10.0.0.1:8080\n10.0.0.2:8080\n")),
+        },
+    )])
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    common::TestConfig::new(dir.path())
+        .set("api", "listen", &format!("\"127.0.0.1:{port}\""))
+        .set("harvest", "schedule", "\"0 0 0 1 1 *\"")
+        .set("harvest", "failed_retry", "\"1s\"")
+        .judges("[\"http://127.0.0.1:9/judge\"]")
+        .source("flaky", &site.url("/list.txt"), "")
+        .source("refusing", "http://127.0.0.1:9/list.txt", "")
+        .write();
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_proxywarden"))
+        .arg("serve")
+        .current_dir(dir.path())
+        .env_remove("PROXYWARDEN_CONFIG")
+        .env_remove("RUST_LOG")
+        .env("NO_COLOR", "1")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut logs = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let line = common::within(async {
+        while let Some(line) = logs.next_line().await.unwrap() {
+            if line.contains("no source worked") {
+                return line;
+            }
+        }
+        panic!("serve ended without saying no source worked");
+    })
+    .await;
+    for needle in ["flaky: ", "503", "refusing: ", "retry_in=1s"] {
+        assert!(line.contains(needle), "{needle:?} not in {line}");
+    }
+    // Keep reading the log so the daemon never blocks on a full pipe.
+    tokio::spawn(async move { while let Ok(Some(_)) = logs.next_line().await {} });
+
+    let tls =
+        proxywarden::net::tls::client_config(None, proxywarden::net::tls::ALPN_H2_H1).unwrap();
+    let http = reqwest::Client::builder()
+        .tls_backend_preconfigured(std::sync::Arc::unwrap_or_clone(tls))
+        .no_proxy()
+        .build()
+        .unwrap();
+    let get = |path: &str| {
+        let request = http.get(format!("http://127.0.0.1:{port}{path}"));
+        async move { request.send().await.unwrap() }
+    };
+    let resp = get("/proxy").await;
+    assert_eq!(resp.status().as_u16(), 404);
+    let body: serde_json::Value = resp.json().await.unwrap();
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("no sources worked"), "{message}");
+
+    // Retried after 1 s and 2 s: the third harvest gets the list.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let stats: serde_json::Value = get("/stats").await.json().await.unwrap();
+        if stats["total"] == 2 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never harvested: {stats}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(site.hits("/list.txt"), 5);
+    let resp = get("/proxy?format=text").await;
+    assert_eq!(resp.status().as_u16(), 404);
+    let text = resp.text().await.unwrap();
+    assert!(text.contains("nothing checked yet"), "{text}");
+    child.kill().await.unwrap();
+}

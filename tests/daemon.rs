@@ -957,3 +957,43 @@ async fn verify_without_a_judge_is_not_ready() {
     assert_eq!(e["error"]["code"], "not_ready");
     d.stop().await;
 }
+
+/// Issue 10, Must 13: when everything checked is dead, `/proxy`'s 404 says
+/// that nothing is alive (not that the filters matched nothing), in JSON
+/// and in text.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_pool_says_nothing_is_alive() {
+    let dir = tempfile::tempdir().unwrap();
+    let closed = fakes::closed_port();
+    let liar = FakeHttpProxy::start(HttpProxyOpts {
+        behavior: fakes::Behavior::Liar,
+        ..HttpProxyOpts::default()
+    })
+    .await;
+    let sources = json_source(
+        dir.path(),
+        &[(closed.addr(), "http", "US"), (liar.addr(), "http", "DE")],
+    );
+    let d = Daemon::start(dir.path(), &sources, "").await;
+    until_checked(&d, 2).await;
+    let (status, body) = d.json("/proxy").await;
+    assert_eq!(status, 404, "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("nothing alive"), "{message}");
+    let resp = d.get("/proxy?format=text").await;
+    assert_eq!(resp.status().as_u16(), 404);
+    assert!(resp.text().await.unwrap().contains("nothing alive"));
+    // The round's checks that no second judge confirmed are shown (none
+    // here: nothing was alive to keep).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let stats = loop {
+        let (_, stats) = d.json("/stats").await;
+        if !stats["last_check"].is_null() {
+            break stats;
+        }
+        assert!(Instant::now() < deadline, "no round finished: {stats}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(stats["last_check"]["unconfirmed"], 0, "{stats}");
+    d.stop().await;
+}

@@ -110,10 +110,10 @@ pub async fn proxy(
             )),
         })?
     } else {
-        state
-            .feedback
-            .pick(&q, now_ms(), &BestOfTwo, &|_| false)
-            .ok_or_else(none)?
+        match state.feedback.pick(&q, now_ms(), &BestOfTwo, &|_| false) {
+            Some(e) => e,
+            None => return Err(empty_pool(&state).await.unwrap_or_else(none)),
+        }
     };
     state.feedback.served(&chosen, now_ms());
     let len = state.index().len();
@@ -124,6 +124,39 @@ pub async fn proxy(
         let body = state.answers.get(&chosen, Form::Json, len);
         ([(header::CONTENT_TYPE, "application/json")], body).into_response()
     })
+}
+
+/// Why nothing at all can be served, when the pool is empty (rather than
+/// the filters excluding what there is): no source worked, nothing was
+/// checked yet, or nothing is alive. `None` while anything is servable.
+async fn empty_pool(state: &AppState) -> Option<ApiError> {
+    if !state.index().is_empty() {
+        return None;
+    }
+    let presence = state.store.presence().await.ok()?;
+    let message = if !presence.stored {
+        let harvest = state
+            .rounds
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .last_harvest
+            .clone();
+        match harvest {
+            None => "no proxy to serve yet: the first harvest has not finished".to_string(),
+            Some(h) if h.failed == h.sources => format!(
+                "no proxy to serve: no sources worked ({} failed in the last harvest; see /sources for why)",
+                h.failed
+            ),
+            Some(_) => "no proxy to serve: the sources listed no proxy".to_string(),
+        }
+    } else if !presence.checked {
+        "no proxy to serve yet: nothing checked yet (the harvested proxies wait for their first check)"
+            .to_string()
+    } else {
+        "no proxy to serve: nothing alive (no checked proxy passed a check within api.max_age)"
+            .to_string()
+    };
+    Some(ApiError::NotFound(message))
 }
 
 #[derive(Serialize)]

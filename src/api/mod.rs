@@ -76,6 +76,9 @@ pub struct CheckInfo {
     pub alive: u64,
     /// Dead.
     pub dead: u64,
+    /// Checks of alive proxies whose failure no second healthy judge
+    /// could confirm: they kept their status and are due again soon.
+    pub unconfirmed: u64,
     /// Duration in milliseconds.
     pub duration_ms: u64,
 }

@@ -32,6 +32,9 @@ pub struct HarvestConfig {
     pub retries: u32,
     /// First retry delay; doubles.
     pub retry_backoff: Duration,
+    /// How soon `serve` tries the sources that failed again; doubles while
+    /// they keep failing, never later than the next scheduled harvest.
+    pub failed_retry: Duration,
 }
 
 /// A cron expression with seconds (sec min hour day-of-month month
@@ -111,6 +114,7 @@ pub(super) fn read(h: &mut Section) -> Option<HarvestConfig> {
     let concurrency = h.int("concurrency", 1, 256);
     let retries = h.int("retries", 0, 10);
     let retry_backoff = h.duration("retry_backoff");
+    let failed_retry = h.duration("failed_retry");
     if let (Some(connect), Some(total)) = (connect_timeout, timeout)
         && connect > total
     {
@@ -127,6 +131,7 @@ pub(super) fn read(h: &mut Section) -> Option<HarvestConfig> {
         concurrency: concurrency? as usize,
         retries: retries? as u32,
         retry_backoff: retry_backoff?,
+        failed_retry: failed_retry?,
     })
 }
 

@@ -193,6 +193,7 @@ impl CheckLoop {
                     checked: summary.checked,
                     alive: summary.alive,
                     dead: summary.dead,
+                    unconfirmed: summary.unconfirmed,
                     duration_ms: summary.elapsed.as_millis() as u64,
                 };
                 self.state.record_round(|r| r.last_check = Some(info));

@@ -3,13 +3,15 @@
 //! shutdown cancels it like everything else.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::sync::mpsc;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::api::{AppState, HarvestInfo};
 use crate::config::Config;
-use crate::harvest;
+use crate::harvest::{self, HarvestReport};
 use crate::store::{Store, now_ms, rfc3339};
 
 /// What asks for a harvest.
@@ -32,9 +34,19 @@ pub struct Harvester {
     pub triggers: mpsc::Receiver<Trigger>,
 }
 
+/// The sources that failed, and when they are tried again.
+#[derive(Debug)]
+struct Retry {
+    sources: Vec<String>,
+    at: Instant,
+    /// The wait before `at`; the next one is twice as long.
+    wait: Duration,
+}
+
 impl Harvester {
-    /// Harvests the overdue sources at once, then whenever triggered, until
-    /// `stop`. A harvest in progress is dropped at `stop`; what it already
+    /// Harvests the overdue sources at once, then whenever triggered, and
+    /// the sources that failed again after a backoff (see
+    /// [`Harvester::retry_after`]), until `stop`. A harvest in progress is dropped at `stop`; what it already
     /// stored is committed, the rest is harvested after the restart.
     pub async fn run(mut self, stop: CancellationToken) {
         let overdue = match self.overdue_sources().await {
@@ -49,33 +61,121 @@ impl Harvester {
                     .collect()
             }
         };
+        let mut retry = None;
         if !overdue.is_empty() {
             tracing::info!(
                 sources = overdue.len(),
                 "harvesting the sources overdue at start-up"
             );
-            let mut config = (*self.config).clone();
-            config.sources.retain(|s| overdue.contains(&s.name));
+            let config = self.only(&overdue);
             tokio::select! {
                 _ = stop.cancelled() => return,
-                _ = self.harvest(&config) => {}
+                report = self.harvest(&config) => retry = self.retry_after(report, None),
             }
         }
         loop {
+            let retry_at = retry.as_ref().map(|r: &Retry| r.at);
             tokio::select! {
                 _ = stop.cancelled() => return,
+                _ = until(retry_at) => {
+                    let Some(failed) = retry.take() else { continue };
+                    tracing::info!(sources = %failed.sources.join(", "), "harvesting the sources that failed again");
+                    let config = self.only(&failed.sources);
+                    tokio::select! {
+                        _ = stop.cancelled() => return,
+                        report = self.harvest(&config) => retry = self.retry_after(report, Some(failed)),
+                    }
+                }
                 t = self.triggers.recv() => match t {
                     Some(Trigger::Schedule) => {
                         let config = self.config.clone();
                         tokio::select! {
                             _ = stop.cancelled() => return,
-                            _ = self.harvest(&config) => {}
+                            report = self.harvest(&config) => retry = self.retry_after(report, None),
                         }
                     }
                     None => return,
                 },
             }
         }
+    }
+
+    /// The configuration with only the enabled sources named.
+    fn only(&self, names: &[String]) -> Config {
+        let mut config = (*self.config).clone();
+        config
+            .sources
+            .retain(|s| s.enabled && names.contains(&s.name));
+        config
+    }
+
+    /// What to try again after a harvest: its failed sources, after
+    /// `harvest.failed_retry`, doubled when they failed the last retry too,
+    /// never later than the next scheduled harvest. Says plainly in the log
+    /// which sources failed and why; when none worked, that nothing can be
+    /// served until one does.
+    fn retry_after(&self, report: Option<HarvestReport>, last: Option<Retry>) -> Option<Retry> {
+        let report = report?;
+        let failed: Vec<&harvest::SourceReport> =
+            report.sources.iter().filter(|s| !s.worked()).collect();
+        if failed.is_empty() {
+            return None;
+        }
+        let base = self.config.harvest.failed_retry;
+        let wait = match last {
+            Some(last)
+                if last
+                    .sources
+                    .iter()
+                    .any(|n| failed.iter().any(|f| &f.name == n)) =>
+            {
+                last.wait.saturating_mul(2)
+            }
+            _ => base,
+        };
+        let now = chrono::Utc::now();
+        let wait = match self
+            .config
+            .harvest
+            .schedule
+            .next_after(now)
+            .and_then(|next| (next - now).to_std().ok())
+        {
+            // A retry at or after the next slot would only repeat it.
+            Some(to_slot) if to_slot <= wait => return None,
+            _ => wait,
+        };
+        let why: Vec<String> = failed
+            .iter()
+            .map(|s| {
+                format!(
+                    "{}: {}",
+                    s.name,
+                    s.error.as_deref().unwrap_or("listed no proxy")
+                )
+            })
+            .collect();
+        let retry_in = humantime::format_duration(wait).to_string();
+        if failed.len() == report.sources.len() {
+            tracing::error!(
+                sources = %why.join("; "),
+                %retry_in,
+                "no source worked, so there is nothing new to check or serve; check the network and the sources' URLs"
+            );
+        } else {
+            tracing::warn!(
+                failed = failed.len(),
+                of = report.sources.len(),
+                sources = %why.join("; "),
+                %retry_in,
+                "some sources failed"
+            );
+        }
+        Some(Retry {
+            sources: failed.iter().map(|s| s.name.clone()).collect(),
+            at: Instant::now() + wait,
+            wait,
+        })
     }
 
     /// Enabled sources never harvested, or not since longer than the
@@ -109,9 +209,9 @@ impl Harvester {
             .collect())
     }
 
-    /// One harvest of `config`'s sources; failures are logged and the next
-    /// slot tries again.
-    async fn harvest(&self, config: &Config) {
+    /// One harvest of `config`'s sources; its report, unless the harvest
+    /// as a whole failed (logged).
+    async fn harvest(&self, config: &Config) -> Option<HarvestReport> {
         match harvest::harvest_all(config, &self.store).await {
             Ok(report) => {
                 self.state.metrics.observe_harvest(&report);
@@ -125,8 +225,20 @@ impl Harvester {
                     duration_ms: report.elapsed.as_millis() as u64,
                 };
                 self.state.record_round(|r| r.last_harvest = Some(info));
+                Some(report)
             }
-            Err(e) => tracing::error!(error = %e, "harvest failed"),
+            Err(e) => {
+                tracing::error!(error = %e, "harvest failed");
+                None
+            }
         }
+    }
+}
+
+/// Waits until `at`, or for ever without one.
+async fn until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
     }
 }

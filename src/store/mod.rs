@@ -12,7 +12,8 @@ mod writer;
 pub use checks::{CheckRecord, DueCursor, DueLane, DueProxy};
 pub use crawls::CrawlJobRecord;
 pub use queries::{
-    Page, ProxyFilter, ProxyRecord, ProxySort, SourceRecord, SourceRun, Stats, UpsertCounts,
+    Page, Presence, ProxyFilter, ProxyRecord, ProxySort, SourceRecord, SourceRun, Stats,
+    UpsertCounts,
 };
 
 use std::path::{Path, PathBuf};

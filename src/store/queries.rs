@@ -255,6 +255,16 @@ pub struct SourceRecord {
     pub alive: i64,
 }
 
+/// Whether the store holds any proxy, and any checked one: what an empty
+/// pool's 404 needs to say why nothing is served.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Presence {
+    /// At least one proxy is stored.
+    pub stored: bool,
+    /// At least one proxy has been checked (is alive or dead).
+    pub checked: bool,
+}
+
 /// Counts for `stats`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Stats {
@@ -462,6 +472,27 @@ impl Store {
     /// Proxy counts per (status, scheme), every combination included.
     pub async fn count_by_status_scheme(&self) -> Result<Vec<(String, String, i64)>, StoreError> {
         self.read(count_by_status_scheme).await
+    }
+
+    /// Whether any proxy is stored and any was checked, from index seeks
+    /// (no count): it answers every `/proxy` while nothing is servable,
+    /// whatever the number of proxies.
+    pub async fn presence(&self) -> Result<Presence, StoreError> {
+        self.read(|c| {
+            Ok(c.query_row(
+                "SELECT EXISTS (SELECT 1 FROM proxies),
+                        EXISTS (SELECT 1 FROM proxies WHERE status = 'alive')
+                     OR EXISTS (SELECT 1 FROM proxies WHERE status = 'dead')",
+                [],
+                |r| {
+                    Ok(Presence {
+                        stored: r.get(0)?,
+                        checked: r.get(1)?,
+                    })
+                },
+            )?)
+        })
+        .await
     }
 
     /// Every source's record with its proxy counts, by name.

@@ -92,6 +92,10 @@ where
             tokio::select! {
                 accepted = listener.accept() => match accepted {
                     Ok((stream, peer)) => {
+                        // As servers do: a reply written in pieces (head,
+                        // then body) must not wait out the client's delayed
+                        // ACK (Nagle), 40 ms a time on Linux.
+                        let _ = stream.set_nodelay(true);
                         conns.spawn(handle(stream, peer));
                     }
                     // Out of descriptors, most likely: back off instead of

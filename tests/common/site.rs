@@ -209,6 +209,7 @@ impl Site {
                     tokio::select! {
                         accepted = listener.accept() => {
                             let Ok((tcp, peer)) = accepted else { continue };
+                            let _ = tcp.set_nodelay(true);
                             log.lock().unwrap().connections += 1;
                             let opts = opts.clone();
                             let log = log.clone();
