@@ -759,7 +759,7 @@ async fn check(config_path: Option<&Path>, args: CheckArgs) -> anyhow::Result<Ex
     let (config, origin) = load(config_path)?;
     config.check_runtime_files(&origin.to_string())?;
     let store = open_store(&config)?;
-    if store.stats().await?.total == 0 {
+    if store.counts().await?.total == 0 {
         eprintln!(
             "error: the database {} holds no proxies yet: run `proxywarden harvest` first",
             config.database.path.display()

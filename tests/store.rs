@@ -537,6 +537,12 @@ async fn counts_are_exact_for_mixed_lists() {
         .unwrap();
     assert_eq!((c.found, c.new), (79, 26));
     assert_eq!(store.stats().await.unwrap().total, 128);
+    // The repeated address took the row-by-row path: its counts are as
+    // exact as the batched path's.
+    assert_eq!(
+        store.counts().await.unwrap(),
+        scanned(&dir.path().join("p.db"))
+    );
     assert_eq!(store.count_seen_since(2_000).await.unwrap(), 78);
     let src = &store.list_sources().await.unwrap()[0];
     assert_eq!(
@@ -644,10 +650,11 @@ async fn rebuilding_the_proxies_table_keeps_rows_links_and_rules() {
         .unwrap();
     let before = store.list_proxies(ProxyFilter::default()).await.unwrap();
     drop(store);
-    // Back to the version before the rebuild, so that opening runs it.
+    // Back to the version before the rebuild (6), so that opening runs it
+    // and the migrations after it.
     let conn = rusqlite::Connection::open(&path).unwrap();
-    conn.pragma_update(None, "user_version", SCHEMA_VERSION - 1)
-        .unwrap();
+    conn.execute_batch("DROP TABLE proxy_counts").unwrap();
+    conn.pragma_update(None, "user_version", 6).unwrap();
     drop(conn);
 
     let store = Store::open(&path).unwrap();
@@ -667,7 +674,14 @@ async fn rebuilding_the_proxies_table_keeps_rows_links_and_rules() {
         .unwrap();
     assert_eq!(
         tables,
-        ["crawl_jobs", "meta", "proxies", "proxy_sources", "sources"]
+        [
+            "crawl_jobs",
+            "meta",
+            "proxies",
+            "proxy_counts",
+            "proxy_sources",
+            "sources"
+        ]
     );
     for (column, value) in [
         ("scheme", "'ftp'"),
@@ -687,4 +701,189 @@ async fn rebuilding_the_proxies_table_keeps_rows_links_and_rules() {
     }
     conn.execute("UPDATE proxies SET anonymity = 'elite', https = 1", [])
         .unwrap();
+}
+
+/// The counts of `stats` as a full scan of the table finds them.
+fn scanned(path: &std::path::Path) -> proxywarden::store::Stats {
+    use std::collections::BTreeMap;
+    let c = rusqlite::Connection::open(path).unwrap();
+    let group = |sql: &str| -> BTreeMap<String, i64> {
+        c.prepare(sql)
+            .unwrap()
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap()
+    };
+    let mut by_status = group("SELECT status, count(*) FROM proxies GROUP BY 1");
+    for s in ["unknown", "alive", "dead"] {
+        by_status.entry(s.into()).or_insert(0);
+    }
+    proxywarden::store::Stats {
+        total: c
+            .query_row("SELECT count(*) FROM proxies", [], |r| r.get(0))
+            .unwrap(),
+        by_status,
+        by_scheme: group("SELECT scheme, count(*) FROM proxies GROUP BY 1"),
+        by_country: group("SELECT coalesce(country, 'unknown'), count(*) FROM proxies GROUP BY 1"),
+        by_anonymity: group(
+            "SELECT anonymity, count(*) FROM proxies
+             WHERE status = 'alive' AND anonymity IS NOT NULL GROUP BY 1",
+        ),
+        by_reason: group(
+            "SELECT last_reason, count(*) FROM proxies
+             WHERE status = 'dead' AND last_reason IS NOT NULL GROUP BY 1",
+        ),
+        sources: Vec::new(),
+    }
+}
+
+/// Issue 10, Must 12: the counts `/stats` and `/metrics` serve (kept by
+/// every write, never a scan per request) stay exact across harvests with
+/// country hints, verdicts that change status, anonymity, reason, country
+/// and scheme, writes of another process, and purges.
+#[tokio::test]
+async fn counts_stay_exact_across_harvest_check_and_purge() {
+    use proxywarden::model::{Outcome, Reason, RecheckPolicy};
+    use proxywarden::proxy::{Anonymity, Country};
+    use proxywarden::store::{CheckRecord, now_ms};
+    use std::time::Duration;
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("counts.db");
+    let store = Store::open(&path).unwrap();
+    let same = |label: &str, counts: proxywarden::store::Stats| {
+        assert_eq!(counts, scanned(&path), "after {label}");
+    };
+    same("opening", store.counts().await.unwrap());
+
+    let country = |c: &str| Country::parse(c);
+    let listed = |n: u32, scheme: SourceScheme, c: Option<&str>| -> Vec<Candidate> {
+        (0..n)
+            .map(|i| {
+                Candidate::new(
+                    IpAddr::V4(Ipv4Addr::from(0x0a00_0000 + i)),
+                    8080,
+                    None,
+                    None,
+                    scheme,
+                    Hints {
+                        country: c.and_then(country),
+                        ..Hints::default()
+                    },
+                )
+            })
+            .collect()
+    };
+    store
+        .record_source_run(
+            run("a", 1_000),
+            listed(300, SourceScheme::Fixed(Scheme::Http), Some("DE")),
+        )
+        .await
+        .unwrap();
+    store
+        .record_source_run(
+            run("b", 2_000),
+            listed(400, SourceScheme::Fixed(Scheme::Socks5), None),
+        )
+        .await
+        .unwrap();
+    store
+        .record_source_run(
+            run("c", 3_000),
+            listed(50, SourceScheme::Detect, Some("FR")),
+        )
+        .await
+        .unwrap();
+    // Known proxies listed again with another country.
+    store
+        .record_source_run(
+            run("a", 4_000),
+            listed(100, SourceScheme::Fixed(Scheme::Http), Some("NL")),
+        )
+        .await
+        .unwrap();
+    let stats = store.counts().await.unwrap();
+    assert_eq!(stats.total, 700, "{stats:?}");
+    same("harvests", stats);
+
+    let rows = store.list_proxies(ProxyFilter::default()).await.unwrap();
+    let now = now_ms();
+    let policy = RecheckPolicy {
+        alive: Duration::from_secs(600),
+        dead: Duration::from_secs(60),
+        dead_max: Duration::from_secs(3600),
+    };
+    let reasons = [Reason::Refused, Reason::Timeout, Reason::BadStatus];
+    let anonymity = [
+        Anonymity::Transparent,
+        Anonymity::Anonymous,
+        Anonymity::Elite,
+    ];
+    let verdicts = |round: usize| -> Vec<CheckRecord> {
+        rows.iter()
+            .enumerate()
+            .map(|(i, r)| {
+                let outcome = if (i + round).is_multiple_of(3) {
+                    Outcome::dead(reasons[(i + round) % reasons.len()])
+                } else {
+                    Outcome {
+                        failure: None,
+                        latency: Some(Duration::from_millis(20)),
+                        anonymity: Some(anonymity[(i + round) % 3]),
+                        https: None,
+                        exit_ip: None,
+                        country: i.is_multiple_of(7).then(|| country("US").unwrap()),
+                        detected: r.scheme_detect.then_some(if i.is_multiple_of(2) {
+                            Scheme::Socks5
+                        } else {
+                            Scheme::Http
+                        }),
+                    }
+                };
+                CheckRecord {
+                    id: r.id,
+                    checked_at: now + round as i64,
+                    outcome,
+                }
+            })
+            .collect()
+    };
+    store.record_checks(verdicts(0), policy).await.unwrap();
+    same("the first round", store.counts().await.unwrap());
+    store.record_checks(verdicts(1), policy).await.unwrap();
+    same("the second round", store.counts().await.unwrap());
+
+    // Another process (a CLI check beside the daemon) writes verdicts.
+    {
+        let other = Store::open(&path).unwrap();
+        other.record_checks(verdicts(2), policy).await.unwrap();
+    }
+    let stats = store.counts().await.unwrap();
+    assert!(
+        stats.by_status["dead"] > 0 && stats.by_status["alive"] > 0,
+        "{stats:?}"
+    );
+    same("another process's round", stats);
+
+    // Everything dead and unlisted long enough goes.
+    let purged = store
+        .purge(now + 10 * 86_400_000, Duration::from_secs(86_400))
+        .await
+        .unwrap();
+    assert!(purged > 0);
+    let stats = store.counts().await.unwrap();
+    assert_eq!(stats.by_status["dead"], 0, "{stats:?}");
+    same("the purge", stats);
+    // `stats` is the same counts with the sources added.
+    let full = store.stats().await.unwrap();
+    assert_eq!(full.sources.len(), 3);
+    assert_eq!(
+        proxywarden::store::Stats {
+            sources: Vec::new(),
+            ..full
+        },
+        scanned(&path)
+    );
 }

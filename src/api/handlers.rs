@@ -333,7 +333,8 @@ pub async fn report(
 
 /// `GET /stats`.
 pub async fn stats(State(state): State<AppState>) -> Result<Response, ApiError> {
-    let stats = state.store.stats().await?;
+    // The counts, not the per-source table (`/sources` has that).
+    let stats = state.store.counts().await?;
     let rounds = state
         .rounds
         .lock()

@@ -1,5 +1,5 @@
-//! Prometheus metrics: proxies by status and scheme (read from the store at
-//! scrape time), checks by outcome, a check-latency histogram, harvest
+//! Prometheus metrics: proxies by status and scheme (read at scrape
+//! time from the counts every write keeps, never a scan of the table), checks by outcome, a check-latency histogram, harvest
 //! results per source, API requests by route and status, and the
 //! gateway's own (registered by [`Metrics::register_gateway`]).
 

@@ -17,11 +17,19 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/0005_crawl_jobs.sql"),
     include_str!("../../migrations/0006_listed.sql"),
     include_str!("../../migrations/0007_check_comparisons.sql"),
+    include_str!("../../migrations/0008_proxy_counts.sql"),
 ];
 
 /// Every table the migrations create: a database holding any other is
 /// another application's.
-pub const TABLES: &[&str] = &["crawl_jobs", "meta", "proxies", "proxy_sources", "sources"];
+pub const TABLES: &[&str] = &[
+    "crawl_jobs",
+    "meta",
+    "proxies",
+    "proxy_counts",
+    "proxy_sources",
+    "sources",
+];
 
 /// The schema version this binary writes.
 pub const LATEST: i64 = MIGRATIONS.len() as i64;

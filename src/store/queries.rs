@@ -469,7 +469,8 @@ impl Store {
         self.read(move |c| proxies_by_ids(c, &ids)).await
     }
 
-    /// Proxy counts per (status, scheme), every combination included.
+    /// Proxy counts per (status, scheme), every combination included, from
+    /// the counts every write keeps (no table scan).
     pub async fn count_by_status_scheme(&self) -> Result<Vec<(String, String, i64)>, StoreError> {
         self.read(count_by_status_scheme).await
     }
@@ -508,6 +509,13 @@ impl Store {
     /// Counts by status, scheme, country, failure reason and source.
     pub async fn stats(&self) -> Result<Stats, StoreError> {
         self.read(stats).await
+    }
+
+    /// The counts of [`Store::stats`] without the sources: a read of a few
+    /// rows kept up to date by every write, cheap enough for each API
+    /// request whatever the number of proxies.
+    pub async fn counts(&self) -> Result<Stats, StoreError> {
+        self.read(counts).await
     }
 }
 
@@ -613,6 +621,13 @@ const LINK_SOURCE: &str =
              VALUES (?1, ?2, ?3, ?3, 1)
              ON CONFLICT (proxy_id, source_id) DO UPDATE SET
                  listed = 1, last_seen = max(last_seen, excluded.last_seen)";
+
+/// Adds new proxies to the counts `/stats` reads (migration 0008): `?1`
+/// scheme, `?2` country, `?3` how many. A new proxy is `unknown`, with no
+/// checked anonymity and no failure reason.
+const COUNT_NEW: &str = "INSERT INTO proxy_counts (status, scheme, country, anonymity, reason, n)
+     VALUES ('unknown', ?1, coalesce(?2, ''), '', '', ?3)
+     ON CONFLICT (status, scheme, country, anonymity, reason) DO UPDATE SET n = n + excluded.n";
 
 /// True when two candidates of the chunk share an address (and user
 /// name), whatever their schemes: one may then find or change the row the
@@ -721,6 +736,9 @@ fn upsert_batched(
     let mut ids = Vec::with_capacity(candidates.len());
     let mut fresh: Vec<usize> = Vec::with_capacity(INSERT_BATCH);
     let mut bumped = false;
+    // New proxies by (scheme, country), for the counts.
+    let mut added: std::collections::HashMap<(Scheme, Option<&str>), i64> =
+        std::collections::HashMap::new();
     let mut update = None;
     let mut link = None;
     let flush = |fresh: &mut Vec<usize>, ids: &[i64]| -> Result<(), StoreError> {
@@ -815,6 +833,9 @@ fn upsert_batched(
                 let id = next_id;
                 next_id += 1;
                 counts.new += 1;
+                *added
+                    .entry((c.proxy.scheme, c.hints.country.as_ref().map(|c| c.as_str())))
+                    .or_insert(0) += 1;
                 fresh.push(at);
                 id
             }
@@ -826,6 +847,12 @@ fn upsert_batched(
         }
     }
     flush(&mut fresh, &ids)?;
+    // No row this chunk added was updated after it (no address repeats),
+    // so the counts of what it added can go in once, at the end.
+    let mut count = tx.prepare_cached(COUNT_NEW)?;
+    for ((scheme, country), n) in added {
+        count.execute(params![scheme.as_str(), country, n])?;
+    }
     Ok((counts, ids))
 }
 
@@ -865,6 +892,7 @@ fn upsert_rowwise(
     )?;
     let mut update = tx.prepare_cached(UPDATE_KNOWN)?;
     let mut link = tx.prepare_cached(LINK_SOURCE)?;
+    let mut count_new = tx.prepare_cached(COUNT_NEW)?;
     let mut link_new = tx.prepare_cached(
         "INSERT INTO proxy_sources (proxy_id, source_id, first_seen, last_seen, listed)
              VALUES (?1, ?2, ?3, ?3, 1)",
@@ -931,6 +959,9 @@ fn upsert_rowwise(
                 counts.new += 1;
                 let id = tx.last_insert_rowid();
                 link_new.execute(params![id, source_id, now])?;
+                // Counted at once: a later entry of this chunk may update
+                // the row, and the update's trigger moves it in the counts.
+                count_new.execute(params![p.scheme.as_str(), country, 1])?;
                 (id, true)
             }
         };
@@ -1116,10 +1147,11 @@ pub(super) fn proxies_by_ids(
 
 fn count_by_status_scheme(conn: &Connection) -> Result<Vec<(String, String, i64)>, StoreError> {
     let mut stmt = conn.prepare_cached(
-            "SELECT st.s, sc.s, (SELECT count(*) FROM proxies p WHERE p.status = st.s AND p.scheme = sc.s)
-             FROM (SELECT 'unknown' AS s UNION ALL SELECT 'alive' UNION ALL SELECT 'dead') st,
-                  (SELECT 'http' AS s UNION ALL SELECT 'socks4' UNION ALL SELECT 'socks5') sc",
-        )?;
+        "SELECT st.s, sc.s, (SELECT coalesce(sum(c.n), 0) FROM proxy_counts c
+                              WHERE c.status = st.s AND c.scheme = sc.s)
+         FROM (SELECT 'unknown' AS s UNION ALL SELECT 'alive' UNION ALL SELECT 'dead') st,
+              (SELECT 'http' AS s UNION ALL SELECT 'socks4' UNION ALL SELECT 'socks5') sc",
+    )?;
     let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
     Ok(rows.collect::<Result<Vec<_>, _>>()?)
 }
@@ -1156,41 +1188,47 @@ fn list_sources(conn: &Connection) -> Result<Vec<SourceRecord>, StoreError> {
 }
 
 fn stats(conn: &Connection) -> Result<Stats, StoreError> {
-    let mut stats = Stats {
+    Ok(Stats {
         sources: list_sources(conn)?,
-        ..Stats::default()
-    };
-    stats.total = conn.query_row("SELECT count(*) FROM proxies", [], |r| r.get(0))?;
-    for (sql, map) in [
-        (
-            "SELECT status, count(*) FROM proxies GROUP BY 1",
-            &mut stats.by_status,
-        ),
-        (
-            "SELECT scheme, count(*) FROM proxies GROUP BY 1",
-            &mut stats.by_scheme,
-        ),
-        (
-            "SELECT coalesce(country, 'unknown'), count(*) FROM proxies GROUP BY 1",
-            &mut stats.by_country,
-        ),
-        (
-            "SELECT anonymity, count(*) FROM proxies
-                  WHERE status = 'alive' AND anonymity IS NOT NULL GROUP BY 1",
-            &mut stats.by_anonymity,
-        ),
-        (
-            "SELECT last_reason, count(*) FROM proxies
-                  WHERE status = 'dead' AND last_reason IS NOT NULL GROUP BY 1",
-            &mut stats.by_reason,
-        ),
-    ] {
-        let mut stmt = conn.prepare(sql)?;
-        let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))?;
-        for row in rows {
-            let (k, v) = row?;
-            map.insert(k, v);
+        ..counts(conn)?
+    })
+}
+
+/// The proxy counts of [`Stats`] (no sources), from the few rows of
+/// `proxy_counts` that triggers keep exact (migration 0005): no scan of the
+/// proxies table, whatever its size.
+fn counts(conn: &Connection) -> Result<Stats, StoreError> {
+    let mut stats = Stats::default();
+    let mut stmt = conn.prepare_cached(
+        "SELECT status, scheme, country, anonymity, reason, n FROM proxy_counts WHERE n > 0",
+    )?;
+    let rows = stmt.query_map([], |r| {
+        Ok((
+            r.get::<_, String>(0)?,
+            r.get::<_, String>(1)?,
+            r.get::<_, String>(2)?,
+            r.get::<_, String>(3)?,
+            r.get::<_, String>(4)?,
+            r.get::<_, i64>(5)?,
+        ))
+    })?;
+    for row in rows {
+        let (status, scheme, country, anonymity, reason, n) = row?;
+        stats.total += n;
+        let country = if country.is_empty() {
+            "unknown".to_owned()
+        } else {
+            country
+        };
+        *stats.by_country.entry(country).or_default() += n;
+        *stats.by_scheme.entry(scheme).or_default() += n;
+        if status == "alive" && !anonymity.is_empty() {
+            *stats.by_anonymity.entry(anonymity).or_default() += n;
         }
+        if status == "dead" && !reason.is_empty() {
+            *stats.by_reason.entry(reason).or_default() += n;
+        }
+        *stats.by_status.entry(status).or_default() += n;
     }
     for s in [Status::Unknown, Status::Alive, Status::Dead] {
         stats.by_status.entry(s.as_str().to_owned()).or_insert(0);
