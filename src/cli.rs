@@ -126,7 +126,15 @@ pub struct ExportArgs {
     /// Write to this file (atomically) instead of stdout.
     #[arg(short, long, value_name = "FILE")]
     pub output: Option<PathBuf>,
-    /// Only these countries (comma-separated ISO codes).
+    /// Which proxies.
+    #[command(flatten)]
+    pub filter: ProxyFilterArgs,
+}
+
+/// The proxy filters `export` and `crawl` share, as the API's.
+#[derive(Debug, Args)]
+pub struct ProxyFilterArgs {
+    /// Only proxies in these countries (comma-separated ISO codes).
     #[arg(long, value_delimiter = ',', value_parser = parse_country)]
     pub country: Vec<Country>,
     /// Only these schemes (comma-separated: http, socks4, socks5).
@@ -145,6 +153,21 @@ pub struct ExportArgs {
     /// api.max_age, as the API serves them).
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub max_age: Option<std::time::Duration>,
+}
+
+impl ProxyFilterArgs {
+    /// The query these flags ask for, `default_max_age` unless one is given.
+    fn query(&self, default_max_age: std::time::Duration) -> crate::health::ProxyQuery {
+        crate::health::ProxyQuery {
+            countries: self.country.clone(),
+            schemes: self.scheme.clone(),
+            min_anonymity: self.anonymity,
+            https: self.https,
+            max_latency_ms: self.max_latency_ms.map(i64::from),
+            max_age: Some(self.max_age.unwrap_or(default_max_age)),
+            ..Default::default()
+        }
+    }
 }
 
 /// `crawl` options.
@@ -209,24 +232,9 @@ pub struct CrawlArgs {
     /// The User-Agent sent; its first word is matched against robots.txt.
     #[arg(long, value_name = "UA")]
     pub user_agent: Option<String>,
-    /// Only these proxy countries (comma-separated ISO codes).
-    #[arg(long, value_delimiter = ',', value_parser = parse_country)]
-    pub country: Vec<Country>,
-    /// Only these proxy schemes (comma-separated: http, socks4, socks5).
-    #[arg(long, value_delimiter = ',', value_parser = parse_scheme)]
-    pub scheme: Vec<Scheme>,
-    /// Proxies at least this anonymous.
-    #[arg(long, value_parser = parse_anonymity)]
-    pub anonymity: Option<crate::proxy::Anonymity>,
-    /// Only proxies that tunnel HTTPS.
-    #[arg(long)]
-    pub https: bool,
-    /// Only proxies at most this slow.
-    #[arg(long, value_name = "MS")]
-    pub max_latency_ms: Option<u32>,
-    /// Only proxies whose last passed check is at most this old.
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
-    pub max_age: Option<std::time::Duration>,
+    /// Which proxies to fetch through.
+    #[command(flatten)]
+    pub filter: ProxyFilterArgs,
     /// How a proxy is chosen for each request.
     #[arg(long, value_enum, default_value = "fastest-of-two")]
     pub strategy: StrategyArg,
@@ -478,15 +486,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Export(args) => {
             let (config, _) = load(cli.config.as_deref())?;
             let store = Store::open_read_only(&config.database.path)?;
-            let mut q = crate::health::ProxyQuery {
-                countries: args.country,
-                schemes: args.scheme,
-                min_anonymity: args.anonymity,
-                https: args.https,
-                max_latency_ms: args.max_latency_ms.map(i64::from),
-                max_age: Some(args.max_age.unwrap_or(config.api.max_age)),
-                ..Default::default()
-            };
+            let mut q = args.filter.query(config.api.max_age);
             let records: Vec<crate::store::ProxyRecord> = if args.status == StatusFilter::Alive {
                 // The healthy list, chosen exactly as the API's /export does.
                 let index = crate::health::load_index(&store).await?;
@@ -549,15 +549,7 @@ async fn crawl(config_path: Option<&Path>, args: CrawlArgs) -> anyhow::Result<Ex
     let (config, _) = load(config_path)?;
     let store = open_store(&config)?;
     let mut opts = PoolOptions {
-        query: crate::health::ProxyQuery {
-            countries: args.country.clone(),
-            schemes: args.scheme.clone(),
-            min_anonymity: args.anonymity,
-            https: args.https,
-            max_latency_ms: args.max_latency_ms.map(i64::from),
-            max_age: Some(args.max_age.unwrap_or(config.api.max_age)),
-            ..Default::default()
-        },
+        query: args.filter.query(config.api.max_age),
         strategy: match args.strategy {
             StrategyArg::RoundRobin => StrategyKind::RoundRobin,
             StrategyArg::Random => StrategyKind::Random,
