@@ -15,34 +15,15 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use common::fakes::{Behavior, FakeHttpProxy, HttpProxyOpts, LIAR_PAGE, closed_port};
+use common::fakes::{
+    Behavior, FakeHttpProxy, HttpProxyOpts, LIAR_PAGE, closed_port, http_proxy, ip,
+};
 use common::site::{CAPTCHA_PAGE, Reply, Site, SiteOpts, tree_page};
-use common::{AliveProxy, store_with_alive};
+use common::{AliveProxy, store_with_alive, within};
 use proxywarden::crawl::{CrawlOptions, Progress, Select, Summary, crawl};
 use proxywarden::health::{Feedback, load_index};
 use proxywarden::pool::{NoProxy, Pool, PoolOptions};
 use tokio_util::sync::CancellationToken;
-
-const TEST_LIMIT: Duration = Duration::from_secs(60);
-
-async fn within<F: Future<Output = ()>>(body: F) {
-    tokio::time::timeout(TEST_LIMIT, body)
-        .await
-        .expect("test exceeded its time limit");
-}
-
-fn ip(last: u8) -> IpAddr {
-    IpAddr::from([127, 0, 0, last])
-}
-
-async fn http_proxy(last: u8) -> FakeHttpProxy {
-    FakeHttpProxy::start(HttpProxyOpts {
-        connect: true,
-        upstream_bind: Some(ip(last)),
-        ..HttpProxyOpts::default()
-    })
-    .await
-}
 
 /// Limits short enough for failing proxies, long enough for a loaded
 /// machine's loopback.

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use common::fakes::{
     EchoJudge, FakeHttpProxy, FakeSocks4, FakeSocks5, HttpProxyOpts, JudgeEcho, SocksOpts,
-    closed_port,
+    closed_port, http_proxy, ip,
 };
 use common::site::{Reply, Site, SiteOpts};
 use common::{AliveProxy, TestConfig, store_with_alive, within};
@@ -23,20 +23,6 @@ use proxywarden::health::{Feedback, load_index};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
-
-fn ip(last: u8) -> IpAddr {
-    IpAddr::from([127, 0, 0, last])
-}
-
-/// A working HTTP proxy (CONNECT allowed) forwarding from 127.0.0.`last`.
-async fn http_proxy(last: u8) -> FakeHttpProxy {
-    FakeHttpProxy::start(HttpProxyOpts {
-        connect: true,
-        upstream_bind: Some(ip(last)),
-        ..HttpProxyOpts::default()
-    })
-    .await
-}
 
 /// A gateway on 127.0.0.1:0 over a store holding `proxies` as alive.
 struct Gw {

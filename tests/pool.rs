@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use common::fakes::{
     Behavior, FakeHttpProxy, FakeSocks4, FakeSocks5, HttpProxyOpts, LIAR_PAGE, SocksOpts,
+    http_proxy, ip,
 };
 use common::site::{CAPTCHA_PAGE, Reply, Site, SiteOpts};
 use common::{AliveProxy, store_with_alive};
@@ -29,20 +30,6 @@ async fn within<F: Future<Output = ()>>(body: F) {
     tokio::time::timeout(TEST_LIMIT, body)
         .await
         .expect("test exceeded its time limit");
-}
-
-fn ip(last: u8) -> IpAddr {
-    IpAddr::from([127, 0, 0, last])
-}
-
-/// A working HTTP proxy (CONNECT allowed) forwarding from 127.0.0.`last`.
-async fn http_proxy(last: u8) -> FakeHttpProxy {
-    FakeHttpProxy::start(HttpProxyOpts {
-        connect: true,
-        upstream_bind: Some(ip(last)),
-        ..HttpProxyOpts::default()
-    })
-    .await
 }
 
 async fn odd_proxy(behavior: Behavior) -> FakeHttpProxy {

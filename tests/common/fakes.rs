@@ -1465,3 +1465,19 @@ async fn judge_conn(
     )
     .await
 }
+
+/// 127.0.0.`last`: a distinct loopback address, so that a site can tell
+/// proxies apart by the address they forward from.
+pub fn ip(last: u8) -> IpAddr {
+    IpAddr::from([127, 0, 0, last])
+}
+
+/// A working HTTP proxy (CONNECT allowed) forwarding from 127.0.0.`last`.
+pub async fn http_proxy(last: u8) -> FakeHttpProxy {
+    FakeHttpProxy::start(HttpProxyOpts {
+        connect: true,
+        upstream_bind: Some(ip(last)),
+        ..HttpProxyOpts::default()
+    })
+    .await
+}
