@@ -30,10 +30,6 @@ use crate::config::ApiConfig;
 /// JSON envelope below this.
 const MAX_HEAD: usize = 256 * 1024;
 
-/// How long to wait before accepting again after `accept` failed (out of
-/// file descriptors, typically), instead of spinning on the error.
-const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
-
 /// The connection limits, from `[api]`.
 #[derive(Clone, Copy, Debug)]
 pub struct Limits {
@@ -118,18 +114,8 @@ pub async fn run(
     let registry: Arc<Mutex<Registry>> = Arc::default();
     let tasks = TaskTracker::new();
     loop {
-        let (stream, peer) = tokio::select! {
-            _ = shutdown.cancelled() => break,
-            accepted = listener.accept() => match accepted {
-                Ok(a) => a,
-                Err(e) => {
-                    tracing::warn!(error = %e, "cannot accept an API connection");
-                    tokio::select! {
-                        _ = shutdown.cancelled() => break,
-                        _ = tokio::time::sleep(ACCEPT_BACKOFF) => continue,
-                    }
-                }
-            },
+        let Some((stream, peer)) = crate::net::accept(&listener, &shutdown, "an API").await else {
+            break;
         };
         let now = started.elapsed().as_millis() as u64;
         let admitted = registry

@@ -26,10 +26,6 @@ use crate::config::{GatewayConfig, Secret};
 use crate::health::{Feedback, ProxyQuery};
 use crate::pool::{NoProxy, Pool, PoolError, PoolOptions, StrategyKind};
 
-/// How long to wait before accepting again after `accept` failed (out of
-/// file descriptors, typically), instead of spinning on the error.
-const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
-
 /// How long connections may take to finish after shutdown begins.
 const DRAIN: Duration = Duration::from_secs(3);
 
@@ -172,18 +168,9 @@ pub async fn serve(
     let slots = Arc::new(Semaphore::new(gateway.settings().max_connections));
     let tasks = TaskTracker::new();
     loop {
-        let (stream, peer) = tokio::select! {
-            _ = shutdown.cancelled() => break,
-            accepted = listener.accept() => match accepted {
-                Ok(a) => a,
-                Err(e) => {
-                    tracing::warn!(error = %e, "cannot accept a gateway connection");
-                    tokio::select! {
-                        _ = shutdown.cancelled() => break,
-                        _ = tokio::time::sleep(ACCEPT_BACKOFF) => continue,
-                    }
-                }
-            },
+        let Some((stream, peer)) = crate::net::accept(&listener, &shutdown, "a gateway").await
+        else {
+            break;
         };
         let Ok(slot) = slots.clone().try_acquire_owned() else {
             tracing::debug!(%peer, "gateway connection cap reached; refusing one");
