@@ -257,15 +257,24 @@ pub async fn check_round(
         deadline: opts.dispatch_for.map(|d| started + d),
     };
     // Two streams share the permits. Proxies that timed out last time start
-    // at once, longest first, but hold at most three quarters of the
-    // permits, so the rest always move; once the rest are all started the
-    // limit goes.
+    // first, longest first: the rest wait until they hold their share.
+    // They hold at most three quarters of the permits, so the rest always
+    // move; once the rest are all started the limit goes.
     let timed_out_cap = (concurrency * 3 / 4).max(1);
     let timed_out_permits = Arc::new(Semaphore::new(timed_out_cap));
+    let head_start = CancellationToken::new();
     let (timed_out, rest) = tokio::join!(
-        dispatcher.run(&DueLane::TIMED_OUT, Some(&timed_out_permits)),
+        dispatcher.run(
+            &DueLane::TIMED_OUT,
+            Stream::First {
+                cap: &timed_out_permits,
+                started: &head_start,
+            },
+        ),
         async {
-            let ended = dispatcher.run(&DueLane::REST, None).await;
+            let ended = dispatcher
+                .run(&DueLane::REST, Stream::After(&head_start))
+                .await;
             timed_out_permits.add_permits(concurrency.saturating_sub(timed_out_cap));
             ended
         },
@@ -317,6 +326,19 @@ enum Ended {
     Paused,
 }
 
+/// How a dispatch stream shares the round's permits with the other one.
+#[derive(Clone, Copy)]
+enum Stream<'a> {
+    /// Starts first and holds at most `cap`'s permits; `started` is
+    /// cancelled once it holds all of them or has nothing more to start.
+    First {
+        cap: &'a Arc<Semaphore>,
+        started: &'a CancellationToken,
+    },
+    /// Starts its first check only once this token is cancelled.
+    After(&'a CancellationToken),
+}
+
 /// Starts the checks of a round: what every stream of it shares.
 struct Dispatcher<'a> {
     store: &'a Store,
@@ -339,16 +361,26 @@ struct Dispatcher<'a> {
 
 impl Dispatcher<'_> {
     /// Starts a check for every due proxy of `lanes`, in order, each
-    /// holding a permit (and one of `cap`, when given) until its result is
-    /// handed to the writer.
-    async fn run(
-        &self,
-        lanes: &[DueLane],
-        cap: Option<&Arc<Semaphore>>,
-    ) -> Result<Ended, StoreError> {
+    /// holding a permit (and one of the stream's cap, when it has one)
+    /// until its result is handed to the writer.
+    async fn run(&self, lanes: &[DueLane], stream: Stream<'_>) -> Result<Ended, StoreError> {
         // One timer per stream, polled only when the round has a limit.
         let deadline = tokio::time::sleep_until(self.deadline.unwrap_or_else(Instant::now).into());
         tokio::pin!(deadline);
+        let (cap, started) = match stream {
+            Stream::First { cap, started } => (Some(cap), Some(started)),
+            Stream::After(first) => {
+                tokio::select! {
+                    biased;
+                    _ = self.stop.cancelled() => return Ok(Ended::Interrupted),
+                    _ = &mut deadline, if self.deadline.is_some() => return Ok(Ended::Paused),
+                    _ = first.cancelled() => {}
+                }
+                (None, None)
+            }
+        };
+        // However the stream ends, the other one may go.
+        let _started = started.map(|s| s.clone().drop_guard());
         for &lane in lanes {
             let mut after = DueCursor::START;
             loop {
@@ -365,12 +397,18 @@ impl Dispatcher<'_> {
                 for due in page {
                     let capped = match cap {
                         None => None,
-                        Some(cap) => tokio::select! {
+                        Some(cap) => {
+                            if let Some(started) = started.filter(|_| cap.available_permits() == 0)
+                            {
+                                started.cancel();
+                            }
+                            tokio::select! {
                             biased;
                             _ = self.stop.cancelled() => return Ok(Ended::Interrupted),
                             _ = &mut deadline, if self.deadline.is_some() => return Ok(Ended::Paused),
                             p = cap.clone().acquire_owned() => Some(p.expect("never closed")),
-                        },
+                            }
+                        }
                     };
                     let permit = tokio::select! {
                         biased;
