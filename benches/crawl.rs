@@ -3,7 +3,9 @@
 //! - `polite`: 300 pages, Crawl-delay 0.1 s, 20 proxies of which 4 dead, 2
 //!   banned by the site (captcha), 2 that accept and never answer; a per-IP
 //!   rate limit answering 429 + Retry-After. Every reachable page, 0
-//!   duplicate fetches, 0 robots-disallowed fetches, 0 direct requests, never
+//!   duplicate fetches (pages the site served twice; a ban page or a 429
+//!   answered, then retried through another proxy, is counted apart), 0
+//!   robots-disallowed fetches, 0 direct requests, never
 //!   more requests in a 1 s window than the delay allows, wall ≤ 1.2 ×
 //!   pages × delay.
 //! - `throughput`: 20,000 pages, no delay, concurrency 64 through 500
@@ -233,11 +235,18 @@ fn serve_farm(pass: Pass) {
         // What the site saw.
         let log = site.log();
         let per_path = site.per_path();
-        let dups: usize = per_path
-            .iter()
-            .filter(|(p, _)| *p != "/robots.txt")
-            .map(|(_, n)| n.saturating_sub(1))
-            .sum();
+        let twice = |counts: &HashMap<String, usize>| -> usize {
+            counts
+                .iter()
+                .filter(|(p, _)| *p != "/robots.txt")
+                .map(|(_, n)| n.saturating_sub(1))
+                .sum()
+        };
+        // A page the site served more than once is a duplicate fetch; a
+        // request the site answered with its ban page or a 429, and that
+        // was then sent again through another proxy, is a retry.
+        let dups = twice(&site.served_per_path());
+        let retried = twice(&per_path) - dups;
         let private = per_path
             .iter()
             .filter(|(p, _)| p.starts_with("/private/"))
@@ -253,7 +262,7 @@ fn serve_farm(pass: Pass) {
             max_1s = max_1s.max(i - j + 1);
         }
         println!(
-            "seen requests={} paths={} duplicates={dups} disallowed={private} direct={direct} max_1s={max_1s} cpu_s={:.2}",
+            "seen requests={} paths={} duplicates={dups} retried={retried} disallowed={private} direct={direct} max_1s={max_1s} cpu_s={:.2}",
             log.len(),
             per_path.len(),
             farm_cpu.as_secs_f64()
@@ -369,10 +378,11 @@ fn measure(pass: Pass) {
     );
     let s = |k: &str| seen.get(k).copied().unwrap_or(-1.0);
     println!(
-        "[{}] site saw: duplicates {} (target 0), robots-disallowed {} (target 0), direct {} (target 0), \
-         most requests in 1 s {}",
+        "[{}] site saw: pages served twice {} (target 0), requests answered by a ban page or 429 and retried {}, \
+         robots-disallowed {} (target 0), direct {} (target 0), most requests in 1 s {}",
         pass.name,
         s("duplicates"),
+        s("retried"),
         s("disallowed"),
         s("direct"),
         s("max_1s"),

@@ -163,6 +163,9 @@ pub struct Hit {
 struct Log {
     hits: Vec<Hit>,
     per_path: HashMap<String, usize>,
+    /// Answers per path that carried the page itself: not a ban page, a
+    /// 429 of the rate limit, or robots.txt.
+    served_per_path: HashMap<String, usize>,
     in_flight: usize,
     max_in_flight: usize,
     /// TCP connections accepted.
@@ -281,6 +284,12 @@ impl Site {
         self.log.lock().unwrap().per_path.clone()
     }
 
+    /// Answers per path that carried the page itself (a ban page or a
+    /// rate-limit 429 is a request, not the page).
+    pub fn served_per_path(&self) -> HashMap<String, usize> {
+        self.log.lock().unwrap().served_per_path.clone()
+    }
+
     /// TCP connections accepted so far (keep-alive reuses one).
     pub fn connections(&self) -> usize {
         self.log.lock().unwrap().connections
@@ -339,6 +348,11 @@ async fn answer(
     } else if path == "/robots.txt" {
         opts.robots.clone().unwrap_or_else(|| Reply::status(404))
     } else {
+        *log.lock()
+            .unwrap()
+            .served_per_path
+            .entry(path.clone())
+            .or_insert(0) += 1;
         (opts.handler)(&path, hit)
     };
     log.lock().unwrap().in_flight -= 1;
