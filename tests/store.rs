@@ -887,3 +887,67 @@ async fn counts_stay_exact_across_harvest_check_and_purge() {
         scanned(&path)
     );
 }
+
+/// The daemon indexes its own check results as it commits them: reading
+/// changed rows back skips the rows of the change numbers it names, yet
+/// moves past them, and says when a page was full.
+#[tokio::test]
+async fn changed_rows_of_known_change_numbers_are_skipped_not_lost() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("p.db")).unwrap();
+    store
+        .record_source_run(run("a", 1_000), hinted(3, "DE"))
+        .await
+        .unwrap();
+    let ids: Vec<i64> = store
+        .list_proxies(ProxyFilter::default())
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.id)
+        .collect();
+    let policy = proxywarden::model::RecheckPolicy {
+        alive: std::time::Duration::from_secs(600),
+        dead: std::time::Duration::from_secs(60),
+        dead_max: std::time::Duration::from_secs(3600),
+    };
+    let now = proxywarden::store::now_ms();
+    let ours = store
+        .record_checks(
+            vec![common::alive_at(ids[0], now), common::alive_at(ids[1], now)],
+            policy,
+        )
+        .await
+        .unwrap();
+    assert_eq!(ours.records.len(), 2);
+    let theirs = store
+        .record_checks(vec![common::alive_at(ids[2], now)], policy)
+        .await
+        .unwrap();
+    assert!(theirs.seq > ours.seq);
+    let before = ours.seq - 1;
+
+    let (records, mark, full) = store
+        .changed_since(before, 100, vec![ours.seq])
+        .await
+        .unwrap();
+    let read: Vec<i64> = records.iter().map(|r| r.id).collect();
+    assert_eq!((read, mark, full), (vec![ids[2]], theirs.seq, false));
+
+    // A page that holds only known rows is full, reads nothing, and the
+    // next page starts after them.
+    let (records, mark, full) = store
+        .changed_since(before, 2, vec![ours.seq])
+        .await
+        .unwrap();
+    assert_eq!((records.len(), mark, full), (0, ours.seq, true));
+    let (records, _, _) = store.changed_since(mark, 2, vec![ours.seq]).await.unwrap();
+    assert_eq!(
+        records.iter().map(|r| r.id).collect::<Vec<_>>(),
+        vec![ids[2]]
+    );
+
+    // Without the known numbers every changed row is read.
+    let (records, _, _) = store.changed_since(before, 100, vec![]).await.unwrap();
+    assert_eq!(records.len(), 3);
+}

@@ -42,12 +42,14 @@ impl IndexSync {
 
     async fn catch_up(&mut self) {
         loop {
-            match self.store.changed_since(self.mark, PAGE).await {
-                Ok((records, mark)) => {
-                    let n = records.len();
+            // Most changed rows are this daemon's own check results,
+            // indexed when they were committed: they are not read again.
+            let known = self.feedback.applied_after(self.mark);
+            match self.store.changed_since(self.mark, PAGE, known).await {
+                Ok((records, mark, full)) => {
                     // Rows no longer alive leave the index; alive ones are
-                    // (re)indexed with what the record says now. Most rows
-                    // are this daemon's own writes, indexed already.
+                    // (re)indexed with what the record says now. Other own
+                    // writes are indexed already too.
                     let index = self.feedback.index();
                     let records: Vec<_> = records
                         .into_iter()
@@ -56,7 +58,7 @@ impl IndexSync {
                     self.feedback.apply(records);
                     let moved = mark != self.mark;
                     self.mark = mark;
-                    if n < PAGE || !moved {
+                    if !moved || !full {
                         return;
                     }
                 }

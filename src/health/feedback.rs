@@ -4,7 +4,7 @@
 //! re-checks are queued, (proxy, site) bans are kept, and counters reach
 //! the store.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -112,7 +112,14 @@ struct Inner {
     worked: Mutex<HashMap<i64, u64>>,
     /// True while a flush of `worked` is scheduled.
     flush_scheduled: AtomicBool,
+    /// Change numbers of check batches whose committed rows are in the
+    /// index already, so reading changed rows back can skip them.
+    applied: Mutex<BTreeSet<i64>>,
 }
+
+/// Change numbers kept in `applied` at most (without a reader that takes
+/// them, the oldest go: their rows are then just read back once more).
+const APPLIED_MAX: usize = 4096;
 
 /// A cheap, cloneable handle: every verdict on a proxy goes through it.
 #[derive(Clone)]
@@ -146,6 +153,7 @@ impl Feedback {
                 ban_count: std::sync::atomic::AtomicUsize::new(0),
                 worked: Mutex::default(),
                 flush_scheduled: AtomicBool::new(false),
+                applied: Mutex::default(),
             }),
         }
     }
@@ -386,21 +394,34 @@ impl Feedback {
         policy: RecheckPolicy,
     ) -> Result<Vec<CheckRecord>, StoreError> {
         let ids: Vec<i64> = batch.iter().map(|r| r.id).collect();
-        let records = self
+        let recorded = self
             .inner
             .store
             .record_checks(batch.clone(), policy)
             .await?;
         // A proxy whose detected scheme merged it into another row is gone
         // under its old id.
-        let present: HashSet<i64> = records.iter().map(|r| r.id).collect();
+        let present: HashSet<i64> = recorded.records.iter().map(|r| r.id).collect();
         for id in ids {
             if !present.contains(&id) {
                 self.inner.index.remove(id);
             }
         }
-        self.apply(records);
+        self.apply(recorded.records);
+        let mut applied = lock(&self.inner.applied);
+        applied.insert(recorded.seq);
+        if applied.len() > APPLIED_MAX {
+            applied.pop_first();
+        }
         Ok(batch)
+    }
+
+    /// The change numbers after `after` whose rows this feedback brought
+    /// into the index itself, sorted; those up to `after` are forgotten.
+    pub fn applied_after(&self, after: i64) -> Vec<i64> {
+        let mut applied = lock(&self.inner.applied);
+        *applied = applied.split_off(&(after + 1));
+        applied.iter().copied().collect()
     }
 
     /// Brings stored records into the index, except that a proxy hidden

@@ -57,6 +57,16 @@ impl DueCursor {
     };
 }
 
+/// What [`Store::record_checks`] committed.
+#[derive(Debug)]
+pub struct Recorded {
+    /// The stored records of the checked proxies as committed (a proxy
+    /// whose detected scheme merged it into another row is that row).
+    pub records: Vec<ProxyRecord>,
+    /// The change number the write stamped its rows with.
+    pub seq: i64,
+}
+
 /// One check's result, ready to record.
 #[derive(Clone, Debug)]
 pub struct CheckRecord {
@@ -161,17 +171,20 @@ impl Store {
     /// Records a batch of results and schedules each proxy's next check:
     /// alive after `policy.alive` less up to a quarter (so re-checks spread
     /// out over time instead of coming in waves); dead after `policy.dead` doubled per
-    /// consecutive failure, capped at `policy.dead_max`. Returns the stored
-    /// records of the checked proxies as committed (a proxy whose detected
-    /// scheme merged it into another row is returned as that row).
+    /// consecutive failure, capped at `policy.dead_max`. Returns what it
+    /// committed.
     pub async fn record_checks(
         &self,
         batch: Vec<CheckRecord>,
         policy: RecheckPolicy,
-    ) -> Result<Vec<ProxyRecord>, StoreError> {
+    ) -> Result<Recorded, StoreError> {
         self.write_weighted(batch.len(), move |tx| {
             let ids = record_checks(tx, &batch, policy)?;
-            proxies_by_ids(tx, &ids)
+            let seq = tx.query_row("SELECT change_seq FROM meta", [], |r| r.get(0))?;
+            Ok(Recorded {
+                records: proxies_by_ids(tx, &ids)?,
+                seq,
+            })
         })
         .await
     }
@@ -184,12 +197,16 @@ impl Store {
     }
 
     /// The proxies changed after change number `after` (at most `limit`,
-    /// oldest change first) and the change number to ask from next time.
+    /// oldest change first), the change number to ask from next time, and
+    /// whether there may be more. Rows last stamped with a change number
+    /// in `known` (sorted; the caller has them already) count towards
+    /// `limit` but are not read.
     pub async fn changed_since(
         &self,
         after: i64,
         limit: usize,
-    ) -> Result<(Vec<ProxyRecord>, i64), StoreError> {
+        known: Vec<i64>,
+    ) -> Result<(Vec<ProxyRecord>, i64, bool), StoreError> {
         self.read(move |c| {
             let ids: Vec<(i64, i64)> = c
                 .prepare_cached(
@@ -208,8 +225,13 @@ impl Store {
             } else {
                 last
             };
-            let ids: Vec<i64> = ids.into_iter().map(|(id, _)| id).collect();
-            Ok((proxies_by_ids(c, &ids)?, mark.max(after)))
+            let full = ids.len() == limit;
+            let ids: Vec<i64> = ids
+                .into_iter()
+                .filter(|(_, seq)| known.binary_search(seq).is_err())
+                .map(|(id, _)| id)
+                .collect();
+            Ok((proxies_by_ids(c, &ids)?, mark.max(after), full))
         })
         .await
     }

@@ -9,7 +9,7 @@ mod migrate;
 mod queries;
 mod writer;
 
-pub use checks::{CheckRecord, DueCursor, DueLane, DueProxy};
+pub use checks::{CheckRecord, DueCursor, DueLane, DueProxy, Recorded};
 pub use crawls::CrawlJobRecord;
 pub use queries::{
     Page, Presence, ProxyFilter, ProxyRecord, ProxySort, SourceRecord, SourceRun, Stats,
