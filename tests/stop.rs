@@ -48,16 +48,9 @@ fn free_port() -> u16 {
         .port()
 }
 
-/// A direct client with the crate's TLS setup (no other provider is built).
+/// A direct client that waits as long as the deadline of the whole test.
 fn client() -> reqwest::Client {
-    let tls =
-        proxywarden::net::tls::client_config(None, proxywarden::net::tls::ALPN_H2_H1).unwrap();
-    reqwest::Client::builder()
-        .tls_backend_preconfigured(std::sync::Arc::unwrap_or_clone(tls))
-        .no_proxy()
-        .timeout(Duration::from_secs(60))
-        .build()
-        .unwrap()
+    common::daemon::client(Duration::from_secs(60))
 }
 
 /// Waits (with a deadline) until `serve` on `port` answers `/healthz`.

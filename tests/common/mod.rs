@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod config;
+pub mod daemon;
 pub mod fakes;
 pub mod judges;
 pub mod site;
