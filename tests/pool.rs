@@ -17,20 +17,11 @@ use common::fakes::{
     http_proxy, ip,
 };
 use common::site::{CAPTCHA_PAGE, Reply, Site, SiteOpts};
-use common::{AliveProxy, store_with_alive};
+use common::{AliveProxy, store_with_alive, within};
 use proxywarden::health::{Feedback, ProxyQuery, load_index};
 use proxywarden::pool::{Carrier, FetchError, NoProxy, Pool, PoolOptions, Request, StrategyKind};
 use proxywarden::proxy::{Country, Scheme};
 use proxywarden::store::{DueCursor, DueLane, Store};
-
-/// No test may take longer than this, whatever a server does.
-const TEST_LIMIT: Duration = Duration::from_secs(30);
-
-async fn within<F: Future<Output = ()>>(body: F) {
-    tokio::time::timeout(TEST_LIMIT, body)
-        .await
-        .expect("test exceeded its time limit");
-}
 
 async fn odd_proxy(behavior: Behavior) -> FakeHttpProxy {
     FakeHttpProxy::start(HttpProxyOpts {
