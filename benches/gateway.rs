@@ -374,43 +374,42 @@ fn cpu_now(farm: &Farm) -> (f64, f64) {
 /// elsewhere on the machine falls on both paths alike.
 const SLICES: u32 = 4;
 
-/// `CLIENTS` workers each repeating `one(i, …)` until the time is up.
-async fn throughput<F, Fut>(one: F, farm: &Farm, gateway: SocketAddr, run_for: Duration) -> Tally
+/// What the workers of a throughput pass share: their counts and the
+/// signal to stop.
+#[derive(Clone, Default)]
+struct Counts {
+    done: Arc<AtomicU64>,
+    failed: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+}
+
+impl Counts {
+    fn running(&self) -> bool {
+        !self.stop.load(Ordering::Relaxed)
+    }
+
+    fn count(&self, ok: bool) {
+        let n = if ok { &self.done } else { &self.failed };
+        n.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// `CLIENTS` workers, `worker(w, counts)` each, told to stop after
+/// `run_for`: what they did and the CPU it took.
+async fn run_workers<W, Fut>(farm: &Farm, run_for: Duration, worker: W) -> Tally
 where
-    F: Fn(usize, SocketAddr, Arc<Vec<SocketAddr>>, SocketAddr) -> Fut + Clone + Send + 'static,
-    Fut: std::future::Future<Output = bool> + Send,
+    W: Fn(usize, Counts) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
 {
-    let done = Arc::new(AtomicU64::new(0));
-    let failed = Arc::new(AtomicU64::new(0));
-    let stop = Arc::new(AtomicBool::new(false));
-    let proxies = Arc::new(farm.proxies.clone());
-    let mut tasks = Vec::new();
+    let counts = Counts::default();
     let cpu0 = cpu_now(farm);
     let t0 = Instant::now();
-    for w in 0..CLIENTS {
-        let (one, done, failed, stop, proxies) = (
-            one.clone(),
-            done.clone(),
-            failed.clone(),
-            stop.clone(),
-            proxies.clone(),
-        );
-        let (site, target) = (farm.site, gateway);
-        tasks.push(tokio::spawn(async move {
-            let mut i = w;
-            while !stop.load(Ordering::Relaxed) {
-                if one(i, site, proxies.clone(), target).await {
-                    done.fetch_add(1, Ordering::Relaxed);
-                } else {
-                    failed.fetch_add(1, Ordering::Relaxed);
-                }
-                i += 1;
-            }
-        }));
-    }
+    let tasks: Vec<_> = (0..CLIENTS)
+        .map(|w| tokio::spawn(worker(w, counts.clone())))
+        .collect();
     tokio::time::sleep(run_for).await;
-    stop.store(true, Ordering::Relaxed);
-    let counted = done.load(Ordering::Relaxed);
+    counts.stop.store(true, Ordering::Relaxed);
+    let counted = counts.done.load(Ordering::Relaxed);
     let took = t0.elapsed();
     for t in tasks {
         let _ = t.await;
@@ -418,58 +417,55 @@ where
     let cpu1 = cpu_now(farm);
     Tally {
         done: counted,
-        failed: failed.load(Ordering::Relaxed),
+        failed: counts.failed.load(Ordering::Relaxed),
         secs: took.as_secs_f64(),
         cpu_here: cpu1.0 - cpu0.0,
         cpu_farm: cpu1.1 - cpu0.1,
     }
 }
 
+/// `CLIENTS` workers each repeating `one(i, …)` until the time is up.
+async fn throughput<F, Fut>(one: F, farm: &Farm, gateway: SocketAddr, run_for: Duration) -> Tally
+where
+    F: Fn(usize, SocketAddr, Arc<Vec<SocketAddr>>, SocketAddr) -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = bool> + Send,
+{
+    let proxies = Arc::new(farm.proxies.clone());
+    let site = farm.site;
+    run_workers(farm, run_for, |w, counts| {
+        let (one, proxies) = (one.clone(), proxies.clone());
+        async move {
+            let mut i = w;
+            while counts.running() {
+                counts.count(one(i, site, proxies.clone(), gateway).await);
+                i += 1;
+            }
+        }
+    })
+    .await
+}
+
 /// Plain GETs through the gateway (`Some`) or directly through the
 /// upstreams in turn (`None`), each worker on its own kept-alive
 /// connections.
 async fn throughput_kept(farm: &Farm, gateway: Option<SocketAddr>, run_for: Duration) -> Tally {
-    let done = Arc::new(AtomicU64::new(0));
-    let failed = Arc::new(AtomicU64::new(0));
-    let stop = Arc::new(AtomicBool::new(false));
-    let mut tasks = Vec::new();
-    let cpu0 = cpu_now(farm);
-    let t0 = Instant::now();
-    for w in 0..CLIENTS {
-        let (done, failed, stop, site) = (done.clone(), failed.clone(), stop.clone(), farm.site);
+    let site = farm.site;
+    run_workers(farm, run_for, |w, counts| {
         let proxies = farm.proxies.clone();
-        tasks.push(tokio::spawn(async move {
+        async move {
             let mut conns: Vec<Option<Sender>> = (0..UPSTREAMS).map(|_| None).collect();
             let mut i = w;
-            while !stop.load(Ordering::Relaxed) {
+            while counts.running() {
                 let (conn, to) = match gateway {
                     Some(gw) => (&mut conns[0], gw),
                     None => (&mut conns[i % UPSTREAMS], proxies[i % UPSTREAMS]),
                 };
                 i += 1;
-                if fetch_on(conn, to, site).await {
-                    done.fetch_add(1, Ordering::Relaxed);
-                } else {
-                    failed.fetch_add(1, Ordering::Relaxed);
-                }
+                counts.count(fetch_on(conn, to, site).await);
             }
-        }));
-    }
-    tokio::time::sleep(run_for).await;
-    stop.store(true, Ordering::Relaxed);
-    let counted = done.load(Ordering::Relaxed);
-    let took = t0.elapsed();
-    for t in tasks {
-        let _ = t.await;
-    }
-    let cpu1 = cpu_now(farm);
-    Tally {
-        done: counted,
-        failed: failed.load(Ordering::Relaxed),
-        secs: took.as_secs_f64(),
-        cpu_here: cpu1.0 - cpu0.0,
-        cpu_farm: cpu1.1 - cpu0.1,
-    }
+        }
+    })
+    .await
 }
 
 fn report(pass: &str, what: &str, direct: Tally, via: Tally, target: f64) {
