@@ -587,35 +587,49 @@ fn send_signal(signal: &str, pid: u32) {
     assert!(kill.success());
 }
 
+/// `proxywarden check` started in `dir` with its output piped, once
+/// `harvest` has stored the proxies of `list` (the text of its one source):
+/// it checks them over HTTP against `judge`, ten at a time, with
+/// `connect_timeout` and `timeout` (TOML durations).
+async fn harvested_check(
+    dir: &Path,
+    judge: &Judge,
+    list: &str,
+    connect_timeout: &str,
+    timeout: &str,
+) -> tokio::process::Child {
+    std::fs::write(dir.join("list.txt"), list).unwrap();
+    let toml = format!(
+        "[database]\npath = \"test.db\"\n[check]\njudges = [\"{}\"]\nconcurrency = 10\n\
+         connect_timeout = \"{connect_timeout}\"\ntimeout = \"{timeout}\"\nhttps = false\n\
+         [[sources]]\nname = \"list\"\nurl = \"list.txt\"\n",
+        judge.url()
+    );
+    std::fs::write(dir.join("proxywarden.toml"), toml).unwrap();
+    let bin = env!("CARGO_BIN_EXE_proxywarden");
+    let harvest = tokio::process::Command::new(bin)
+        .arg("harvest")
+        .current_dir(dir)
+        .output()
+        .await
+        .unwrap();
+    assert!(harvest.status.success());
+    tokio::process::Command::new(bin)
+        .arg("check")
+        .current_dir(dir)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap()
+}
+
 async fn check_stops_on(signal: &str) {
     let dir = tempfile::tempdir().unwrap();
     let judge = Judge::plain().await;
     let farm = FakeFarm::start(20, 200, Some(exit_ip())).await;
     let entries = farm_list(&farm);
-    std::fs::write(dir.path().join("list.txt"), entries.join("\n")).unwrap();
-    let toml = format!(
-        "[database]\npath = \"test.db\"\n[check]\njudges = [\"{}\"]\nconcurrency = 10\n\
-         connect_timeout = \"1s\"\ntimeout = \"2s\"\nhttps = false\n\
-         [[sources]]\nname = \"list\"\nurl = \"list.txt\"\n",
-        judge.url()
-    );
-    std::fs::write(dir.path().join("proxywarden.toml"), toml).unwrap();
-    let bin = env!("CARGO_BIN_EXE_proxywarden");
-    let harvest = tokio::process::Command::new(bin)
-        .arg("harvest")
-        .current_dir(dir.path())
-        .output()
-        .await
-        .unwrap();
-    assert!(harvest.status.success());
-
-    let child = tokio::process::Command::new(bin)
-        .arg("check")
-        .current_dir(dir.path())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let child = harvested_check(dir.path(), &judge, &entries.join("\n"), "1s", "2s").await;
     let pid = child.id().unwrap();
     // Interrupt once results are committed (the writer flushes every second).
     let db = dir.path().join("test.db");
@@ -670,30 +684,7 @@ async fn a_second_ctrl_c_ends_the_check_command_at_once() {
             }
         })
     };
-    std::fs::write(dir.path().join("list.txt"), format!("{addr}\n")).unwrap();
-    let toml = format!(
-        "[database]\npath = \"test.db\"\n[check]\njudges = [\"{}\"]\nconcurrency = 10\n\
-         connect_timeout = \"10s\"\ntimeout = \"60s\"\nhttps = false\n\
-         [[sources]]\nname = \"list\"\nurl = \"list.txt\"\n",
-        judge.url()
-    );
-    std::fs::write(dir.path().join("proxywarden.toml"), toml).unwrap();
-    let bin = env!("CARGO_BIN_EXE_proxywarden");
-    let harvest = tokio::process::Command::new(bin)
-        .arg("harvest")
-        .current_dir(dir.path())
-        .output()
-        .await
-        .unwrap();
-    assert!(harvest.status.success());
-    let mut child = tokio::process::Command::new(bin)
-        .arg("check")
-        .current_dir(dir.path())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+    let mut child = harvested_check(dir.path(), &judge, &format!("{addr}\n"), "10s", "60s").await;
     let pid = child.id().unwrap();
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     while accepted.load(Ordering::Relaxed) == 0 {
