@@ -1028,21 +1028,7 @@ impl Scene {
 /// dead or lying still come out dead, confirmed by the healthy judge.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_judge_turning_to_random_content_kills_no_proxy() {
-    let dir = tempfile::tempdir().unwrap();
-    let faulted = Arc::new(AtomicUsize::new(0));
-    let turning = Judge::plain_with(Judge::turning(6, Fault::RandomContent, faulted.clone())).await;
-    let good = Judge::plain().await;
-    let scene = Scene::start(false).await;
-    let judges = format!(r#"["{}", "{}"]"#, turning.url(), good.url());
-    let (config, store) = scene.stored(dir.path(), &judges).await;
-    let summary = run_round(&config, &store, false).await.unwrap();
-    assert!(
-        faulted.load(Ordering::Relaxed) >= 3,
-        "checks met the fault: {}",
-        faulted.load(Ordering::Relaxed)
-    );
-    assert_eq!(summary.alive, 40, "{summary:?}");
-    scene.assert_verdicts(&store).await;
+    one_of_two_judges_turning(Fault::RandomContent, false, 3, "fault").await;
 }
 
 /// Issue 9, Must 4 (b): of two judges, one stops answering mid-round. No
@@ -1050,19 +1036,27 @@ async fn a_judge_turning_to_random_content_kills_no_proxy() {
 /// once the healthy judge confirms it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_judge_stalling_mid_round_kills_no_proxy() {
+    one_of_two_judges_turning(Fault::Stall, true, 1, "stall").await;
+}
+
+/// A round of the scene (with a proxy that went silent if `with_silent`)
+/// against two judges, the first turning to `fault` after six requests: at
+/// least `at_least` checks meet the fault (`what` in the message), all 40
+/// working proxies stay alive and the others get their verdicts.
+async fn one_of_two_judges_turning(fault: Fault, with_silent: bool, at_least: usize, what: &str) {
     let dir = tempfile::tempdir().unwrap();
     let faulted = Arc::new(AtomicUsize::new(0));
-    let stalling = Judge::plain_with(Judge::turning(6, Fault::Stall, faulted.clone())).await;
+    let turning = Judge::plain_with(Judge::turning(6, fault, faulted.clone())).await;
     let good = Judge::plain().await;
-    let scene = Scene::start(true).await;
-    let judges = format!(r#"["{}", "{}"]"#, stalling.url(), good.url());
+    let scene = Scene::start(with_silent).await;
+    let judges = format!(r#"["{}", "{}"]"#, turning.url(), good.url());
     let (config, store) = scene.stored(dir.path(), &judges).await;
     let summary = common::within(run_round(&config, &store, false))
         .await
         .unwrap();
     assert!(
-        faulted.load(Ordering::Relaxed) >= 1,
-        "checks met the stall: {}",
+        faulted.load(Ordering::Relaxed) >= at_least,
+        "checks met the {what}: {}",
         faulted.load(Ordering::Relaxed)
     );
     assert_eq!(summary.alive, 40, "{summary:?}");
