@@ -56,6 +56,18 @@ async fn live_pool(
     (pool, store, ids)
 }
 
+/// A round-robin pool with quick limits over `proxies`, taken in turn.
+async fn round_robin_pool(
+    dir: &std::path::Path,
+    proxies: &[AliveProxy],
+) -> (Pool, Store, Vec<i64>) {
+    let opts = PoolOptions {
+        strategy: StrategyKind::RoundRobin,
+        ..quick()
+    };
+    live_pool(dir, proxies, opts).await
+}
+
 fn peers(site: &Site) -> Vec<IpAddr> {
     site.log().iter().map(|h| h.peer).collect()
 }
@@ -318,13 +330,9 @@ async fn a_proxy_that_dies_mid_run_is_cooled_down_and_dropped() {
         let site = Site::start(SiteOpts::new(|_, _| Reply::html("ok"))).await;
         let a = http_proxy(2).await;
         let b = http_proxy(3).await;
-        let (pool, store, ids) = live_pool(
+        let (pool, store, ids) = round_robin_pool(
             dir.path(),
             &[AliveProxy::new(a.url()), AliveProxy::new(b.url())],
-            PoolOptions {
-                strategy: StrategyKind::RoundRobin,
-                ..quick()
-            },
         )
         .await;
         for n in 0..4 {
@@ -364,13 +372,9 @@ async fn a_proxy_banned_by_one_site_still_serves_another() {
         let lenient = Site::start(SiteOpts::new(|_, _| Reply::html("news"))).await;
         let a = http_proxy(2).await;
         let b = http_proxy(3).await;
-        let (pool, _, ids) = live_pool(
+        let (pool, _, ids) = round_robin_pool(
             dir.path(),
             &[AliveProxy::new(a.url()), AliveProxy::new(b.url())],
-            PoolOptions {
-                strategy: StrategyKind::RoundRobin,
-                ..quick()
-            },
         )
         .await;
         for n in 0..5 {
@@ -440,13 +444,9 @@ async fn a_captive_portal_is_never_returned_as_content() {
         let site = Site::start(SiteOpts::new(|_, _| Reply::html("<p>the real page</p>"))).await;
         let liar = odd_proxy(Behavior::Liar).await;
         let good = http_proxy(3).await;
-        let (pool, _, ids) = live_pool(
+        let (pool, _, ids) = round_robin_pool(
             dir.path(),
             &[AliveProxy::new(liar.url()), AliveProxy::new(good.url())],
-            PoolOptions {
-                strategy: StrategyKind::RoundRobin,
-                ..quick()
-            },
         )
         .await;
         for n in 0..4 {
@@ -488,13 +488,9 @@ async fn a_proxy_that_accepts_and_never_answers_costs_seconds() {
         let site = Site::start(SiteOpts::new(|_, _| Reply::html("ok"))).await;
         let hang = odd_proxy(Behavior::Hang).await;
         let good = http_proxy(3).await;
-        let (pool, _, ids) = live_pool(
+        let (pool, _, ids) = round_robin_pool(
             dir.path(),
             &[AliveProxy::new(hang.url()), AliveProxy::new(good.url())],
-            PoolOptions {
-                strategy: StrategyKind::RoundRobin,
-                ..quick()
-            },
         )
         .await;
         let started = Instant::now();
@@ -937,15 +933,7 @@ async fn a_dead_proxy_costs_the_site_no_turn() {
             .map(|d| AliveProxy::new(format!("http://{}", d.addr())))
             .collect();
         proxies.push(AliveProxy::new(alive.url()));
-        let (pool, _, _) = live_pool(
-            dir.path(),
-            &proxies,
-            PoolOptions {
-                strategy: StrategyKind::RoundRobin,
-                ..quick()
-            },
-        )
-        .await;
+        let (pool, _, _) = round_robin_pool(dir.path(), &proxies).await;
         let pacer = Arc::new(CountingPacer::default());
         let req = Request::new(site.url("/a").parse().unwrap())
             .unwrap()
