@@ -606,9 +606,7 @@ fn urls_once(out: &[serde_json::Value]) -> HashSet<String> {
 async fn a_killed_crawl_resumes_without_fetching_pages_again() {
     within(async {
         let dir = tempfile::tempdir().unwrap();
-        let mut opts = SiteOpts::new(|p, _| tree_page(p, 80, 3));
-        opts.latency = Duration::from_millis(30);
-        let site = Site::start(opts).await;
+        let site = Site::tree(80, 3, Duration::from_millis(30)).await;
         let proxies = [http_proxy(2).await, http_proxy(3).await];
         let config = binary_setup(
             dir.path(),
@@ -678,9 +676,7 @@ async fn a_killed_crawl_resumes_without_fetching_pages_again() {
 async fn ctrl_c_finishes_the_pages_in_flight_and_exits_130() {
     within(async {
         let dir = tempfile::tempdir().unwrap();
-        let mut opts = SiteOpts::new(|p, _| tree_page(p, 120, 4));
-        opts.latency = Duration::from_millis(50);
-        let site = Site::start(opts).await;
+        let site = Site::tree(120, 4, Duration::from_millis(50)).await;
         let a = http_proxy(2).await;
         let config = binary_setup(dir.path(), &[AliveProxy::new(a.url())]).await;
         let out = dir.path().join("pages.jsonl");
@@ -729,9 +725,7 @@ async fn ctrl_c_finishes_the_pages_in_flight_and_exits_130() {
 async fn a_terminal_shows_a_progress_line_and_a_pipe_only_the_summary() {
     within(async {
         let dir = tempfile::tempdir().unwrap();
-        let mut opts = SiteOpts::new(|p, _| tree_page(p, 30, 3));
-        opts.latency = Duration::from_millis(60);
-        let site = Site::start(opts).await;
+        let site = Site::tree(30, 3, Duration::from_millis(60)).await;
         let a = http_proxy(2).await;
         let config = binary_setup(dir.path(), &[AliveProxy::new(a.url())]).await;
         let url = site.url("/");

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use common::daemon::{Daemon, status_json};
 use common::fakes::{FakeHttpProxy, HttpProxyOpts};
-use common::site::{Site, SiteOpts, tree_page};
+use common::site::Site;
 use common::{AliveProxy, store_with_alive};
 
 /// A daemon on `dir/daemon.db` with one crawl job at a time, guarded by
@@ -101,12 +101,8 @@ async fn proxies() -> Vec<FakeHttpProxy> {
 async fn crawl_jobs_run_stream_cancel_and_continue_after_a_restart() {
     common::within(async {
         let dir = tempfile::tempdir().unwrap();
-        let mut opts = SiteOpts::new(|p, _| tree_page(p, 40, 3));
-        opts.latency = Duration::from_millis(60);
-        let site = Site::start(opts).await;
-        let mut slow = SiteOpts::new(|p, _| tree_page(p, 400, 4));
-        slow.latency = Duration::from_millis(100);
-        let slow = Site::start(slow).await;
+        let site = Site::tree(40, 3, Duration::from_millis(60)).await;
+        let slow = Site::tree(400, 4, Duration::from_millis(100)).await;
         let farm = proxies().await;
         let alive: Vec<AliveProxy> = farm.iter().map(|p| AliveProxy::new(p.url())).collect();
         let (store, _) = store_with_alive(&dir.path().join("daemon.db"), &alive).await;

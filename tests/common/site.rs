@@ -187,6 +187,14 @@ impl Drop for Site {
 }
 
 impl Site {
+    /// A site of `n` [`tree_page`]s with `fanout` links each, answering
+    /// every request after `latency`.
+    pub async fn tree(n: usize, fanout: usize, latency: Duration) -> Site {
+        let mut opts = SiteOpts::new(move |p, _| tree_page(p, n, fanout));
+        opts.latency = latency;
+        Site::start(opts).await
+    }
+
     /// Binds 127.0.0.1:0 and serves.
     pub async fn start(opts: SiteOpts) -> Site {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
