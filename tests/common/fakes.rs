@@ -913,8 +913,9 @@ pub struct SocksOpts {
     pub listen: Option<IpAddr>,
 }
 
-/// A loopback SOCKS4/SOCKS4a server (CONNECT only). Dropping it stops it.
-pub struct FakeSocks4 {
+/// A loopback SOCKS server of version `V` (4 or 5), CONNECT only.
+/// Dropping it stops it.
+pub struct FakeSocks<const V: u8> {
     server: Server,
     /// Connections accepted.
     count: Arc<AtomicUsize>,
@@ -922,15 +923,11 @@ pub struct FakeSocks4 {
     targets: Recorder,
 }
 
-/// A loopback SOCKS5 server (CONNECT only, RFC 1928/1929). Dropping it
-/// stops it.
-pub struct FakeSocks5 {
-    server: Server,
-    /// Connections accepted.
-    count: Arc<AtomicUsize>,
-    /// Destinations of well-formed requests.
-    targets: Recorder,
-}
+/// A loopback SOCKS4/SOCKS4a server (CONNECT only).
+pub type FakeSocks4 = FakeSocks<4>;
+
+/// A loopback SOCKS5 server (CONNECT only, RFC 1928/1929).
+pub type FakeSocks5 = FakeSocks<5>;
 
 /// Which SOCKS dialect a server speaks.
 #[derive(Clone, Copy)]
@@ -975,12 +972,19 @@ async fn socks_conn(
     }
 }
 
-impl FakeSocks4 {
+impl<const V: u8> FakeSocks<V> {
     /// Binds and starts serving; the server accepts connections on return.
-    pub async fn start(opts: SocksOpts) -> FakeSocks4 {
+    pub async fn start(opts: SocksOpts) -> FakeSocks<V> {
+        let version = const {
+            match V {
+                4 => SocksVersion::Four,
+                5 => SocksVersion::Five,
+                _ => panic!("SOCKS versions are 4 and 5"),
+            }
+        };
         let listener = bind(opts.listen);
-        let (server, count, targets) = serve_socks(listener, opts, SocksVersion::Four);
-        FakeSocks4 {
+        let (server, count, targets) = serve_socks(listener, opts, version);
+        FakeSocks {
             server,
             count,
             targets,
@@ -992,43 +996,9 @@ impl FakeSocks4 {
         self.server.addr
     }
 
-    /// `socks4://ip:port`.
+    /// `socks4://ip:port` or `socks5://ip:port`.
     pub fn url(&self) -> String {
-        format!("socks4://{}", self.server.addr)
-    }
-
-    /// How many connections it has accepted.
-    pub fn requests(&self) -> usize {
-        self.count.load(Ordering::SeqCst)
-    }
-
-    /// The destinations it was asked for: names as sent (SOCKS4a, SOCKS5
-    /// address type 3), addresses otherwise.
-    pub fn targets(&self) -> Vec<Requested> {
-        self.targets.all()
-    }
-}
-
-impl FakeSocks5 {
-    /// Binds and starts serving; the server accepts connections on return.
-    pub async fn start(opts: SocksOpts) -> FakeSocks5 {
-        let listener = bind(opts.listen);
-        let (server, count, targets) = serve_socks(listener, opts, SocksVersion::Five);
-        FakeSocks5 {
-            server,
-            count,
-            targets,
-        }
-    }
-
-    /// Where it listens.
-    pub fn addr(&self) -> SocketAddr {
-        self.server.addr
-    }
-
-    /// `socks5://ip:port`.
-    pub fn url(&self) -> String {
-        format!("socks5://{}", self.server.addr)
+        format!("socks{V}://{}", self.server.addr)
     }
 
     /// How many connections it has accepted.
