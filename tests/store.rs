@@ -39,6 +39,16 @@ fn candidates(n: u32) -> Vec<Candidate> {
         .collect()
 }
 
+/// A store at `path` holding `candidates(n)`, listed by one run of `a`.
+async fn store_of(path: &std::path::Path, n: u32) -> Store {
+    let store = Store::open(path).unwrap();
+    store
+        .record_source_run(run("a", 1_000), candidates(n))
+        .await
+        .unwrap();
+    store
+}
+
 #[tokio::test]
 async fn a_fresh_file_is_migrated_in_wal_mode_and_reopens() {
     let dir = tempfile::tempdir().unwrap();
@@ -200,11 +210,7 @@ async fn reads_do_not_wait_for_a_large_write() {
 #[tokio::test]
 async fn listing_pages_are_cut_in_sql() {
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(&dir.path().join("page.db")).unwrap();
-    store
-        .record_source_run(run("a", 1_000), candidates(25))
-        .await
-        .unwrap();
+    let store = store_of(&dir.path().join("page.db"), 25).await;
     let all = store.list_proxies(ProxyFilter::default()).await.unwrap();
     let ids: Vec<i64> = all.iter().map(|r| r.id).collect();
     let page = store
@@ -237,11 +243,7 @@ async fn listing_pages_are_cut_in_sql() {
 async fn a_write_waits_out_another_process_holding_the_lock() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("shared.db");
-    let store = Store::open(&path).unwrap();
-    store
-        .record_source_run(run("a", 1_000), candidates(1))
-        .await
-        .unwrap();
+    let store = store_of(&path, 1).await;
     let (locked_tx, locked) = tokio::sync::oneshot::channel();
     let holder = std::thread::spawn(move || {
         let conn = rusqlite::Connection::open(&path).unwrap();
@@ -263,11 +265,7 @@ async fn a_write_waits_out_another_process_holding_the_lock() {
 #[tokio::test]
 async fn due_proxies_page_once_each_in_due_order() {
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(&dir.path().join("due.db")).unwrap();
-    store
-        .record_source_run(run("a", 1_000), candidates(2_500))
-        .await
-        .unwrap();
+    let store = store_of(&dir.path().join("due.db"), 2_500).await;
     let ids: Vec<i64> = store
         .list_proxies(ProxyFilter::default())
         .await
