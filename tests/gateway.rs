@@ -17,7 +17,7 @@ use common::fakes::{
     closed_port, http_proxy, ip,
 };
 use common::site::{Reply, Site, SiteOpts};
-use common::{AliveProxy, TestConfig, store_with_alive, within};
+use common::{AliveProxy, TestConfig, ThreeCountries, store_with_alive, within};
 use proxywarden::gateway::{self, Gateway};
 use proxywarden::health::{Feedback, load_index};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -393,31 +393,8 @@ async fn filters_in_the_username_or_headers_choose_the_proxy() {
     within(async {
         let dir = tempfile::tempdir().unwrap();
         let site = Site::start(SiteOpts::routes(vec![("/a", Reply::html("page a"))])).await;
-        let de = http_proxy(2).await;
-        let us = http_proxy(3).await;
-        let s5 = FakeSocks5::start(SocksOpts {
-            upstream_bind: Some(ip(4)),
-            ..SocksOpts::default()
-        })
-        .await;
-        let gw = Gw::start(
-            dir.path(),
-            &[
-                AliveProxy {
-                    country: Some("DE"),
-                    ..AliveProxy::new(de.url())
-                },
-                AliveProxy {
-                    country: Some("US"),
-                    ..AliveProxy::new(us.url())
-                },
-                AliveProxy {
-                    country: Some("US"),
-                    ..AliveProxy::new(s5.url())
-                },
-            ],
-        )
-        .await;
+        let three = ThreeCountries::start().await;
+        let gw = Gw::start(dir.path(), &three.alive()).await;
         let client = gw.client(Some(("country-de+anonymity-elite", "")));
         for _ in 0..3 {
             let resp = client.get(site.url("/a")).send().await.unwrap();

@@ -17,7 +17,7 @@ use common::fakes::{
     http_proxy, ip,
 };
 use common::site::{CAPTCHA_PAGE, Reply, Site, SiteOpts};
-use common::{AliveProxy, store_with_alive, within};
+use common::{AliveProxy, ThreeCountries, store_with_alive, within};
 use proxywarden::health::{Feedback, ProxyQuery, load_index};
 use proxywarden::pool::{Carrier, FetchError, NoProxy, Pool, PoolOptions, Request, StrategyKind};
 use proxywarden::proxy::{Country, Scheme};
@@ -205,27 +205,8 @@ async fn filters_choose_which_proxies_carry_requests() {
     within(async {
         let dir = tempfile::tempdir().unwrap();
         let site = Site::start(SiteOpts::new(|_, _| Reply::html("ok"))).await;
-        let de = http_proxy(2).await;
-        let us = http_proxy(3).await;
-        let us5 = FakeSocks5::start(SocksOpts {
-            upstream_bind: Some(ip(4)),
-            ..SocksOpts::default()
-        })
-        .await;
-        let proxies = [
-            AliveProxy {
-                country: Some("DE"),
-                ..AliveProxy::new(de.url())
-            },
-            AliveProxy {
-                country: Some("US"),
-                ..AliveProxy::new(us.url())
-            },
-            AliveProxy {
-                country: Some("US"),
-                ..AliveProxy::new(us5.url())
-            },
-        ];
+        let three = ThreeCountries::start().await;
+        let proxies = three.alive();
         let opts = PoolOptions {
             query: ProxyQuery {
                 countries: vec![Country::parse("US").unwrap()],

@@ -338,6 +338,43 @@ impl AliveProxy {
     }
 }
 
+/// Three working proxies in two countries, each forwarding from its own
+/// address: HTTP in DE (127.0.0.2), HTTP in US (.3) and SOCKS5 in US (.4).
+pub struct ThreeCountries {
+    pub de: fakes::FakeHttpProxy,
+    pub us: fakes::FakeHttpProxy,
+    pub us5: fakes::FakeSocks5,
+}
+
+impl ThreeCountries {
+    /// Starts the three.
+    pub async fn start() -> ThreeCountries {
+        ThreeCountries {
+            de: fakes::http_proxy(2).await,
+            us: fakes::http_proxy(3).await,
+            us5: fakes::FakeSocks5::start(fakes::SocksOpts {
+                upstream_bind: Some(fakes::ip(4)),
+                ..fakes::SocksOpts::default()
+            })
+            .await,
+        }
+    }
+
+    /// The three, in that order, as a store should hold them: alive, with
+    /// their countries.
+    pub fn alive(&self) -> [AliveProxy; 3] {
+        let located = |url: String, country| AliveProxy {
+            country: Some(country),
+            ..AliveProxy::new(url)
+        };
+        [
+            located(self.de.url(), "DE"),
+            located(self.us.url(), "US"),
+            located(self.us5.url(), "US"),
+        ]
+    }
+}
+
 /// Opens a store at `path` holding `proxies`, each passed by a check just
 /// now (as the checker records it); their ids, in the same order.
 pub async fn store_with_alive(
