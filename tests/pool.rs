@@ -32,6 +32,23 @@ async fn odd_proxy(behavior: Behavior) -> FakeHttpProxy {
     .await
 }
 
+/// A proxy misbehaving as `behavior` ahead of a working one from
+/// 127.0.0.3 in a round-robin pool: the two proxies, the pool and their
+/// ids.
+async fn odd_then_good(
+    dir: &std::path::Path,
+    behavior: Behavior,
+) -> (FakeHttpProxy, FakeHttpProxy, Pool, Vec<i64>) {
+    let odd = odd_proxy(behavior).await;
+    let good = http_proxy(3).await;
+    let (pool, _, ids) = round_robin_pool(
+        dir,
+        &[AliveProxy::new(odd.url()), AliveProxy::new(good.url())],
+    )
+    .await;
+    (odd, good, pool, ids)
+}
+
 /// Short limits so that failing proxies cost the tests little.
 fn quick() -> PoolOptions {
     PoolOptions {
@@ -423,13 +440,7 @@ async fn a_captive_portal_is_never_returned_as_content() {
     within(async {
         let dir = tempfile::tempdir().unwrap();
         let site = Site::start(SiteOpts::new(|_, _| Reply::html("<p>the real page</p>"))).await;
-        let liar = odd_proxy(Behavior::Liar).await;
-        let good = http_proxy(3).await;
-        let (pool, _, ids) = round_robin_pool(
-            dir.path(),
-            &[AliveProxy::new(liar.url()), AliveProxy::new(good.url())],
-        )
-        .await;
+        let (liar, _good, pool, ids) = odd_then_good(dir.path(), Behavior::Liar).await;
         for n in 0..4 {
             let page = pool.get(&site.url(&format!("/{n}"))).await.unwrap();
             assert_eq!(page.text(), "<p>the real page</p>");
@@ -467,13 +478,7 @@ async fn a_proxy_that_accepts_and_never_answers_costs_seconds() {
     within(async {
         let dir = tempfile::tempdir().unwrap();
         let site = Site::start(SiteOpts::new(|_, _| Reply::html("ok"))).await;
-        let hang = odd_proxy(Behavior::Hang).await;
-        let good = http_proxy(3).await;
-        let (pool, _, ids) = round_robin_pool(
-            dir.path(),
-            &[AliveProxy::new(hang.url()), AliveProxy::new(good.url())],
-        )
-        .await;
+        let (_hang, _good, pool, ids) = odd_then_good(dir.path(), Behavior::Hang).await;
         let started = Instant::now();
         let page = pool.get(&site.url("/")).await.unwrap();
         let took = started.elapsed();
