@@ -56,9 +56,20 @@ fn config(
         .build()
 }
 
-async fn harvest_and_check(config: &Config) -> (Store, RoundSummary) {
+/// A config checking against `judge` alone, with `entries` as its list.
+fn one_judge_config(dir: &Path, judge: &Judge, entries: &[String]) -> Config {
+    config(dir, &format!(r#"["{}"]"#, judge.url()), "", entries, &[])
+}
+
+/// The store of `config` after one harvest of its sources.
+async fn harvested(config: &Config) -> Store {
     let store = Store::open(&config.database.path).unwrap();
     harvest_all(config, &store).await.unwrap();
+    store
+}
+
+async fn harvest_and_check(config: &Config) -> (Store, RoundSummary) {
+    let store = harvested(config).await;
     let summary = run_round(config, &store, false).await.unwrap();
     (store, summary)
 }
@@ -290,8 +301,7 @@ async fn a_judge_outage_marks_nothing_dead() {
         &[format!("http://{}", proxy.addr())],
         &[],
     );
-    let store = Store::open(&config.database.path).unwrap();
-    harvest_all(&config, &store).await.unwrap();
+    let store = harvested(&config).await;
     let err = run_round(&config, &store, true).await.unwrap_err();
     assert!(matches!(err, CheckError::NoJudge(_)), "{err}");
     assert!(
@@ -312,13 +322,7 @@ async fn httpbin_judges_and_geoip_give_the_exit_country() {
     let proxy = FakeHttpProxy::start(http_opts(ProxyKind::Elite, false)).await;
     let geoip = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures/geoip/GeoLite2-Country-Test.mmdb");
-    let mut config = config(
-        dir.path(),
-        &format!(r#"["{}"]"#, judge.url()),
-        "",
-        &[format!("http://{}", proxy.addr())],
-        &[],
-    );
+    let mut config = one_judge_config(dir.path(), &judge, &[format!("http://{}", proxy.addr())]);
     config.geoip.database = Some(geoip);
     let (store, summary) = harvest_and_check(&config).await;
     assert_eq!(summary.alive, 1);
@@ -343,8 +347,7 @@ async fn dead_proxies_back_off_doubling_up_to_the_cap_and_recover() {
         &["10.1.1.1:80".into()],
         &[],
     );
-    let store = Store::open(&config.database.path).unwrap();
-    harvest_all(&config, &store).await.unwrap();
+    let store = harvested(&config).await;
     let id = store.list_proxies(ProxyFilter::default()).await.unwrap()[0].id;
     let policy = RecheckPolicy {
         alive: Duration::from_secs(600),
@@ -458,11 +461,10 @@ async fn start_round(
     cancel: &CancellationToken,
 ) -> (Store, Arc<RoundProgress>, Round) {
     let entries = farm_list(farm);
-    let mut config = config(dir, &format!(r#"["{}"]"#, judge.url()), "", &entries, &[]);
+    let mut config = one_judge_config(dir, judge, &entries);
     config.check.concurrency = concurrency;
     config.check.https = false;
-    let store = Store::open(&config.database.path).unwrap();
-    harvest_all(&config, &store).await.unwrap();
+    let store = harvested(&config).await;
     let opts = CheckOptions::from_config(&config.check);
     let checker = Arc::new(Checker::prepare(&config, &opts, None).await.unwrap());
     let progress = Arc::new(RoundProgress::default());
@@ -529,13 +531,7 @@ async fn a_ten_thousand_proxy_round_gives_every_proxy_a_status() {
         .map(|a| format!("http://{a}"))
         .collect();
     assert_eq!(entries.len(), 10_000);
-    let mut config = config(
-        dir.path(),
-        &format!(r#"["{}"]"#, judge.url()),
-        "",
-        &entries,
-        &[],
-    );
+    let mut config = one_judge_config(dir.path(), &judge, &entries);
     config.check.concurrency = proxywarden::check::clamp_concurrency(2_000);
     config.check.https = false;
     config.check.connect_timeout = Duration::from_secs(1);
@@ -820,16 +816,9 @@ async fn a_short_round_rechecks_alive_proxies_first() {
     let working = FakeHttpProxy::start(http_opts(ProxyKind::Elite, false)).await;
     let mut entries = farm_list(&farm);
     entries.push(format!("http://{}", working.addr()));
-    let mut config = config(
-        dir.path(),
-        &format!(r#"["{}"]"#, judge.url()),
-        "",
-        &entries,
-        &[],
-    );
+    let mut config = one_judge_config(dir.path(), &judge, &entries);
     config.check.https = false;
-    let store = Store::open(&config.database.path).unwrap();
-    harvest_all(&config, &store).await.unwrap();
+    let store = harvested(&config).await;
 
     // The working proxy passed a check an hour ago: alive, and due again.
     let id = by_addr(
@@ -962,8 +951,7 @@ impl Scene {
         let mut config = config(dir, judges, "", &entries, &[]);
         config.check.concurrency = 8;
         config.check.https = false;
-        let store = Store::open(&config.database.path).unwrap();
-        harvest_all(&config, &store).await.unwrap();
+        let store = harvested(&config).await;
         let records = store.list_proxies(ProxyFilter::default()).await.unwrap();
         let hour_ago = now_ms() - 3_600_000;
         let mut earlier: Vec<_> = records
@@ -1193,13 +1181,7 @@ async fn a_proxy_silent_in_its_handshake_costs_the_connect_timeout() {
         format!("socks5://{}", socks5.addr()),
         format!("socks4://{}", socks4.addr()),
     ];
-    let config = config(
-        dir.path(),
-        &format!(r#"["{}"]"#, judge.url()),
-        "",
-        &entries,
-        &[],
-    );
+    let config = one_judge_config(dir.path(), &judge, &entries);
     let (store, summary) = harvest_and_check(&config).await;
     assert_eq!(summary.dead_by_reason[&Reason::Timeout], 2, "{summary:?}");
     assert!(
@@ -1228,13 +1210,7 @@ async fn committing_failures_never_waits_for_a_direct_answer() {
         .map(|c| format!("http://{}", c.addr()))
         .chain(farm_list(&farm))
         .collect();
-    let mut config = config(
-        dir.path(),
-        &format!(r#"["{}"]"#, judge.url()),
-        "",
-        &entries,
-        &[],
-    );
+    let mut config = one_judge_config(dir.path(), &judge, &entries);
     config.check.concurrency = 4;
     config.check.https = false;
     let (_, summary) = harvest_and_check(&config).await;
@@ -1257,16 +1233,9 @@ async fn proxies_that_timed_out_last_time_are_started_first() {
     let judge = Judge::plain().await;
     let farm = FakeFarm::start(0, 403, None).await;
     let entries = farm_list(&farm);
-    let mut config = config(
-        dir.path(),
-        &format!(r#"["{}"]"#, judge.url()),
-        "",
-        &entries,
-        &[],
-    );
+    let mut config = one_judge_config(dir.path(), &judge, &entries);
     config.check.https = false;
-    let store = Store::open(&config.database.path).unwrap();
-    harvest_all(&config, &store).await.unwrap();
+    let store = harvested(&config).await;
     let records = store.list_proxies(ProxyFilter::default()).await.unwrap();
     let last_three: Vec<i64> = farm.silent_addrs()[400..]
         .iter()
