@@ -9,9 +9,8 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::daemon::{Daemon, status_json};
-use common::fakes::{FakeHttpProxy, HttpProxyOpts};
 use common::site::Site;
-use common::{AliveProxy, store_with_alive};
+use common::{store_with_alive, working_proxies};
 
 /// A daemon on `dir/daemon.db` with one crawl job at a time, guarded by
 /// `token` when there is one.
@@ -82,29 +81,13 @@ async fn page_lines(daemon: &Daemon, id: i64, after: u64) -> (Vec<serde_json::Va
     (lines, total)
 }
 
-async fn proxies() -> Vec<FakeHttpProxy> {
-    let mut v = Vec::new();
-    for last in [2u8, 3] {
-        v.push(
-            FakeHttpProxy::start(HttpProxyOpts {
-                connect: true,
-                upstream_bind: Some(std::net::IpAddr::from([127, 0, 0, last])),
-                ..HttpProxyOpts::default()
-            })
-            .await,
-        );
-    }
-    v
-}
-
 #[tokio::test]
 async fn crawl_jobs_run_stream_cancel_and_continue_after_a_restart() {
     common::within(async {
         let dir = tempfile::tempdir().unwrap();
         let site = Site::tree(40, 3, Duration::from_millis(60)).await;
         let slow = Site::tree(400, 4, Duration::from_millis(100)).await;
-        let farm = proxies().await;
-        let alive: Vec<AliveProxy> = farm.iter().map(|p| AliveProxy::new(p.url())).collect();
+        let (_farm, alive) = working_proxies(2).await;
         let (store, _) = store_with_alive(&dir.path().join("daemon.db"), &alive).await;
         drop(store);
 

@@ -17,7 +17,7 @@ use common::fakes::{
     closed_port, http_proxy, ip,
 };
 use common::site::{Reply, Site, SiteOpts};
-use common::{AliveProxy, TestConfig, ThreeCountries, store_with_alive, within};
+use common::{AliveProxy, TestConfig, ThreeCountries, store_with_alive, within, working_proxies};
 use proxywarden::gateway::{self, Gateway};
 use proxywarden::health::{Feedback, load_index};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -133,12 +133,7 @@ async fn plain_http_rotates_per_request_and_names_the_proxy() {
     within(async {
         let dir = tempfile::tempdir().unwrap();
         let site = Site::start(SiteOpts::routes(vec![("/a", Reply::html("page a"))])).await;
-        let proxies = [
-            http_proxy(2).await,
-            http_proxy(3).await,
-            http_proxy(4).await,
-        ];
-        let alive: Vec<AliveProxy> = proxies.iter().map(|p| AliveProxy::new(p.url())).collect();
+        let (_proxies, alive) = working_proxies(3).await;
         let gw = Gw::start(dir.path(), &alive).await;
         let client = gw.client(None);
         let mut used = Vec::new();
@@ -350,12 +345,7 @@ async fn a_session_keeps_its_proxy_until_the_proxy_fails() {
     within(async {
         let dir = tempfile::tempdir().unwrap();
         let site = Site::start(SiteOpts::routes(vec![("/a", Reply::html("page a"))])).await;
-        let mut proxies = vec![
-            http_proxy(2).await,
-            http_proxy(3).await,
-            http_proxy(4).await,
-        ];
-        let alive: Vec<AliveProxy> = proxies.iter().map(|p| AliveProxy::new(p.url())).collect();
+        let (mut proxies, alive) = working_proxies(3).await;
         let gw = Gw::start(dir.path(), &alive).await;
         let client = gw.client(Some(("session-abc", "x")));
         let mut used = Vec::new();
@@ -959,13 +949,7 @@ async fn a_page_that_refuses_everyone_is_passed_on_after_two_proxies() {
     within(async {
         let dir = tempfile::tempdir().unwrap();
         let site = Site::start(SiteOpts::routes(vec![("/private", Reply::status(403))])).await;
-        let proxies = [
-            http_proxy(2).await,
-            http_proxy(3).await,
-            http_proxy(4).await,
-            http_proxy(5).await,
-        ];
-        let alive: Vec<AliveProxy> = proxies.iter().map(|p| AliveProxy::new(p.url())).collect();
+        let (_proxies, alive) = working_proxies(4).await;
         let gw = Gw::start(dir.path(), &alive).await;
         let resp = gw
             .client(None)

@@ -17,7 +17,7 @@ use common::fakes::{
     http_proxy, ip,
 };
 use common::site::{CAPTCHA_PAGE, Reply, Site, SiteOpts};
-use common::{AliveProxy, ThreeCountries, store_with_alive, within};
+use common::{AliveProxy, ThreeCountries, store_with_alive, within, working_proxies};
 use proxywarden::health::{Feedback, ProxyQuery, load_index};
 use proxywarden::pool::{Carrier, FetchError, NoProxy, Pool, PoolOptions, Request, StrategyKind};
 use proxywarden::proxy::{Country, Scheme};
@@ -246,12 +246,7 @@ async fn round_robin_and_least_used_spread_requests_evenly() {
     within(async {
         let dir = tempfile::tempdir().unwrap();
         let site = Site::start(SiteOpts::new(|_, _| Reply::html("ok"))).await;
-        let fakes = [
-            http_proxy(2).await,
-            http_proxy(3).await,
-            http_proxy(4).await,
-        ];
-        let proxies: Vec<AliveProxy> = fakes.iter().map(|f| AliveProxy::new(f.url())).collect();
+        let (_fakes, proxies) = working_proxies(3).await;
         for (i, strategy) in [StrategyKind::RoundRobin, StrategyKind::LeastUsed]
             .into_iter()
             .enumerate()
@@ -612,12 +607,7 @@ async fn sticky_sessions_keep_their_proxy_until_it_fails_or_wears_out() {
     within(async {
         let dir = tempfile::tempdir().unwrap();
         let site = Site::start(SiteOpts::new(|_, _| Reply::html("ok"))).await;
-        let fakes = [
-            http_proxy(2).await,
-            http_proxy(3).await,
-            http_proxy(4).await,
-        ];
-        let proxies: Vec<AliveProxy> = fakes.iter().map(|f| AliveProxy::new(f.url())).collect();
+        let (_fakes, proxies) = working_proxies(3).await;
         let (pool, _, _) = live_pool(
             dir.path(),
             &proxies,
@@ -804,13 +794,7 @@ async fn a_page_refused_to_every_proxy_is_the_sites_answer() {
             ("/ok", Reply::html("ok")),
         ]))
         .await;
-        let fakes = [
-            http_proxy(2).await,
-            http_proxy(3).await,
-            http_proxy(4).await,
-            http_proxy(5).await,
-        ];
-        let proxies: Vec<AliveProxy> = fakes.iter().map(|f| AliveProxy::new(f.url())).collect();
+        let (_fakes, proxies) = working_proxies(4).await;
         let (pool, _, _) = live_pool(dir.path(), &proxies, quick()).await;
         let page = pool.get(&site.url("/private")).await.unwrap();
         // Three proxies refused alike: not a ban of them, the page's answer.
@@ -939,11 +923,7 @@ async fn one_sites_requests_are_spread_over_proxies() {
     within(async {
         let dir = tempfile::tempdir().unwrap();
         let site = Site::start(SiteOpts::new(|_, _| Reply::html("ok"))).await;
-        let mut farm = Vec::new();
-        for last in 2..8 {
-            farm.push(http_proxy(last).await);
-        }
-        let proxies: Vec<AliveProxy> = farm.iter().map(|p| AliveProxy::new(p.url())).collect();
+        let (_farm, proxies) = working_proxies(6).await;
         // The default strategy favours the fastest: without spreading, the
         // same few would carry most requests back to back.
         let (pool, _, _) = live_pool(dir.path(), &proxies, quick()).await;

@@ -338,6 +338,17 @@ impl AliveProxy {
     }
 }
 
+/// `n` working HTTP proxies (CONNECT allowed) forwarding from 127.0.0.2
+/// up, and the same as alive proxies for a store, in that order.
+pub async fn working_proxies(n: u8) -> (Vec<fakes::FakeHttpProxy>, Vec<AliveProxy>) {
+    let mut proxies = Vec::new();
+    for last in 2..2 + n {
+        proxies.push(fakes::http_proxy(last).await);
+    }
+    let alive = proxies.iter().map(|p| AliveProxy::new(p.url())).collect();
+    (proxies, alive)
+}
+
 /// Three working proxies in two countries, each forwarding from its own
 /// address: HTTP in DE (127.0.0.2), HTTP in US (.3) and SOCKS5 in US (.4).
 pub struct ThreeCountries {
