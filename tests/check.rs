@@ -1091,18 +1091,9 @@ async fn a_single_judge_answering_garbage_sometimes_kills_no_proxy() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn https_is_tested_on_its_own_cadence() {
     let dir = tempfile::tempdir().unwrap();
-    let judge = Judge::plain().await;
-    let tls_judge = Judge::tls(dir.path()).await;
-    let proxy = FakeHttpProxy::start(http_opts(ProxyKind::Elite, true)).await;
-    let judges = format!(r#"["{}", "{}"]"#, judge.url(), tls_judge.url());
-    let extra = format!("extra_ca_file = \"{}\"", tls_judge.ca_file().display());
-    let config = config(
-        dir.path(),
-        &judges,
-        &extra,
-        &[format!("http://{}", proxy.addr())],
-        &[],
-    );
+    let scene = HttpsScene::start(dir.path()).await;
+    let proxy = &scene.proxy;
+    let config = scene.config(dir.path(), None);
     let (store, _) = harvest_and_check(&config).await;
     let r = &store.list_proxies(ProxyFilter::default()).await.unwrap()[0];
     assert_eq!(r.https, Some(true));
@@ -1122,13 +1113,9 @@ async fn https_is_tested_on_its_own_cadence() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tunnel_failing_in_use_gets_https_tested_at_once() {
     let dir = tempfile::tempdir().unwrap();
-    let judge = Judge::plain().await;
-    let tls_judge = Judge::tls(dir.path()).await;
-    let proxy = FakeHttpProxy::start(http_opts(ProxyKind::Elite, true)).await;
-    let judges = format!(r#"["{}", "{}"]"#, judge.url(), tls_judge.url());
-    let extra = format!("extra_ca_file = \"{}\"", tls_judge.ca_file().display());
-    let entries = [format!("http://{}", proxy.addr())];
-    let config = config(dir.path(), &judges, &extra, &entries, &[]);
+    let scene = HttpsScene::start(dir.path()).await;
+    let proxy = &scene.proxy;
+    let config = scene.config(dir.path(), None);
     let (store, _) = harvest_and_check(&config).await;
     assert_eq!(proxy.targets().len(), 1);
     let id = store.list_proxies(ProxyFilter::default()).await.unwrap()[0].id;
@@ -1144,7 +1131,7 @@ async fn a_tunnel_failing_in_use_gets_https_tested_at_once() {
     run_round(&config, &store, true).await.unwrap();
     assert_eq!(proxy.targets().len(), 2, "and then not for 6 h");
 
-    let every_check = config_with_https_recheck(dir.path(), &judges, &extra, &entries, "1ms");
+    let every_check = scene.config(dir.path(), Some("1ms"));
     run_round(&every_check, &store, true).await.unwrap();
     assert_eq!(proxy.targets().len(), 3);
     assert_eq!(
@@ -1153,15 +1140,35 @@ async fn a_tunnel_failing_in_use_gets_https_tested_at_once() {
     );
 }
 
-fn config_with_https_recheck(
-    dir: &Path,
-    judges: &str,
-    extra: &str,
-    entries: &[String],
-    every: &str,
-) -> Config {
-    let extra = format!("{extra}\nhttps_recheck = \"{every}\"");
-    config(dir, judges, &extra, entries, &[])
+/// A plain judge, a TLS judge and an elite proxy that tunnels, to test
+/// the proxy's HTTPS support.
+struct HttpsScene {
+    judge: Judge,
+    tls_judge: Judge,
+    proxy: FakeHttpProxy,
+}
+
+impl HttpsScene {
+    async fn start(dir: &Path) -> HttpsScene {
+        HttpsScene {
+            judge: Judge::plain().await,
+            tls_judge: Judge::tls(dir).await,
+            proxy: FakeHttpProxy::start(http_opts(ProxyKind::Elite, true)).await,
+        }
+    }
+
+    /// A config checking the proxy alone against both judges, trusting the
+    /// TLS judge's CA, with `check.https_recheck` set to `https_recheck`
+    /// when given.
+    fn config(&self, dir: &Path, https_recheck: Option<&str>) -> Config {
+        let judges = format!(r#"["{}", "{}"]"#, self.judge.url(), self.tls_judge.url());
+        let mut extra = format!("extra_ca_file = \"{}\"", self.tls_judge.ca_file().display());
+        if let Some(every) = https_recheck {
+            extra.push_str(&format!("\nhttps_recheck = \"{every}\""));
+        }
+        let entries = [format!("http://{}", self.proxy.addr())];
+        config(dir, &judges, &extra, &entries, &[])
+    }
 }
 
 /// Issue 9, Must 6b: a proxy that takes the connection and never answers
