@@ -202,7 +202,7 @@ impl Site {
         let log: Arc<Mutex<Log>> = Arc::default();
         let (acceptor, ca_file) = match &opts.tls_dir {
             Some(dir) => {
-                let (acceptor, ca) = tls_acceptor(dir);
+                let (acceptor, ca) = super::judges::tls_acceptor(dir, "site-ca.pem");
                 (Some(acceptor), Some(ca))
             }
             None => (None, None),
@@ -355,18 +355,4 @@ async fn answer(
         resp = resp.header(k, v);
     }
     resp.body(Full::new(Bytes::from(reply.body))).unwrap()
-}
-
-fn tls_acceptor(dir: &Path) -> (tokio_rustls::TlsAcceptor, PathBuf) {
-    let (ca_pem, cert, key) = super::judges::make_certs();
-    let ca_file = dir.join("site-ca.pem");
-    std::fs::write(&ca_file, ca_pem).unwrap();
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = rustls::ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_no_client_auth()
-        .with_single_cert(vec![cert], key)
-        .unwrap();
-    (tokio_rustls::TlsAcceptor::from(Arc::new(config)), ca_file)
 }
