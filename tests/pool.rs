@@ -284,11 +284,10 @@ async fn a_proxy_at_its_in_flight_cap_is_not_handed_out() {
         let mut opts = SiteOpts::new(|_, _| Reply::html("slow"));
         opts.latency = Duration::from_millis(200);
         let site = Site::start(opts).await;
-        let a = http_proxy(2).await;
-        let b = http_proxy(3).await;
+        let (_proxies, alive) = working_proxies(2).await;
         let (pool, _, _) = live_pool(
             dir.path(),
-            &[AliveProxy::new(a.url()), AliveProxy::new(b.url())],
+            &alive,
             PoolOptions {
                 max_in_flight: 1,
                 no_proxy: NoProxy::Wait(Duration::from_secs(10)),
@@ -363,13 +362,8 @@ async fn a_proxy_banned_by_one_site_still_serves_another() {
         strict.banned = vec![ip(2)];
         let strict = Site::start(strict).await;
         let lenient = Site::start(SiteOpts::new(|_, _| Reply::html("news"))).await;
-        let a = http_proxy(2).await;
-        let b = http_proxy(3).await;
-        let (pool, _, ids) = round_robin_pool(
-            dir.path(),
-            &[AliveProxy::new(a.url()), AliveProxy::new(b.url())],
-        )
-        .await;
+        let (_proxies, alive) = working_proxies(2).await;
+        let (pool, _, ids) = round_robin_pool(dir.path(), &alive).await;
         for n in 0..5 {
             let page = pool.get(&strict.url(&format!("/{n}"))).await.unwrap();
             assert_ne!(page.text(), CAPTCHA_PAGE);
@@ -399,14 +393,8 @@ async fn a_429_with_retry_after_is_waited_out_on_another_proxy() {
             _ => Reply::html("finally"),
         }))
         .await;
-        let a = http_proxy(2).await;
-        let b = http_proxy(3).await;
-        let (pool, _, _) = live_pool(
-            dir.path(),
-            &[AliveProxy::new(a.url()), AliveProxy::new(b.url())],
-            quick(),
-        )
-        .await;
+        let (_proxies, alive) = working_proxies(2).await;
+        let (pool, _, _) = live_pool(dir.path(), &alive, quick()).await;
         let page = pool.get(&site.url("/limited")).await.unwrap();
         assert_eq!((page.status().as_u16(), page.attempts()), (200, 2));
         let log = site.log();
@@ -684,11 +672,10 @@ async fn bodies_are_decoded_capped_and_redirects_stay_in_scope() {
             ("/away", Reply::redirect(302, &other.url("/"))),
         ]))
         .await;
-        let a = http_proxy(2).await;
-        let b = http_proxy(3).await;
+        let (_proxies, alive) = working_proxies(2).await;
         let (pool, _, _) = live_pool(
             dir.path(),
-            &[AliveProxy::new(a.url()), AliveProxy::new(b.url())],
+            &alive,
             PoolOptions {
                 max_body: 100_000,
                 ..quick()
