@@ -25,6 +25,12 @@ fn run(name: &str, at: i64) -> SourceRun {
 }
 
 fn candidates(n: u32) -> Vec<Candidate> {
+    entries(n, SourceScheme::Fixed(Scheme::Http), Hints::default())
+}
+
+/// `n` entries 10.0.0.0:8080 up, as a source with `scheme` and `hints`
+/// lists them.
+fn entries(n: u32, scheme: SourceScheme, hints: Hints) -> Vec<Candidate> {
     (0..n)
         .map(|i| {
             Candidate::new(
@@ -32,8 +38,8 @@ fn candidates(n: u32) -> Vec<Candidate> {
                 8080,
                 None,
                 None,
-                SourceScheme::Fixed(Scheme::Http),
-                Hints::default(),
+                scheme,
+                hints,
             )
         })
         .collect()
@@ -756,22 +762,12 @@ async fn counts_stay_exact_across_harvest_check_and_purge() {
     same("opening", store.counts().await.unwrap());
 
     let country = |c: &str| Country::parse(c);
-    let listed = |n: u32, scheme: SourceScheme, c: Option<&str>| -> Vec<Candidate> {
-        (0..n)
-            .map(|i| {
-                Candidate::new(
-                    IpAddr::V4(Ipv4Addr::from(0x0a00_0000 + i)),
-                    8080,
-                    None,
-                    None,
-                    scheme,
-                    Hints {
-                        country: c.and_then(country),
-                        ..Hints::default()
-                    },
-                )
-            })
-            .collect()
+    let listed = |n: u32, scheme: SourceScheme, c: Option<&str>| {
+        let hints = Hints {
+            country: c.and_then(country),
+            ..Hints::default()
+        };
+        entries(n, scheme, hints)
     };
     store
         .record_source_run(
