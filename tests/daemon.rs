@@ -502,18 +502,10 @@ async fn the_judge_can_be_switched_off_and_is_rate_limited() {
 /// The store of `config` holding one proxy at `addr`, and its id.
 async fn store_with_one_proxy(config: Config, addr: SocketAddr) -> (Config, Store, i64) {
     use proxywarden::model::{Candidate, Hints, SourceScheme};
-    use proxywarden::store::{ProxyFilter, SourceRun};
+    use proxywarden::store::ProxyFilter;
 
     let store = Store::open(&config.database.path).unwrap();
-    let run = SourceRun {
-        name: "s".into(),
-        url: "u".into(),
-        format: "text".into(),
-        started_at: 1,
-        http_status: None,
-        duration_ms: 0,
-        error: None,
-    };
+    let run = common::source_run("s", "u", 1);
     let c = Candidate::new(
         addr.ip(),
         addr.port(),

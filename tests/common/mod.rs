@@ -310,6 +310,20 @@ pub fn alive_at(id: i64, at: i64) -> proxywarden::store::CheckRecord {
     }
 }
 
+/// A text source's run named `name` from `url` that started at
+/// `started_at` (unix ms) and went through at once, without an HTTP status.
+pub fn source_run(name: &str, url: &str, started_at: i64) -> proxywarden::store::SourceRun {
+    proxywarden::store::SourceRun {
+        name: name.into(),
+        url: url.into(),
+        format: "text".into(),
+        started_at,
+        http_status: None,
+        duration_ms: 0,
+        error: None,
+    }
+}
+
 /// Awaits `f`, failing the test after 60 s instead of hanging it.
 pub async fn within<F: std::future::Future>(f: F) -> F::Output {
     tokio::time::timeout(std::time::Duration::from_secs(60), f)
@@ -394,7 +408,7 @@ pub async fn store_with_alive(
 ) -> (proxywarden::store::Store, Vec<i64>) {
     use proxywarden::model::{Candidate, Hints, Outcome, RecheckPolicy, SourceScheme};
     use proxywarden::proxy::{Country, Proxy};
-    use proxywarden::store::{CheckRecord, ProxyFilter, SourceRun, Store, now_ms};
+    use proxywarden::store::{CheckRecord, ProxyFilter, Store, now_ms};
     let store = Store::open(path).unwrap();
     let parsed: Vec<Proxy> = proxies
         .iter()
@@ -417,15 +431,7 @@ pub async fn store_with_alive(
             )
         })
         .collect();
-    let run = SourceRun {
-        name: "test".into(),
-        url: "file:test".into(),
-        format: "text".into(),
-        started_at: now_ms(),
-        http_status: None,
-        duration_ms: 0,
-        error: None,
-    };
+    let run = source_run("test", "file:test", now_ms());
     store.record_source_run(run, candidates).await.unwrap();
     let stored = store.list_proxies(ProxyFilter::default()).await.unwrap();
     let ids: Vec<i64> = parsed
