@@ -347,27 +347,12 @@ impl Tally {
     }
 }
 
-/// CPU seconds (user and system) process `pid` has used so far, from
-/// /proc (in clock ticks of 10 ms, fine over seconds of work).
-fn cpu_secs(pid: u32) -> f64 {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return 0.0;
-    };
-    // Fields after the command name, which may hold spaces: utime and
-    // stime are the 14th and 15th of the line.
-    let after = stat.rsplit_once(')').map_or("", |(_, a)| a);
-    let f: Vec<u64> = after
-        .split_whitespace()
-        .skip(11)
-        .take(2)
-        .filter_map(|v| v.parse().ok())
-        .collect();
-    f.iter().sum::<u64>() as f64 / 100.0
-}
-
 /// CPU seconds of this process and of the farm so far.
 fn cpu_now(farm: &Farm) -> (f64, f64) {
-    (cpu_secs(std::process::id()), cpu_secs(farm.pid))
+    (
+        common::cpu_seconds(std::process::id()),
+        common::cpu_seconds(farm.pid),
+    )
 }
 
 /// Slices per path in a throughput pass, alternating, so that load from

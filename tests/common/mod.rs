@@ -324,6 +324,24 @@ pub fn source_run(name: &str, url: &str, started_at: i64) -> proxywarden::store:
     }
 }
 
+/// CPU seconds (user and system) process `pid` has used so far, from
+/// /proc (in clock ticks of 10 ms); 0 once it is gone.
+pub fn cpu_seconds(pid: u32) -> f64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0.0;
+    };
+    // Fields after the command name, which may hold spaces: utime and
+    // stime are the 14th and 15th of the line.
+    let after = stat.rsplit_once(')').map_or("", |(_, a)| a);
+    let f: Vec<u64> = after
+        .split_whitespace()
+        .skip(11)
+        .take(2)
+        .filter_map(|v| v.parse().ok())
+        .collect();
+    f.iter().sum::<u64>() as f64 / 100.0
+}
+
 /// Awaits `f`, failing the test after 60 s instead of hanging it.
 pub async fn within<F: std::future::Future>(f: F) -> F::Output {
     tokio::time::timeout(std::time::Duration::from_secs(60), f)
