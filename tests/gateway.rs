@@ -12,6 +12,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::daemon::Daemon;
 use common::fakes::{
     EchoJudge, FakeHttpProxy, FakeSocks4, FakeSocks5, HttpProxyOpts, JudgeEcho, SocksOpts,
     closed_port, http_proxy, ip,
@@ -803,30 +804,10 @@ async fn serve_runs_the_gateway_and_shows_its_counters_in_stats_and_metrics() {
         )
         .await;
         drop(store);
-        let api = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let api_addr = api.local_addr().unwrap();
-        let gw_listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let gw_addr = gw_listener.local_addr().unwrap();
-        let empty = dir.path().join("empty.txt");
-        std::fs::write(&empty, "").unwrap();
-        let config = TestConfig::new(dir.path())
-            .judges(&format!(
-                "[{{ url = \"http://{api_addr}/judge\", marker = \"proxywarden-judge\" }}]"
-            ))
-            .set("check", "https", "false")
-            .set("api", "listen", &format!("\"{api_addr}\""))
-            .sources_toml(&format!(
-                "[[sources]]\nname = \"empty\"\nurl = \"{}\"\n",
-                empty.display()
-            ))
-            .build();
-        let shutdown = CancellationToken::new();
-        let daemon = tokio::spawn(proxywarden::daemon::run(
-            config,
-            api,
-            Some(gw_listener),
-            shutdown.clone(),
-        ));
+        // The database store_with_alive filled, not the fixture's own.
+        let (daemon, gw_addr) =
+            Daemon::start_with_gateway(dir.path(), "", |c| c.db("test.db")).await;
+        let api_addr = daemon.addr;
         let tls =
             proxywarden::net::tls::client_config(None, proxywarden::net::tls::ALPN_H1).unwrap();
         let client = reqwest::Client::builder()
@@ -875,8 +856,7 @@ async fn serve_runs_the_gateway_and_shows_its_counters_in_stats_and_metrics() {
             assert!(metrics.contains(line), "{line} missing from\n{metrics}");
         }
         assert!(metrics.contains("proxywarden_gateway_bytes_total{direction=\"received\"}"));
-        shutdown.cancel();
-        daemon.await.unwrap().unwrap();
+        daemon.stop().await;
     })
     .await;
 }

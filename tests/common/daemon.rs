@@ -33,6 +33,28 @@ impl Daemon {
         sources: &str,
         tune: impl FnOnce(TestConfig) -> TestConfig,
     ) -> Daemon {
+        Daemon::launch(dir, sources, tune, None).await
+    }
+
+    /// As [`Daemon::start`], with the gateway on a listener of its own on
+    /// 127.0.0.1:0 too; and where that listens.
+    pub async fn start_with_gateway(
+        dir: &Path,
+        sources: &str,
+        tune: impl FnOnce(TestConfig) -> TestConfig,
+    ) -> (Daemon, SocketAddr) {
+        let gateway = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let gateway_addr = gateway.local_addr().unwrap();
+        let daemon = Daemon::launch(dir, sources, tune, Some(gateway)).await;
+        (daemon, gateway_addr)
+    }
+
+    async fn launch(
+        dir: &Path,
+        sources: &str,
+        tune: impl FnOnce(TestConfig) -> TestConfig,
+        gateway: Option<TcpListener>,
+    ) -> Daemon {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         // Without sources the built-in public ones would be used: tests
@@ -63,7 +85,7 @@ impl Daemon {
         let task = tokio::spawn(proxywarden::daemon::run(
             config,
             listener,
-            None,
+            gateway,
             shutdown.clone(),
         ));
         Daemon {
