@@ -347,32 +347,67 @@ impl Tally {
     }
 }
 
-/// CPU seconds (user and system) process `pid` has used so far, from
-/// /proc (in clock ticks of 10 ms, fine over seconds of work).
-fn cpu_secs(pid: u32) -> f64 {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return 0.0;
-    };
-    // Fields after the command name, which may hold spaces: utime and
-    // stime are the 14th and 15th of the line.
-    let after = stat.rsplit_once(')').map_or("", |(_, a)| a);
-    let f: Vec<u64> = after
-        .split_whitespace()
-        .skip(11)
-        .take(2)
-        .filter_map(|v| v.parse().ok())
-        .collect();
-    f.iter().sum::<u64>() as f64 / 100.0
-}
-
 /// CPU seconds of this process and of the farm so far.
 fn cpu_now(farm: &Farm) -> (f64, f64) {
-    (cpu_secs(std::process::id()), cpu_secs(farm.pid))
+    (
+        common::cpu_seconds(std::process::id()),
+        common::cpu_seconds(farm.pid),
+    )
 }
 
 /// Slices per path in a throughput pass, alternating, so that load from
 /// elsewhere on the machine falls on both paths alike.
 const SLICES: u32 = 4;
+
+/// What the workers of a throughput pass share: their counts and the
+/// signal to stop.
+#[derive(Clone, Default)]
+struct Counts {
+    done: Arc<AtomicU64>,
+    failed: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+}
+
+impl Counts {
+    fn running(&self) -> bool {
+        !self.stop.load(Ordering::Relaxed)
+    }
+
+    fn count(&self, ok: bool) {
+        let n = if ok { &self.done } else { &self.failed };
+        n.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// `CLIENTS` workers, `worker(w, counts)` each, told to stop after
+/// `run_for`: what they did and the CPU it took.
+async fn run_workers<W, Fut>(farm: &Farm, run_for: Duration, worker: W) -> Tally
+where
+    W: Fn(usize, Counts) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let counts = Counts::default();
+    let cpu0 = cpu_now(farm);
+    let t0 = Instant::now();
+    let tasks: Vec<_> = (0..CLIENTS)
+        .map(|w| tokio::spawn(worker(w, counts.clone())))
+        .collect();
+    tokio::time::sleep(run_for).await;
+    counts.stop.store(true, Ordering::Relaxed);
+    let counted = counts.done.load(Ordering::Relaxed);
+    let took = t0.elapsed();
+    for t in tasks {
+        let _ = t.await;
+    }
+    let cpu1 = cpu_now(farm);
+    Tally {
+        done: counted,
+        failed: counts.failed.load(Ordering::Relaxed),
+        secs: took.as_secs_f64(),
+        cpu_here: cpu1.0 - cpu0.0,
+        cpu_farm: cpu1.1 - cpu0.1,
+    }
+}
 
 /// `CLIENTS` workers each repeating `one(i, …)` until the time is up.
 async fn throughput<F, Fut>(one: F, farm: &Farm, gateway: SocketAddr, run_for: Duration) -> Tally
@@ -380,96 +415,42 @@ where
     F: Fn(usize, SocketAddr, Arc<Vec<SocketAddr>>, SocketAddr) -> Fut + Clone + Send + 'static,
     Fut: std::future::Future<Output = bool> + Send,
 {
-    let done = Arc::new(AtomicU64::new(0));
-    let failed = Arc::new(AtomicU64::new(0));
-    let stop = Arc::new(AtomicBool::new(false));
     let proxies = Arc::new(farm.proxies.clone());
-    let mut tasks = Vec::new();
-    let cpu0 = cpu_now(farm);
-    let t0 = Instant::now();
-    for w in 0..CLIENTS {
-        let (one, done, failed, stop, proxies) = (
-            one.clone(),
-            done.clone(),
-            failed.clone(),
-            stop.clone(),
-            proxies.clone(),
-        );
-        let (site, target) = (farm.site, gateway);
-        tasks.push(tokio::spawn(async move {
+    let site = farm.site;
+    run_workers(farm, run_for, |w, counts| {
+        let (one, proxies) = (one.clone(), proxies.clone());
+        async move {
             let mut i = w;
-            while !stop.load(Ordering::Relaxed) {
-                if one(i, site, proxies.clone(), target).await {
-                    done.fetch_add(1, Ordering::Relaxed);
-                } else {
-                    failed.fetch_add(1, Ordering::Relaxed);
-                }
+            while counts.running() {
+                counts.count(one(i, site, proxies.clone(), gateway).await);
                 i += 1;
             }
-        }));
-    }
-    tokio::time::sleep(run_for).await;
-    stop.store(true, Ordering::Relaxed);
-    let counted = done.load(Ordering::Relaxed);
-    let took = t0.elapsed();
-    for t in tasks {
-        let _ = t.await;
-    }
-    let cpu1 = cpu_now(farm);
-    Tally {
-        done: counted,
-        failed: failed.load(Ordering::Relaxed),
-        secs: took.as_secs_f64(),
-        cpu_here: cpu1.0 - cpu0.0,
-        cpu_farm: cpu1.1 - cpu0.1,
-    }
+        }
+    })
+    .await
 }
 
 /// Plain GETs through the gateway (`Some`) or directly through the
 /// upstreams in turn (`None`), each worker on its own kept-alive
 /// connections.
 async fn throughput_kept(farm: &Farm, gateway: Option<SocketAddr>, run_for: Duration) -> Tally {
-    let done = Arc::new(AtomicU64::new(0));
-    let failed = Arc::new(AtomicU64::new(0));
-    let stop = Arc::new(AtomicBool::new(false));
-    let mut tasks = Vec::new();
-    let cpu0 = cpu_now(farm);
-    let t0 = Instant::now();
-    for w in 0..CLIENTS {
-        let (done, failed, stop, site) = (done.clone(), failed.clone(), stop.clone(), farm.site);
+    let site = farm.site;
+    run_workers(farm, run_for, |w, counts| {
         let proxies = farm.proxies.clone();
-        tasks.push(tokio::spawn(async move {
+        async move {
             let mut conns: Vec<Option<Sender>> = (0..UPSTREAMS).map(|_| None).collect();
             let mut i = w;
-            while !stop.load(Ordering::Relaxed) {
+            while counts.running() {
                 let (conn, to) = match gateway {
                     Some(gw) => (&mut conns[0], gw),
                     None => (&mut conns[i % UPSTREAMS], proxies[i % UPSTREAMS]),
                 };
                 i += 1;
-                if fetch_on(conn, to, site).await {
-                    done.fetch_add(1, Ordering::Relaxed);
-                } else {
-                    failed.fetch_add(1, Ordering::Relaxed);
-                }
+                counts.count(fetch_on(conn, to, site).await);
             }
-        }));
-    }
-    tokio::time::sleep(run_for).await;
-    stop.store(true, Ordering::Relaxed);
-    let counted = done.load(Ordering::Relaxed);
-    let took = t0.elapsed();
-    for t in tasks {
-        let _ = t.await;
-    }
-    let cpu1 = cpu_now(farm);
-    Tally {
-        done: counted,
-        failed: failed.load(Ordering::Relaxed),
-        secs: took.as_secs_f64(),
-        cpu_here: cpu1.0 - cpu0.0,
-        cpu_farm: cpu1.1 - cpu0.1,
-    }
+        }
+    })
+    .await
 }
 
 fn report(pass: &str, what: &str, direct: Tally, via: Tally, target: f64) {

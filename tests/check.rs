@@ -56,9 +56,20 @@ fn config(
         .build()
 }
 
-async fn harvest_and_check(config: &Config) -> (Store, RoundSummary) {
+/// A config checking against `judge` alone, with `entries` as its list.
+fn one_judge_config(dir: &Path, judge: &Judge, entries: &[String]) -> Config {
+    config(dir, &format!(r#"["{}"]"#, judge.url()), "", entries, &[])
+}
+
+/// The store of `config` after one harvest of its sources.
+async fn harvested(config: &Config) -> Store {
     let store = Store::open(&config.database.path).unwrap();
     harvest_all(config, &store).await.unwrap();
+    store
+}
+
+async fn harvest_and_check(config: &Config) -> (Store, RoundSummary) {
+    let store = harvested(config).await;
     let summary = run_round(config, &store, false).await.unwrap();
     (store, summary)
 }
@@ -290,8 +301,7 @@ async fn a_judge_outage_marks_nothing_dead() {
         &[format!("http://{}", proxy.addr())],
         &[],
     );
-    let store = Store::open(&config.database.path).unwrap();
-    harvest_all(&config, &store).await.unwrap();
+    let store = harvested(&config).await;
     let err = run_round(&config, &store, true).await.unwrap_err();
     assert!(matches!(err, CheckError::NoJudge(_)), "{err}");
     assert!(
@@ -312,13 +322,7 @@ async fn httpbin_judges_and_geoip_give_the_exit_country() {
     let proxy = FakeHttpProxy::start(http_opts(ProxyKind::Elite, false)).await;
     let geoip = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures/geoip/GeoLite2-Country-Test.mmdb");
-    let mut config = config(
-        dir.path(),
-        &format!(r#"["{}"]"#, judge.url()),
-        "",
-        &[format!("http://{}", proxy.addr())],
-        &[],
-    );
+    let mut config = one_judge_config(dir.path(), &judge, &[format!("http://{}", proxy.addr())]);
     config.geoip.database = Some(geoip);
     let (store, summary) = harvest_and_check(&config).await;
     assert_eq!(summary.alive, 1);
@@ -343,8 +347,7 @@ async fn dead_proxies_back_off_doubling_up_to_the_cap_and_recover() {
         &["10.1.1.1:80".into()],
         &[],
     );
-    let store = Store::open(&config.database.path).unwrap();
-    harvest_all(&config, &store).await.unwrap();
+    let store = harvested(&config).await;
     let id = store.list_proxies(ProxyFilter::default()).await.unwrap()[0].id;
     let policy = RecheckPolicy {
         alive: Duration::from_secs(600),
@@ -458,11 +461,10 @@ async fn start_round(
     cancel: &CancellationToken,
 ) -> (Store, Arc<RoundProgress>, Round) {
     let entries = farm_list(farm);
-    let mut config = config(dir, &format!(r#"["{}"]"#, judge.url()), "", &entries, &[]);
+    let mut config = one_judge_config(dir, judge, &entries);
     config.check.concurrency = concurrency;
     config.check.https = false;
-    let store = Store::open(&config.database.path).unwrap();
-    harvest_all(&config, &store).await.unwrap();
+    let store = harvested(&config).await;
     let opts = CheckOptions::from_config(&config.check);
     let checker = Arc::new(Checker::prepare(&config, &opts, None).await.unwrap());
     let progress = Arc::new(RoundProgress::default());
@@ -529,13 +531,7 @@ async fn a_ten_thousand_proxy_round_gives_every_proxy_a_status() {
         .map(|a| format!("http://{a}"))
         .collect();
     assert_eq!(entries.len(), 10_000);
-    let mut config = config(
-        dir.path(),
-        &format!(r#"["{}"]"#, judge.url()),
-        "",
-        &entries,
-        &[],
-    );
+    let mut config = one_judge_config(dir.path(), &judge, &entries);
     config.check.concurrency = proxywarden::check::clamp_concurrency(2_000);
     config.check.https = false;
     config.check.connect_timeout = Duration::from_secs(1);
@@ -587,35 +583,49 @@ fn send_signal(signal: &str, pid: u32) {
     assert!(kill.success());
 }
 
+/// `proxywarden check` started in `dir` with its output piped, once
+/// `harvest` has stored the proxies of `list` (the text of its one source):
+/// it checks them over HTTP against `judge`, ten at a time, with
+/// `connect_timeout` and `timeout` (TOML durations).
+async fn harvested_check(
+    dir: &Path,
+    judge: &Judge,
+    list: &str,
+    connect_timeout: &str,
+    timeout: &str,
+) -> tokio::process::Child {
+    std::fs::write(dir.join("list.txt"), list).unwrap();
+    let toml = format!(
+        "[database]\npath = \"test.db\"\n[check]\njudges = [\"{}\"]\nconcurrency = 10\n\
+         connect_timeout = \"{connect_timeout}\"\ntimeout = \"{timeout}\"\nhttps = false\n\
+         [[sources]]\nname = \"list\"\nurl = \"list.txt\"\n",
+        judge.url()
+    );
+    std::fs::write(dir.join("proxywarden.toml"), toml).unwrap();
+    let bin = env!("CARGO_BIN_EXE_proxywarden");
+    let harvest = tokio::process::Command::new(bin)
+        .arg("harvest")
+        .current_dir(dir)
+        .output()
+        .await
+        .unwrap();
+    assert!(harvest.status.success());
+    tokio::process::Command::new(bin)
+        .arg("check")
+        .current_dir(dir)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap()
+}
+
 async fn check_stops_on(signal: &str) {
     let dir = tempfile::tempdir().unwrap();
     let judge = Judge::plain().await;
     let farm = FakeFarm::start(20, 200, Some(exit_ip())).await;
     let entries = farm_list(&farm);
-    std::fs::write(dir.path().join("list.txt"), entries.join("\n")).unwrap();
-    let toml = format!(
-        "[database]\npath = \"test.db\"\n[check]\njudges = [\"{}\"]\nconcurrency = 10\n\
-         connect_timeout = \"1s\"\ntimeout = \"2s\"\nhttps = false\n\
-         [[sources]]\nname = \"list\"\nurl = \"list.txt\"\n",
-        judge.url()
-    );
-    std::fs::write(dir.path().join("proxywarden.toml"), toml).unwrap();
-    let bin = env!("CARGO_BIN_EXE_proxywarden");
-    let harvest = tokio::process::Command::new(bin)
-        .arg("harvest")
-        .current_dir(dir.path())
-        .output()
-        .await
-        .unwrap();
-    assert!(harvest.status.success());
-
-    let child = tokio::process::Command::new(bin)
-        .arg("check")
-        .current_dir(dir.path())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let child = harvested_check(dir.path(), &judge, &entries.join("\n"), "1s", "2s").await;
     let pid = child.id().unwrap();
     // Interrupt once results are committed (the writer flushes every second).
     let db = dir.path().join("test.db");
@@ -670,30 +680,7 @@ async fn a_second_ctrl_c_ends_the_check_command_at_once() {
             }
         })
     };
-    std::fs::write(dir.path().join("list.txt"), format!("{addr}\n")).unwrap();
-    let toml = format!(
-        "[database]\npath = \"test.db\"\n[check]\njudges = [\"{}\"]\nconcurrency = 10\n\
-         connect_timeout = \"10s\"\ntimeout = \"60s\"\nhttps = false\n\
-         [[sources]]\nname = \"list\"\nurl = \"list.txt\"\n",
-        judge.url()
-    );
-    std::fs::write(dir.path().join("proxywarden.toml"), toml).unwrap();
-    let bin = env!("CARGO_BIN_EXE_proxywarden");
-    let harvest = tokio::process::Command::new(bin)
-        .arg("harvest")
-        .current_dir(dir.path())
-        .output()
-        .await
-        .unwrap();
-    assert!(harvest.status.success());
-    let mut child = tokio::process::Command::new(bin)
-        .arg("check")
-        .current_dir(dir.path())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+    let mut child = harvested_check(dir.path(), &judge, &format!("{addr}\n"), "10s", "60s").await;
     let pid = child.id().unwrap();
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     while accepted.load(Ordering::Relaxed) == 0 {
@@ -829,16 +816,9 @@ async fn a_short_round_rechecks_alive_proxies_first() {
     let working = FakeHttpProxy::start(http_opts(ProxyKind::Elite, false)).await;
     let mut entries = farm_list(&farm);
     entries.push(format!("http://{}", working.addr()));
-    let mut config = config(
-        dir.path(),
-        &format!(r#"["{}"]"#, judge.url()),
-        "",
-        &entries,
-        &[],
-    );
+    let mut config = one_judge_config(dir.path(), &judge, &entries);
     config.check.https = false;
-    let store = Store::open(&config.database.path).unwrap();
-    harvest_all(&config, &store).await.unwrap();
+    let store = harvested(&config).await;
 
     // The working proxy passed a check an hour ago: alive, and due again.
     let id = by_addr(
@@ -971,8 +951,7 @@ impl Scene {
         let mut config = config(dir, judges, "", &entries, &[]);
         config.check.concurrency = 8;
         config.check.https = false;
-        let store = Store::open(&config.database.path).unwrap();
-        harvest_all(&config, &store).await.unwrap();
+        let store = harvested(&config).await;
         let records = store.list_proxies(ProxyFilter::default()).await.unwrap();
         let hour_ago = now_ms() - 3_600_000;
         let mut earlier: Vec<_> = records
@@ -1037,21 +1016,7 @@ impl Scene {
 /// dead or lying still come out dead, confirmed by the healthy judge.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_judge_turning_to_random_content_kills_no_proxy() {
-    let dir = tempfile::tempdir().unwrap();
-    let faulted = Arc::new(AtomicUsize::new(0));
-    let turning = Judge::plain_with(Judge::turning(6, Fault::RandomContent, faulted.clone())).await;
-    let good = Judge::plain().await;
-    let scene = Scene::start(false).await;
-    let judges = format!(r#"["{}", "{}"]"#, turning.url(), good.url());
-    let (config, store) = scene.stored(dir.path(), &judges).await;
-    let summary = run_round(&config, &store, false).await.unwrap();
-    assert!(
-        faulted.load(Ordering::Relaxed) >= 3,
-        "checks met the fault: {}",
-        faulted.load(Ordering::Relaxed)
-    );
-    assert_eq!(summary.alive, 40, "{summary:?}");
-    scene.assert_verdicts(&store).await;
+    one_of_two_judges_turning(Fault::RandomContent, false, 3, "fault").await;
 }
 
 /// Issue 9, Must 4 (b): of two judges, one stops answering mid-round. No
@@ -1059,19 +1024,27 @@ async fn a_judge_turning_to_random_content_kills_no_proxy() {
 /// once the healthy judge confirms it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_judge_stalling_mid_round_kills_no_proxy() {
+    one_of_two_judges_turning(Fault::Stall, true, 1, "stall").await;
+}
+
+/// A round of the scene (with a proxy that went silent if `with_silent`)
+/// against two judges, the first turning to `fault` after six requests: at
+/// least `at_least` checks meet the fault (`what` in the message), all 40
+/// working proxies stay alive and the others get their verdicts.
+async fn one_of_two_judges_turning(fault: Fault, with_silent: bool, at_least: usize, what: &str) {
     let dir = tempfile::tempdir().unwrap();
     let faulted = Arc::new(AtomicUsize::new(0));
-    let stalling = Judge::plain_with(Judge::turning(6, Fault::Stall, faulted.clone())).await;
+    let turning = Judge::plain_with(Judge::turning(6, fault, faulted.clone())).await;
     let good = Judge::plain().await;
-    let scene = Scene::start(true).await;
-    let judges = format!(r#"["{}", "{}"]"#, stalling.url(), good.url());
+    let scene = Scene::start(with_silent).await;
+    let judges = format!(r#"["{}", "{}"]"#, turning.url(), good.url());
     let (config, store) = scene.stored(dir.path(), &judges).await;
     let summary = common::within(run_round(&config, &store, false))
         .await
         .unwrap();
     assert!(
-        faulted.load(Ordering::Relaxed) >= 1,
-        "checks met the stall: {}",
+        faulted.load(Ordering::Relaxed) >= at_least,
+        "checks met the {what}: {}",
         faulted.load(Ordering::Relaxed)
     );
     assert_eq!(summary.alive, 40, "{summary:?}");
@@ -1118,18 +1091,9 @@ async fn a_single_judge_answering_garbage_sometimes_kills_no_proxy() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn https_is_tested_on_its_own_cadence() {
     let dir = tempfile::tempdir().unwrap();
-    let judge = Judge::plain().await;
-    let tls_judge = Judge::tls(dir.path()).await;
-    let proxy = FakeHttpProxy::start(http_opts(ProxyKind::Elite, true)).await;
-    let judges = format!(r#"["{}", "{}"]"#, judge.url(), tls_judge.url());
-    let extra = format!("extra_ca_file = \"{}\"", tls_judge.ca_file().display());
-    let config = config(
-        dir.path(),
-        &judges,
-        &extra,
-        &[format!("http://{}", proxy.addr())],
-        &[],
-    );
+    let scene = HttpsScene::start(dir.path()).await;
+    let proxy = &scene.proxy;
+    let config = scene.config(dir.path(), None);
     let (store, _) = harvest_and_check(&config).await;
     let r = &store.list_proxies(ProxyFilter::default()).await.unwrap()[0];
     assert_eq!(r.https, Some(true));
@@ -1149,13 +1113,9 @@ async fn https_is_tested_on_its_own_cadence() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tunnel_failing_in_use_gets_https_tested_at_once() {
     let dir = tempfile::tempdir().unwrap();
-    let judge = Judge::plain().await;
-    let tls_judge = Judge::tls(dir.path()).await;
-    let proxy = FakeHttpProxy::start(http_opts(ProxyKind::Elite, true)).await;
-    let judges = format!(r#"["{}", "{}"]"#, judge.url(), tls_judge.url());
-    let extra = format!("extra_ca_file = \"{}\"", tls_judge.ca_file().display());
-    let entries = [format!("http://{}", proxy.addr())];
-    let config = config(dir.path(), &judges, &extra, &entries, &[]);
+    let scene = HttpsScene::start(dir.path()).await;
+    let proxy = &scene.proxy;
+    let config = scene.config(dir.path(), None);
     let (store, _) = harvest_and_check(&config).await;
     assert_eq!(proxy.targets().len(), 1);
     let id = store.list_proxies(ProxyFilter::default()).await.unwrap()[0].id;
@@ -1171,7 +1131,7 @@ async fn a_tunnel_failing_in_use_gets_https_tested_at_once() {
     run_round(&config, &store, true).await.unwrap();
     assert_eq!(proxy.targets().len(), 2, "and then not for 6 h");
 
-    let every_check = config_with_https_recheck(dir.path(), &judges, &extra, &entries, "1ms");
+    let every_check = scene.config(dir.path(), Some("1ms"));
     run_round(&every_check, &store, true).await.unwrap();
     assert_eq!(proxy.targets().len(), 3);
     assert_eq!(
@@ -1180,15 +1140,35 @@ async fn a_tunnel_failing_in_use_gets_https_tested_at_once() {
     );
 }
 
-fn config_with_https_recheck(
-    dir: &Path,
-    judges: &str,
-    extra: &str,
-    entries: &[String],
-    every: &str,
-) -> Config {
-    let extra = format!("{extra}\nhttps_recheck = \"{every}\"");
-    config(dir, judges, &extra, entries, &[])
+/// A plain judge, a TLS judge and an elite proxy that tunnels, to test
+/// the proxy's HTTPS support.
+struct HttpsScene {
+    judge: Judge,
+    tls_judge: Judge,
+    proxy: FakeHttpProxy,
+}
+
+impl HttpsScene {
+    async fn start(dir: &Path) -> HttpsScene {
+        HttpsScene {
+            judge: Judge::plain().await,
+            tls_judge: Judge::tls(dir).await,
+            proxy: FakeHttpProxy::start(http_opts(ProxyKind::Elite, true)).await,
+        }
+    }
+
+    /// A config checking the proxy alone against both judges, trusting the
+    /// TLS judge's CA, with `check.https_recheck` set to `https_recheck`
+    /// when given.
+    fn config(&self, dir: &Path, https_recheck: Option<&str>) -> Config {
+        let judges = format!(r#"["{}", "{}"]"#, self.judge.url(), self.tls_judge.url());
+        let mut extra = format!("extra_ca_file = \"{}\"", self.tls_judge.ca_file().display());
+        if let Some(every) = https_recheck {
+            extra.push_str(&format!("\nhttps_recheck = \"{every}\""));
+        }
+        let entries = [format!("http://{}", self.proxy.addr())];
+        config(dir, &judges, &extra, &entries, &[])
+    }
 }
 
 /// Issue 9, Must 6b: a proxy that takes the connection and never answers
@@ -1208,13 +1188,7 @@ async fn a_proxy_silent_in_its_handshake_costs_the_connect_timeout() {
         format!("socks5://{}", socks5.addr()),
         format!("socks4://{}", socks4.addr()),
     ];
-    let config = config(
-        dir.path(),
-        &format!(r#"["{}"]"#, judge.url()),
-        "",
-        &entries,
-        &[],
-    );
+    let config = one_judge_config(dir.path(), &judge, &entries);
     let (store, summary) = harvest_and_check(&config).await;
     assert_eq!(summary.dead_by_reason[&Reason::Timeout], 2, "{summary:?}");
     assert!(
@@ -1243,13 +1217,7 @@ async fn committing_failures_never_waits_for_a_direct_answer() {
         .map(|c| format!("http://{}", c.addr()))
         .chain(farm_list(&farm))
         .collect();
-    let mut config = config(
-        dir.path(),
-        &format!(r#"["{}"]"#, judge.url()),
-        "",
-        &entries,
-        &[],
-    );
+    let mut config = one_judge_config(dir.path(), &judge, &entries);
     config.check.concurrency = 4;
     config.check.https = false;
     let (_, summary) = harvest_and_check(&config).await;
@@ -1272,16 +1240,9 @@ async fn proxies_that_timed_out_last_time_are_started_first() {
     let judge = Judge::plain().await;
     let farm = FakeFarm::start(0, 403, None).await;
     let entries = farm_list(&farm);
-    let mut config = config(
-        dir.path(),
-        &format!(r#"["{}"]"#, judge.url()),
-        "",
-        &entries,
-        &[],
-    );
+    let mut config = one_judge_config(dir.path(), &judge, &entries);
     config.check.https = false;
-    let store = Store::open(&config.database.path).unwrap();
-    harvest_all(&config, &store).await.unwrap();
+    let store = harvested(&config).await;
     let records = store.list_proxies(ProxyFilter::default()).await.unwrap();
     let last_three: Vec<i64> = farm.silent_addrs()[400..]
         .iter()

@@ -428,15 +428,7 @@ async fn store_with(dir: &Path, proxies: &[&str]) {
             )
         })
         .collect();
-    let run = proxywarden::store::SourceRun {
-        name: "s".into(),
-        url: "u".into(),
-        format: "text".into(),
-        started_at: 1,
-        http_status: None,
-        duration_ms: 0,
-        error: None,
-    };
+    let run = common::source_run("s", "u", 1);
     store.record_source_run(run, candidates).await.unwrap();
 }
 

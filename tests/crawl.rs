@@ -19,7 +19,7 @@ use common::fakes::{
     Behavior, FakeHttpProxy, HttpProxyOpts, LIAR_PAGE, closed_port, http_proxy, ip,
 };
 use common::site::{CAPTCHA_PAGE, Reply, Site, SiteOpts, tree_page};
-use common::{AliveProxy, store_with_alive, within};
+use common::{AliveProxy, store_with_alive, within, working_proxies};
 use proxywarden::crawl::{CrawlOptions, Progress, Select, Summary, crawl};
 use proxywarden::health::{Feedback, load_index};
 use proxywarden::pool::{NoProxy, Pool, PoolOptions};
@@ -108,14 +108,13 @@ async fn every_reachable_page_is_fetched_once_through_proxies_only() {
         let dir = tempfile::tempdir().unwrap();
         let other = Site::start(SiteOpts::new(|_, _| Reply::html("other site"))).await;
         let site = Site::start(noisy_tree(40, 3, other.url("/x"))).await;
-        let good = [http_proxy(2).await, http_proxy(3).await];
+        let (good, mut proxies) = working_proxies(2).await;
         let liar = FakeHttpProxy::start(HttpProxyOpts {
             behavior: Behavior::Liar,
             ..HttpProxyOpts::default()
         })
         .await;
         let dead = closed_port();
-        let mut proxies: Vec<AliveProxy> = good.iter().map(|p| AliveProxy::new(p.url())).collect();
         proxies.push(AliveProxy::new(liar.url()));
         proxies.push(AliveProxy::new(format!("http://{dead}")));
         let pool = pool_of(dir.path(), &proxies, quick()).await;
@@ -210,17 +209,10 @@ async fn robots_txt_and_its_crawl_delay_are_obeyed() {
             "User-agent: *\nDisallow: /\n\nUser-agent: nicebot\nDisallow: /p/2\nCrawl-delay: 0.2\n",
         ));
         let site = Site::start(opts).await;
-        let proxies = [
-            http_proxy(2).await,
-            http_proxy(3).await,
-            http_proxy(4).await,
-        ];
+        let (_proxies, alive) = working_proxies(3).await;
         let pool = pool_of(
             dir.path(),
-            &proxies
-                .iter()
-                .map(|p| AliveProxy::new(p.url()))
-                .collect::<Vec<_>>(),
+            &alive,
             PoolOptions {
                 user_agent: "nicebot/1.0".into(),
                 ..quick()
@@ -310,13 +302,10 @@ async fn a_site_that_429s_slows_the_crawl_and_every_page_arrives() {
             retry_after: 1,
         });
         let site = Site::start(opts).await;
-        let proxies = [http_proxy(2).await, http_proxy(3).await];
+        let (_proxies, alive) = working_proxies(2).await;
         let pool = pool_of(
             dir.path(),
-            &proxies
-                .iter()
-                .map(|p| AliveProxy::new(p.url()))
-                .collect::<Vec<_>>(),
+            &alive,
             PoolOptions {
                 target_retries: 5,
                 ..quick()
@@ -606,18 +595,9 @@ fn urls_once(out: &[serde_json::Value]) -> HashSet<String> {
 async fn a_killed_crawl_resumes_without_fetching_pages_again() {
     within(async {
         let dir = tempfile::tempdir().unwrap();
-        let mut opts = SiteOpts::new(|p, _| tree_page(p, 80, 3));
-        opts.latency = Duration::from_millis(30);
-        let site = Site::start(opts).await;
-        let proxies = [http_proxy(2).await, http_proxy(3).await];
-        let config = binary_setup(
-            dir.path(),
-            &proxies
-                .iter()
-                .map(|p| AliveProxy::new(p.url()))
-                .collect::<Vec<_>>(),
-        )
-        .await;
+        let site = Site::tree(80, 3, Duration::from_millis(30)).await;
+        let (_proxies, alive) = working_proxies(2).await;
+        let config = binary_setup(dir.path(), &alive).await;
         let out = dir.path().join("pages.jsonl");
         let state = dir.path().join("crawl.db");
         let url = site.url("/");
@@ -678,9 +658,7 @@ async fn a_killed_crawl_resumes_without_fetching_pages_again() {
 async fn ctrl_c_finishes_the_pages_in_flight_and_exits_130() {
     within(async {
         let dir = tempfile::tempdir().unwrap();
-        let mut opts = SiteOpts::new(|p, _| tree_page(p, 120, 4));
-        opts.latency = Duration::from_millis(50);
-        let site = Site::start(opts).await;
+        let site = Site::tree(120, 4, Duration::from_millis(50)).await;
         let a = http_proxy(2).await;
         let config = binary_setup(dir.path(), &[AliveProxy::new(a.url())]).await;
         let out = dir.path().join("pages.jsonl");
@@ -729,9 +707,7 @@ async fn ctrl_c_finishes_the_pages_in_flight_and_exits_130() {
 async fn a_terminal_shows_a_progress_line_and_a_pipe_only_the_summary() {
     within(async {
         let dir = tempfile::tempdir().unwrap();
-        let mut opts = SiteOpts::new(|p, _| tree_page(p, 30, 3));
-        opts.latency = Duration::from_millis(60);
-        let site = Site::start(opts).await;
+        let site = Site::tree(30, 3, Duration::from_millis(60)).await;
         let a = http_proxy(2).await;
         let config = binary_setup(dir.path(), &[AliveProxy::new(a.url())]).await;
         let url = site.url("/");

@@ -5,212 +5,114 @@
 mod common;
 
 use std::collections::HashSet;
-use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::fakes::{FakeHttpProxy, HttpProxyOpts};
-use common::site::{Site, SiteOpts, tree_page};
-use common::{AliveProxy, store_with_alive};
-use tokio::net::TcpListener;
-use tokio::task::JoinHandle;
-use tokio_util::sync::CancellationToken;
+use common::daemon::{Daemon, status_json};
+use common::site::Site;
+use common::{store_with_alive, working_proxies};
 
-struct Daemon {
-    addr: SocketAddr,
-    shutdown: CancellationToken,
-    task: JoinHandle<anyhow::Result<()>>,
-    http: reqwest::Client,
-    token: Option<String>,
-}
-
-impl Daemon {
-    /// A daemon on `dir/daemon.db` with one crawl job at a time.
-    async fn start(dir: &Path, token: Option<&str>) -> Daemon {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let empty = dir.join("empty.txt");
-        std::fs::write(&empty, "").unwrap();
-        let mut config = common::TestConfig::new(dir)
-            .db("daemon.db")
-            .judges(&format!(
-                "[{{ url = \"http://{addr}/judge\", marker = \"proxywarden-judge\" }}]"
-            ))
-            .set("check", "https", "false")
-            .set("api", "listen", &format!("\"{addr}\""))
+/// A daemon on `dir/daemon.db` with one crawl job at a time, guarded by
+/// `token` when there is one.
+async fn start(dir: &Path, token: Option<&str>) -> Daemon {
+    Daemon::start(dir, "", |c| {
+        let c = c
             .set("crawls", "max_running", "1")
-            .set("crawls", "max_pages", "500")
-            .sources_toml(&format!(
-                "[[sources]]\nname = \"empty\"\nurl = \"{}\"\n",
-                empty.display()
-            ));
-        if let Some(t) = token {
-            config = config.set("api", "token", &format!("\"{t}\""));
+            .set("crawls", "max_pages", "500");
+        match token {
+            Some(t) => c.set("api", "token", &format!("\"{t}\"")),
+            None => c,
         }
-        let config = config.build();
-        let shutdown = CancellationToken::new();
-        let task = tokio::spawn(proxywarden::daemon::run(
-            config,
-            listener,
-            None,
-            shutdown.clone(),
-        ));
-        Daemon {
-            addr,
-            shutdown,
-            task,
-            http: client(),
-            token: token.map(str::to_owned),
+    })
+    .await
+}
+
+/// `POST /crawls` with `body`: the status and the JSON answer.
+async fn post(daemon: &Daemon, body: &str) -> (u16, serde_json::Value) {
+    let resp = daemon
+        .req(reqwest::Method::POST, "/crawls")
+        .header("content-type", "application/json")
+        .body(body.to_owned())
+        .send()
+        .await
+        .unwrap();
+    status_json(resp).await
+}
+
+/// The job's view once `done` holds of it (30 s at most).
+async fn wait_job(
+    daemon: &Daemon,
+    id: i64,
+    what: &str,
+    done: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (status, job) = daemon.json(&format!("/crawls/{id}")).await;
+        assert_eq!(status, 200, "{job}");
+        if done(&job) {
+            return job;
         }
-    }
-
-    fn req(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
-        let req = self
-            .http
-            .request(method, format!("http://{}{path}", self.addr));
-        match &self.token {
-            Some(t) => req.bearer_auth(t),
-            None => req,
-        }
-    }
-
-    async fn json(&self, method: reqwest::Method, path: &str) -> (u16, serde_json::Value) {
-        let resp = self.req(method, path).send().await.unwrap();
-        let status = resp.status().as_u16();
-        (status, resp.json().await.unwrap())
-    }
-
-    async fn post(&self, body: &str) -> (u16, serde_json::Value) {
-        let resp = self
-            .req(reqwest::Method::POST, "/crawls")
-            .header("content-type", "application/json")
-            .body(body.to_owned())
-            .send()
-            .await
-            .unwrap();
-        let status = resp.status().as_u16();
-        (status, resp.json().await.unwrap())
-    }
-
-    /// The job's view once `done` holds of it (30 s at most).
-    async fn wait_job(
-        &self,
-        id: i64,
-        what: &str,
-        done: impl Fn(&serde_json::Value) -> bool,
-    ) -> serde_json::Value {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let (status, job) = self
-                .json(reqwest::Method::GET, &format!("/crawls/{id}"))
-                .await;
-            assert_eq!(status, 200, "{job}");
-            if done(&job) {
-                return job;
-            }
-            assert!(Instant::now() < deadline, "job {id} never {what}: {job}");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
-    /// The page lines after the first `after`, and `X-Crawl-Lines`.
-    async fn pages(&self, id: i64, after: u64) -> (Vec<serde_json::Value>, u64) {
-        let resp = self
-            .req(
-                reqwest::Method::GET,
-                &format!("/crawls/{id}/pages?after={after}"),
-            )
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(resp.status(), 200);
-        assert_eq!(
-            resp.headers()["content-type"].to_str().unwrap(),
-            "application/x-ndjson"
-        );
-        let total = resp.headers()["x-crawl-lines"]
-            .to_str()
-            .unwrap()
-            .parse()
-            .unwrap();
-        let text = resp.text().await.unwrap();
-        let lines = text
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect();
-        (lines, total)
-    }
-
-    async fn stop(self) {
-        self.shutdown.cancel();
-        common::within(self.task).await.unwrap().unwrap();
+        assert!(Instant::now() < deadline, "job {id} never {what}: {job}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
-/// A direct client with the crate's TLS setup (no other provider is
-/// compiled in).
-fn client() -> reqwest::Client {
-    let tls =
-        proxywarden::net::tls::client_config(None, proxywarden::net::tls::ALPN_H2_H1).unwrap();
-    reqwest::Client::builder()
-        .tls_backend_preconfigured(std::sync::Arc::unwrap_or_clone(tls))
-        .no_proxy()
-        .timeout(Duration::from_secs(30))
-        .build()
+/// The page lines after the first `after`, and `X-Crawl-Lines`.
+async fn page_lines(daemon: &Daemon, id: i64, after: u64) -> (Vec<serde_json::Value>, u64) {
+    let resp = daemon
+        .get(&format!("/crawls/{id}/pages?after={after}"))
+        .await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(
+        resp.headers()["content-type"].to_str().unwrap(),
+        "application/x-ndjson"
+    );
+    let total = resp.headers()["x-crawl-lines"]
+        .to_str()
         .unwrap()
-}
-
-async fn proxies() -> Vec<FakeHttpProxy> {
-    let mut v = Vec::new();
-    for last in [2u8, 3] {
-        v.push(
-            FakeHttpProxy::start(HttpProxyOpts {
-                connect: true,
-                upstream_bind: Some(std::net::IpAddr::from([127, 0, 0, last])),
-                ..HttpProxyOpts::default()
-            })
-            .await,
-        );
-    }
-    v
+        .parse()
+        .unwrap();
+    let text = resp.text().await.unwrap();
+    let lines = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    (lines, total)
 }
 
 #[tokio::test]
 async fn crawl_jobs_run_stream_cancel_and_continue_after_a_restart() {
     common::within(async {
         let dir = tempfile::tempdir().unwrap();
-        let mut opts = SiteOpts::new(|p, _| tree_page(p, 40, 3));
-        opts.latency = Duration::from_millis(60);
-        let site = Site::start(opts).await;
-        let mut slow = SiteOpts::new(|p, _| tree_page(p, 400, 4));
-        slow.latency = Duration::from_millis(100);
-        let slow = Site::start(slow).await;
-        let farm = proxies().await;
-        let alive: Vec<AliveProxy> = farm.iter().map(|p| AliveProxy::new(p.url())).collect();
+        let site = Site::tree(40, 3, Duration::from_millis(60)).await;
+        let slow = Site::tree(400, 4, Duration::from_millis(100)).await;
+        let (_farm, alive) = working_proxies(2).await;
         let (store, _) = store_with_alive(&dir.path().join("daemon.db"), &alive).await;
         drop(store);
 
-        let daemon = Daemon::start(dir.path(), None).await;
-        let (status, first) = daemon
-            .post(&format!(
+        let daemon = start(dir.path(), None).await;
+        let (status, first) = post(
+            &daemon,
+            &format!(
                 r#"{{"seeds": ["{}"], "per_host_concurrency": 1, "select": {{"title": "title"}}}}"#,
                 site.url("/")
-            ))
-            .await;
+            ),
+        )
+        .await;
         assert_eq!(status, 201, "{first}");
         let id = first["id"].as_i64().unwrap();
         assert_eq!(first["options"]["per_host_concurrency"], 1);
         // One job at a time: the second waits.
-        let (status, second) = daemon
-            .post(&format!(
-                r#"{{"seeds": ["{}"], "max_pages": 300}}"#,
-                slow.url("/")
-            ))
-            .await;
+        let (status, second) = post(
+            &daemon,
+            &format!(r#"{{"seeds": ["{}"], "max_pages": 300}}"#, slow.url("/")),
+        )
+        .await;
         assert_eq!(status, 201, "{second}");
         let id2 = second["id"].as_i64().unwrap();
         assert_eq!(second["state"], "queued");
-        let (_, list) = daemon.json(reqwest::Method::GET, "/crawls").await;
+        let (_, list) = daemon.json("/crawls").await;
         let ids: Vec<i64> = list["crawls"]
             .as_array()
             .unwrap()
@@ -220,24 +122,21 @@ async fn crawl_jobs_run_stream_cancel_and_continue_after_a_restart() {
         assert_eq!(ids, [id2, id], "newest first");
 
         // Some pages in, the daemon stops; the job is not over.
-        daemon
-            .wait_job(id, "made progress", |j| {
-                j["state"] == "running" && j["progress"]["pages"].as_u64().unwrap() >= 5
-            })
-            .await;
-        let (before, _) = daemon.pages(id, 0).await;
+        wait_job(&daemon, id, "made progress", |j| {
+            j["state"] == "running" && j["progress"]["pages"].as_u64().unwrap() >= 5
+        })
+        .await;
+        let (before, _) = page_lines(&daemon, id, 0).await;
         assert!(!before.is_empty());
         daemon.stop().await;
         assert!(site.log().len() < 40, "stopped before the end");
 
         // A new daemon on the same database continues it.
-        let daemon = Daemon::start(dir.path(), None).await;
-        let job = daemon
-            .wait_job(id, "finished", |j| j["state"] == "finished")
-            .await;
+        let daemon = start(dir.path(), None).await;
+        let job = wait_job(&daemon, id, "finished", |j| j["state"] == "finished").await;
         assert_eq!(job["summary"]["pages_ok"], 40, "{job}");
         assert_eq!(job["progress"]["pages"], 40, "{job}");
-        let (pages, total) = daemon.pages(id, 0).await;
+        let (pages, total) = page_lines(&daemon, id, 0).await;
         assert_eq!(total, 40);
         let urls: HashSet<&str> = pages.iter().map(|p| p["url"].as_str().unwrap()).collect();
         assert_eq!(urls.len(), 40, "every page once");
@@ -256,40 +155,42 @@ async fn crawl_jobs_run_stream_cancel_and_continue_after_a_restart() {
             .collect();
         assert!(twice.len() <= 1, "{twice:?}");
         // Resumable: after N gives the rest.
-        let (rest, total) = daemon.pages(id, 30).await;
+        let (rest, total) = page_lines(&daemon, id, 30).await;
         assert_eq!((rest.len(), total), (10, 40));
         assert_eq!(rest, pages[30..]);
 
         // The second job runs now; cancelling it ends it for good.
-        daemon
-            .wait_job(id2, "started", |j| {
-                j["progress"]["pages"].as_u64().unwrap() >= 2
-            })
-            .await;
-        let (status, cancelled) = daemon
-            .json(reqwest::Method::DELETE, &format!("/crawls/{id2}"))
-            .await;
+        wait_job(&daemon, id2, "started", |j| {
+            j["progress"]["pages"].as_u64().unwrap() >= 2
+        })
+        .await;
+        let (status, cancelled) = status_json(
+            daemon
+                .req(reqwest::Method::DELETE, &format!("/crawls/{id2}"))
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await;
         assert_eq!(status, 200, "{cancelled}");
         assert_eq!(cancelled["state"], "cancelled", "{cancelled}");
         let fetched = slow.log().len();
         assert!(fetched < 300, "{fetched}");
-        let (written, _) = daemon.pages(id2, 0).await;
+        let (written, _) = page_lines(&daemon, id2, 0).await;
         assert!(!written.is_empty());
         daemon.stop().await;
-        let daemon = Daemon::start(dir.path(), None).await;
+        let daemon = start(dir.path(), None).await;
         tokio::time::sleep(Duration::from_millis(300)).await;
-        let (_, job) = daemon
-            .json(reqwest::Method::GET, &format!("/crawls/{id2}"))
-            .await;
+        let (_, job) = daemon.json(&format!("/crawls/{id2}")).await;
         assert_eq!(job["state"], "cancelled");
         assert_eq!(slow.log().len(), fetched, "a cancelled job stays stopped");
 
-        let (status, err) = daemon.json(reqwest::Method::GET, "/crawls/99").await;
+        let (status, err) = daemon.json("/crawls/99").await;
         assert_eq!(
             (status, err["error"]["code"].as_str()),
             (404, Some("not_found"))
         );
-        let (status, err) = daemon.json(reqwest::Method::GET, "/crawls/x/pages").await;
+        let (status, err) = daemon.json("/crawls/x/pages").await;
         assert_eq!(
             (status, err["error"]["code"].as_str()),
             (400, Some("bad_request"))
@@ -304,7 +205,7 @@ async fn bad_crawl_options_get_a_400_naming_the_field_and_the_token_guards_crawl
     common::within(async {
         let dir = tempfile::tempdir().unwrap();
         let token = "a-long-enough-test-token";
-        let daemon = Daemon::start(dir.path(), Some(token)).await;
+        let daemon = start(dir.path(), Some(token)).await;
         for (body, field) in [
             (r#"{"seeds": []}"#, "seeds"),
             (
@@ -341,29 +242,24 @@ async fn bad_crawl_options_get_a_400_naming_the_field_and_the_token_guards_crawl
             ),
             ("not json", "body"),
         ] {
-            let (status, err) = daemon.post(body).await;
+            let (status, err) = post(&daemon, body).await;
             assert_eq!(status, 400, "{body}: {err}");
             assert_eq!(err["error"]["code"], "bad_request", "{body}");
             let message = err["error"]["message"].as_str().unwrap();
             assert!(message.contains(field), "{body}: {message}");
         }
-        let (_, list) = daemon.json(reqwest::Method::GET, "/crawls").await;
+        let (_, list) = daemon.json("/crawls").await;
         assert_eq!(list["crawls"], serde_json::json!([]), "nothing was started");
 
         let anonymous = daemon
             .http
-            .post(format!("http://{}/crawls", daemon.addr))
+            .post(daemon.url("/crawls"))
             .body(r#"{"seeds": ["http://127.0.0.1:9/"]}"#)
             .send()
             .await
             .unwrap();
         assert_eq!(anonymous.status(), 401);
-        let anonymous = daemon
-            .http
-            .get(format!("http://{}/crawls", daemon.addr))
-            .send()
-            .await
-            .unwrap();
+        let anonymous = daemon.http.get(daemon.url("/crawls")).send().await.unwrap();
         assert_eq!(anonymous.status(), 401);
         daemon.stop().await;
     })

@@ -12,114 +12,32 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use common::daemon::{self, Daemon};
 use common::fakes::{
     self, Behavior, FakeHttpProxy, FakeSocks5, HttpProxyOpts, ProxyKind, SocksOpts,
 };
 use proxywarden::config::Config;
 use proxywarden::store::Store;
 use tokio::net::TcpListener;
-use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-struct Daemon {
-    addr: SocketAddr,
-    shutdown: CancellationToken,
-    task: JoinHandle<anyhow::Result<()>>,
-    http: reqwest::Client,
-    token: Option<String>,
+/// A daemon with `api_extra` (`key = value` lines) added to `[api]`.
+async fn start(dir: &Path, sources: &str, api_extra: &str) -> Daemon {
+    start_with(dir, sources, |c| c.lines("api", api_extra)).await
 }
 
-impl Daemon {
-    async fn start(dir: &Path, sources: &str, api_extra: &str) -> Daemon {
-        Daemon::start_with(dir, sources, |c| c.lines("api", api_extra)).await
-    }
-
-    /// A daemon whose config `tune` adjusts last.
-    async fn start_with(
-        dir: &Path,
-        sources: &str,
-        tune: impl FnOnce(common::TestConfig) -> common::TestConfig,
-    ) -> Daemon {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        // Without sources the built-in public ones would be used: tests
-        // never reach the internet, so give them an empty local list.
-        let empty;
-        let sources = if sources.is_empty() {
-            let path = dir.join("empty.txt");
-            std::fs::write(&path, "").unwrap();
-            empty = format!(
-                "[[sources]]\nname = \"empty\"\nurl = \"{}\"\n",
-                path.display()
-            );
-            empty.as_str()
-        } else {
-            sources
-        };
-        let config = common::TestConfig::new(dir)
-            .db("daemon.db")
-            .judges(&format!(
-                "[{{ url = \"http://{addr}/judge\", marker = \"proxywarden-judge\" }}]"
-            ))
-            .set("check", "concurrency", "32")
-            .set("check", "https", "false")
-            .set("api", "listen", &format!("\"{addr}\""))
-            .sources_toml(sources);
-        let config = tune(config).build();
-        let token = config.api.token.as_ref().map(|t| t.0.clone());
-        let shutdown = CancellationToken::new();
-        let task = tokio::spawn(proxywarden::daemon::run(
-            config,
-            listener,
-            None,
-            shutdown.clone(),
-        ));
-        Daemon {
-            addr,
-            shutdown,
-            task,
-            http: client(),
-            token,
-        }
-    }
-
-    fn url(&self, path: &str) -> String {
-        format!("http://{}{path}", self.addr)
-    }
-
-    async fn get(&self, path: &str) -> reqwest::Response {
-        let mut req = self.http.get(self.url(path));
-        if let Some(t) = &self.token {
-            req = req.bearer_auth(t);
-        }
-        req.send().await.unwrap()
-    }
-
-    async fn json(&self, path: &str) -> (u16, serde_json::Value) {
-        let resp = self.get(path).await;
-        let status = resp.status().as_u16();
-        (status, resp.json().await.unwrap())
-    }
-
-    async fn stop(self) -> Duration {
-        let started = Instant::now();
-        self.shutdown.cancel();
-        common::within(self.task).await.unwrap().unwrap();
-        started.elapsed()
-    }
+/// A daemon checking at concurrency 32, whose config `tune` adjusts last.
+async fn start_with(
+    dir: &Path,
+    sources: &str,
+    tune: impl FnOnce(common::TestConfig) -> common::TestConfig,
+) -> Daemon {
+    Daemon::start(dir, sources, |c| tune(c.set("check", "concurrency", "32"))).await
 }
 
-/// A test client: direct, with the crate's TLS setup (no other provider is
-/// compiled in).
+/// A test client (see [`daemon::client`]).
 fn client() -> reqwest::Client {
-    let tls =
-        proxywarden::net::tls::client_config(None, proxywarden::net::tls::ALPN_H2_H1).unwrap();
-    reqwest::Client::builder()
-        .tls_backend_preconfigured(std::sync::Arc::unwrap_or_clone(tls))
-        .no_proxy()
-        .timeout(Duration::from_secs(30))
-        .build()
-        .unwrap()
+    daemon::client(Duration::from_secs(30))
 }
 
 fn exit() -> Option<std::net::IpAddr> {
@@ -199,7 +117,7 @@ impl Checked {
                 (closed.addr(), "http", "US"),
             ],
         );
-        let d = Daemon::start(dir.path(), &sources, "").await;
+        let d = start(dir.path(), &sources, "").await;
         until_checked(&d, 5).await;
         let (_, stats) = d.json("/stats").await;
         assert_eq!(stats["by_status"]["alive"], 3);
@@ -448,7 +366,7 @@ async fn a_restart_serves_the_same_healthy_set_from_sqlite() {
             (closed.addr(), "http", "NL"),
         ],
     );
-    let d = Daemon::start(dir.path(), &sources, "").await;
+    let d = start(dir.path(), &sources, "").await;
     until_checked(&d, 3).await;
     let (_, before) = d.json("/export?format=json").await;
     assert_eq!(proxy_set(&before).len(), 2);
@@ -456,7 +374,7 @@ async fn a_restart_serves_the_same_healthy_set_from_sqlite() {
 
     // The sources are gone now; the healthy set comes from the database.
     std::fs::remove_file(dir.path().join("list.json")).unwrap();
-    let d = Daemon::start(dir.path(), &sources, "").await;
+    let d = start(dir.path(), &sources, "").await;
     let (_, after) = d.json("/export?format=json").await;
     assert_eq!(proxy_set(&after), proxy_set(&before));
     let (status, _) = d.json("/proxy?country=NL").await;
@@ -504,7 +422,7 @@ async fn a_restart_serves_the_same_healthy_set_from_sqlite() {
 #[tokio::test]
 async fn the_token_guards_every_route_but_healthz_and_judge() {
     let dir = tempfile::tempdir().unwrap();
-    let d = Daemon::start(dir.path(), "", "token = \"s3cret-token\"").await;
+    let d = start(dir.path(), "", "token = \"s3cret-token\"").await;
     let plain = client();
     for path in [
         "/proxy", "/proxies", "/export", "/stats", "/sources", "/metrics",
@@ -562,7 +480,7 @@ fn binding_a_public_address_without_a_token_is_refused() {
 #[tokio::test]
 async fn the_judge_can_be_switched_off_and_is_rate_limited() {
     let dir = tempfile::tempdir().unwrap();
-    let d = Daemon::start(dir.path(), "", "judge_per_minute = 3").await;
+    let d = start(dir.path(), "", "judge_per_minute = 3").await;
     let mut codes = Vec::new();
     for _ in 0..5 {
         codes.push(d.get("/judge").await.status().as_u16());
@@ -576,7 +494,7 @@ async fn the_judge_can_be_switched_off_and_is_rate_limited() {
     d.stop().await;
 
     let dir = tempfile::tempdir().unwrap();
-    let d = Daemon::start(dir.path(), "", "judge = false").await;
+    let d = start(dir.path(), "", "judge = false").await;
     assert_eq!(d.get("/judge").await.status(), 404);
     d.stop().await;
 }
@@ -584,18 +502,10 @@ async fn the_judge_can_be_switched_off_and_is_rate_limited() {
 /// The store of `config` holding one proxy at `addr`, and its id.
 async fn store_with_one_proxy(config: Config, addr: SocketAddr) -> (Config, Store, i64) {
     use proxywarden::model::{Candidate, Hints, SourceScheme};
-    use proxywarden::store::{ProxyFilter, SourceRun};
+    use proxywarden::store::ProxyFilter;
 
     let store = Store::open(&config.database.path).unwrap();
-    let run = SourceRun {
-        name: "s".into(),
-        url: "u".into(),
-        format: "text".into(),
-        started_at: 1,
-        http_status: None,
-        duration_ms: 0,
-        error: None,
-    };
+    let run = common::source_run("s", "u", 1);
     let c = Candidate::new(
         addr.ip(),
         addr.port(),
@@ -722,7 +632,7 @@ async fn overdue_sources_are_harvested_at_start_up() {
         site.url("/fresh.txt"),
         new_list.display()
     );
-    let d = Daemon::start(dir.path(), &sources, "").await;
+    let d = start(dir.path(), &sources, "").await;
     let deadline = Instant::now() + Duration::from_secs(20);
     let fetches = loop {
         let (_, sources) = d.json("/sources").await;
@@ -836,7 +746,7 @@ async fn after_a_mass_death_plain_proxy_answers_are_alive() {
     let sources = json_source(dir.path(), &items);
     // The cycle scales down with the pool: 100 proxies at most every second
     // stand for the default's 2,000 every 13 s.
-    let d = Daemon::start_with(dir.path(), &sources, |c| {
+    let d = start_with(dir.path(), &sources, |c| {
         c.set("check", "serve_recheck_min", "\"1s\"")
     })
     .await;
@@ -889,12 +799,12 @@ async fn verify_works_from_the_first_second_and_hides_what_it_finds_dead() {
         dir.path(),
         &[(good.addr(), "http", "US"), (doomed.addr(), "http", "DE")],
     );
-    let d = Daemon::start(dir.path(), &sources, "").await;
+    let d = start(dir.path(), &sources, "").await;
     until_servable(&d, 2).await;
     d.stop().await;
 
     // Restarted: nothing is due for minutes, yet verify answers at once.
-    let d = Daemon::start(dir.path(), &sources, "").await;
+    let d = start(dir.path(), &sources, "").await;
     let started = Instant::now();
     let (status, p) = d.json("/proxy?verify=true&country=US").await;
     assert_eq!(status, 200, "{p}");
@@ -929,7 +839,7 @@ async fn verify_skips_but_keeps_a_proxy_it_cannot_confirm_dead() {
     })
     .await;
     let sources = json_source(dir.path(), &[(proxy.addr(), "http", "DE")]);
-    let d = Daemon::start(dir.path(), &sources, "").await;
+    let d = start(dir.path(), &sources, "").await;
     until_servable(&d, 1).await;
 
     lying.store(true, Ordering::SeqCst);
@@ -948,7 +858,7 @@ async fn verify_skips_but_keeps_a_proxy_it_cannot_confirm_dead() {
 async fn verify_without_a_judge_is_not_ready() {
     let dir = tempfile::tempdir().unwrap();
     let closed = fakes::closed_port();
-    let d = Daemon::start_with(dir.path(), "", |c| {
+    let d = start_with(dir.path(), "", |c| {
         c.judges(&format!("[\"http://{}/judge\"]", closed.addr()))
     })
     .await;
@@ -974,7 +884,7 @@ async fn an_empty_pool_says_nothing_is_alive() {
         dir.path(),
         &[(closed.addr(), "http", "US"), (liar.addr(), "http", "DE")],
     );
-    let d = Daemon::start(dir.path(), &sources, "").await;
+    let d = start(dir.path(), &sources, "").await;
     until_checked(&d, 2).await;
     let (status, body) = d.json("/proxy").await;
     assert_eq!(status, 404, "{body}");

@@ -12,12 +12,13 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::daemon::Daemon;
 use common::fakes::{
     EchoJudge, FakeHttpProxy, FakeSocks4, FakeSocks5, HttpProxyOpts, JudgeEcho, SocksOpts,
     closed_port, http_proxy, ip,
 };
 use common::site::{Reply, Site, SiteOpts};
-use common::{AliveProxy, TestConfig, store_with_alive, within};
+use common::{AliveProxy, TestConfig, ThreeCountries, store_with_alive, within, working_proxies};
 use proxywarden::gateway::{self, Gateway};
 use proxywarden::health::{Feedback, load_index};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -133,12 +134,7 @@ async fn plain_http_rotates_per_request_and_names_the_proxy() {
     within(async {
         let dir = tempfile::tempdir().unwrap();
         let site = Site::start(SiteOpts::routes(vec![("/a", Reply::html("page a"))])).await;
-        let proxies = [
-            http_proxy(2).await,
-            http_proxy(3).await,
-            http_proxy(4).await,
-        ];
-        let alive: Vec<AliveProxy> = proxies.iter().map(|p| AliveProxy::new(p.url())).collect();
+        let (_proxies, alive) = working_proxies(3).await;
         let gw = Gw::start(dir.path(), &alive).await;
         let client = gw.client(None);
         let mut used = Vec::new();
@@ -350,12 +346,7 @@ async fn a_session_keeps_its_proxy_until_the_proxy_fails() {
     within(async {
         let dir = tempfile::tempdir().unwrap();
         let site = Site::start(SiteOpts::routes(vec![("/a", Reply::html("page a"))])).await;
-        let mut proxies = vec![
-            http_proxy(2).await,
-            http_proxy(3).await,
-            http_proxy(4).await,
-        ];
-        let alive: Vec<AliveProxy> = proxies.iter().map(|p| AliveProxy::new(p.url())).collect();
+        let (mut proxies, alive) = working_proxies(3).await;
         let gw = Gw::start(dir.path(), &alive).await;
         let client = gw.client(Some(("session-abc", "x")));
         let mut used = Vec::new();
@@ -393,31 +384,8 @@ async fn filters_in_the_username_or_headers_choose_the_proxy() {
     within(async {
         let dir = tempfile::tempdir().unwrap();
         let site = Site::start(SiteOpts::routes(vec![("/a", Reply::html("page a"))])).await;
-        let de = http_proxy(2).await;
-        let us = http_proxy(3).await;
-        let s5 = FakeSocks5::start(SocksOpts {
-            upstream_bind: Some(ip(4)),
-            ..SocksOpts::default()
-        })
-        .await;
-        let gw = Gw::start(
-            dir.path(),
-            &[
-                AliveProxy {
-                    country: Some("DE"),
-                    ..AliveProxy::new(de.url())
-                },
-                AliveProxy {
-                    country: Some("US"),
-                    ..AliveProxy::new(us.url())
-                },
-                AliveProxy {
-                    country: Some("US"),
-                    ..AliveProxy::new(s5.url())
-                },
-            ],
-        )
-        .await;
+        let three = ThreeCountries::start().await;
+        let gw = Gw::start(dir.path(), &three.alive()).await;
         let client = gw.client(Some(("country-de+anonymity-elite", "")));
         for _ in 0..3 {
             let resp = client.get(site.url("/a")).send().await.unwrap();
@@ -836,30 +804,10 @@ async fn serve_runs_the_gateway_and_shows_its_counters_in_stats_and_metrics() {
         )
         .await;
         drop(store);
-        let api = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let api_addr = api.local_addr().unwrap();
-        let gw_listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let gw_addr = gw_listener.local_addr().unwrap();
-        let empty = dir.path().join("empty.txt");
-        std::fs::write(&empty, "").unwrap();
-        let config = TestConfig::new(dir.path())
-            .judges(&format!(
-                "[{{ url = \"http://{api_addr}/judge\", marker = \"proxywarden-judge\" }}]"
-            ))
-            .set("check", "https", "false")
-            .set("api", "listen", &format!("\"{api_addr}\""))
-            .sources_toml(&format!(
-                "[[sources]]\nname = \"empty\"\nurl = \"{}\"\n",
-                empty.display()
-            ))
-            .build();
-        let shutdown = CancellationToken::new();
-        let daemon = tokio::spawn(proxywarden::daemon::run(
-            config,
-            api,
-            Some(gw_listener),
-            shutdown.clone(),
-        ));
+        // The database store_with_alive filled, not the fixture's own.
+        let (daemon, gw_addr) =
+            Daemon::start_with_gateway(dir.path(), "", |c| c.db("test.db")).await;
+        let api_addr = daemon.addr;
         let tls =
             proxywarden::net::tls::client_config(None, proxywarden::net::tls::ALPN_H1).unwrap();
         let client = reqwest::Client::builder()
@@ -908,8 +856,7 @@ async fn serve_runs_the_gateway_and_shows_its_counters_in_stats_and_metrics() {
             assert!(metrics.contains(line), "{line} missing from\n{metrics}");
         }
         assert!(metrics.contains("proxywarden_gateway_bytes_total{direction=\"received\"}"));
-        shutdown.cancel();
-        daemon.await.unwrap().unwrap();
+        daemon.stop().await;
     })
     .await;
 }
@@ -982,13 +929,7 @@ async fn a_page_that_refuses_everyone_is_passed_on_after_two_proxies() {
     within(async {
         let dir = tempfile::tempdir().unwrap();
         let site = Site::start(SiteOpts::routes(vec![("/private", Reply::status(403))])).await;
-        let proxies = [
-            http_proxy(2).await,
-            http_proxy(3).await,
-            http_proxy(4).await,
-            http_proxy(5).await,
-        ];
-        let alive: Vec<AliveProxy> = proxies.iter().map(|p| AliveProxy::new(p.url())).collect();
+        let (_proxies, alive) = working_proxies(4).await;
         let gw = Gw::start(dir.path(), &alive).await;
         let resp = gw
             .client(None)

@@ -43,6 +43,16 @@ fn proxy(scheme: Scheme, addr: SocketAddr, auth: Option<(&str, &str)>) -> Proxy 
     }
 }
 
+/// An HTTP proxy that wants `alice:s3cret`, and tunnels when `connect`.
+async fn alice_proxy(connect: bool) -> FakeHttpProxy {
+    FakeHttpProxy::start(HttpProxyOpts {
+        connect,
+        auth: Some(("alice".into(), "s3cret".into())),
+        ..HttpProxyOpts::default()
+    })
+    .await
+}
+
 fn tunnel() -> DialOptions {
     DialOptions {
         connect_timeout: Duration::from_secs(2),
@@ -83,11 +93,7 @@ async fn read_response<S: AsyncRead + Unpin>(stream: &mut S) -> (String, Vec<u8>
 async fn http_forward_hands_back_the_proxy_for_absolute_form_requests() {
     within(async {
         let judge = EchoJudge::start().await;
-        let http = FakeHttpProxy::start(HttpProxyOpts {
-            auth: Some(("alice".into(), "s3cret".into())),
-            ..HttpProxyOpts::default()
-        })
-        .await;
+        let http = alice_proxy(false).await;
         let p = proxy(Scheme::Http, http.addr(), Some(("alice", "s3cret")));
         let opts = DialOptions {
             forward: true,
@@ -121,12 +127,7 @@ async fn http_forward_hands_back_the_proxy_for_absolute_form_requests() {
 async fn connect_with_the_right_credentials_opens_the_tunnel() {
     within(async {
         let echo = EchoServer::start().await;
-        let http = FakeHttpProxy::start(HttpProxyOpts {
-            connect: true,
-            auth: Some(("alice".into(), "s3cret".into())),
-            ..HttpProxyOpts::default()
-        })
-        .await;
+        let http = alice_proxy(true).await;
         let p = proxy(Scheme::Http, http.addr(), Some(("alice", "s3cret")));
         let mut dialed = dial(Some(&p), &Target::from(echo.addr()), &tunnel())
             .await
@@ -140,12 +141,7 @@ async fn connect_with_the_right_credentials_opens_the_tunnel() {
 async fn connect_without_or_with_wrong_credentials_is_proxy_auth_required() {
     within(async {
         let echo = EchoServer::start().await;
-        let http = FakeHttpProxy::start(HttpProxyOpts {
-            connect: true,
-            auth: Some(("alice".into(), "s3cret".into())),
-            ..HttpProxyOpts::default()
-        })
-        .await;
+        let http = alice_proxy(true).await;
         let target = Target::from(echo.addr());
         for auth in [None, Some(("alice", "wrong"))] {
             let p = proxy(Scheme::Http, http.addr(), auth);

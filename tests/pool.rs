@@ -17,20 +17,11 @@ use common::fakes::{
     http_proxy, ip,
 };
 use common::site::{CAPTCHA_PAGE, Reply, Site, SiteOpts};
-use common::{AliveProxy, store_with_alive};
+use common::{AliveProxy, ThreeCountries, store_with_alive, within, working_proxies};
 use proxywarden::health::{Feedback, ProxyQuery, load_index};
 use proxywarden::pool::{Carrier, FetchError, NoProxy, Pool, PoolOptions, Request, StrategyKind};
 use proxywarden::proxy::{Country, Scheme};
 use proxywarden::store::{DueCursor, DueLane, Store};
-
-/// No test may take longer than this, whatever a server does.
-const TEST_LIMIT: Duration = Duration::from_secs(30);
-
-async fn within<F: Future<Output = ()>>(body: F) {
-    tokio::time::timeout(TEST_LIMIT, body)
-        .await
-        .expect("test exceeded its time limit");
-}
 
 async fn odd_proxy(behavior: Behavior) -> FakeHttpProxy {
     FakeHttpProxy::start(HttpProxyOpts {
@@ -39,6 +30,23 @@ async fn odd_proxy(behavior: Behavior) -> FakeHttpProxy {
         ..HttpProxyOpts::default()
     })
     .await
+}
+
+/// A proxy misbehaving as `behavior` ahead of a working one from
+/// 127.0.0.3 in a round-robin pool: the two proxies, the pool and their
+/// ids.
+async fn odd_then_good(
+    dir: &std::path::Path,
+    behavior: Behavior,
+) -> (FakeHttpProxy, FakeHttpProxy, Pool, Vec<i64>) {
+    let odd = odd_proxy(behavior).await;
+    let good = http_proxy(3).await;
+    let (pool, _, ids) = round_robin_pool(
+        dir,
+        &[AliveProxy::new(odd.url()), AliveProxy::new(good.url())],
+    )
+    .await;
+    (odd, good, pool, ids)
 }
 
 /// Short limits so that failing proxies cost the tests little.
@@ -63,6 +71,18 @@ async fn live_pool(
     let index = load_index(&store).await.unwrap();
     let pool = Pool::new(Feedback::new(index, store.clone()), opts).unwrap();
     (pool, store, ids)
+}
+
+/// A round-robin pool with quick limits over `proxies`, taken in turn.
+async fn round_robin_pool(
+    dir: &std::path::Path,
+    proxies: &[AliveProxy],
+) -> (Pool, Store, Vec<i64>) {
+    let opts = PoolOptions {
+        strategy: StrategyKind::RoundRobin,
+        ..quick()
+    };
+    live_pool(dir, proxies, opts).await
 }
 
 fn peers(site: &Site) -> Vec<IpAddr> {
@@ -202,27 +222,8 @@ async fn filters_choose_which_proxies_carry_requests() {
     within(async {
         let dir = tempfile::tempdir().unwrap();
         let site = Site::start(SiteOpts::new(|_, _| Reply::html("ok"))).await;
-        let de = http_proxy(2).await;
-        let us = http_proxy(3).await;
-        let us5 = FakeSocks5::start(SocksOpts {
-            upstream_bind: Some(ip(4)),
-            ..SocksOpts::default()
-        })
-        .await;
-        let proxies = [
-            AliveProxy {
-                country: Some("DE"),
-                ..AliveProxy::new(de.url())
-            },
-            AliveProxy {
-                country: Some("US"),
-                ..AliveProxy::new(us.url())
-            },
-            AliveProxy {
-                country: Some("US"),
-                ..AliveProxy::new(us5.url())
-            },
-        ];
+        let three = ThreeCountries::start().await;
+        let proxies = three.alive();
         let opts = PoolOptions {
             query: ProxyQuery {
                 countries: vec![Country::parse("US").unwrap()],
@@ -245,12 +246,7 @@ async fn round_robin_and_least_used_spread_requests_evenly() {
     within(async {
         let dir = tempfile::tempdir().unwrap();
         let site = Site::start(SiteOpts::new(|_, _| Reply::html("ok"))).await;
-        let fakes = [
-            http_proxy(2).await,
-            http_proxy(3).await,
-            http_proxy(4).await,
-        ];
-        let proxies: Vec<AliveProxy> = fakes.iter().map(|f| AliveProxy::new(f.url())).collect();
+        let (_fakes, proxies) = working_proxies(3).await;
         for (i, strategy) in [StrategyKind::RoundRobin, StrategyKind::LeastUsed]
             .into_iter()
             .enumerate()
@@ -288,11 +284,10 @@ async fn a_proxy_at_its_in_flight_cap_is_not_handed_out() {
         let mut opts = SiteOpts::new(|_, _| Reply::html("slow"));
         opts.latency = Duration::from_millis(200);
         let site = Site::start(opts).await;
-        let a = http_proxy(2).await;
-        let b = http_proxy(3).await;
+        let (_proxies, alive) = working_proxies(2).await;
         let (pool, _, _) = live_pool(
             dir.path(),
-            &[AliveProxy::new(a.url()), AliveProxy::new(b.url())],
+            &alive,
             PoolOptions {
                 max_in_flight: 1,
                 no_proxy: NoProxy::Wait(Duration::from_secs(10)),
@@ -327,13 +322,9 @@ async fn a_proxy_that_dies_mid_run_is_cooled_down_and_dropped() {
         let site = Site::start(SiteOpts::new(|_, _| Reply::html("ok"))).await;
         let a = http_proxy(2).await;
         let b = http_proxy(3).await;
-        let (pool, store, ids) = live_pool(
+        let (pool, store, ids) = round_robin_pool(
             dir.path(),
             &[AliveProxy::new(a.url()), AliveProxy::new(b.url())],
-            PoolOptions {
-                strategy: StrategyKind::RoundRobin,
-                ..quick()
-            },
         )
         .await;
         for n in 0..4 {
@@ -371,17 +362,8 @@ async fn a_proxy_banned_by_one_site_still_serves_another() {
         strict.banned = vec![ip(2)];
         let strict = Site::start(strict).await;
         let lenient = Site::start(SiteOpts::new(|_, _| Reply::html("news"))).await;
-        let a = http_proxy(2).await;
-        let b = http_proxy(3).await;
-        let (pool, _, ids) = live_pool(
-            dir.path(),
-            &[AliveProxy::new(a.url()), AliveProxy::new(b.url())],
-            PoolOptions {
-                strategy: StrategyKind::RoundRobin,
-                ..quick()
-            },
-        )
-        .await;
+        let (_proxies, alive) = working_proxies(2).await;
+        let (pool, _, ids) = round_robin_pool(dir.path(), &alive).await;
         for n in 0..5 {
             let page = pool.get(&strict.url(&format!("/{n}"))).await.unwrap();
             assert_ne!(page.text(), CAPTCHA_PAGE);
@@ -411,14 +393,8 @@ async fn a_429_with_retry_after_is_waited_out_on_another_proxy() {
             _ => Reply::html("finally"),
         }))
         .await;
-        let a = http_proxy(2).await;
-        let b = http_proxy(3).await;
-        let (pool, _, _) = live_pool(
-            dir.path(),
-            &[AliveProxy::new(a.url()), AliveProxy::new(b.url())],
-            quick(),
-        )
-        .await;
+        let (_proxies, alive) = working_proxies(2).await;
+        let (pool, _, _) = live_pool(dir.path(), &alive, quick()).await;
         let page = pool.get(&site.url("/limited")).await.unwrap();
         assert_eq!((page.status().as_u16(), page.attempts()), (200, 2));
         let log = site.log();
@@ -447,17 +423,7 @@ async fn a_captive_portal_is_never_returned_as_content() {
     within(async {
         let dir = tempfile::tempdir().unwrap();
         let site = Site::start(SiteOpts::new(|_, _| Reply::html("<p>the real page</p>"))).await;
-        let liar = odd_proxy(Behavior::Liar).await;
-        let good = http_proxy(3).await;
-        let (pool, _, ids) = live_pool(
-            dir.path(),
-            &[AliveProxy::new(liar.url()), AliveProxy::new(good.url())],
-            PoolOptions {
-                strategy: StrategyKind::RoundRobin,
-                ..quick()
-            },
-        )
-        .await;
+        let (liar, _good, pool, ids) = odd_then_good(dir.path(), Behavior::Liar).await;
         for n in 0..4 {
             let page = pool.get(&site.url(&format!("/{n}"))).await.unwrap();
             assert_eq!(page.text(), "<p>the real page</p>");
@@ -495,17 +461,7 @@ async fn a_proxy_that_accepts_and_never_answers_costs_seconds() {
     within(async {
         let dir = tempfile::tempdir().unwrap();
         let site = Site::start(SiteOpts::new(|_, _| Reply::html("ok"))).await;
-        let hang = odd_proxy(Behavior::Hang).await;
-        let good = http_proxy(3).await;
-        let (pool, _, ids) = live_pool(
-            dir.path(),
-            &[AliveProxy::new(hang.url()), AliveProxy::new(good.url())],
-            PoolOptions {
-                strategy: StrategyKind::RoundRobin,
-                ..quick()
-            },
-        )
-        .await;
+        let (_hang, _good, pool, ids) = odd_then_good(dir.path(), Behavior::Hang).await;
         let started = Instant::now();
         let page = pool.get(&site.url("/")).await.unwrap();
         let took = started.elapsed();
@@ -639,12 +595,7 @@ async fn sticky_sessions_keep_their_proxy_until_it_fails_or_wears_out() {
     within(async {
         let dir = tempfile::tempdir().unwrap();
         let site = Site::start(SiteOpts::new(|_, _| Reply::html("ok"))).await;
-        let fakes = [
-            http_proxy(2).await,
-            http_proxy(3).await,
-            http_proxy(4).await,
-        ];
-        let proxies: Vec<AliveProxy> = fakes.iter().map(|f| AliveProxy::new(f.url())).collect();
+        let (_fakes, proxies) = working_proxies(3).await;
         let (pool, _, _) = live_pool(
             dir.path(),
             &proxies,
@@ -721,11 +672,10 @@ async fn bodies_are_decoded_capped_and_redirects_stay_in_scope() {
             ("/away", Reply::redirect(302, &other.url("/"))),
         ]))
         .await;
-        let a = http_proxy(2).await;
-        let b = http_proxy(3).await;
+        let (_proxies, alive) = working_proxies(2).await;
         let (pool, _, _) = live_pool(
             dir.path(),
-            &[AliveProxy::new(a.url()), AliveProxy::new(b.url())],
+            &alive,
             PoolOptions {
                 max_body: 100_000,
                 ..quick()
@@ -831,13 +781,7 @@ async fn a_page_refused_to_every_proxy_is_the_sites_answer() {
             ("/ok", Reply::html("ok")),
         ]))
         .await;
-        let fakes = [
-            http_proxy(2).await,
-            http_proxy(3).await,
-            http_proxy(4).await,
-            http_proxy(5).await,
-        ];
-        let proxies: Vec<AliveProxy> = fakes.iter().map(|f| AliveProxy::new(f.url())).collect();
+        let (_fakes, proxies) = working_proxies(4).await;
         let (pool, _, _) = live_pool(dir.path(), &proxies, quick()).await;
         let page = pool.get(&site.url("/private")).await.unwrap();
         // Three proxies refused alike: not a ban of them, the page's answer.
@@ -946,15 +890,7 @@ async fn a_dead_proxy_costs_the_site_no_turn() {
             .map(|d| AliveProxy::new(format!("http://{}", d.addr())))
             .collect();
         proxies.push(AliveProxy::new(alive.url()));
-        let (pool, _, _) = live_pool(
-            dir.path(),
-            &proxies,
-            PoolOptions {
-                strategy: StrategyKind::RoundRobin,
-                ..quick()
-            },
-        )
-        .await;
+        let (pool, _, _) = round_robin_pool(dir.path(), &proxies).await;
         let pacer = Arc::new(CountingPacer::default());
         let req = Request::new(site.url("/a").parse().unwrap())
             .unwrap()
@@ -974,11 +910,7 @@ async fn one_sites_requests_are_spread_over_proxies() {
     within(async {
         let dir = tempfile::tempdir().unwrap();
         let site = Site::start(SiteOpts::new(|_, _| Reply::html("ok"))).await;
-        let mut farm = Vec::new();
-        for last in 2..8 {
-            farm.push(http_proxy(last).await);
-        }
-        let proxies: Vec<AliveProxy> = farm.iter().map(|p| AliveProxy::new(p.url())).collect();
+        let (_farm, proxies) = working_proxies(6).await;
         // The default strategy favours the fastest: without spreading, the
         // same few would carry most requests back to back.
         let (pool, _, _) = live_pool(dir.path(), &proxies, quick()).await;

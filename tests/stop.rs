@@ -48,16 +48,9 @@ fn free_port() -> u16 {
         .port()
 }
 
-/// A direct client with the crate's TLS setup (no other provider is built).
+/// A direct client that waits as long as the deadline of the whole test.
 fn client() -> reqwest::Client {
-    let tls =
-        proxywarden::net::tls::client_config(None, proxywarden::net::tls::ALPN_H2_H1).unwrap();
-    reqwest::Client::builder()
-        .tls_backend_preconfigured(std::sync::Arc::unwrap_or_clone(tls))
-        .no_proxy()
-        .timeout(Duration::from_secs(60))
-        .build()
-        .unwrap()
+    common::daemon::client(Duration::from_secs(60))
 }
 
 /// Waits (with a deadline) until `serve` on `port` answers `/healthz`.
@@ -173,28 +166,11 @@ async fn serve_exits_within_10s_of_sigterm_mid_parse() {
     // process has spent a few seconds of CPU, which only the parse does.
     let pid = child.id().unwrap();
     let deadline = Instant::now() + Duration::from_secs(60);
-    while cpu_seconds(pid) < 3.0 {
+    while common::cpu_seconds(pid) < 3.0 {
         assert!(Instant::now() < deadline, "the parse never started");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let (took, status) = terminate(&mut child).await;
     assert!(took <= EXIT_WITHIN, "serve took {took:?} to exit");
     assert!(status.success(), "{status:?}");
-}
-
-/// CPU seconds (user and system) process `pid` has used, from /proc.
-fn cpu_seconds(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // Fields after the command name (which may hold spaces) in parentheses.
-    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|f| f.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    // utime and stime are fields 14 and 15 of the line, 12 and 13 here;
-    // the clock tick is 100 Hz on Linux.
-    (ticks(11) + ticks(12)) / 100.0
 }

@@ -25,6 +25,12 @@ fn run(name: &str, at: i64) -> SourceRun {
 }
 
 fn candidates(n: u32) -> Vec<Candidate> {
+    entries(n, SourceScheme::Fixed(Scheme::Http), Hints::default())
+}
+
+/// `n` entries 10.0.0.0:8080 up, as a source with `scheme` and `hints`
+/// lists them.
+fn entries(n: u32, scheme: SourceScheme, hints: Hints) -> Vec<Candidate> {
     (0..n)
         .map(|i| {
             Candidate::new(
@@ -32,11 +38,21 @@ fn candidates(n: u32) -> Vec<Candidate> {
                 8080,
                 None,
                 None,
-                SourceScheme::Fixed(Scheme::Http),
-                Hints::default(),
+                scheme,
+                hints,
             )
         })
         .collect()
+}
+
+/// A store at `path` holding `candidates(n)`, listed by one run of `a`.
+async fn store_of(path: &std::path::Path, n: u32) -> Store {
+    let store = Store::open(path).unwrap();
+    store
+        .record_source_run(run("a", 1_000), candidates(n))
+        .await
+        .unwrap();
+    store
 }
 
 #[tokio::test]
@@ -200,11 +216,7 @@ async fn reads_do_not_wait_for_a_large_write() {
 #[tokio::test]
 async fn listing_pages_are_cut_in_sql() {
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(&dir.path().join("page.db")).unwrap();
-    store
-        .record_source_run(run("a", 1_000), candidates(25))
-        .await
-        .unwrap();
+    let store = store_of(&dir.path().join("page.db"), 25).await;
     let all = store.list_proxies(ProxyFilter::default()).await.unwrap();
     let ids: Vec<i64> = all.iter().map(|r| r.id).collect();
     let page = store
@@ -237,11 +249,7 @@ async fn listing_pages_are_cut_in_sql() {
 async fn a_write_waits_out_another_process_holding_the_lock() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("shared.db");
-    let store = Store::open(&path).unwrap();
-    store
-        .record_source_run(run("a", 1_000), candidates(1))
-        .await
-        .unwrap();
+    let store = store_of(&path, 1).await;
     let (locked_tx, locked) = tokio::sync::oneshot::channel();
     let holder = std::thread::spawn(move || {
         let conn = rusqlite::Connection::open(&path).unwrap();
@@ -263,11 +271,7 @@ async fn a_write_waits_out_another_process_holding_the_lock() {
 #[tokio::test]
 async fn due_proxies_page_once_each_in_due_order() {
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(&dir.path().join("due.db")).unwrap();
-    store
-        .record_source_run(run("a", 1_000), candidates(2_500))
-        .await
-        .unwrap();
+    let store = store_of(&dir.path().join("due.db"), 2_500).await;
     let ids: Vec<i64> = store
         .list_proxies(ProxyFilter::default())
         .await
@@ -758,22 +762,12 @@ async fn counts_stay_exact_across_harvest_check_and_purge() {
     same("opening", store.counts().await.unwrap());
 
     let country = |c: &str| Country::parse(c);
-    let listed = |n: u32, scheme: SourceScheme, c: Option<&str>| -> Vec<Candidate> {
-        (0..n)
-            .map(|i| {
-                Candidate::new(
-                    IpAddr::V4(Ipv4Addr::from(0x0a00_0000 + i)),
-                    8080,
-                    None,
-                    None,
-                    scheme,
-                    Hints {
-                        country: c.and_then(country),
-                        ..Hints::default()
-                    },
-                )
-            })
-            .collect()
+    let listed = |n: u32, scheme: SourceScheme, c: Option<&str>| {
+        let hints = Hints {
+            country: c.and_then(country),
+            ..Hints::default()
+        };
+        entries(n, scheme, hints)
     };
     store
         .record_source_run(

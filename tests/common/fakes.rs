@@ -604,6 +604,54 @@ async fn http_proxy_conn(
     }
 }
 
+/// A plain request on its way to the site.
+struct Forwarded<'a> {
+    /// The target's `host[:port]`, as the client wrote it.
+    authority: &'a str,
+    host: &'a str,
+    port: u16,
+    /// The origin-form request line and the client's end-to-end headers,
+    /// `Host` added when missing; the caller adds its own connection
+    /// headers and the blank line.
+    head: String,
+}
+
+/// Splits the absolute-form `http://` target of `head` and writes the
+/// request head the site gets; otherwise what to tell the client.
+fn origin_form(head: &Head) -> Result<Forwarded<'_>, &'static [u8]> {
+    let target = head.second.as_str();
+    let after_scheme = target
+        .get(..7)
+        .filter(|s| s.eq_ignore_ascii_case("http://"))
+        .map(|_| &target[7..])
+        .ok_or(b"absolute http:// URL required".as_slice())?;
+    let split = after_scheme.find(['/', '?']).unwrap_or(after_scheme.len());
+    let (authority, path) = after_scheme.split_at(split);
+    let origin = match path {
+        "" => "/".to_owned(),
+        p if p.starts_with('?') => format!("/{p}"),
+        p => p.to_owned(),
+    };
+    let (host, port) =
+        split_host_port(authority, Some(80)).ok_or(b"bad target authority".as_slice())?;
+    let listed = connection_tokens(head);
+    let mut out = format!("{} {origin} HTTP/1.1\r\n", head.first);
+    if head.header("host").is_none() {
+        out.push_str(&format!("Host: {authority}\r\n"));
+    }
+    for (name, value) in &head.headers {
+        if !is_hop_by_hop(name, &listed) {
+            out.push_str(&format!("{name}: {value}\r\n"));
+        }
+    }
+    Ok(Forwarded {
+        authority,
+        host,
+        port,
+        head: out,
+    })
+}
+
 /// One plain request without a body on a kept-alive client connection: the
 /// answer keeps the connection open when its length is known. `Ok(false)`
 /// when the connection is to close. `site` is the connection to the site
@@ -615,22 +663,13 @@ async fn forward_kept(
     opts: &HttpProxyOpts,
     site: &mut Option<(String, TcpStream)>,
 ) -> io::Result<bool> {
-    let target = head.second.as_str();
-    let Some(after_scheme) = target
-        .get(..7)
-        .filter(|s| s.eq_ignore_ascii_case("http://"))
-        .map(|_| &target[7..])
+    let Ok(Forwarded {
+        authority,
+        host,
+        port,
+        head: mut out,
+    }) = origin_form(head)
     else {
-        return Ok(false);
-    };
-    let split = after_scheme.find(['/', '?']).unwrap_or(after_scheme.len());
-    let (authority, path) = after_scheme.split_at(split);
-    let origin = match path {
-        "" => "/".to_owned(),
-        p if p.starts_with('?') => format!("/{p}"),
-        p => p.to_owned(),
-    };
-    let Some((host, port)) = split_host_port(authority, Some(80)) else {
         return Ok(false);
     };
     let kept = site
@@ -649,16 +688,6 @@ async fn forward_kept(
             }
         },
     };
-    let listed = connection_tokens(head);
-    let mut out = format!("{} {origin} HTTP/1.1\r\n", head.first);
-    if head.header("host").is_none() {
-        out.push_str(&format!("Host: {authority}\r\n"));
-    }
-    for (name, value) in &head.headers {
-        if !is_hop_by_hop(name, &listed) {
-            out.push_str(&format!("{name}: {value}\r\n"));
-        }
-    }
     if !opts.reuse_site {
         out.push_str("Connection: close\r\n");
     }
@@ -788,39 +817,20 @@ async fn forward(
     rest: Vec<u8>,
     opts: &HttpProxyOpts,
 ) -> io::Result<()> {
-    let target = head.second.as_str();
-    let Some(after_scheme) = target
-        .get(..7)
-        .filter(|s| s.eq_ignore_ascii_case("http://"))
-        .map(|_| &target[7..])
-    else {
-        return respond(client, 400, &[], b"absolute http:// URL required").await;
-    };
-    let split = after_scheme.find(['/', '?']).unwrap_or(after_scheme.len());
-    let (authority, path) = after_scheme.split_at(split);
-    let origin = match path {
-        "" => "/".to_owned(),
-        p if p.starts_with('?') => format!("/{p}"),
-        p => p.to_owned(),
-    };
-    let Some((host, port)) = split_host_port(authority, Some(80)) else {
-        return respond(client, 400, &[], b"bad target authority").await;
+    let Forwarded {
+        host,
+        port,
+        head: mut out,
+        ..
+    } = match origin_form(head) {
+        Ok(f) => f,
+        Err(why) => return respond(client, 400, &[], why).await,
     };
     let mut upstream = match connect_upstream(host, port, opts.upstream_bind).await {
         Ok(s) => s,
         Err(e) => return upstream_failure(client, e).await,
     };
 
-    let listed = connection_tokens(head);
-    let mut out = format!("{} {origin} HTTP/1.1\r\n", head.first);
-    if head.header("host").is_none() {
-        out.push_str(&format!("Host: {authority}\r\n"));
-    }
-    for (name, value) in &head.headers {
-        if !is_hop_by_hop(name, &listed) {
-            out.push_str(&format!("{name}: {value}\r\n"));
-        }
-    }
     match opts.kind {
         ProxyKind::Elite => {}
         ProxyKind::Anonymous => out.push_str(&format!("Via: {VIA}\r\n")),
@@ -913,8 +923,9 @@ pub struct SocksOpts {
     pub listen: Option<IpAddr>,
 }
 
-/// A loopback SOCKS4/SOCKS4a server (CONNECT only). Dropping it stops it.
-pub struct FakeSocks4 {
+/// A loopback SOCKS server of version `V` (4 or 5), CONNECT only.
+/// Dropping it stops it.
+pub struct FakeSocks<const V: u8> {
     server: Server,
     /// Connections accepted.
     count: Arc<AtomicUsize>,
@@ -922,15 +933,11 @@ pub struct FakeSocks4 {
     targets: Recorder,
 }
 
-/// A loopback SOCKS5 server (CONNECT only, RFC 1928/1929). Dropping it
-/// stops it.
-pub struct FakeSocks5 {
-    server: Server,
-    /// Connections accepted.
-    count: Arc<AtomicUsize>,
-    /// Destinations of well-formed requests.
-    targets: Recorder,
-}
+/// A loopback SOCKS4/SOCKS4a server (CONNECT only).
+pub type FakeSocks4 = FakeSocks<4>;
+
+/// A loopback SOCKS5 server (CONNECT only, RFC 1928/1929).
+pub type FakeSocks5 = FakeSocks<5>;
 
 /// Which SOCKS dialect a server speaks.
 #[derive(Clone, Copy)]
@@ -975,12 +982,19 @@ async fn socks_conn(
     }
 }
 
-impl FakeSocks4 {
+impl<const V: u8> FakeSocks<V> {
     /// Binds and starts serving; the server accepts connections on return.
-    pub async fn start(opts: SocksOpts) -> FakeSocks4 {
+    pub async fn start(opts: SocksOpts) -> FakeSocks<V> {
+        let version = const {
+            match V {
+                4 => SocksVersion::Four,
+                5 => SocksVersion::Five,
+                _ => panic!("SOCKS versions are 4 and 5"),
+            }
+        };
         let listener = bind(opts.listen);
-        let (server, count, targets) = serve_socks(listener, opts, SocksVersion::Four);
-        FakeSocks4 {
+        let (server, count, targets) = serve_socks(listener, opts, version);
+        FakeSocks {
             server,
             count,
             targets,
@@ -992,43 +1006,9 @@ impl FakeSocks4 {
         self.server.addr
     }
 
-    /// `socks4://ip:port`.
+    /// `socks4://ip:port` or `socks5://ip:port`.
     pub fn url(&self) -> String {
-        format!("socks4://{}", self.server.addr)
-    }
-
-    /// How many connections it has accepted.
-    pub fn requests(&self) -> usize {
-        self.count.load(Ordering::SeqCst)
-    }
-
-    /// The destinations it was asked for: names as sent (SOCKS4a, SOCKS5
-    /// address type 3), addresses otherwise.
-    pub fn targets(&self) -> Vec<Requested> {
-        self.targets.all()
-    }
-}
-
-impl FakeSocks5 {
-    /// Binds and starts serving; the server accepts connections on return.
-    pub async fn start(opts: SocksOpts) -> FakeSocks5 {
-        let listener = bind(opts.listen);
-        let (server, count, targets) = serve_socks(listener, opts, SocksVersion::Five);
-        FakeSocks5 {
-            server,
-            count,
-            targets,
-        }
-    }
-
-    /// Where it listens.
-    pub fn addr(&self) -> SocketAddr {
-        self.server.addr
-    }
-
-    /// `socks5://ip:port`.
-    pub fn url(&self) -> String {
-        format!("socks5://{}", self.server.addr)
+        format!("socks{V}://{}", self.server.addr)
     }
 
     /// How many connections it has accepted.

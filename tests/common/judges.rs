@@ -84,17 +84,7 @@ impl Judge {
     /// Serves `app`, a router answering `/judge`, over TLS as [`Judge::tls`]
     /// does.
     pub async fn tls_with(dir: &Path, app: axum::Router) -> Judge {
-        let (ca_pem, cert_der, key_der) = make_certs();
-        let ca_file = dir.join("ca.pem");
-        std::fs::write(&ca_file, ca_pem).unwrap();
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let config = rustls::ServerConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_no_client_auth()
-            .with_single_cert(vec![cert_der], key_der)
-            .unwrap();
-        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let (acceptor, ca_file) = tls_acceptor(dir, "ca.pem");
         let listener = listen();
         let addr = listener.local_addr().unwrap();
         let task = tokio::spawn(async move {
@@ -259,6 +249,22 @@ fn listen() -> TcpListener {
     socket.set_reuseaddr(true).unwrap();
     socket.bind(SocketAddr::from(([127, 0, 0, 1], 0))).unwrap();
     socket.listen(8192).unwrap()
+}
+
+/// A TLS acceptor with a new certificate for 127.0.0.1, and the file
+/// `dir/ca_name` holding the CA that signed it.
+pub fn tls_acceptor(dir: &Path, ca_name: &str) -> (tokio_rustls::TlsAcceptor, PathBuf) {
+    let (ca_pem, cert, key) = make_certs();
+    let ca_file = dir.join(ca_name);
+    std::fs::write(&ca_file, ca_pem).unwrap();
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(vec![cert], key)
+        .unwrap();
+    (tokio_rustls::TlsAcceptor::from(Arc::new(config)), ca_file)
 }
 
 /// A test CA (PEM) and a certificate for 127.0.0.1 it signed, with its key.

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod config;
+pub mod daemon;
 pub mod fakes;
 pub mod judges;
 pub mod site;
@@ -309,6 +310,38 @@ pub fn alive_at(id: i64, at: i64) -> proxywarden::store::CheckRecord {
     }
 }
 
+/// A text source's run named `name` from `url` that started at
+/// `started_at` (unix ms) and went through at once, without an HTTP status.
+pub fn source_run(name: &str, url: &str, started_at: i64) -> proxywarden::store::SourceRun {
+    proxywarden::store::SourceRun {
+        name: name.into(),
+        url: url.into(),
+        format: "text".into(),
+        started_at,
+        http_status: None,
+        duration_ms: 0,
+        error: None,
+    }
+}
+
+/// CPU seconds (user and system) process `pid` has used so far, from
+/// /proc (in clock ticks of 10 ms); 0 once it is gone.
+pub fn cpu_seconds(pid: u32) -> f64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0.0;
+    };
+    // Fields after the command name, which may hold spaces: utime and
+    // stime are the 14th and 15th of the line.
+    let after = stat.rsplit_once(')').map_or("", |(_, a)| a);
+    let f: Vec<u64> = after
+        .split_whitespace()
+        .skip(11)
+        .take(2)
+        .filter_map(|v| v.parse().ok())
+        .collect();
+    f.iter().sum::<u64>() as f64 / 100.0
+}
+
 /// Awaits `f`, failing the test after 60 s instead of hanging it.
 pub async fn within<F: std::future::Future>(f: F) -> F::Output {
     tokio::time::timeout(std::time::Duration::from_secs(60), f)
@@ -337,6 +370,54 @@ impl AliveProxy {
     }
 }
 
+/// `n` working HTTP proxies (CONNECT allowed) forwarding from 127.0.0.2
+/// up, and the same as alive proxies for a store, in that order.
+pub async fn working_proxies(n: u8) -> (Vec<fakes::FakeHttpProxy>, Vec<AliveProxy>) {
+    let mut proxies = Vec::new();
+    for last in 2..2 + n {
+        proxies.push(fakes::http_proxy(last).await);
+    }
+    let alive = proxies.iter().map(|p| AliveProxy::new(p.url())).collect();
+    (proxies, alive)
+}
+
+/// Three working proxies in two countries, each forwarding from its own
+/// address: HTTP in DE (127.0.0.2), HTTP in US (.3) and SOCKS5 in US (.4).
+pub struct ThreeCountries {
+    pub de: fakes::FakeHttpProxy,
+    pub us: fakes::FakeHttpProxy,
+    pub us5: fakes::FakeSocks5,
+}
+
+impl ThreeCountries {
+    /// Starts the three.
+    pub async fn start() -> ThreeCountries {
+        ThreeCountries {
+            de: fakes::http_proxy(2).await,
+            us: fakes::http_proxy(3).await,
+            us5: fakes::FakeSocks5::start(fakes::SocksOpts {
+                upstream_bind: Some(fakes::ip(4)),
+                ..fakes::SocksOpts::default()
+            })
+            .await,
+        }
+    }
+
+    /// The three, in that order, as a store should hold them: alive, with
+    /// their countries.
+    pub fn alive(&self) -> [AliveProxy; 3] {
+        let located = |url: String, country| AliveProxy {
+            country: Some(country),
+            ..AliveProxy::new(url)
+        };
+        [
+            located(self.de.url(), "DE"),
+            located(self.us.url(), "US"),
+            located(self.us5.url(), "US"),
+        ]
+    }
+}
+
 /// Opens a store at `path` holding `proxies`, each passed by a check just
 /// now (as the checker records it); their ids, in the same order.
 pub async fn store_with_alive(
@@ -345,7 +426,7 @@ pub async fn store_with_alive(
 ) -> (proxywarden::store::Store, Vec<i64>) {
     use proxywarden::model::{Candidate, Hints, Outcome, RecheckPolicy, SourceScheme};
     use proxywarden::proxy::{Country, Proxy};
-    use proxywarden::store::{CheckRecord, ProxyFilter, SourceRun, Store, now_ms};
+    use proxywarden::store::{CheckRecord, ProxyFilter, Store, now_ms};
     let store = Store::open(path).unwrap();
     let parsed: Vec<Proxy> = proxies
         .iter()
@@ -368,15 +449,7 @@ pub async fn store_with_alive(
             )
         })
         .collect();
-    let run = SourceRun {
-        name: "test".into(),
-        url: "file:test".into(),
-        format: "text".into(),
-        started_at: now_ms(),
-        http_status: None,
-        duration_ms: 0,
-        error: None,
-    };
+    let run = source_run("test", "file:test", now_ms());
     store.record_source_run(run, candidates).await.unwrap();
     let stored = store.list_proxies(ProxyFilter::default()).await.unwrap();
     let ids: Vec<i64> = parsed

@@ -190,6 +190,14 @@ impl Drop for Site {
 }
 
 impl Site {
+    /// A site of `n` [`tree_page`]s with `fanout` links each, answering
+    /// every request after `latency`.
+    pub async fn tree(n: usize, fanout: usize, latency: Duration) -> Site {
+        let mut opts = SiteOpts::new(move |p, _| tree_page(p, n, fanout));
+        opts.latency = latency;
+        Site::start(opts).await
+    }
+
     /// Binds 127.0.0.1:0 and serves.
     pub async fn start(opts: SiteOpts) -> Site {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -197,7 +205,7 @@ impl Site {
         let log: Arc<Mutex<Log>> = Arc::default();
         let (acceptor, ca_file) = match &opts.tls_dir {
             Some(dir) => {
-                let (acceptor, ca) = tls_acceptor(dir);
+                let (acceptor, ca) = super::judges::tls_acceptor(dir, "site-ca.pem");
                 (Some(acceptor), Some(ca))
             }
             None => (None, None),
@@ -361,18 +369,4 @@ async fn answer(
         resp = resp.header(k, v);
     }
     resp.body(Full::new(Bytes::from(reply.body))).unwrap()
-}
-
-fn tls_acceptor(dir: &Path) -> (tokio_rustls::TlsAcceptor, PathBuf) {
-    let (ca_pem, cert, key) = super::judges::make_certs();
-    let ca_file = dir.join("site-ca.pem");
-    std::fs::write(&ca_file, ca_pem).unwrap();
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = rustls::ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_no_client_auth()
-        .with_single_cert(vec![cert], key)
-        .unwrap();
-    (tokio_rustls::TlsAcceptor::from(Arc::new(config)), ca_file)
 }
