@@ -35,3 +35,10 @@ pub mod net;
 pub mod pool;
 pub mod proxy;
 pub mod store;
+
+/// Locks `m`. A poisoned lock only means a panic elsewhere: every mutex in
+/// the crate guards state that stays sound between statements, so it is
+/// used as it is.
+pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}

@@ -19,6 +19,7 @@ use tokio_util::task::TaskTracker;
 use super::{CrawlOptions, Progress, ScopeKind, Select, Summary, crawl};
 use crate::config::{Config, CrawlsConfig};
 use crate::health::{Feedback, ProxyQuery};
+use crate::lock;
 use crate::pool::{Pool, PoolOptions};
 use crate::proxy::{Anonymity, Country, Scheme};
 use crate::store::{CrawlJobRecord, Store, StoreError, rfc3339};
@@ -753,10 +754,6 @@ impl PageStream {
             Ok(Some((Bytes::from(buf), (next, Some(file)))))
         })
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 #[cfg(test)]

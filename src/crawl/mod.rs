@@ -28,6 +28,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 pub use self::url::{Scope, ScopeKind, normalize};
+use crate::lock;
 use crate::pool::{FetchError, Page, Pool, RedirectRule, Request, site_of};
 pub use extract::Select;
 use frontier::{Frontier, FrontierError, NewUrl, Queued, UrlState};
@@ -906,10 +907,6 @@ async fn sleep_until(at: Option<Instant>) {
         Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending().await,
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 #[cfg(test)]

@@ -14,6 +14,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use serde::Serialize;
 
+use crate::lock;
 use crate::model::Reason;
 
 type Labels = Vec<(&'static str, String)>;
@@ -241,8 +242,4 @@ impl GatewayMetrics {
         }
         s
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }

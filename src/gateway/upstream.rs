@@ -12,6 +12,7 @@ use hyper::client::conn::http1::SendRequest;
 use tokio::time::Instant;
 
 use super::http::Body;
+use crate::lock;
 use crate::net::Target;
 use crate::proxy::{Proxy, Scheme};
 
@@ -136,10 +137,6 @@ pub(super) fn keeps_alive(parts: &http::response::Parts) -> bool {
             v.to_str()
                 .is_ok_and(|s| s.to_ascii_lowercase().contains("close"))
         })
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 #[cfg(test)]

@@ -13,6 +13,7 @@ use tokio::sync::Notify;
 
 use super::index::{Entry, HealthIndex, Strategy};
 use super::query::ProxyQuery;
+use crate::lock;
 use crate::model::{Outcome, Reason, RecheckPolicy};
 use crate::store::{CheckRecord, ProxyRecord, Store, StoreError};
 
@@ -514,11 +515,6 @@ impl Feedback {
         }
         self.inner.ban_count.store(count, Ordering::Relaxed);
     }
-}
-
-/// A poisoned lock only means a panic elsewhere; the data is still sound.
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 #[cfg(test)]

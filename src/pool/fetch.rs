@@ -23,6 +23,7 @@ use crate::net::{self, DialOptions, hyper_reason, proxy_authorization};
 use crate::proxy::{Proxy, Scheme};
 
 use super::Pacer;
+use crate::lock;
 
 /// Idle connections kept per (proxy, origin); more are closed.
 const IDLE_PER_KEY: usize = 2;
@@ -410,11 +411,6 @@ pub(crate) fn decode(headers: &HeaderMap, raw: Bytes, max: usize) -> Result<Byte
 /// it missing.
 pub(crate) fn can_carry(proxy: &Proxy, https_supported: Option<bool>, https: bool) -> bool {
     !(https && proxy.scheme == Scheme::Http && https_supported == Some(false))
-}
-
-/// A poisoned lock only means a panic elsewhere; the map is still sound.
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 #[cfg(test)]

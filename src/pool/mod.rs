@@ -46,6 +46,7 @@ use crate::model::Reason;
 use crate::proxy::{Proxy, Scheme, Status};
 use crate::store::{ProxyFilter, Store, StoreError};
 
+use crate::lock;
 use fetch::{Answer, Client, Failure, Limits};
 use strategy::{Bound, Usage};
 
@@ -1388,11 +1389,6 @@ fn backoff(base: Duration, n: u32) -> Duration {
     let full = base.saturating_mul(2u32.saturating_pow(n.saturating_sub(1).min(16)));
     let full = full.min(Duration::from_secs(60));
     full.mul_f64(rand::rng().random_range(0.5..=1.0))
-}
-
-/// A poisoned lock only means a panic elsewhere; the state is still sound.
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 #[cfg(test)]

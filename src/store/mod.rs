@@ -17,9 +17,10 @@ pub use queries::{
 };
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::lock;
 use rusqlite::{Connection, OpenFlags};
 use tokio::sync::{Semaphore, mpsc};
 
@@ -481,11 +482,6 @@ fn immutable_uri(path: &Path) -> Result<String, StoreError> {
     let url = url::Url::from_file_path(&abs)
         .map_err(|()| fail("the path cannot be written as a URI".into()))?;
     Ok(format!("{url}?mode=ro&immutable=1"))
-}
-
-/// A poisoned lock only means a panic elsewhere; the connections are sound.
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Milliseconds since the Unix epoch, the unit of every stored time.
