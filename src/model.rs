@@ -390,8 +390,11 @@ impl Outcome {
 /// When proxies are checked again.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RecheckPolicy {
-    /// After a pass.
+    /// After a pass, less a random part of [`alive_jitter`](Self::alive_jitter).
     pub alive: Duration,
+    /// The most a pass's next check comes before `alive`: proxies checked
+    /// together drift apart, so checks do not come in waves.
+    pub alive_jitter: Duration,
     /// After the first failure; doubles with each consecutive failure.
     pub dead: Duration,
     /// The longest wait after failures.

@@ -334,6 +334,78 @@ async fn httpbin_judges_and_geoip_give_the_exit_country() {
     assert_eq!(r.https, None, "no https judge configured: not tested");
 }
 
+/// A served proxy's re-check comes between two thirds and four thirds of a
+/// cycle after its last, one cycle on average: the configured rate is what
+/// is spent, and proxies checked together do not stay together.
+#[tokio::test]
+async fn served_rechecks_average_one_cycle_and_spread_out() {
+    use proxywarden::model::Outcome;
+    use proxywarden::store::CheckRecord;
+
+    let dir = tempfile::tempdir().unwrap();
+    let addrs: Vec<String> = (0..400)
+        .map(|i| format!("10.2.{}.{}:80", i / 200, i % 200 + 1))
+        .collect();
+    let config = config(dir.path(), r#"["http://127.0.0.1:9/"]"#, "", &addrs, &[]);
+    let store = harvested(&config).await;
+    let ids: Vec<i64> = store
+        .list_proxies(ProxyFilter::default())
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.id)
+        .collect();
+    assert_eq!(ids.len(), 400);
+    let served = 2_000;
+    let cycle = config.check.serve_cycle(served).as_millis() as i64;
+    let alive = Outcome {
+        failure: None,
+        latency: Some(Duration::from_millis(42)),
+        anonymity: Some(Anonymity::Elite),
+        https: None,
+        exit_ip: None,
+        country: None,
+        detected: None,
+    };
+    let t = 1_000_000_i64;
+    let checks = ids
+        .iter()
+        .map(|&id| CheckRecord {
+            id,
+            checked_at: t,
+            outcome: alive.clone(),
+        })
+        .collect();
+    store
+        .record_checks(checks, config.check.serve_policy(served))
+        .await
+        .unwrap();
+    let waits: Vec<i64> = store
+        .list_proxies(ProxyFilter::default())
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.next_check_at - t)
+        .collect();
+    for w in &waits {
+        assert!(
+            (cycle * 2 / 3..=cycle * 4 / 3 + 1).contains(w),
+            "re-check after {w} ms, cycle {cycle} ms"
+        );
+    }
+    let mean = waits.iter().sum::<i64>() / waits.len() as i64;
+    assert!(
+        (mean - cycle).abs() < cycle / 20,
+        "re-checks after {mean} ms on average, cycle {cycle} ms"
+    );
+    let early = waits.iter().filter(|&&w| w < cycle * 5 / 6).count();
+    let late = waits.iter().filter(|&&w| w > cycle * 7 / 6).count();
+    assert!(
+        early > 40 && late > 40,
+        "{early} in the first sixth of the range, {late} in the last"
+    );
+}
+
 #[tokio::test]
 async fn dead_proxies_back_off_doubling_up_to_the_cap_and_recover() {
     use proxywarden::model::Outcome;
@@ -351,6 +423,7 @@ async fn dead_proxies_back_off_doubling_up_to_the_cap_and_recover() {
     let id = store.list_proxies(ProxyFilter::default()).await.unwrap()[0].id;
     let policy = RecheckPolicy {
         alive: Duration::from_secs(600),
+        alive_jitter: Duration::from_secs(150),
         dead: Duration::from_secs(900),
         dead_max: Duration::from_secs(3600),
     };

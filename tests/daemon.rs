@@ -681,6 +681,7 @@ async fn verdicts_written_by_another_process_are_served_within_seconds() {
             vec![dead],
             proxywarden::model::RecheckPolicy {
                 alive: Duration::from_secs(600),
+                alive_jitter: Duration::from_secs(150),
                 dead: Duration::from_secs(900),
                 dead_max: Duration::from_secs(86_400),
             },

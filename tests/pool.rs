@@ -740,6 +740,7 @@ async fn a_pool_from_the_store_follows_it() {
         // …and later dead: the pool stops using it.
         let policy = proxywarden::model::RecheckPolicy {
             alive: Duration::from_secs(600),
+            alive_jitter: Duration::from_secs(150),
             dead: Duration::from_secs(900),
             dead_max: Duration::from_secs(86_400),
         };

@@ -811,6 +811,7 @@ async fn counts_stay_exact_across_harvest_check_and_purge() {
     let now = now_ms();
     let policy = RecheckPolicy {
         alive: Duration::from_secs(600),
+        alive_jitter: Duration::from_secs(150),
         dead: Duration::from_secs(60),
         dead_max: Duration::from_secs(3600),
     };
@@ -901,6 +902,7 @@ async fn changed_rows_of_known_change_numbers_are_skipped_not_lost() {
     let ids: Vec<i64> = ids_of(&store).await;
     let policy = proxywarden::model::RecheckPolicy {
         alive: std::time::Duration::from_secs(600),
+        alive_jitter: std::time::Duration::from_secs(150),
         dead: std::time::Duration::from_secs(60),
         dead_max: std::time::Duration::from_secs(3600),
     };

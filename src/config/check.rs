@@ -51,10 +51,29 @@ impl CheckConfig {
             .min(self.recheck_alive)
     }
 
+    /// When proxies are checked again while `served` proxies are served:
+    /// an alive one between two thirds and four thirds of a
+    /// [`serve_cycle`](Self::serve_cycle) after its last check. That is
+    /// one cycle on average, so the re-checks spent are the
+    /// `serve_recheck_rate` configured, and wide enough that proxies
+    /// checked together (all of them, after a harvest or a burst) drift
+    /// apart within a few cycles: checks in waves would leave stretches
+    /// where few proxies are checked, and a mass death would go unseen
+    /// for that long.
+    pub fn serve_policy(&self, served: usize) -> RecheckPolicy {
+        let alive = (self.serve_cycle(served) * 4 / 3).min(self.recheck_alive);
+        RecheckPolicy {
+            alive,
+            alive_jitter: alive / 2,
+            ..self.recheck_policy()
+        }
+    }
+
     /// When proxies are checked again, as `[check]` sets it.
     pub fn recheck_policy(&self) -> RecheckPolicy {
         RecheckPolicy {
             alive: self.recheck_alive,
+            alive_jitter: self.recheck_alive / 4,
             dead: self.recheck_dead,
             dead_max: self.recheck_dead_max,
         }

@@ -167,10 +167,7 @@ impl CheckLoop {
         self.state
             .feedback
             .set_fresh_within(2 * cycle + check.timeout);
-        crate::model::RecheckPolicy {
-            alive: cycle,
-            ..check.recheck_policy()
-        }
+        check.serve_policy(self.state.index().len())
     }
 
     async fn round(&self, checker: Arc<Checker>, opts: &CheckOptions, stop: &CancellationToken) {

@@ -526,6 +526,7 @@ mod tests {
 
     const POLICY: RecheckPolicy = RecheckPolicy {
         alive: Duration::from_secs(600),
+        alive_jitter: Duration::from_secs(150),
         dead: Duration::from_secs(900),
         dead_max: Duration::from_secs(86_400),
     };

@@ -169,10 +169,10 @@ impl Store {
     }
 
     /// Records a batch of results and schedules each proxy's next check:
-    /// alive after `policy.alive` less up to a quarter (so re-checks spread
-    /// out over time instead of coming in waves); dead after `policy.dead` doubled per
-    /// consecutive failure, capped at `policy.dead_max`. Returns what it
-    /// committed.
+    /// alive after `policy.alive` less up to `policy.alive_jitter` (so
+    /// re-checks spread out over time instead of coming in waves); dead
+    /// after `policy.dead` doubled per consecutive failure, capped at
+    /// `policy.dead_max`. Returns what it committed.
     pub async fn record_checks(
         &self,
         batch: Vec<CheckRecord>,
@@ -438,7 +438,7 @@ fn record_checks(
                      country_source = CASE WHEN ?7 IS NULL THEN country_source ELSE 'geoip' END,
                      last_reason = NULL, checks_total = checks_total + 1,
                      checks_ok = checks_ok + 1, consecutive_failures = 0,
-                     next_check_at = ?2 + ?8 - abs(random() % (?8 / 4 + 1)),
+                     next_check_at = ?2 + ?8 - abs(random() % (?9 + 1)),
                      changed_seq = (SELECT change_seq FROM meta)
                  WHERE id = ?1",
         )?;
@@ -469,6 +469,7 @@ fn record_checks(
                         o.exit_ip.map(|ip| ip.to_string()),
                         o.country.map(|c| c.as_str().to_owned()),
                         ms(policy.alive),
+                        ms(policy.alive_jitter.min(policy.alive)),
                     ])?;
                 }
                 Some(reason) => {

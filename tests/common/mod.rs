@@ -484,6 +484,7 @@ pub async fn store_with_alive(
         .collect();
     let policy = RecheckPolicy {
         alive: std::time::Duration::from_secs(600),
+        alive_jitter: std::time::Duration::from_secs(150),
         dead: std::time::Duration::from_secs(900),
         dead_max: std::time::Duration::from_secs(86_400),
     };
