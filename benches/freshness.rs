@@ -54,6 +54,13 @@ fn main() -> ExitCode {
         serve_farm(n);
         return ExitCode::SUCCESS;
     }
+    // `RUST_LOG=proxywarden=info` shows what the daemon does, with times.
+    if std::env::var_os("RUST_LOG").is_some() {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .init();
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -108,6 +115,17 @@ fn serve_farm(n: usize) {
         drop(judge);
     });
     rt.shutdown_background();
+}
+
+/// Checks the daemon has recorded in the database so far.
+fn checks_recorded(db: &std::path::Path) -> anyhow::Result<i64> {
+    let conn =
+        rusqlite::Connection::open_with_flags(db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)?;
+    Ok(conn.query_row(
+        "SELECT coalesce(sum(checks_total), 0) FROM proxies",
+        [],
+        |r| r.get(0),
+    )?)
 }
 
 /// User plus system CPU time of this process, from /proc/self/stat.
@@ -206,16 +224,22 @@ async fn measure() -> anyhow::Result<()> {
     );
     // Let the first wave of re-checks spread out before measuring.
     tokio::time::sleep(cycle * 2).await;
+    let db = dir.path().join("fresh.db");
+    let checks_before = checks_recorded(&db)?;
     let cpu_before = cpu_time();
     let wall = Instant::now();
     tokio::time::sleep(WINDOW).await;
     let cpu = cpu_time() - cpu_before;
+    let checks = checks_recorded(&db)? - checks_before;
     let share = cpu.as_secs_f64() / wall.elapsed().as_secs_f64();
     println!(
-        "steady state: {:.2}s CPU in {:.0}s = {:.2}% of a core (target <= 2%)",
+        "steady state: {:.2}s CPU in {:.0}s = {:.2}% of a core (target <= 2%); \
+         {checks} checks recorded ({:.1}/s, {:.3} ms CPU each)",
         cpu.as_secs_f64(),
         wall.elapsed().as_secs_f64(),
-        share * 100.0
+        share * 100.0,
+        checks as f64 / wall.elapsed().as_secs_f64(),
+        cpu.as_secs_f64() * 1000.0 / checks.max(1) as f64
     );
 
     let killed: HashSet<String> = proxies[..DYING]
@@ -228,6 +252,7 @@ async fn measure() -> anyhow::Result<()> {
     from_farm.read_line(&mut line)?;
     anyhow::ensure!(line.trim() == "killed", "unexpected farm line {line:?}");
     let died = Instant::now();
+    tracing::info!("{DYING} proxies died");
     let mut buckets = [(0u32, 0u32); 6];
     while died.elapsed() < WINDOW {
         let bucket = (died.elapsed().as_secs() / 10).min(5) as usize;
