@@ -660,9 +660,14 @@ async fn rebuilding_the_proxies_table_keeps_rows_links_and_rules() {
     let before = store.list_proxies(ProxyFilter::default()).await.unwrap();
     drop(store);
     // Back to the version before the rebuild (6), so that opening runs it
-    // and the migrations after it.
+    // and the migrations after it: without what 0008 and 0009 add.
     let conn = rusqlite::Connection::open(&path).unwrap();
-    conn.execute_batch("DROP TABLE proxy_counts").unwrap();
+    conn.execute_batch(
+        "DROP TABLE proxy_counts;
+         DROP TRIGGER proxies_delete_links;
+         DROP TRIGGER sources_delete_links;",
+    )
+    .unwrap();
     conn.pragma_update(None, "user_version", 6).unwrap();
     drop(conn);
 
@@ -710,6 +715,20 @@ async fn rebuilding_the_proxies_table_keeps_rows_links_and_rules() {
     }
     conn.execute("UPDATE proxies SET anonymity = 'elite', https = 1", [])
         .unwrap();
+    // A proxy's links go with it, and a source's with it.
+    let links = |c: &rusqlite::Connection| -> i64 {
+        c.query_row("SELECT count(*) FROM proxy_sources", [], |r| r.get(0))
+            .unwrap()
+    };
+    assert_eq!(links(&conn), 50);
+    conn.execute(
+        "DELETE FROM proxies WHERE id = (SELECT min(id) FROM proxies)",
+        [],
+    )
+    .unwrap();
+    assert_eq!(links(&conn), 49);
+    conn.execute("DELETE FROM sources", []).unwrap();
+    assert_eq!(links(&conn), 0);
 }
 
 /// The counts of `stats` as a full scan of the table finds them.

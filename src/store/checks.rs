@@ -210,7 +210,7 @@ impl Store {
         self.read(move |c| {
             let ids: Vec<(i64, i64)> = c
                 .prepare_cached(
-                    "SELECT id, changed_seq FROM proxies WHERE changed_seq > ?1
+                    "SELECT id, changed_seq FROM proxies WHERE changed_seq > ?1 AND changed_seq > 0
                      ORDER BY changed_seq LIMIT ?2",
                 )?
                 .query_map(params![after, limit as i64], |r| Ok((r.get(0)?, r.get(1)?)))?
