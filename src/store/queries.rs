@@ -1269,3 +1269,30 @@ fn counts(conn: &Connection) -> Result<Stats, StoreError> {
     }
     Ok(stats)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::push_host;
+
+    /// The identity index holds addresses as `Display` writes them; a
+    /// harvest that wrote them otherwise would store every proxy again.
+    #[test]
+    fn addresses_are_written_as_display_writes_them() {
+        let mut octets = vec![0u8, 1, 9, 10, 11, 99, 100, 101, 199, 200, 249, 250, 255];
+        octets.extend((0..=255).step_by(7));
+        let mut buf = String::new();
+        for (i, &a) in octets.iter().enumerate() {
+            let b = octets[(i + 3) % octets.len()];
+            let ip = std::net::IpAddr::from([a, b, 255 - a, b / 2]);
+            buf.clear();
+            push_host(&mut buf, ip);
+            assert_eq!(buf, ip.to_string());
+        }
+        for text in ["2001:db8::1", "::ffff:1.2.3.4", "fe80::1:2:3:4"] {
+            let ip: std::net::IpAddr = text.parse().unwrap();
+            buf.clear();
+            push_host(&mut buf, ip);
+            assert_eq!(buf, ip.to_string());
+        }
+    }
+}
