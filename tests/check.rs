@@ -348,13 +348,7 @@ async fn served_rechecks_average_one_cycle_and_spread_out() {
         .collect();
     let config = config(dir.path(), r#"["http://127.0.0.1:9/"]"#, "", &addrs, &[]);
     let store = harvested(&config).await;
-    let ids: Vec<i64> = store
-        .list_proxies(ProxyFilter::default())
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.id)
-        .collect();
+    let ids = common::ids_of(&store).await;
     assert_eq!(ids.len(), 400);
     let served = 2_000;
     let cycle = config.check.serve_cycle(served).as_millis() as i64;

@@ -12,17 +12,6 @@ use proxywarden::store::{
     DueCursor, DueLane, ProxyFilter, ProxySort, SCHEMA_VERSION, SourceRun, Store, StoreError,
 };
 
-/// The ids of every stored proxy.
-async fn ids_of(store: &Store) -> Vec<i64> {
-    store
-        .list_proxies(ProxyFilter::default())
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.id)
-        .collect()
-}
-
 fn run(name: &str, at: i64) -> SourceRun {
     SourceRun {
         name: name.into(),
@@ -283,7 +272,7 @@ async fn a_write_waits_out_another_process_holding_the_lock() {
 async fn due_proxies_page_once_each_in_due_order() {
     let dir = tempfile::tempdir().unwrap();
     let store = store_of(&dir.path().join("due.db"), 2_500).await;
-    let ids: Vec<i64> = ids_of(&store).await;
+    let ids: Vec<i64> = common::ids_of(&store).await;
     let now = proxywarden::store::now_ms();
     // A third not due for an hour; the rest due together, at one moment.
     let later: Vec<i64> = ids.iter().copied().step_by(3).collect();
@@ -918,7 +907,7 @@ async fn changed_rows_of_known_change_numbers_are_skipped_not_lost() {
         .record_source_run(run("a", 1_000), hinted(3, "DE"))
         .await
         .unwrap();
-    let ids: Vec<i64> = ids_of(&store).await;
+    let ids: Vec<i64> = common::ids_of(&store).await;
     let policy = proxywarden::model::RecheckPolicy {
         alive: std::time::Duration::from_secs(600),
         alive_jitter: std::time::Duration::from_secs(150),

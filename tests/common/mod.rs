@@ -293,6 +293,17 @@ pub fn write_config(dir: &Path, toml: &str) -> std::path::PathBuf {
     p
 }
 
+/// The ids of every stored proxy.
+pub async fn ids_of(store: &proxywarden::store::Store) -> Vec<i64> {
+    store
+        .list_proxies(proxywarden::store::ProxyFilter::default())
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.id)
+        .collect()
+}
+
 /// A passed check of proxy `id` at `at` (unix ms), as the checker records it.
 pub fn alive_at(id: i64, at: i64) -> proxywarden::store::CheckRecord {
     proxywarden::store::CheckRecord {
