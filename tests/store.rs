@@ -549,6 +549,62 @@ async fn counts_are_exact_for_mixed_lists() {
     );
 }
 
+/// A list whose long run of new proxies runs into known ones, and then
+/// into new ones again: new proxies are written once each, numbered in
+/// the list's order, and known ones keep their rows, take the list's hints
+/// and are linked to the source, whichever way the store took each batch.
+#[tokio::test]
+async fn a_run_of_new_proxies_meeting_known_ones_stores_each_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("p.db");
+    let store = Store::open(&path).unwrap();
+    // Known: entries 150..350, stored by another source.
+    let known: Vec<Candidate> = candidates(350).split_off(150);
+    store
+        .record_source_run(run("a", 1_000), known.clone())
+        .await
+        .unwrap();
+    let known_ids = common::ids_of(&store).await;
+
+    // 0..150 new, 150..350 known, 350..700 new; all with hints.
+    let list = hinted(700, "DE");
+    let c = store
+        .record_source_run(run("b", 2_000), list.clone())
+        .await
+        .unwrap();
+    assert_eq!((c.found, c.new), (700, 500));
+
+    let records = store.list_proxies(ProxyFilter::default()).await.unwrap();
+    assert_eq!(records.len(), 700);
+    let id_of = |c: &Candidate| records.iter().find(|r| r.proxy == c.proxy).unwrap().id;
+    // The known rows are the same rows, now with the list's country.
+    let kept: Vec<i64> = list[150..350].iter().map(id_of).collect();
+    assert_eq!(kept, known_ids);
+    assert!(
+        records
+            .iter()
+            .all(|r| r.country.as_ref().map(|c| c.as_str()) == Some("DE"))
+    );
+    // The new ones are numbered after them, in the list's order.
+    let new_ids: Vec<i64> = list[..150].iter().chain(&list[350..]).map(id_of).collect();
+    assert!(new_ids.windows(2).all(|w| w[0] < w[1]));
+    assert!(new_ids[0] > *known_ids.last().unwrap());
+
+    let sources = store.list_sources().await.unwrap();
+    let by_name = |n: &str| sources.iter().find(|s| s.name == n).unwrap().proxies;
+    assert_eq!((by_name("a"), by_name("b")), (200, 700));
+    assert_eq!(store.count_seen_since(2_000).await.unwrap(), 700);
+    assert_eq!(store.counts().await.unwrap(), scanned(&path));
+
+    // The same list again finds every one of them.
+    let c = store
+        .record_source_run(run("b", 3_000), list)
+        .await
+        .unwrap();
+    assert_eq!((c.found, c.new), (700, 0));
+    assert_eq!(store.stats().await.unwrap().total, 700);
+}
+
 /// Two sources listing overlapping proxies in one round: each proxy counts
 /// once among those seen since the round began.
 #[tokio::test]

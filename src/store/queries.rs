@@ -668,11 +668,11 @@ fn push_host(buf: &mut String, ip: std::net::IpAddr) {
     }
 }
 
-/// Candidates looked up per statement: each brings one identity (three
-/// for a candidate whose scheme is to be detected) of four parameters.
-const LOOKUP_BATCH: usize = 128;
-/// New proxies written per statement (14 parameters each).
-const INSERT_BATCH: usize = 64;
+/// Candidates per step of the batched path: one lookup statement (each
+/// candidate brings one identity, three for a candidate whose scheme is to
+/// be detected, of five parameters) and one insert of the new proxies (11
+/// parameters each) and of their links.
+const BATCH: usize = 64;
 
 /// `n` groups of `group` placeholders: `(?,?),(?,?)`.
 fn placeholders(n: usize, group: &str) -> String {
@@ -686,41 +686,49 @@ fn placeholders(n: usize, group: &str) -> String {
     s
 }
 
-/// Writes a chunk whose candidates all have distinct addresses, with a
-/// handful of statements per hundred candidates instead of three per
-/// candidate: the stored rows of a batch are found in one join, and new
-/// proxies and their links go in multi-row inserts with ids assigned here
-/// (the next after the largest, as SQLite would). The outcome is that of
-/// [`upsert_rowwise`], which handles chunks where this does not hold.
-fn upsert_batched(
-    tx: &Connection,
-    source_id: i64,
-    now: i64,
-    candidates: &[Candidate],
-) -> Result<(UpsertCounts, Vec<i64>), StoreError> {
-    use rusqlite::ToSql;
-    let mut counts = UpsertCounts::default();
-    if let Some(c) = candidates.iter().find(|c| c.proxy.port == 0) {
-        return Err(StoreError::Sqlite(rusqlite::Error::ToSqlConversionFailure(
-            format!("{}: port 0 is not a proxy's port", c.proxy).into(),
-        )));
+/// A chunk's candidates with their addresses as text, which the lookup
+/// and the insert bind.
+struct Batched<'a> {
+    candidates: &'a [Candidate],
+    host_text: String,
+    host_ends: Vec<usize>,
+}
+
+impl<'a> Batched<'a> {
+    fn new(candidates: &'a [Candidate]) -> Self {
+        // Every candidate's address as text, in one buffer.
+        let mut host_text = String::with_capacity(candidates.len() * 16);
+        let mut host_ends = Vec::with_capacity(candidates.len());
+        for c in candidates {
+            push_host(&mut host_text, c.proxy.host);
+            host_ends.push(host_text.len());
+        }
+        Batched {
+            candidates,
+            host_text,
+            host_ends,
+        }
     }
-    // Every candidate's address as text, in one buffer.
-    let mut host_text = String::with_capacity(candidates.len() * 16);
-    let mut host_ends = Vec::with_capacity(candidates.len());
-    for c in candidates {
-        push_host(&mut host_text, c.proxy.host);
-        host_ends.push(host_text.len());
+
+    fn host(&self, at: usize) -> &str {
+        let start = if at == 0 { 0 } else { self.host_ends[at - 1] };
+        &self.host_text[start..self.host_ends[at]]
     }
-    let host = |at: usize| &host_text[if at == 0 { 0 } else { host_ends[at - 1] }..host_ends[at]];
-    // What the store holds for each candidate (before this chunk).
-    let mut known: Vec<Option<Found>> = Vec::with_capacity(candidates.len());
-    known.resize_with(candidates.len(), || None);
-    // The source is written into the statement, not bound: SQLite
-    // compiles a statement again whenever a value bound in its WHERE
-    // clause changes, and that would be on every batch.
-    for (b, batch) in candidates.chunks(LOOKUP_BATCH).enumerate() {
-        let base = b * LOOKUP_BATCH;
+
+    /// Finds what the store holds for the candidates in `range`, into
+    /// `known` (one entry per candidate of the range). The source is
+    /// written into the statement, not bound: SQLite compiles a statement
+    /// again whenever a value bound in its WHERE clause changes, and that
+    /// would be on every batch.
+    fn lookup(
+        &self,
+        tx: &Connection,
+        source_id: i64,
+        range: std::ops::Range<usize>,
+        known: &mut [Option<Found>],
+    ) -> Result<(), StoreError> {
+        let base = range.start;
+        let batch = &self.candidates[range];
         let keys: usize = batch.iter().map(|c| if c.detect { 3 } else { 1 }).sum();
         let mut find = tx.prepare_cached(&format!(
             "SELECT {FOUND_COLUMNS}, ps.listed, k.column5
@@ -739,65 +747,57 @@ fn upsert_batched(
             };
             for s in schemes {
                 find.raw_bind_parameter(i, s.as_str())?;
-                find.raw_bind_parameter(i + 1, host(base + j))?;
+                find.raw_bind_parameter(i + 1, self.host(base + j))?;
                 find.raw_bind_parameter(i + 2, c.proxy.port)?;
                 find.raw_bind_parameter(i + 3, c.proxy.username())?;
-                find.raw_bind_parameter(i + 4, (base + j) as i64)?;
+                find.raw_bind_parameter(i + 4, j as i64)?;
                 i += 5;
             }
         }
         let mut rows = find.raw_query();
         while let Some(r) = rows.next()? {
-            let at = r.get::<_, i64>(8)? as usize;
-            let c = &candidates[at];
-            let f = found(r, c)?;
+            let j = r.get::<_, i64>(8)? as usize;
+            let f = found(r, &batch[j])?;
             // A candidate to detect is the row with a settled scheme
             // first, then the oldest: as `ORDER BY scheme_detect, id`.
-            let better = match &known[at] {
+            let better = match &known[j] {
                 None => true,
                 Some(old) => (f.detect, f.id) < (old.detect, old.id),
             };
             if better {
-                known[at] = Some(f);
+                known[j] = Some(f);
             }
         }
+        Ok(())
     }
-    let mut next_id: i64 =
-        tx.query_row("SELECT coalesce(max(id), 0) + 1 FROM proxies", [], |r| {
-            r.get(0)
-        })?;
-    let mut ids = Vec::with_capacity(candidates.len());
-    let mut fresh: Vec<usize> = Vec::with_capacity(INSERT_BATCH);
-    let mut bumped = false;
-    // New proxies by (scheme, country), for the counts (a few keys, with
-    // no hashing per candidate).
-    let mut added: std::collections::BTreeMap<(Scheme, Option<&str>), i64> =
-        std::collections::BTreeMap::new();
-    let mut update = None;
-    let mut link = None;
-    let flush = |fresh: &mut Vec<usize>, ids: &[i64]| -> Result<(), StoreError> {
-        if fresh.is_empty() {
-            return Ok(());
-        }
+
+    /// Inserts the new proxies `rows` (a candidate's index and the id it
+    /// takes) with `OR IGNORE`, and returns how many were written: a
+    /// candidate whose identity is stored already is skipped. `OR IGNORE`
+    /// also spares SQLite a statement journal for a statement that cannot
+    /// fail halfway. What is the same for every row (the time) is written
+    /// into the statement rather than bound, row after row.
+    fn insert(
+        &self,
+        tx: &Connection,
+        now: i64,
+        rows: &[(usize, i64)],
+    ) -> Result<usize, StoreError> {
+        use rusqlite::ToSql;
         let mut insert = tx.prepare_cached(&format!(
             "INSERT OR IGNORE INTO proxies (id, scheme, host, port, username, password, scheme_detect,
                      country, country_source, hint_anonymity, hint_https,
                      first_seen, last_seen, next_check_at)
                  VALUES {}",
-            placeholders(fresh.len(), "(?,?,?,?,?,?,?,?,?,?,?,?,?,?)")
+            placeholders(rows.len(), &format!("(?,?,?,?,?,?,?,?,?,?,?,{now},{now},{now})"))
         ))?;
-        let mut links = tx.prepare_cached(&format!(
-            "INSERT OR IGNORE INTO proxy_sources (proxy_id, source_id, first_seen, last_seen, listed)
-                 VALUES {}",
-            placeholders(fresh.len(), "(?,?,?,?,1)")
-        ))?;
-        for (j, &at) in fresh.iter().enumerate() {
-            let c = &candidates[at];
+        for (j, &(at, id)) in rows.iter().enumerate() {
+            let c = &self.candidates[at];
             let country = c.hints.country.as_ref().map(|c| c.as_str());
-            let values: [&dyn ToSql; 14] = [
-                &ids[at],
+            let values: [&dyn ToSql; 11] = [
+                &id,
                 &c.proxy.scheme.as_str(),
-                &host(at),
+                &self.host(at),
                 &c.proxy.port,
                 &c.proxy.username(),
                 &c.proxy.auth.as_ref().map(|a| a.password.as_str()),
@@ -806,81 +806,184 @@ fn upsert_batched(
                 &country.map(|_| "source"),
                 &c.hints.anonymity.map(Anonymity::as_str),
                 &c.hints.https,
-                &now,
-                &now,
-                &now,
             ];
             for (k, v) in values.iter().enumerate() {
-                insert.raw_bind_parameter(j * 14 + k + 1, v)?;
-            }
-            let link_values: [&dyn ToSql; 4] = [&ids[at], &source_id, &now, &now];
-            for (k, v) in link_values.iter().enumerate() {
-                links.raw_bind_parameter(j * 4 + k + 1, v)?;
+                insert.raw_bind_parameter(j * 11 + k + 1, v)?;
             }
         }
-        // `OR IGNORE` spares SQLite a statement journal for a statement
-        // that cannot fail halfway; a row it did skip would be a bug in
-        // the lookup above, reported rather than lost.
-        for (what, stmt) in [("proxies", &mut insert), ("links", &mut links)] {
-            let written = stmt.raw_execute()?;
-            if written != fresh.len() {
-                return Err(StoreError::Sqlite(rusqlite::Error::ToSqlConversionFailure(
-                    format!("wrote {written} of {} new {what}", fresh.len()).into(),
-                )));
-            }
-        }
-        fresh.clear();
-        Ok(())
-    };
-    for (at, c) in candidates.iter().enumerate() {
-        let id = match &known[at] {
-            Some(f) => {
-                if f.country_changes && !bumped {
-                    super::checks::bump_change_seq(tx)?;
-                    bumped = true;
-                }
-                if f.changes {
-                    let update = match &mut update {
-                        Some(u) => u,
-                        None => update.insert(tx.prepare_cached(UPDATE_KNOWN)?),
-                    };
-                    update.execute(params![
-                        f.id,
-                        c.proxy.auth.as_ref().map(|a| a.password.as_str()),
-                        c.detect,
-                        c.hints.country.as_ref().map(|c| c.as_str()),
-                        c.hints.anonymity.map(Anonymity::as_str),
-                        c.hints.https,
-                        f.country_changes
-                    ])?;
-                }
-                if f.listed != Some(true) {
-                    let link = match &mut link {
-                        Some(l) => l,
-                        None => link.insert(tx.prepare_cached(LINK_SOURCE)?),
-                    };
-                    link.execute(params![f.id, source_id, now])?;
-                }
-                f.id
-            }
-            None => {
-                let id = next_id;
-                next_id += 1;
-                counts.new += 1;
-                *added
-                    .entry((c.proxy.scheme, c.hints.country.as_ref().map(|c| c.as_str())))
-                    .or_insert(0) += 1;
-                fresh.push(at);
-                id
-            }
-        };
-        ids.push(id);
-        counts.found += 1;
-        if fresh.len() == INSERT_BATCH {
-            flush(&mut fresh, &ids)?;
-        }
+        Ok(insert.raw_execute()?)
     }
-    flush(&mut fresh, &ids)?;
+}
+
+/// Links the new proxies `ids` to the source's latest list.
+fn link_new(tx: &Connection, source_id: i64, now: i64, ids: &[i64]) -> Result<(), StoreError> {
+    if ids.is_empty() {
+        return Ok(());
+    }
+    let mut links = tx.prepare_cached(&format!(
+        "INSERT OR IGNORE INTO proxy_sources (proxy_id, source_id, first_seen, last_seen, listed)
+             VALUES {}",
+        placeholders(ids.len(), &format!("(?,{source_id},{now},{now},1)"))
+    ))?;
+    for (j, id) in ids.iter().enumerate() {
+        links.raw_bind_parameter(j + 1, id)?;
+    }
+    let written = links.raw_execute()?;
+    if written != ids.len() {
+        return Err(unexpected(format!(
+            "wrote {written} of {} new links",
+            ids.len()
+        )));
+    }
+    Ok(())
+}
+
+/// A write that the lookup before it said could not happen, reported
+/// rather than lost.
+fn unexpected(what: String) -> StoreError {
+    StoreError::Sqlite(rusqlite::Error::ToSqlConversionFailure(what.into()))
+}
+
+/// Writes a chunk whose candidates all have distinct addresses, with a
+/// few statements per batch of candidates instead of three per candidate:
+/// the stored rows of a batch are found in one join, and new proxies and
+/// their links go in multi-row inserts with ids assigned here (the next
+/// after the largest, as SQLite would). After a batch of new proxies only,
+/// the next batch is inserted before it is looked up (a list's new proxies
+/// come in long runs) and looked up only if some of it was stored already;
+/// the ids that batch set aside for those are left unused. The outcome is
+/// that of [`upsert_rowwise`], which handles chunks where this does not
+/// hold, but for those unused ids.
+fn upsert_batched(
+    tx: &Connection,
+    source_id: i64,
+    now: i64,
+    candidates: &[Candidate],
+) -> Result<(UpsertCounts, Vec<i64>), StoreError> {
+    let mut counts = UpsertCounts::default();
+    if let Some(c) = candidates.iter().find(|c| c.proxy.port == 0) {
+        return Err(unexpected(format!(
+            "{}: port 0 is not a proxy's port",
+            c.proxy
+        )));
+    }
+    let chunk = Batched::new(candidates);
+    let mut next_id: i64 =
+        tx.query_row("SELECT coalesce(max(id), 0) + 1 FROM proxies", [], |r| {
+            r.get(0)
+        })?;
+    let mut ids = Vec::with_capacity(candidates.len());
+    let mut bumped = false;
+    // New proxies by (scheme, country), for the counts (a few keys, with
+    // no hashing per candidate).
+    let mut added: BTreeMap<(Scheme, Option<&str>), i64> = BTreeMap::new();
+    let mut update = None;
+    let mut link = None;
+    let mut known: Vec<Option<Found>> = Vec::with_capacity(BATCH);
+    let mut fresh: Vec<(usize, i64)> = Vec::with_capacity(BATCH);
+    let mut fresh_ids: Vec<i64> = Vec::with_capacity(BATCH);
+    let mut only_new_before = false;
+    for start in (0..candidates.len()).step_by(BATCH) {
+        let range = start..(start + BATCH).min(candidates.len());
+        let batch = &candidates[range.clone()];
+        known.clear();
+        known.resize_with(batch.len(), || None);
+        fresh.clear();
+        // A candidate to detect may be stored under another scheme, which
+        // only the lookup finds.
+        if only_new_before && !batch.iter().any(|c| c.detect) {
+            let first = next_id;
+            next_id += batch.len() as i64;
+            fresh.extend(range.clone().zip(first..));
+            let written = chunk.insert(tx, now, &fresh)?;
+            if written < batch.len() {
+                // Some were stored already: the rows holding the ids set
+                // aside here are the new ones.
+                chunk.lookup(tx, source_id, range.clone(), &mut known)?;
+                for (j, k) in known.iter_mut().enumerate() {
+                    match k {
+                        Some(f) if f.id == first + j as i64 => *k = None,
+                        Some(_) => {}
+                        None => {
+                            return Err(unexpected(format!(
+                                "{} was neither stored nor written",
+                                batch[j].proxy
+                            )));
+                        }
+                    }
+                }
+                fresh.retain(|&(at, _)| known[at - start].is_none());
+            }
+        } else {
+            chunk.lookup(tx, source_id, range.clone(), &mut known)?;
+            for (j, k) in known.iter().enumerate() {
+                if k.is_none() {
+                    fresh.push((start + j, next_id));
+                    next_id += 1;
+                }
+            }
+            if !fresh.is_empty() {
+                let written = chunk.insert(tx, now, &fresh)?;
+                if written != fresh.len() {
+                    return Err(unexpected(format!(
+                        "wrote {written} of {} new proxies",
+                        fresh.len()
+                    )));
+                }
+            }
+        }
+        fresh_ids.clear();
+        fresh_ids.extend(fresh.iter().map(|&(_, id)| id));
+        link_new(tx, source_id, now, &fresh_ids)?;
+        let mut fresh_at = fresh.iter().peekable();
+        for (j, c) in batch.iter().enumerate() {
+            let id = match &known[j] {
+                Some(f) => {
+                    if f.country_changes && !bumped {
+                        super::checks::bump_change_seq(tx)?;
+                        bumped = true;
+                    }
+                    if f.changes {
+                        let update = match &mut update {
+                            Some(u) => u,
+                            None => update.insert(tx.prepare_cached(UPDATE_KNOWN)?),
+                        };
+                        update.execute(params![
+                            f.id,
+                            c.proxy.auth.as_ref().map(|a| a.password.as_str()),
+                            c.detect,
+                            c.hints.country.as_ref().map(|c| c.as_str()),
+                            c.hints.anonymity.map(Anonymity::as_str),
+                            c.hints.https,
+                            f.country_changes
+                        ])?;
+                    }
+                    if f.listed != Some(true) {
+                        let link = match &mut link {
+                            Some(l) => l,
+                            None => link.insert(tx.prepare_cached(LINK_SOURCE)?),
+                        };
+                        link.execute(params![f.id, source_id, now])?;
+                    }
+                    f.id
+                }
+                None => {
+                    let &(at, id) = fresh_at
+                        .next()
+                        .expect("every candidate not stored before was written");
+                    debug_assert_eq!(at, start + j);
+                    counts.new += 1;
+                    *added
+                        .entry((c.proxy.scheme, c.hints.country.as_ref().map(|c| c.as_str())))
+                        .or_insert(0) += 1;
+                    id
+                }
+            };
+            ids.push(id);
+            counts.found += 1;
+        }
+        only_new_before = fresh.len() == batch.len();
+    }
     // No row this chunk added was updated after it (no address repeats),
     // so the counts of what it added can go in once, at the end.
     let mut count = tx.prepare_cached(COUNT_NEW)?;
