@@ -20,7 +20,7 @@ const MAX_BATCH: usize = 128;
 /// The most weight (rows, roughly) committed in one transaction: enough to
 /// make batching pay, small enough that the write lock is held for tens of
 /// milliseconds, never for as long as another process waits for it.
-const MAX_WEIGHT: usize = 10_000;
+pub(super) const MAX_WEIGHT: usize = 10_000;
 
 /// Attempts to take the write lock (each waits out the busy timeout)
 /// before a transaction is given up; another process holding the lock for
@@ -31,8 +31,11 @@ const LOCK_ATTEMPTS: u32 = 24;
 pub trait Job: Send {
     /// Roughly how many rows the job writes.
     fn weight(&self) -> usize;
-    /// Runs against the open transaction (inside a savepoint).
-    fn run(&mut self, conn: &mut Connection);
+    /// Runs against the open transaction: inside a savepoint, unless the
+    /// job is `alone` in it. Returns whether it succeeded; a job alone in
+    /// its transaction that fails is undone by rolling the transaction
+    /// back.
+    fn run(&mut self, conn: &mut Connection, alone: bool) -> bool;
     /// Reports the outcome once the transaction is over: the job's own
     /// result if it committed, else the commit's error.
     fn finish(self: Box<Self>, committed: Result<(), String>);
@@ -73,17 +76,26 @@ where
         self.weight
     }
 
-    fn run(&mut self, conn: &mut Connection) {
-        let Some(f) = self.f.take() else { return };
-        let result = match conn.savepoint() {
-            Ok(sp) => match f(&sp) {
-                Ok(v) => sp.commit().map(|()| v).map_err(StoreError::from),
-                // Dropping the savepoint rolls this job back alone.
-                Err(e) => Err(e),
-            },
-            Err(e) => Err(e.into()),
+    fn run(&mut self, conn: &mut Connection, alone: bool) -> bool {
+        let Some(f) = self.f.take() else { return true };
+        // A savepoint copies every page the job changes first, so that it
+        // can be undone alone: a job alone in its transaction (a chunk of
+        // a harvest, most often) is undone with the transaction instead.
+        let result = if alone {
+            f(conn)
+        } else {
+            match conn.savepoint() {
+                Ok(sp) => match f(&sp) {
+                    Ok(v) => sp.commit().map(|()| v).map_err(StoreError::from),
+                    // Dropping the savepoint rolls this job back alone.
+                    Err(e) => Err(e),
+                },
+                Err(e) => Err(e.into()),
+            }
         };
+        let ok = result.is_ok();
         self.result = Some(result);
+        ok
     }
 
     fn finish(mut self: Box<Self>, committed: Result<(), String>) {
@@ -152,8 +164,15 @@ fn run(mut conn: Connection, mut rx: mpsc::Receiver<Box<dyn Job>>, path: PathBuf
 /// write is delayed, never dropped.
 fn commit(conn: &mut Connection, jobs: &mut [Box<dyn Job>]) -> Result<(), String> {
     retry_busy("BEGIN IMMEDIATE", || conn.execute_batch("BEGIN IMMEDIATE"))?;
+    let alone = jobs.len() == 1;
+    let mut failed = false;
     for job in jobs.iter_mut() {
-        job.run(conn);
+        failed |= !job.run(conn, alone);
+    }
+    if alone && failed {
+        // The job reports its own error; nothing else was in the
+        // transaction.
+        return conn.execute_batch("ROLLBACK").map_err(|e| e.to_string());
     }
     match retry_busy("COMMIT", || conn.execute_batch("COMMIT")) {
         Ok(()) => Ok(()),
@@ -225,5 +244,41 @@ mod tests {
             .collect::<Result<_, _>>()
             .unwrap();
         assert_eq!(values, [1]);
+    }
+
+    /// A job alone in its transaction runs without a savepoint: when it
+    /// fails, what it wrote is rolled back all the same, and the writer
+    /// goes on with the next.
+    #[tokio::test]
+    async fn a_failing_job_alone_leaves_nothing_behind() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("w.db");
+        let conn = Connection::open(&path).unwrap();
+        conn.execute_batch("CREATE TABLE t (v INTEGER NOT NULL)")
+            .unwrap();
+        let writer = start(conn, path.clone()).unwrap();
+        let (bad, bad_done) = Call::job(1, |c: &Connection| {
+            c.execute("INSERT INTO t (v) VALUES (1)", [])?;
+            c.execute("INSERT INTO t (v) VALUES (NULL)", [])?;
+            Ok(())
+        });
+        writer.send(bad).await.unwrap();
+        let err = bad_done.await.unwrap().unwrap_err();
+        assert!(err.to_string().contains("NOT NULL"), "{err}");
+        let (good, good_done) = Call::job(1, |c: &Connection| {
+            c.execute("INSERT INTO t (v) VALUES (2)", [])?;
+            Ok(())
+        });
+        writer.send(good).await.unwrap();
+        good_done.await.unwrap().unwrap();
+        let check = Connection::open(&path).unwrap();
+        let values: Vec<i64> = check
+            .prepare("SELECT v FROM t ORDER BY v")
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(values, [2]);
     }
 }
