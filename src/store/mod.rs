@@ -326,12 +326,27 @@ impl Store {
         T: Send + 'static,
         F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
     {
+        self.submit_weighted(weight, f).await?.await
+    }
+
+    /// Queues [`Store::write_weighted`]'s job and returns, without waiting
+    /// for it to be written; the future returned then waits. A caller with
+    /// a run of jobs queues the next while the writer writes this one.
+    pub(crate) async fn submit_weighted<T, F>(
+        &self,
+        weight: usize,
+        f: F,
+    ) -> Result<impl Future<Output = Result<T, StoreError>> + use<T, F>, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
+    {
         let Some(writer) = &self.inner.writer else {
             return Err(StoreError::ReadOnly);
         };
         let (job, done) = writer::Call::job(weight, f);
         writer.send(job).await.map_err(|_| StoreError::Closed)?;
-        done.await.map_err(|_| StoreError::Closed)?
+        Ok(async move { done.await.map_err(|_| StoreError::Closed)? })
     }
 }
 

@@ -12,8 +12,11 @@ use crate::model::{Candidate, CandidateList};
 use crate::proxy::{Anonymity, Country, Credentials, Proxy, Scheme, Status};
 
 /// Candidates written per transaction: a few tens of milliseconds of
-/// work, far below the busy timeout of anyone waiting for the lock.
-const SOURCE_CHUNK: usize = 5_000;
+/// work, far below the busy timeout of anyone waiting for the lock. Two
+/// chunks outweigh one transaction of the writer, so that each commits
+/// alone, without the savepoint a job sharing a transaction needs.
+const SOURCE_CHUNK: usize = 6_000;
+const _: () = assert!(2 * SOURCE_CHUNK > super::writer::MAX_WEIGHT);
 
 /// A source's listed links read per transaction when unlisting those a
 /// new list left out: reading is cheap, and most pages write nothing.
@@ -404,20 +407,30 @@ impl Store {
         // The proxies this list names, to unlist the source's others.
         let mut seen: Vec<i64> = Vec::with_capacity(list.len());
         {
+            // The next chunk is made and queued while the writer writes
+            // this one, so that it never waits for it.
             let mut items = list.iter();
+            let mut written = None;
             loop {
                 let chunk: Vec<Candidate> = items.by_ref().take(SOURCE_CHUNK).collect();
-                if chunk.is_empty() {
+                let queued = match chunk.is_empty() {
+                    true => None,
+                    false => Some(
+                        self.submit_weighted(chunk.len(), move |tx| {
+                            upsert_candidates(tx, source, now, &chunk)
+                        })
+                        .await?,
+                    ),
+                };
+                if let Some(previous) = std::mem::replace(&mut written, queued) {
+                    let (c, ids) = previous.await?;
+                    counts.found += c.found;
+                    counts.new += c.new;
+                    seen.extend(ids);
+                }
+                if written.is_none() {
                     break;
                 }
-                let (c, ids) = self
-                    .write_weighted(chunk.len(), move |tx| {
-                        upsert_candidates(tx, source, now, &chunk)
-                    })
-                    .await?;
-                counts.found += c.found;
-                counts.new += c.new;
-                seen.extend(ids);
             }
         }
         drop(list);
