@@ -211,6 +211,39 @@ async fn reads_do_not_wait_for_a_large_write() {
     assert_eq!(store.stats().await.unwrap().total, 100_000);
 }
 
+/// The write-ahead log is copied into the database by the checkpointer
+/// while the writer goes on: after a harvest, the database file itself
+/// holds what was written, without another write or a restart.
+#[tokio::test]
+async fn the_log_is_copied_into_the_database_in_the_background() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("p.db");
+    let store = Store::open(&path).unwrap();
+    let before = std::fs::metadata(&path).unwrap().len();
+    // Some thousands of pages: past the log size that wakes the
+    // checkpointer, far below the one at which the writer would
+    // checkpoint itself.
+    store
+        .record_source_run(run("a", 1_000), candidates(40_000))
+        .await
+        .unwrap();
+    let log = dir.path().join("p.db-wal");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let size = std::fs::metadata(&path).unwrap().len();
+        if size > before + 4 * 1024 * 1024 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the database file stayed at {size} bytes (from {before}), the log is {} bytes",
+            std::fs::metadata(&log).map(|m| m.len()).unwrap_or(0)
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert_eq!(store.stats().await.unwrap().total, 40_000);
+}
+
 /// A listing page is filtered, sorted and cut in SQL, with the total of
 /// all matches.
 #[tokio::test]
