@@ -244,6 +244,82 @@ async fn the_log_is_copied_into_the_database_in_the_background() {
     assert_eq!(store.stats().await.unwrap().total, 40_000);
 }
 
+/// Proxies not checked yet stay out of the status index, which a harvest
+/// of new proxies then never writes, while listings of alive and of dead
+/// proxies, and of unknown ones, still find exactly those, the first two
+/// through the index.
+#[tokio::test]
+async fn the_status_index_holds_checked_proxies_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("p.db");
+    let store = store_of(&path, 20).await;
+    let ids = common::ids_of(&store).await;
+    let policy = proxywarden::model::RecheckPolicy {
+        alive: std::time::Duration::from_secs(600),
+        alive_jitter: std::time::Duration::ZERO,
+        dead: std::time::Duration::from_secs(60),
+        dead_max: std::time::Duration::from_secs(3600),
+    };
+    let mut verdicts: Vec<_> = ids[..3]
+        .iter()
+        .map(|&id| common::alive_at(id, 2_000))
+        .collect();
+    verdicts.extend(ids[3..5].iter().map(|&id| proxywarden::store::CheckRecord {
+        id,
+        checked_at: 2_000,
+        outcome: proxywarden::model::Outcome::dead(proxywarden::model::Reason::Refused),
+    }));
+    store.record_checks(verdicts, policy).await.unwrap();
+    for (status, want) in [
+        (proxywarden::proxy::Status::Alive, &ids[..3]),
+        (proxywarden::proxy::Status::Dead, &ids[3..5]),
+        (proxywarden::proxy::Status::Unknown, &ids[5..]),
+    ] {
+        let filter = ProxyFilter {
+            status: Some(status),
+            ..ProxyFilter::default()
+        };
+        let found: Vec<i64> = store
+            .list_proxies(filter)
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.id)
+            .collect();
+        assert_eq!(found, want, "{status:?}");
+    }
+
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    let indexed: i64 = conn
+        .query_row(
+            "SELECT count(*) FROM proxies INDEXED BY proxies_status
+             WHERE status = 'alive' OR status = 'dead'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(indexed, 5);
+    let unknown_indexed = conn.query_row(
+        "SELECT count(*) FROM proxies INDEXED BY proxies_status WHERE status = 'unknown'",
+        [],
+        |r| r.get::<_, i64>(0),
+    );
+    assert!(
+        unknown_indexed.is_err(),
+        "unknown proxies are in the index: {unknown_indexed:?}"
+    );
+    for status in ["alive", "dead"] {
+        let plan: String = conn
+            .query_row(
+                "EXPLAIN QUERY PLAN SELECT p.id FROM proxies p WHERE p.status = ?1",
+                [status],
+                |r| r.get(3),
+            )
+            .unwrap();
+        assert!(plan.contains("proxies_status"), "{status}: {plan}");
+    }
+}
+
 /// A listing page is filtered, sorted and cut in SQL, with the total of
 /// all matches.
 #[tokio::test]
