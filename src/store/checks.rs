@@ -331,20 +331,17 @@ impl Store {
     /// listed for that long. Returns how many went.
     pub async fn purge(&self, now: i64, after: Duration) -> Result<usize, StoreError> {
         let cutoff = now.saturating_sub(ms(after));
-        self.write(move |c| {
-            Ok(c.execute(
-                "DELETE FROM proxies WHERE status = 'dead'
-                     AND coalesce(last_alive, first_seen) < ?1 AND last_seen < ?1
-                     AND NOT EXISTS (SELECT 1 FROM proxy_sources ps JOIN sources s
-                                       ON s.id = ps.source_id
-                                     WHERE ps.proxy_id = proxies.id AND ps.listed = 1
-                                       AND s.listed_at >= ?1)",
-                [cutoff],
-            )?)
-        })
-        .await
+        self.write(move |c| Ok(c.execute(PURGE, [cutoff])?)).await
     }
 }
+
+/// Deletes the proxies dead since before `?1` that no source has listed
+/// since.
+pub(super) const PURGE: &str = "DELETE FROM proxies WHERE status = 'dead'
+     AND coalesce(last_alive, first_seen) < ?1 AND last_seen < ?1
+     AND NOT EXISTS (SELECT 1 FROM sources s CROSS JOIN proxy_sources ps
+                       ON ps.source_id = s.id AND ps.proxy_id = proxies.id
+                     WHERE ps.listed = 1 AND s.listed_at >= ?1)";
 
 fn due_page(
     conn: &Connection,
@@ -520,7 +517,8 @@ fn settle_scheme(tx: &Connection, id: i64, scheme: Scheme) -> Result<i64, StoreE
     };
     tx.execute(
         "INSERT INTO proxy_sources (proxy_id, source_id, first_seen, last_seen, listed)
-         SELECT ?2, source_id, first_seen, last_seen, listed FROM proxy_sources WHERE proxy_id = ?1
+         SELECT ?2, source_id, first_seen, last_seen, listed FROM proxy_sources
+         WHERE source_id IN (SELECT id FROM sources) AND proxy_id = ?1
          ON CONFLICT (proxy_id, source_id) DO UPDATE SET
              first_seen = min(first_seen, excluded.first_seen),
              last_seen = max(last_seen, excluded.last_seen),

@@ -20,6 +20,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/0008_proxy_counts.sql"),
     include_str!("../../migrations/0009_lean_new_rows.sql"),
     include_str!("../../migrations/0010_partial_status_index.sql"),
+    include_str!("../../migrations/0011_links_by_source.sql"),
 ];
 
 /// Every table the migrations create: a database holding any other is

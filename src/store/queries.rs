@@ -290,12 +290,13 @@ pub struct Stats {
 const PROXY_COLUMNS: &str = "p.id, p.scheme, p.host, p.port, p.username, p.password, \
     p.scheme_detect, p.status, p.country, p.country_source, p.anonymity, p.https, \
     p.latency_ms, p.exit_ip, p.last_checked, p.last_alive, p.first_seen, \
-    max(p.last_seen, coalesce((SELECT max(s.listed_at) FROM proxy_sources ps \
-       JOIN sources s ON s.id = ps.source_id WHERE ps.proxy_id = p.id AND ps.listed = 1), 0)), \
+    max(p.last_seen, coalesce((SELECT max(s.listed_at) FROM sources s \
+       CROSS JOIN proxy_sources ps ON ps.source_id = s.id AND ps.proxy_id = p.id \
+       WHERE ps.listed = 1), 0)), \
     p.last_reason, p.hint_anonymity, p.hint_https, p.checks_total, p.checks_ok, \
     p.consecutive_failures, p.next_check_at, \
-    (SELECT group_concat(s.name, char(10)) FROM proxy_sources ps \
-       JOIN sources s ON s.id = ps.source_id WHERE ps.proxy_id = p.id)";
+    (SELECT group_concat(s.name, char(10)) FROM sources s \
+       CROSS JOIN proxy_sources ps ON ps.source_id = s.id AND ps.proxy_id = p.id)";
 
 /// Turns a text column into an enum, reporting bad values as conversion
 /// errors rather than panicking (the database may have been edited by hand).
@@ -1389,6 +1390,57 @@ fn counts(conn: &Connection) -> Result<Stats, StoreError> {
 #[cfg(test)]
 mod tests {
     use super::push_host;
+
+    /// Links are keyed by source first (migration 0011): a query that
+    /// wants one proxy's links looks them up source by source instead of
+    /// reading every link, which on a store of millions would be per row.
+    #[test]
+    fn one_proxys_links_are_looked_up_not_scanned() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("p.db");
+        let mut conn = rusqlite::Connection::open(&path).unwrap();
+        super::super::migrate::apply(&mut conn, &path).unwrap();
+        let statements = [
+            format!(
+                "SELECT {} FROM proxies p WHERE p.id = ?1",
+                super::PROXY_COLUMNS
+            ),
+            super::super::checks::PURGE.to_owned(),
+            "DELETE FROM proxy_sources WHERE source_id IN (SELECT id FROM sources)
+                 AND proxy_id = ?1"
+                .to_owned(),
+        ];
+        // A new link writes its one b-tree only.
+        let indexes: i64 = conn
+            .query_row(
+                "SELECT count(*) FROM sqlite_schema
+                 WHERE type = 'index' AND tbl_name = 'proxy_sources' AND sql IS NOT NULL",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(indexes, 0);
+        for sql in statements {
+            let plan: Vec<String> = conn
+                .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
+                .unwrap()
+                .query_map([1], |r| r.get(3))
+                .unwrap()
+                .collect::<Result<_, _>>()
+                .unwrap();
+            assert!(
+                plan.iter()
+                    .all(|step| !step.starts_with("SCAN ps")
+                        && !step.starts_with("SCAN proxy_sources")),
+                "{sql}\n{plan:#?}"
+            );
+            assert!(
+                plan.iter()
+                    .any(|step| step.contains("PRIMARY KEY (source_id=? AND proxy_id=?)")),
+                "{sql}\n{plan:#?}"
+            );
+        }
+    }
 
     /// The identity index holds addresses as `Display` writes them; a
     /// harvest that wrote them otherwise would store every proxy again.
