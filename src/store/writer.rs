@@ -158,7 +158,7 @@ fn checkpoint_off_thread(conn: &mut Connection, path: &Path) -> Result<(), Store
     let (wake, woken) = std::sync::mpsc::sync_channel::<()>(1);
     let shown = path.display().to_string();
     std::thread::Builder::new()
-        .name("proxywarden-store-checkpoint".into())
+        .name("proxywarden-checkpoint".into())
         .spawn(move || {
             // Ends with the writer's connection, which holds `wake`.
             for () in woken {
