@@ -320,6 +320,44 @@ async fn the_status_index_holds_checked_proxies_only() {
     }
 }
 
+/// A purge of more proxies than one transaction deletes (it goes in
+/// bounded ones) deletes every one that qualifies, and their links, and
+/// leaves the others.
+#[tokio::test]
+async fn a_large_purge_deletes_every_qualifying_proxy() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("p.db");
+    let store = store_of(&path, 12_500).await;
+    let ids = common::ids_of(&store).await;
+    let policy = proxywarden::model::RecheckPolicy {
+        alive: std::time::Duration::from_secs(600),
+        alive_jitter: std::time::Duration::ZERO,
+        dead: std::time::Duration::from_secs(60),
+        dead_max: std::time::Duration::from_secs(3600),
+    };
+    // All but the first 100 die; those stay alive.
+    let mut verdicts: Vec<_> = ids[..100]
+        .iter()
+        .map(|&id| common::alive_at(id, 2_000))
+        .collect();
+    verdicts.extend(
+        ids[100..]
+            .iter()
+            .map(|&id| proxywarden::store::CheckRecord {
+                id,
+                checked_at: 2_000,
+                outcome: proxywarden::model::Outcome::dead(proxywarden::model::Reason::Refused),
+            }),
+    );
+    store.record_checks(verdicts, policy).await.unwrap();
+    let day = std::time::Duration::from_secs(86_400);
+    let purged = store.purge(10 * 86_400_000, day).await.unwrap();
+    assert_eq!(purged, 12_400);
+    assert_eq!(common::ids_of(&store).await, ids[..100]);
+    assert_eq!(store.list_sources().await.unwrap()[0].proxies, 100);
+    assert_eq!(store.counts().await.unwrap(), scanned(&path));
+}
+
 /// A listing page is filtered, sorted and cut in SQL, with the total of
 /// all matches.
 #[tokio::test]

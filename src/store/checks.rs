@@ -331,17 +331,35 @@ impl Store {
     /// listed for that long. Returns how many went.
     pub async fn purge(&self, now: i64, after: Duration) -> Result<usize, StoreError> {
         let cutoff = now.saturating_sub(ms(after));
-        self.write(move |c| Ok(c.execute(PURGE, [cutoff])?)).await
+        // In bounded transactions: a purge of many proxies never holds the
+        // write lock for as long as another process waits for it.
+        let mut purged = 0;
+        loop {
+            let n = self
+                .write_weighted(PURGE_BATCH, move |c| {
+                    Ok(c.execute(PURGE, params![cutoff, PURGE_BATCH as i64])?)
+                })
+                .await?;
+            purged += n;
+            if n < PURGE_BATCH {
+                return Ok(purged);
+            }
+        }
     }
 }
 
-/// Deletes the proxies dead since before `?1` that no source has listed
-/// since.
-pub(super) const PURGE: &str = "DELETE FROM proxies WHERE status = 'dead'
-     AND coalesce(last_alive, first_seen) < ?1 AND last_seen < ?1
-     AND NOT EXISTS (SELECT 1 FROM sources s CROSS JOIN proxy_sources ps
-                       ON ps.source_id = s.id AND ps.proxy_id = proxies.id
-                     WHERE ps.listed = 1 AND s.listed_at >= ?1)";
+/// Proxies deleted per transaction of a purge.
+const PURGE_BATCH: usize = 5_000;
+
+/// Deletes up to `?2` of the proxies dead since before `?1` that no source
+/// has listed since.
+pub(super) const PURGE: &str = "DELETE FROM proxies WHERE id IN (
+     SELECT id FROM proxies WHERE status = 'dead'
+         AND coalesce(last_alive, first_seen) < ?1 AND last_seen < ?1
+         AND NOT EXISTS (SELECT 1 FROM sources s CROSS JOIN proxy_sources ps
+                           ON ps.source_id = s.id AND ps.proxy_id = proxies.id
+                         WHERE ps.listed = 1 AND s.listed_at >= ?1)
+     LIMIT ?2)";
 
 fn due_page(
     conn: &Connection,

@@ -1421,10 +1421,10 @@ mod tests {
             .unwrap();
         assert_eq!(indexes, 0);
         for sql in statements {
-            let plan: Vec<String> = conn
-                .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
-                .unwrap()
-                .query_map([1], |r| r.get(3))
+            let mut explain = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
+            let ones = vec![1; explain.parameter_count()];
+            let plan: Vec<String> = explain
+                .query_map(rusqlite::params_from_iter(ones), |r| r.get(3))
                 .unwrap()
                 .collect::<Result<_, _>>()
                 .unwrap();
