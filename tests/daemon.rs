@@ -671,11 +671,7 @@ async fn verdicts_written_by_another_process_are_served_within_seconds() {
     let id = p["id"].as_i64().unwrap();
     // Another writer on the same file, as the CLI would be.
     let other = Store::open(&c._dir.path().join("daemon.db")).unwrap();
-    let dead = proxywarden::store::CheckRecord {
-        id,
-        checked_at: proxywarden::store::now_ms(),
-        outcome: proxywarden::model::Outcome::dead(proxywarden::model::Reason::Refused),
-    };
+    let dead = common::refused_at(id, proxywarden::store::now_ms());
     other
         .record_checks(
             vec![dead],

@@ -744,11 +744,7 @@ async fn a_pool_from_the_store_follows_it() {
             dead: Duration::from_secs(900),
             dead_max: Duration::from_secs(86_400),
         };
-        let dead = proxywarden::store::CheckRecord {
-            id: ids[0],
-            checked_at: proxywarden::store::now_ms(),
-            outcome: proxywarden::model::Outcome::dead(proxywarden::model::Reason::Refused),
-        };
+        let dead = common::refused_at(ids[0], proxywarden::store::now_ms());
         store.record_checks(vec![dead], policy).await.unwrap();
         let deadline = Instant::now() + Duration::from_secs(5);
         while pool.index().get(ids[0]).is_some() {

@@ -244,6 +244,48 @@ async fn the_log_is_copied_into_the_database_in_the_background() {
     assert_eq!(store.stats().await.unwrap().total, 40_000);
 }
 
+/// Records at `at` (unix ms) a passed check of each of `alive` and a
+/// refused one of each of `dead`.
+async fn record_verdicts(store: &Store, alive: &[i64], dead: &[i64], at: i64) {
+    let policy = proxywarden::model::RecheckPolicy {
+        alive: std::time::Duration::from_secs(600),
+        alive_jitter: std::time::Duration::ZERO,
+        dead: std::time::Duration::from_secs(60),
+        dead_max: std::time::Duration::from_secs(3600),
+    };
+    let verdicts = alive
+        .iter()
+        .map(|&id| common::alive_at(id, at))
+        .chain(dead.iter().map(|&id| common::refused_at(id, at)))
+        .collect();
+    store.record_checks(verdicts, policy).await.unwrap();
+}
+
+/// A candidate on port 0 is refused with an error naming it, on either
+/// write path, and its chunk leaves nothing behind.
+#[tokio::test]
+async fn a_candidate_on_port_0_is_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("p.db")).unwrap();
+    let mut list = candidates(10);
+    list[4].proxy.port = 0;
+    // Batched (distinct addresses), then row by row (one repeated).
+    let mut repeated = list.clone();
+    repeated.push(list[0].clone());
+    for list in [list, repeated] {
+        let err = store
+            .record_source_run(run("a", 1_000), list)
+            .await
+            .unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("10.0.0.4:0: port 0 is not a proxy's port"),
+            "{err}"
+        );
+        assert_eq!(store.stats().await.unwrap().total, 0);
+    }
+}
+
 /// Proxies not checked yet stay out of the status index, which a harvest
 /// of new proxies then never writes, while listings of alive and of dead
 /// proxies, and of unknown ones, still find exactly those, the first two
@@ -254,22 +296,7 @@ async fn the_status_index_holds_checked_proxies_only() {
     let path = dir.path().join("p.db");
     let store = store_of(&path, 20).await;
     let ids = common::ids_of(&store).await;
-    let policy = proxywarden::model::RecheckPolicy {
-        alive: std::time::Duration::from_secs(600),
-        alive_jitter: std::time::Duration::ZERO,
-        dead: std::time::Duration::from_secs(60),
-        dead_max: std::time::Duration::from_secs(3600),
-    };
-    let mut verdicts: Vec<_> = ids[..3]
-        .iter()
-        .map(|&id| common::alive_at(id, 2_000))
-        .collect();
-    verdicts.extend(ids[3..5].iter().map(|&id| proxywarden::store::CheckRecord {
-        id,
-        checked_at: 2_000,
-        outcome: proxywarden::model::Outcome::dead(proxywarden::model::Reason::Refused),
-    }));
-    store.record_checks(verdicts, policy).await.unwrap();
+    record_verdicts(&store, &ids[..3], &ids[3..5], 2_000).await;
     for (status, want) in [
         (proxywarden::proxy::Status::Alive, &ids[..3]),
         (proxywarden::proxy::Status::Dead, &ids[3..5]),
@@ -329,27 +356,8 @@ async fn a_large_purge_deletes_every_qualifying_proxy() {
     let path = dir.path().join("p.db");
     let store = store_of(&path, 12_500).await;
     let ids = common::ids_of(&store).await;
-    let policy = proxywarden::model::RecheckPolicy {
-        alive: std::time::Duration::from_secs(600),
-        alive_jitter: std::time::Duration::ZERO,
-        dead: std::time::Duration::from_secs(60),
-        dead_max: std::time::Duration::from_secs(3600),
-    };
     // All but the first 100 die; those stay alive.
-    let mut verdicts: Vec<_> = ids[..100]
-        .iter()
-        .map(|&id| common::alive_at(id, 2_000))
-        .collect();
-    verdicts.extend(
-        ids[100..]
-            .iter()
-            .map(|&id| proxywarden::store::CheckRecord {
-                id,
-                checked_at: 2_000,
-                outcome: proxywarden::model::Outcome::dead(proxywarden::model::Reason::Refused),
-            }),
-    );
-    store.record_checks(verdicts, policy).await.unwrap();
+    record_verdicts(&store, &ids[..100], &ids[100..], 2_000).await;
     let day = std::time::Duration::from_secs(86_400);
     let purged = store.purge(10 * 86_400_000, day).await.unwrap();
     assert_eq!(purged, 12_400);

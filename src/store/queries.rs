@@ -606,6 +606,12 @@ fn upsert_candidates(
     now: i64,
     candidates: &[Candidate],
 ) -> Result<(UpsertCounts, Vec<i64>), StoreError> {
+    if let Some(c) = candidates.iter().find(|c| c.proxy.port == 0) {
+        return Err(unexpected(format!(
+            "{}: port 0 is not a proxy's port",
+            c.proxy
+        )));
+    }
     if addresses_repeat(candidates) {
         upsert_rowwise(tx, source_id, now, candidates)
     } else {
@@ -829,31 +835,37 @@ impl<'a> Batched<'a> {
     }
 }
 
-/// Links the new proxies `ids` to the source's latest list.
-fn link_new(tx: &Connection, source_id: i64, now: i64, ids: &[i64]) -> Result<(), StoreError> {
-    if ids.is_empty() {
+/// Links the new proxies `fresh` (a candidate's index and its id) to the
+/// source's latest list.
+fn link_new(
+    tx: &Connection,
+    source_id: i64,
+    now: i64,
+    fresh: &[(usize, i64)],
+) -> Result<(), StoreError> {
+    if fresh.is_empty() {
         return Ok(());
     }
     let mut links = tx.prepare_cached(&format!(
         "INSERT OR IGNORE INTO proxy_sources (proxy_id, source_id, first_seen, last_seen, listed)
              VALUES {}",
-        placeholders(ids.len(), &format!("(?,{source_id},{now},{now},1)"))
+        placeholders(fresh.len(), &format!("(?,{source_id},{now},{now},1)"))
     ))?;
-    for (j, id) in ids.iter().enumerate() {
+    for (j, (_, id)) in fresh.iter().enumerate() {
         links.raw_bind_parameter(j + 1, id)?;
     }
     let written = links.raw_execute()?;
-    if written != ids.len() {
+    if written != fresh.len() {
         return Err(unexpected(format!(
             "wrote {written} of {} new links",
-            ids.len()
+            fresh.len()
         )));
     }
     Ok(())
 }
 
-/// A write that the lookup before it said could not happen, reported
-/// rather than lost.
+/// A candidate the store cannot take, or a write that the lookup before
+/// it said could not happen: reported rather than lost.
 fn unexpected(what: String) -> StoreError {
     StoreError::Sqlite(rusqlite::Error::ToSqlConversionFailure(what.into()))
 }
@@ -875,12 +887,6 @@ fn upsert_batched(
     candidates: &[Candidate],
 ) -> Result<(UpsertCounts, Vec<i64>), StoreError> {
     let mut counts = UpsertCounts::default();
-    if let Some(c) = candidates.iter().find(|c| c.proxy.port == 0) {
-        return Err(unexpected(format!(
-            "{}: port 0 is not a proxy's port",
-            c.proxy
-        )));
-    }
     let chunk = Batched::new(candidates);
     let mut next_id: i64 =
         tx.query_row("SELECT coalesce(max(id), 0) + 1 FROM proxies", [], |r| {
@@ -895,7 +901,6 @@ fn upsert_batched(
     let mut link = None;
     let mut known: Vec<Option<Found>> = Vec::with_capacity(BATCH);
     let mut fresh: Vec<(usize, i64)> = Vec::with_capacity(BATCH);
-    let mut fresh_ids: Vec<i64> = Vec::with_capacity(BATCH);
     let mut only_new_before = false;
     for start in (0..candidates.len()).step_by(BATCH) {
         let range = start..(start + BATCH).min(candidates.len());
@@ -946,10 +951,8 @@ fn upsert_batched(
                 }
             }
         }
-        fresh_ids.clear();
-        fresh_ids.extend(fresh.iter().map(|&(_, id)| id));
-        link_new(tx, source_id, now, &fresh_ids)?;
-        let mut fresh_at = fresh.iter().peekable();
+        link_new(tx, source_id, now, &fresh)?;
+        let mut fresh_at = fresh.iter();
         for (j, c) in batch.iter().enumerate() {
             let id = match &known[j] {
                 Some(f) => {
@@ -1051,11 +1054,6 @@ fn upsert_rowwise(
     let mut host = String::with_capacity(64);
     for c in candidates {
         let p = &c.proxy;
-        if p.port == 0 {
-            return Err(StoreError::Sqlite(rusqlite::Error::ToSqlConversionFailure(
-                format!("{p}: port 0 is not a proxy's port").into(),
-            )));
-        }
         host.clear();
         std::fmt::Write::write_fmt(&mut host, format_args!("{}", p.host))
             .expect("formatting an address into a String cannot fail");

@@ -271,16 +271,34 @@ fn retry_busy(what: &str, mut step: impl FnMut() -> rusqlite::Result<()>) -> Res
 mod tests {
     use super::*;
 
-    /// Jobs sharing a transaction: one failing rolls back alone, and every
-    /// caller hears only after the commit.
-    #[tokio::test]
-    async fn a_failing_job_rolls_back_alone() {
+    /// A writer on a fresh database holding one table, `t (v NOT NULL)`.
+    fn writer_on_table() -> (tempfile::TempDir, mpsc::Sender<Box<dyn Job>>) {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("w.db");
         let conn = Connection::open(&path).unwrap();
         conn.execute_batch("CREATE TABLE t (v INTEGER NOT NULL)")
             .unwrap();
-        let writer = start(conn, path.clone()).unwrap();
+        let writer = start(conn, path).unwrap();
+        (dir, writer)
+    }
+
+    /// The values committed to `t`, in order.
+    fn values_of(dir: &tempfile::TempDir) -> Vec<i64> {
+        Connection::open(dir.path().join("w.db"))
+            .unwrap()
+            .prepare("SELECT v FROM t ORDER BY v")
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap()
+    }
+
+    /// Jobs sharing a transaction: one failing rolls back alone, and every
+    /// caller hears only after the commit.
+    #[tokio::test]
+    async fn a_failing_job_rolls_back_alone() {
+        let (dir, writer) = writer_on_table();
         let (good, good_done) = Call::job(1, |c: &Connection| {
             c.execute("INSERT INTO t (v) VALUES (1)", [])?;
             Ok(())
@@ -296,14 +314,7 @@ mod tests {
         writer.send(bad).await.unwrap();
         good_done.await.unwrap().unwrap();
         assert!(bad_done.await.unwrap().is_err());
-        let check = Connection::open(&path).unwrap();
-        let values: Vec<i64> = check
-            .prepare("SELECT v FROM t ORDER BY v")
-            .unwrap()
-            .query_map([], |r| r.get(0))
-            .unwrap()
-            .collect::<Result<_, _>>()
-            .unwrap();
+        let values = values_of(&dir);
         assert_eq!(values, [1]);
     }
 
@@ -312,12 +323,7 @@ mod tests {
     /// goes on with the next.
     #[tokio::test]
     async fn a_failing_job_alone_leaves_nothing_behind() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("w.db");
-        let conn = Connection::open(&path).unwrap();
-        conn.execute_batch("CREATE TABLE t (v INTEGER NOT NULL)")
-            .unwrap();
-        let writer = start(conn, path.clone()).unwrap();
+        let (dir, writer) = writer_on_table();
         let (bad, bad_done) = Call::job(1, |c: &Connection| {
             c.execute("INSERT INTO t (v) VALUES (1)", [])?;
             c.execute("INSERT INTO t (v) VALUES (NULL)", [])?;
@@ -332,14 +338,7 @@ mod tests {
         });
         writer.send(good).await.unwrap();
         good_done.await.unwrap().unwrap();
-        let check = Connection::open(&path).unwrap();
-        let values: Vec<i64> = check
-            .prepare("SELECT v FROM t ORDER BY v")
-            .unwrap()
-            .query_map([], |r| r.get(0))
-            .unwrap()
-            .collect::<Result<_, _>>()
-            .unwrap();
+        let values = values_of(&dir);
         assert_eq!(values, [2]);
     }
 }

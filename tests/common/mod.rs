@@ -321,6 +321,15 @@ pub fn alive_at(id: i64, at: i64) -> proxywarden::store::CheckRecord {
     }
 }
 
+/// A failed check of proxy `id` at `at` (unix ms): the proxy refused.
+pub fn refused_at(id: i64, at: i64) -> proxywarden::store::CheckRecord {
+    proxywarden::store::CheckRecord {
+        id,
+        checked_at: at,
+        outcome: proxywarden::model::Outcome::dead(proxywarden::model::Reason::Refused),
+    }
+}
+
 /// A text source's run named `name` from `url` that started at
 /// `started_at` (unix ms) and went through at once, without an HTTP status.
 pub fn source_run(name: &str, url: &str, started_at: i64) -> proxywarden::store::SourceRun {
