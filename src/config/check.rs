@@ -69,6 +69,41 @@ impl CheckConfig {
         }
     }
 
+    /// How old a served proxy's last check may be while `served` proxies
+    /// are served: two re-check cycles and a check's timeout. Past it the
+    /// proxy is not served until it passes another check.
+    pub fn fresh_window(&self, served: usize) -> Duration {
+        2 * self.serve_cycle(served) + self.timeout
+    }
+
+    /// When a served proxy whose schedule this daemon did not make (loaded
+    /// at start-up, checked by a `proxywarden check` beside it, whose next
+    /// check may be `recheck_alive` away) is to be checked, if sooner than
+    /// its `next_check_at`: where [`serve_policy`](Self::serve_policy) would
+    /// have put it after its last check (`spread` in 0..1 picks the place
+    /// in the policy's range), and at once when that is already past or the
+    /// last check is older than a cycle. Times are unix ms.
+    pub fn served_check_at(
+        &self,
+        served: usize,
+        last_checked: Option<i64>,
+        next_check_at: i64,
+        now: i64,
+        spread: f64,
+    ) -> Option<i64> {
+        let cycle = ms(self.serve_cycle(served));
+        let at = match last_checked {
+            Some(t) if now - t <= cycle => {
+                // Two thirds to four thirds of a cycle, as serve_policy.
+                let after =
+                    cycle * 2 / 3 + (spread.clamp(0.0, 1.0) * (cycle * 2 / 3) as f64) as i64;
+                (t + after).max(now)
+            }
+            _ => now,
+        };
+        (at < next_check_at).then_some(at)
+    }
+
     /// When proxies are checked again, as `[check]` sets it.
     pub fn recheck_policy(&self) -> RecheckPolicy {
         RecheckPolicy {
@@ -200,4 +235,9 @@ fn judges(s: &mut Section, k: &str) -> Option<Vec<JudgeConfig>> {
         }
     }
     Some(out)
+}
+
+/// A duration in whole milliseconds, saturating.
+fn ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }

@@ -44,6 +44,9 @@ pub struct GatewayConfig {
     pub max_header_size: usize,
     /// Requests and tunnels through one upstream proxy at once.
     pub max_per_proxy: u32,
+    /// How long a request or tunnel waits, in line, for a proxy while
+    /// every matching one is at `max_per_proxy`.
+    pub queue_wait: Duration,
     /// A sticky session keeps its proxy this long at most.
     pub session_ttl: Duration,
 }
@@ -74,6 +77,7 @@ pub(super) fn read(g: &mut Section) -> Option<GatewayConfig> {
     // hyper needs at least 8 KiB to buffer a head.
     let max_header_size = g.size("max_header_size", 8 * 1024, 1024 * 1024);
     let max_per_proxy = g.int("max_per_proxy", 1, 100_000);
+    let queue_wait = g.duration("queue_wait");
     let session_ttl = g.duration("session_ttl");
     guard_public(g, "gateway", listen, &token);
     // The ranges were checked, so the casts below cannot truncate.
@@ -91,6 +95,7 @@ pub(super) fn read(g: &mut Section) -> Option<GatewayConfig> {
         max_connections: max_connections? as usize,
         max_header_size: max_header_size? as usize,
         max_per_proxy: max_per_proxy? as u32,
+        queue_wait: queue_wait?,
         session_ttl: session_ttl?,
     })
 }

@@ -6,6 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use rand::RngExt;
 use tokio_util::sync::CancellationToken;
 
 use crate::api::{AppState, CheckInfo};
@@ -123,6 +124,7 @@ impl CheckLoop {
         stop: &CancellationToken,
         last_round: Option<std::time::Instant>,
     ) -> bool {
+        self.schedule_adopted().await;
         let rechecks = self.state.feedback.take_rechecks();
         let urgent = !rechecks.is_empty();
         if urgent && let Err(e) = self.store.mark_due_many(rechecks, now_ms()).await {
@@ -157,17 +159,55 @@ impl CheckLoop {
         false
     }
 
+    /// Puts the proxies that entered the index on a schedule this daemon
+    /// did not make (all of them at start-up; those another process
+    /// checked) on the served proxies' re-check cycle. Without this a
+    /// proxy `proxywarden check` found alive keeps its next check up to
+    /// `check.recheck_alive` away: it is served unverified until the
+    /// freshness window passes, then not served at all.
+    async fn schedule_adopted(&self) {
+        let adopted = self.state.feedback.take_adopted();
+        if adopted.is_empty() {
+            return;
+        }
+        let check = &self.config.check;
+        let served = self.state.index().len();
+        let now = now_ms();
+        let due: Vec<(i64, i64)> = {
+            let mut rng = rand::rng();
+            adopted
+                .iter()
+                .filter_map(|e| {
+                    let spread: f64 = rng.random();
+                    check
+                        .served_check_at(served, e.last_checked, e.next_check_at, now, spread)
+                        .map(|at| (e.id, at))
+                })
+                .collect()
+        };
+        if due.is_empty() {
+            return;
+        }
+        tracing::debug!(
+            proxies = due.len(),
+            "re-checks of adopted proxies scheduled"
+        );
+        if let Err(e) = self.store.pull_checks_in(due).await {
+            tracing::error!(error = %e, "cannot schedule re-checks of the proxies loaded");
+        }
+    }
+
     /// The re-check policy for the next round: served proxies come round
     /// every [`CheckConfig::serve_cycle`](crate::config::CheckConfig::serve_cycle),
     /// and are not served once two cycles (and a check's timeout) have
     /// passed without a check.
     fn freshness(&self) -> crate::model::RecheckPolicy {
         let check = &self.config.check;
-        let cycle = check.serve_cycle(self.state.index().len());
+        let served = self.state.index().len();
         self.state
             .feedback
-            .set_fresh_within(2 * cycle + check.timeout);
-        check.serve_policy(self.state.index().len())
+            .set_fresh_within(check.fresh_window(served));
+        check.serve_policy(served)
     }
 
     async fn round(&self, checker: Arc<Checker>, opts: &CheckOptions, stop: &CancellationToken) {

@@ -61,6 +61,10 @@ pub async fn run(
         .await
         .context("loading the health index")?;
     let feedback = Feedback::new(index.clone(), store.clone());
+    // What was loaded is served only while its last check is fresh, from
+    // the first request on, and is re-checked on the served proxies' cycle.
+    feedback.set_fresh_within(config.check.fresh_window(index.len()));
+    feedback.adopt_index();
     let mut state = AppState::new(store.clone(), feedback.clone(), config.clone());
     let gateway = match gateway {
         Some(listener) => {

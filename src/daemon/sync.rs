@@ -55,7 +55,7 @@ impl IndexSync {
                         .into_iter()
                         .filter(|r| index.get(r.id).is_none_or(|e| *e.record != *r))
                         .collect();
-                    self.feedback.apply(records);
+                    self.feedback.adopt(records);
                     let moved = mark != self.mark;
                     self.mark = mark;
                     if !moved || !full {

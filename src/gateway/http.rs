@@ -234,9 +234,14 @@ async fn plain(gw: Gateway, req: Request<Incoming>, controls: Controls) -> Respo
     let mut tried = HashSet::new();
     let (mut retries, mut unreached, mut refusals) = (0u32, 0u32, 0u32);
     let mut last: Option<Response<Body>> = None;
+    let mut why = None;
     loop {
-        let Ok(lease) = gw.pool().take(&want, &tried).await else {
-            break;
+        let lease = match gw.pool().take(&want, &tried).await {
+            Ok(lease) => lease,
+            Err(e) => {
+                why = Some(tunnel::no_proxy_why(&e));
+                break;
+            }
         };
         tried.insert(lease.id());
         let body: Body = match (&held, once.take()) {
@@ -342,7 +347,7 @@ async fn plain(gw: Gateway, req: Request<Incoming>, controls: Controls) -> Respo
         }
         None => {
             metrics.finished(Kind::Plain, "no_proxy");
-            no_proxy(&controls)
+            no_proxy(&controls, why.as_deref())
         }
     }
 }
@@ -581,9 +586,9 @@ async fn connect(
             });
             Response::new(Full::new(Bytes::new()).map_err(|n| match n {}).boxed())
         }
-        Err(TunnelError::NoProxy) => {
+        Err(TunnelError::NoProxy(why)) => {
             metrics.finished(Kind::Connect, "no_proxy");
-            no_proxy(&controls)
+            no_proxy(&controls, Some(&why))
         }
         Err(TunnelError::Unreachable) => {
             metrics.finished(Kind::Connect, "target_unreachable");
@@ -645,16 +650,19 @@ fn error(status: StatusCode, code: &str, message: &str) -> Response<Body> {
     resp
 }
 
-fn no_proxy(controls: &Controls) -> Response<Body> {
+fn no_proxy(controls: &Controls, why: Option<&str>) -> Response<Body> {
     let wanted = if *controls == Controls::default() {
         String::new()
     } else {
         format!(" ({})", describe(controls))
     };
+    let why = why.map(|w| format!(" ({w})")).unwrap_or_default();
     error(
         StatusCode::SERVICE_UNAVAILABLE,
         "no_proxy",
-        &format!("no working proxy matches{wanted} right now; the gateway never connects directly"),
+        &format!(
+            "no working proxy can take this request{wanted} right now{why}; the gateway never connects directly"
+        ),
     )
 }
 

@@ -122,10 +122,10 @@ impl Gateway {
             first_byte_timeout: config.timeout,
             total_timeout: config.timeout,
             rotations: config.retries,
-            // A client waiting on a proxy setting wants an answer now: with
-            // no usable proxy it gets a 503 at once, never a direct
-            // connection.
-            no_proxy: NoProxy::Fail,
+            // A client waiting on a proxy setting wants an answer soon: it
+            // waits its turn while the proxies are busy, and with none that
+            // can take it gets a 503 at once, never a direct connection.
+            no_proxy: NoProxy::Queue(config.queue_wait),
             // A session keeps its proxy until it fails or expires.
             session_uses: u32::MAX,
             session_age: config.session_ttl,

@@ -69,7 +69,7 @@ pub(super) async fn serve(
         }
         Err(e) => {
             let (code, result) = match e {
-                TunnelError::NoProxy => (NOT_ALLOWED, "no_proxy"),
+                TunnelError::NoProxy(_) => (NOT_ALLOWED, "no_proxy"),
                 TunnelError::Unreachable => (HOST_UNREACHABLE, "target_unreachable"),
                 TunnelError::Failed(_) => (GENERAL_FAILURE, "upstream_failed"),
             };

@@ -26,10 +26,10 @@ use crate::pool::{Lease, Used, Want};
 const UNREACHED_QUORUM: u32 = 2;
 
 /// Why no tunnel was opened.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub(super) enum TunnelError {
-    /// No usable proxy matches the client's filters.
-    NoProxy,
+    /// No usable proxy could take the tunnel: why, as the pool says.
+    NoProxy(String),
     /// Proxies that work say the target cannot be reached.
     Unreachable,
     /// Every proxy tried failed; the last reason.
@@ -85,10 +85,11 @@ pub(super) async fn open(
     };
     let mut tried = HashSet::new();
     let (mut retries, mut unreached) = (0u32, 0u32);
-    let mut last = TunnelError::NoProxy;
+    let mut last = None;
     loop {
-        let Ok(lease) = gw.pool().take(&want, &tried).await else {
-            return Err(last);
+        let lease = match gw.pool().take(&want, &tried).await {
+            Ok(lease) => lease,
+            Err(e) => return Err(last.unwrap_or_else(|| TunnelError::NoProxy(no_proxy_why(&e)))),
         };
         tried.insert(lease.id());
         let t0 = Instant::now();
@@ -107,20 +108,20 @@ pub(super) async fn open(
             Err(Reason::BadStatus) => {
                 gw.pool().settle(&lease, Used::TargetError).await;
                 unreached += 1;
-                last = TunnelError::Unreachable;
                 if unreached >= UNREACHED_QUORUM {
-                    return Err(last);
+                    return Err(TunnelError::Unreachable);
                 }
+                last = Some(TunnelError::Unreachable);
             }
             Err(reason) => {
                 metrics.upstream_failed(reason);
                 gw.inner.upstreams.forget(lease.id());
                 gw.pool().settle(&lease, Used::ProxyFailed(reason)).await;
-                last = TunnelError::Failed(reason);
+                last = Some(TunnelError::Failed(reason));
             }
         }
         if retries >= s.retries {
-            return Err(last);
+            return Err(last.expect("set by every failed attempt"));
         }
         retries += 1;
         metrics.retried();
@@ -226,5 +227,15 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+}
+
+/// What a `no_proxy` answer says of why no proxy could be taken.
+pub(super) fn no_proxy_why(e: &crate::pool::FetchError) -> String {
+    match e {
+        crate::pool::FetchError::NoProxy {
+            hint: Some(hint), ..
+        } => hint.clone(),
+        other => other.to_string(),
     }
 }

@@ -25,6 +25,11 @@ pub const SERVED_RECHECK_AFTER: Duration = Duration::from_secs(30);
 /// drains the queue every few seconds.
 const MAX_RECHECK_QUEUE: usize = 10_000;
 
+/// The most adopted proxies queued for rescheduling at once; more keep the
+/// schedule they came with (and are re-checked by the next adoption, a
+/// failure in use or their own schedule).
+const MAX_ADOPTED: usize = 1_000_000;
+
 /// Uses that worked are written to the store together, this long after the
 /// first of them: a fetch or a tunnel that went through costs a map update,
 /// not a write. Failures never wait: they change the index at once.
@@ -101,6 +106,10 @@ struct Inner {
     hidden: Mutex<HashMap<i64, i64>>,
     /// Proxies to check again before their schedule says.
     recheck: Mutex<HashSet<i64>>,
+    /// Proxies that entered the index with a schedule this process did not
+    /// make (loaded at start-up, checked by another process): the check
+    /// loop brings their next checks onto the served proxies' cycle.
+    adopted: Mutex<Vec<i64>>,
     /// Wakes the check loop when a re-check is queued.
     wake: Notify,
     /// site → proxy id → banned until (by site first, so a lookup needs
@@ -149,6 +158,7 @@ impl Feedback {
                 fresh_within: AtomicI64::new(0),
                 hidden: Mutex::default(),
                 recheck: Mutex::default(),
+                adopted: Mutex::default(),
                 wake: Notify::new(),
                 bans: Mutex::default(),
                 ban_count: std::sync::atomic::AtomicUsize::new(0),
@@ -374,6 +384,45 @@ impl Feedback {
                 queue.insert(entry.id);
             }
         }
+    }
+
+    /// Brings rows another process wrote into the index (see
+    /// [`Feedback::apply`]) and queues the alive ones for the check loop to
+    /// put on the served proxies' re-check cycle: their next check may be
+    /// as far away as `check.recheck_alive`, long past the freshness window.
+    pub fn adopt(&self, records: Vec<ProxyRecord>) {
+        let ids: Vec<i64> = records
+            .iter()
+            .filter(|r| r.status == crate::proxy::Status::Alive)
+            .map(|r| r.id)
+            .collect();
+        self.apply(records);
+        self.queue_adopted(ids);
+    }
+
+    /// Queues every proxy in the index as adopted: at start-up, when the
+    /// whole index came from the store.
+    pub fn adopt_index(&self) {
+        self.queue_adopted(self.inner.index.ids());
+    }
+
+    fn queue_adopted(&self, ids: Vec<i64>) {
+        if ids.is_empty() {
+            return;
+        }
+        let mut adopted = lock(&self.inner.adopted);
+        let room = MAX_ADOPTED.saturating_sub(adopted.len());
+        adopted.extend(ids.into_iter().take(room));
+        drop(adopted);
+        self.inner.wake.notify_one();
+    }
+
+    /// Takes the adopted proxies still in the index.
+    pub fn take_adopted(&self) -> Vec<Arc<Entry>> {
+        let ids = std::mem::take(&mut *lock(&self.inner.adopted));
+        ids.into_iter()
+            .filter_map(|id| self.inner.index.get(id))
+            .collect()
     }
 
     /// Takes the proxies queued for an early re-check.

@@ -61,6 +61,11 @@ pub enum NoProxy {
     /// Send the request directly, without a proxy. Only on explicit request:
     /// the pool never goes direct on its own.
     Direct,
+    /// Wait up to this long, first come first served, while a matching
+    /// proxy is busy at its cap or resting briefly; fail at once when none
+    /// can come free (none matches, or all are banned or tried). For
+    /// clients that want an answer now (the gateway).
+    Queue(Duration),
 }
 
 /// How a pool behaves. `Default` gives short timeouts and the budgets the
@@ -176,7 +181,7 @@ pub enum FetchError {
         why: String,
     },
     /// No proxy could take the request in time.
-    #[error("no usable proxy matches the filters (waited {waited:?}){}", hint.as_deref().map(|h| format!(": {h}")).unwrap_or_default())]
+    #[error("no usable proxy right now (waited {waited:.1?}){}", hint.as_deref().map(|h| format!(": {h}")).unwrap_or_default())]
     NoProxy {
         /// How long it waited.
         waited: Duration,
@@ -505,8 +510,18 @@ struct Inner {
     opts: PoolOptions,
     client: Client,
     state: Mutex<State>,
-    /// Wakes waiters: a slot freed, a proxy indexed.
+    /// Wakes every waiter: a proxy indexed.
     changed: Notify,
+    /// Wakes the longest waiting request when a slot frees (`Notify`
+    /// wakes its oldest waiter first): requests waiting for a busy proxy
+    /// are served in the order they came.
+    slot_freed: Notify,
+    /// Requests waiting for a slot now; while there are any, a new request
+    /// queues behind them rather than taking the next free slot itself.
+    slot_waiters: AtomicU64,
+    /// Counts slots freed, so that a waiter woken for a slot it cannot
+    /// use passes the turn on once, not back and forth.
+    releases: AtomicU64,
     counters: Counters,
     /// True once a store-backed pool loaded the store (always for live
     /// pools).
@@ -571,7 +586,8 @@ impl Drop for Lease {
             u.in_flight = u.in_flight.saturating_sub(1);
         }
         drop(st);
-        self.inner.changed.notify_waiters();
+        self.inner.releases.fetch_add(1, Ordering::Relaxed);
+        self.inner.slot_freed.notify_one();
     }
 }
 
@@ -678,6 +694,9 @@ impl Pool {
                 opts,
                 state: Mutex::default(),
                 changed: Notify::new(),
+                slot_freed: Notify::new(),
+                slot_waiters: AtomicU64::new(0),
+                releases: AtomicU64::new(0),
                 counters: Counters::default(),
                 loaded: watch::Sender::new(loaded),
                 load_error: Mutex::new(None),
@@ -1000,38 +1019,140 @@ impl Pool {
             let _ = tokio::time::timeout(FIRST_LOAD_WAIT, loaded.wait_for(|l| *l)).await;
         }
         let started = Instant::now();
+        let give_up = |waited| FetchError::NoProxy {
+            waited,
+            attempts,
+            hint: Some(match lock(&inner.load_error).clone() {
+                Some(e) => e,
+                None => self.shortage(want, tried).to_string(),
+            }),
+        };
+        // Our place in the line for slots, once we wait for one: kept
+        // across looks so that a request keeps its turn.
+        let mut turn: Option<Pin<Box<tokio::sync::futures::Notified<'_>>>> = None;
+        let mut queued: Option<SlotWaiter<'_>> = None;
+        // Requests already waiting for a slot go first: a new one joins the
+        // line, without a look, unless more slots are free for it than
+        // requests wait.
+        let waits = matches!(policy, NoProxy::Wait(_) | NoProxy::Queue(_));
+        let waiters = inner.slot_waiters.load(Ordering::Relaxed);
+        let mut skip =
+            waits && waiters > 0 && self.shortage(want, tried).free_slots <= waiters as usize;
+        if skip {
+            queued = Some(SlotWaiter::new(&inner.slot_waiters));
+        }
+        // Slots freed as of our last look, and whether a turn came since
+        // for a slot freed after that look.
+        let (mut looked_at, mut handed) = (0u64, false);
         loop {
-            // Registered before looking, so a slot freed meanwhile wakes us.
+            // Registered before looking, so an event meanwhile wakes us.
             let changed = inner.changed.notified();
             tokio::pin!(changed);
             changed.as_mut().enable();
-            let (lease, next_free) =
-                self.try_pick(want.query, want.session, want.site, want.https, tried);
-            if let Some(lease) = lease {
-                return Ok(Some(lease));
+            if turn.is_none() && queued.is_some() {
+                let mut t = Box::pin(inner.slot_freed.notified());
+                t.as_mut().enable();
+                turn = Some(t);
+            }
+            let mut next_free = None;
+            if !std::mem::take(&mut skip) {
+                looked_at = inner.releases.load(Ordering::Relaxed);
+                let (lease, next) =
+                    self.try_pick(want.query, want.session, want.site, want.https, tried);
+                if let Some(lease) = lease {
+                    // A turn given to us meanwhile goes on to the next in
+                    // line as the registration drops.
+                    return Ok(Some(lease));
+                }
+                next_free = next;
+                if std::mem::take(&mut handed) {
+                    // The slot we were woken for is not for us (other
+                    // filters, or taken): the next in line may use it.
+                    inner.slot_freed.notify_one();
+                }
             }
             let waited = started.elapsed();
-            let give_up = |waited| FetchError::NoProxy {
-                waited,
-                attempts,
-                hint: lock(&inner.load_error).clone(),
-            };
             let bound = match policy {
                 NoProxy::Direct => return Ok(None),
                 NoProxy::Fail => return Err(give_up(waited)),
-                NoProxy::Wait(bound) => bound,
+                NoProxy::Wait(bound) | NoProxy::Queue(bound) => bound,
             };
-            // A request that tried every proxy there is gains nothing from
-            // waiting for one of them to come back.
             if waited >= bound {
                 return Err(give_up(waited));
+            }
+            if queued.is_none() {
+                // A matching proxy at its cap frees a slot soon: wait in
+                // line for it.
+                if self.shortage(want, tried).busy > 0 {
+                    queued = Some(SlotWaiter::new(&inner.slot_waiters));
+                    continue;
+                }
+                if let NoProxy::Queue(_) = policy
+                    && next_free.is_none_or(|at| at > started + bound)
+                {
+                    // Nothing will come free in time: say so now.
+                    return Err(give_up(waited));
+                }
             }
             let mut nap = (bound - waited).min(WAIT_TICK);
             if let Some(at) = next_free {
                 nap = nap.min(at.saturating_duration_since(Instant::now()));
             }
-            let _ = tokio::time::timeout(nap, changed).await;
+            let sleep = tokio::time::sleep(nap);
+            tokio::pin!(sleep);
+            tokio::select! {
+                _ = &mut sleep => {}
+                _ = changed => {}
+                _ = async {
+                    match turn.as_mut() {
+                        Some(t) => t.as_mut().await,
+                        None => std::future::pending().await,
+                    }
+                } => {
+                    turn = None;
+                    // A slot freed before our last look was no use then
+                    // either: the turn ends here rather than going round.
+                    handed = inner.releases.load(Ordering::Relaxed) > looked_at;
+                }
+            }
         }
+    }
+
+    /// Why no proxy can take a request for `want` now: how many match,
+    /// and how many of those are busy, resting, banned for the site or
+    /// tried already by this request.
+    fn shortage(&self, want: &Want<'_>, tried: &HashSet<i64>) -> Shortage {
+        let inner = &self.inner;
+        let now = Instant::now();
+        let mut s = Shortage {
+            site: want.site.to_owned(),
+            ..Shortage::default()
+        };
+        let matching = inner.feedback.select(want.query, crate::store::now_ms());
+        let st = lock(&inner.state);
+        for e in matching {
+            if !fetch::can_carry(&e.proxy, e.https, want.https) {
+                s.no_tunnel += 1;
+                continue;
+            }
+            s.matching += 1;
+            let usage = st.usage.get(&e.id);
+            if tried.contains(&e.id) {
+                s.tried += 1;
+            } else if usage.is_some_and(|u| u.cooldown_until.is_some_and(|t| t > now)) {
+                s.resting += 1;
+            } else if inner.feedback.is_banned(e.id, want.site) {
+                s.banned += 1;
+            } else {
+                let in_flight = usage.map_or(0, |u| u.in_flight);
+                match inner.opts.max_in_flight.checked_sub(in_flight) {
+                    Some(0) | None => s.busy += 1,
+                    Some(free) => s.free_slots += free as usize,
+                }
+            }
+        }
+        s.max_in_flight = inner.opts.max_in_flight;
+        s
     }
 
     /// A proxy for a caller that does its own I/O through it (the
@@ -1326,6 +1447,83 @@ impl Pool {
             .usage
             .get(&id)
             .map_or(0, |u| u.in_flight)
+    }
+}
+
+/// Why no proxy could take a request: counts over the proxies that match
+/// its filters (and are fresh), shown in the `no_proxy` answers.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Shortage {
+    /// The site the request was for.
+    pub site: String,
+    /// Proxies matching the filters that can carry the request.
+    pub matching: usize,
+    /// Matching HTTP proxies left out because the target is https and
+    /// they cannot tunnel.
+    pub no_tunnel: usize,
+    /// Of those matching: carrying their most requests at once.
+    pub busy: usize,
+    /// …resting after a failure in use.
+    pub resting: usize,
+    /// …banned or resting for this site.
+    pub banned: usize,
+    /// …already tried by this request.
+    pub tried: usize,
+    /// Requests the others could take now, together.
+    pub free_slots: usize,
+    /// Requests one proxy carries at once.
+    pub max_in_flight: u32,
+}
+
+impl fmt::Display for Shortage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.matching == 0 {
+            f.write_str("no servable proxy matches the filters")?;
+            if self.no_tunnel > 0 {
+                write!(f, " ({} match but cannot tunnel https)", self.no_tunnel)?;
+            }
+            return Ok(());
+        }
+        write!(f, "{} proxies match the filters", self.matching)?;
+        let mut parts = Vec::new();
+        if self.busy > 0 {
+            parts.push(format!(
+                "{} at their cap of {} requests at once",
+                self.busy, self.max_in_flight
+            ));
+        }
+        if self.resting > 0 {
+            parts.push(format!("{} resting after failures", self.resting));
+        }
+        if self.banned > 0 {
+            parts.push(format!(
+                "{} banned or resting for {}",
+                self.banned, self.site
+            ));
+        }
+        if self.tried > 0 {
+            parts.push(format!("{} tried already for this request", self.tried));
+        }
+        if !parts.is_empty() {
+            write!(f, ": {}", parts.join(", "))?;
+        }
+        Ok(())
+    }
+}
+
+/// A request counted among those waiting for a slot while it lives.
+struct SlotWaiter<'a>(&'a AtomicU64);
+
+impl<'a> SlotWaiter<'a> {
+    fn new(count: &'a AtomicU64) -> SlotWaiter<'a> {
+        count.fetch_add(1, Ordering::Relaxed);
+        SlotWaiter(count)
+    }
+}
+
+impl Drop for SlotWaiter<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 

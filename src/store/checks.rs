@@ -279,6 +279,21 @@ impl Store {
         .await
     }
 
+    /// Brings the next check of each `(proxy id, time)` forward to that
+    /// time (unix ms); a check already due sooner stays as it is.
+    pub async fn pull_checks_in(&self, due: Vec<(i64, i64)>) -> Result<(), StoreError> {
+        self.write_weighted(due.len(), move |tx| {
+            let mut stmt = tx.prepare_cached(
+                "UPDATE proxies SET next_check_at = min(next_check_at, ?2) WHERE id = ?1",
+            )?;
+            for (id, at) in due {
+                stmt.execute(params![id, at])?;
+            }
+            Ok(())
+        })
+        .await
+    }
+
     /// Makes these proxies due now.
     pub async fn mark_due_many(&self, ids: Vec<i64>, now: i64) -> Result<(), StoreError> {
         self.update_each(

@@ -168,6 +168,9 @@ struct Log {
     served_per_path: HashMap<String, usize>,
     in_flight: usize,
     max_in_flight: usize,
+    /// Requests being answered per peer, and the most at once per peer.
+    peer_in_flight: HashMap<IpAddr, usize>,
+    max_peer_in_flight: usize,
     /// TCP connections accepted.
     connections: usize,
     /// Recent request times per peer, for the rate limit.
@@ -307,6 +310,11 @@ impl Site {
     pub fn max_in_flight(&self) -> usize {
         self.log.lock().unwrap().max_in_flight
     }
+
+    /// The most requests from one peer address it was answering at once.
+    pub fn max_in_flight_per_peer(&self) -> usize {
+        self.log.lock().unwrap().max_peer_in_flight
+    }
 }
 
 async fn answer(
@@ -338,6 +346,10 @@ async fn answer(
         let hit = *n;
         log.in_flight += 1;
         log.max_in_flight = log.max_in_flight.max(log.in_flight);
+        let mine = log.peer_in_flight.entry(peer).or_insert(0);
+        *mine += 1;
+        let mine = *mine;
+        log.max_peer_in_flight = log.max_peer_in_flight.max(mine);
         let limited = opts.rate_limit.and_then(|rl| {
             let recent = log.recent.entry(peer).or_default();
             recent.retain(|t| now.duration_since(*t) < rl.window);
@@ -363,7 +375,13 @@ async fn answer(
             .or_insert(0) += 1;
         (opts.handler)(&path, hit)
     };
-    log.lock().unwrap().in_flight -= 1;
+    {
+        let mut log = log.lock().unwrap();
+        log.in_flight -= 1;
+        if let Some(n) = log.peer_in_flight.get_mut(&peer) {
+            *n -= 1;
+        }
+    }
     let mut resp = hyper::Response::builder().status(reply.status);
     for (k, v) in &reply.headers {
         resp = resp.header(k, v);

@@ -1,0 +1,236 @@
+//! The whole service, run for tens of seconds the way people run it:
+//! `serve` started on a database the CLI just filled, the gateway in front
+//! of loopback proxies some of which are flaky or die, a site that bans
+//! some proxy addresses and rate-limits every one, many clients. Each test
+//! runs long enough (several freshness windows, made short by the config)
+//! for what broke after the first seconds to show.
+
+mod common;
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::daemon::Daemon;
+use common::fakes::{Behavior, FakeHttpProxy, HttpProxyOpts, ip};
+use common::site::{RateLimit, Reply, Site, SiteOpts};
+use common::{AliveProxy, TestConfig, store_with_alive};
+use tokio::time::Instant;
+
+/// A test that runs the service for `secs` seconds may take this long on a
+/// loaded machine before it counts as hung.
+fn bound(secs: u64) -> Duration {
+    Duration::from_secs(secs * 3 + 60)
+}
+
+/// Short re-check cycles, so that the freshness window (two cycles and a
+/// check's timeout: 2 × 1 s + 2 s here) passes many times in one test.
+fn short_cycles(c: TestConfig) -> TestConfig {
+    c.set("check", "serve_recheck_min", "\"1s\"")
+        .set("check", "timeout", "\"2s\"")
+        .set("check", "connect_timeout", "\"1s\"")
+        .set("gateway", "connect_timeout", "\"1s\"")
+        .set("gateway", "timeout", "\"5s\"")
+}
+
+/// An HTTP proxy forwarding from 127.0.0.`last`, behaving as `behavior`.
+async fn proxy(last: u8, behavior: Behavior) -> FakeHttpProxy {
+    FakeHttpProxy::start(HttpProxyOpts {
+        connect: true,
+        upstream_bind: Some(ip(last)),
+        behavior,
+        ..HttpProxyOpts::default()
+    })
+    .await
+}
+
+/// A farm as users meet one: `working` proxies that work, `flaky` that
+/// reset every other connection, forwarding from 127.0.0.2 up.
+async fn farm(working: u8, flaky: u8) -> Vec<FakeHttpProxy> {
+    let mut v = Vec::new();
+    for last in 2..2 + working {
+        v.push(proxy(last, Behavior::Normal).await);
+    }
+    for last in 2 + working..2 + working + flaky {
+        v.push(proxy(last, Behavior::ResetEveryOther).await);
+    }
+    v
+}
+
+/// A site with pages under `/p/…` that bans the addresses in `banned` with
+/// a captcha page and lets each address send 2 requests a second.
+async fn site(banned: Vec<IpAddr>) -> Site {
+    let mut opts = SiteOpts::new(|path, _| Reply::html(format!("<title>{path}</title>page")));
+    opts.banned = banned;
+    opts.rate_limit = Some(RateLimit {
+        max: 2,
+        window: Duration::from_secs(1),
+        retry_after: 1,
+    });
+    Site::start(opts).await
+}
+
+/// Fills `dir/test.db` as `check --all` leaves it: every proxy alive,
+/// checked just now, due again in about ten minutes.
+async fn cli_filled(dir: &Path, proxies: &[FakeHttpProxy]) -> Vec<i64> {
+    let alive: Vec<AliveProxy> = proxies.iter().map(|p| AliveProxy::new(p.url())).collect();
+    let (store, ids) = store_with_alive(&dir.join("test.db"), &alive).await;
+    drop(store);
+    ids
+}
+
+/// A client using the gateway at `gw` as its HTTP proxy.
+fn gateway_client(gw: SocketAddr) -> reqwest::Client {
+    gateway_client_as(gw, None)
+}
+
+/// A client using the gateway at `gw` as its HTTP proxy, with `user` (the
+/// controls) as the proxy username when given.
+fn gateway_client_as(gw: SocketAddr, user: Option<&str>) -> reqwest::Client {
+    let mut proxy = reqwest::Proxy::http(format!("http://{gw}")).unwrap();
+    if let Some(user) = user {
+        proxy = proxy.basic_auth(user, "");
+    }
+    // The crate's TLS setup: no other crypto provider is compiled in.
+    let tls = proxywarden::net::tls::client_config(None, proxywarden::net::tls::ALPN_H1).unwrap();
+    reqwest::Client::builder()
+        .tls_backend_preconfigured(Arc::unwrap_or_clone(tls))
+        .proxy(proxy)
+        .timeout(Duration::from_secs(20))
+        .build()
+        .unwrap()
+}
+
+/// Statuses of the answers a client got, and what the 503s said.
+#[derive(Default)]
+struct Tally {
+    ok: usize,
+    other: Vec<String>,
+}
+
+impl Tally {
+    fn total(&self) -> usize {
+        self.ok + self.other.len()
+    }
+
+    fn share_ok(&self) -> f64 {
+        self.ok as f64 / self.total().max(1) as f64
+    }
+
+    async fn add(&mut self, resp: reqwest::Result<reqwest::Response>) {
+        match resp {
+            Ok(r) if r.status() == 200 => self.ok += 1,
+            Ok(r) => {
+                let status = r.status();
+                let body = r.text().await.unwrap_or_default();
+                self.other.push(format!("{status} {body}"));
+            }
+            Err(e) => self.other.push(format!("error: {e}")),
+        }
+    }
+
+    fn summary(&self) -> String {
+        let mut firsts = self.other.clone();
+        firsts.truncate(5);
+        format!(
+            "{} of {} answered 200; first others: {firsts:#?}",
+            self.ok,
+            self.total()
+        )
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gateway_keeps_serving_after_a_start_on_a_cli_filled_database() {
+    const SECS: u64 = 20;
+    tokio::time::timeout(bound(SECS), async {
+        let dir = tempfile::tempdir().unwrap();
+        let proxies = farm(12, 3).await;
+        // Two of the fifteen addresses are banned by the site.
+        let site = site(vec![ip(3), ip(9)]).await;
+        cli_filled(dir.path(), &proxies).await;
+        let (daemon, gw) =
+            Daemon::start_with_gateway(dir.path(), "", |c| short_cycles(c.db("test.db"))).await;
+        let client = gateway_client(gw);
+        let mut tally = Tally::default();
+        // One request every 250 ms, as a steady scraper sends them.
+        let mut tick = tokio::time::interval(Duration::from_millis(250));
+        let end = Instant::now() + Duration::from_secs(SECS);
+        let mut n = 0;
+        while Instant::now() < end {
+            tick.tick().await;
+            n += 1;
+            tally
+                .add(client.get(site.url(&format!("/p/{n}"))).send().await)
+                .await;
+        }
+        assert!(tally.share_ok() >= 0.99, "{}", tally.summary());
+        daemon.stop().await;
+    })
+    .await
+    .expect("the test ran past its bound");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gateway_requests_wait_their_turn_when_every_proxy_is_at_its_cap() {
+    const SECS: u64 = 10;
+    tokio::time::timeout(bound(SECS), async {
+        let dir = tempfile::tempdir().unwrap();
+        let proxies = farm(6, 0).await;
+        // Pages take a while, so that the sixteen clients keep all twelve
+        // slots (six proxies, two each) busy.
+        let mut opts = SiteOpts::new(|path, _| Reply::html(format!("<title>{path}</title>")));
+        opts.latency = Duration::from_millis(150);
+        let site = Site::start(opts).await;
+        cli_filled(dir.path(), &proxies).await;
+        let (daemon, gw) = Daemon::start_with_gateway(dir.path(), "", |c| {
+            short_cycles(c.db("test.db")).set("gateway", "max_per_proxy", "2")
+        })
+        .await;
+        let end = Instant::now() + Duration::from_secs(SECS);
+        let clients: Vec<_> = (0..16)
+            .map(|k| {
+                let client = gateway_client(gw);
+                let url = site.url(&format!("/c{k}"));
+                tokio::spawn(async move {
+                    let mut tally = Tally::default();
+                    while Instant::now() < end {
+                        tally.add(client.get(&url).send().await).await;
+                    }
+                    tally
+                })
+            })
+            .collect();
+        let mut all = Tally::default();
+        for c in clients {
+            let t = c.await.unwrap();
+            all.ok += t.ok;
+            all.other.extend(t.other);
+        }
+        assert!(all.total() > 100, "{}", all.summary());
+        assert!(all.share_ok() >= 0.99, "{}", all.summary());
+        assert!(
+            site.max_in_flight_per_peer() <= 2,
+            "a proxy carried more than its cap"
+        );
+        // A request no proxy can take at all is not kept waiting, and the
+        // answer says why.
+        let t0 = Instant::now();
+        let resp = gateway_client_as(gw, Some("country-xx"))
+            .get(site.url("/none"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 503);
+        assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+        let body = resp.text().await.unwrap();
+        assert!(
+            body.contains("no servable proxy matches the filters"),
+            "{body}"
+        );
+        daemon.stop().await;
+    })
+    .await
+    .expect("the test ran past its bound");
+}
