@@ -269,3 +269,71 @@ async fn gateway_requests_wait_their_turn_when_every_proxy_is_at_its_cap() {
     .await
     .expect("the test ran past its bound");
 }
+
+/// Asks `GET /proxy?format=text` from `clients` clients at once for
+/// `secs` seconds; every answer, and the statuses that were not 200.
+async fn proxy_answers(daemon: &Daemon, clients: usize, secs: u64) -> (Vec<String>, Vec<u16>) {
+    let end = Instant::now() + Duration::from_secs(secs);
+    let tasks: Vec<_> = (0..clients)
+        .map(|_| {
+            let http = daemon.http.clone();
+            let url = daemon.url("/proxy?format=text");
+            tokio::spawn(async move {
+                let (mut answers, mut others) = (Vec::new(), Vec::new());
+                while Instant::now() < end {
+                    let resp = http.get(&url).send().await.unwrap();
+                    match resp.status().as_u16() {
+                        200 => answers.push(resp.text().await.unwrap()),
+                        s => others.push(s),
+                    }
+                    // About 50 answers a second from each client.
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                (answers, others)
+            })
+        })
+        .collect();
+    let (mut answers, mut others) = (Vec::new(), Vec::new());
+    for t in tasks {
+        let (a, o) = t.await.unwrap();
+        answers.extend(a);
+        others.extend(o);
+    }
+    (answers, others)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxies_loaded_at_start_are_as_fresh_as_those_checked_since() {
+    const SECS: u64 = 20;
+    tokio::time::timeout(bound(SECS), async {
+        let dir = tempfile::tempdir().unwrap();
+        let mut proxies = farm(40, 0).await;
+        cli_filled(dir.path(), &proxies).await;
+        // The default re-check cycle (10 s at least): start-up must not
+        // lean on a cycle short enough to hide what it serves unchecked.
+        let daemon = Daemon::start(dir.path(), "", |c| {
+            c.db("test.db")
+                .set("api", "judge_per_minute", "1000000")
+                .set("check", "timeout", "\"2s\"")
+                .set("check", "connect_timeout", "\"1s\"")
+        })
+        .await;
+        // 30% of them die the moment the daemon starts.
+        let dead: Vec<String> = proxies.drain(..12).map(|p| p.url()).collect();
+        let (answers, others) = proxy_answers(&daemon, 4, SECS).await;
+        let served_dead = answers.iter().filter(|a| dead.contains(a)).count();
+        assert!(
+            answers.len() > 500,
+            "{} answers, others {others:?}",
+            answers.len()
+        );
+        assert!(
+            served_dead * 100 <= answers.len(),
+            "{served_dead} of {} answers named a dead proxy",
+            answers.len()
+        );
+        daemon.stop().await;
+    })
+    .await
+    .expect("the test ran past its bound");
+}

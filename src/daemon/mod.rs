@@ -62,9 +62,11 @@ pub async fn run(
         .context("loading the health index")?;
     let feedback = Feedback::new(index.clone(), store.clone());
     // What was loaded is served only while its last check is fresh, from
-    // the first request on, and is re-checked on the served proxies' cycle.
+    // the first request on, and is re-checked at once: it may have died
+    // since another process checked it. Until then, what has passed a
+    // check since the start is served first.
     feedback.set_fresh_within(config.check.fresh_window(index.len()));
-    feedback.adopt_index();
+    feedback.reverify_all(crate::store::now_ms());
     let mut state = AppState::new(store.clone(), feedback.clone(), config.clone());
     let gateway = match gateway {
         Some(listener) => {

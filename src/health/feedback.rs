@@ -301,13 +301,21 @@ impl Feedback {
             burst
         };
         if burst && self.inner.suspect_until.load(Ordering::Relaxed) <= now {
-            self.sweep(now);
+            tracing::warn!(
+                served = self.inner.index.len(),
+                "a burst of failures among served proxies; re-checking all of them now"
+            );
+            self.reverify_all(now);
         }
     }
 
     /// Treats every served proxy as suspect until it passes a check again,
-    /// and asks for those checks at once.
-    fn sweep(&self, now: i64) {
+    /// and asks for those checks at once: after a burst of failures, and at
+    /// start-up, when every proxy served comes from a record that may be
+    /// old news (another process checked it; it may have died since).
+    /// Suspect proxies are served only while none matching has passed a
+    /// check since.
+    pub fn reverify_all(&self, now: i64) {
         let fresh = self.inner.fresh_within.load(Ordering::Relaxed);
         let hold = if fresh > 0 { fresh } else { 60_000 };
         self.inner.suspect_before.store(now, Ordering::Relaxed);
@@ -315,10 +323,6 @@ impl Feedback {
             .suspect_until
             .store(now + hold, Ordering::Relaxed);
         let ids = self.inner.index.ids();
-        tracing::warn!(
-            served = ids.len(),
-            "a burst of failures among served proxies; re-checking all of them now"
-        );
         let mut queue = lock(&self.inner.recheck);
         queue.extend(ids);
         drop(queue);
@@ -398,12 +402,6 @@ impl Feedback {
             .collect();
         self.apply(records);
         self.queue_adopted(ids);
-    }
-
-    /// Queues every proxy in the index as adopted: at start-up, when the
-    /// whole index came from the store.
-    pub fn adopt_index(&self) {
-        self.queue_adopted(self.inner.index.ids());
     }
 
     fn queue_adopted(&self, ids: Vec<i64>) {
