@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use common::daemon::Daemon;
 use common::fakes::{Behavior, FakeHttpProxy, HttpProxyOpts, ip};
+use common::judges::Judge;
 use common::site::{RateLimit, Reply, Site, SiteOpts};
 use common::{AliveProxy, TestConfig, store_with_alive};
 use tokio::time::Instant;
@@ -331,6 +332,120 @@ async fn proxies_loaded_at_start_are_as_fresh_as_those_checked_since() {
             served_dead * 100 <= answers.len(),
             "{served_dead} of {} answers named a dead proxy",
             answers.len()
+        );
+        daemon.stop().await;
+    })
+    .await
+    .expect("the test ran past its bound");
+}
+
+/// Polls `check` every 50 ms until it holds; false after `within`.
+async fn eventually<F, Fut>(within: Duration, mut check: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let end = Instant::now() + within;
+    while Instant::now() < end {
+        if check().await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    false
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_judge_outage_keeps_what_works_served_and_says_so() {
+    const SECS: u64 = 15;
+    tokio::time::timeout(bound(SECS + 20), async {
+        let dir = tempfile::tempdir().unwrap();
+        let judge = Judge::plain().await;
+        let judge_url = judge.url();
+        let judges = format!(
+            "[{{ url = \"{}\", marker = \"proxywarden-judge\" }}]",
+            judge_url
+        );
+        let proxies = farm(12, 0).await;
+        let site = site(Vec::new()).await;
+        cli_filled(dir.path(), &proxies).await;
+        let (daemon, gw) = Daemon::start_with_gateway(dir.path(), "", |c| {
+            short_cycles(c.db("test.db")).judges(&judges)
+        })
+        .await;
+        assert!(
+            eventually(Duration::from_secs(20), || async {
+                !daemon.json("/stats").await.1["last_check"].is_null()
+            })
+            .await,
+            "no check round finished"
+        );
+        // Every judge goes away (connections refused), for longer than
+        // many freshness windows.
+        let judge_addr = judge.addr;
+        drop(judge);
+        let client = gateway_client(gw);
+        let mut tally = Tally::default();
+        let mut tick = tokio::time::interval(Duration::from_millis(250));
+        let end = Instant::now() + Duration::from_secs(SECS);
+        let mut n = 0;
+        while Instant::now() < end {
+            tick.tick().await;
+            n += 1;
+            tally
+                .add(client.get(site.url(&format!("/p/{n}"))).send().await)
+                .await;
+        }
+        assert!(tally.share_ok() >= 0.99, "{}", tally.summary());
+        let (status, health) = daemon.json("/healthz").await;
+        assert_eq!(status, 200);
+        assert_eq!(health["status"], "degraded", "{health}");
+        assert_eq!(health["reasons"][0]["component"], "judges", "{health}");
+        assert!(health["reasons"][0]["since"].is_string(), "{health}");
+
+        // Every view counts what can be served alike: all twelve passed a
+        // check within api.max_age, and the proxies the gateway used
+        // carried requests since.
+        let (_, stats) = daemon.json("/stats").await;
+        assert_eq!(stats["servable"], 12, "{stats}");
+        let (_, one) = daemon.json("/proxy").await;
+        assert!(one["url"].is_string(), "{one}");
+        let export = daemon.get("/export").await.text().await.unwrap();
+        assert_eq!(export.lines().count(), 12, "{export}");
+        let metrics = daemon.get("/metrics").await.text().await.unwrap();
+        assert!(
+            metrics.contains("proxywarden_servable_proxies 12"),
+            "{metrics}"
+        );
+        let judge_up = format!("proxywarden_judge_up{{judge=\"{judge_url}\"}} 0");
+        assert!(
+            metrics.contains(&judge_up),
+            "{judge_up} missing from\n{metrics}"
+        );
+        let cli = tokio::process::Command::new(env!("CARGO_BIN_EXE_proxywarden"))
+            .args(["export", "-c"])
+            .arg(TestConfig::new(dir.path()).db("test.db").write())
+            .env_remove("RUST_LOG")
+            .output()
+            .await
+            .unwrap();
+        assert!(cli.status.success(), "{cli:?}");
+        assert_eq!(String::from_utf8_lossy(&cli.stdout).lines().count(), 12);
+
+        // The judge answers again: the daemon says so and checks again.
+        let _judge = Judge::plain_at(judge_addr).await;
+        assert!(
+            eventually(Duration::from_secs(40), || async {
+                daemon.json("/healthz").await.1["status"] == "ok"
+            })
+            .await,
+            "still degraded after the judge came back"
+        );
+        let metrics = daemon.get("/metrics").await.text().await.unwrap();
+        let judge_up = format!("proxywarden_judge_up{{judge=\"{judge_url}\"}} 1");
+        assert!(
+            metrics.contains(&judge_up),
+            "{judge_up} missing from\n{metrics}"
         );
         daemon.stop().await;
     })

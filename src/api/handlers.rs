@@ -342,7 +342,8 @@ pub async fn stats(State(state): State<AppState>) -> Result<Response, ApiError> 
         .clone();
     Ok(Json(serde_json::json!({
         "total": stats.total,
-        "servable": state.index().len(),
+        "servable": state.servable(),
+        "degraded": state.conditions.all(),
         "by_status": stats.by_status,
         "by_scheme": stats.by_scheme,
         "by_country": stats.by_country,
@@ -404,7 +405,7 @@ pub async fn sources(State(state): State<AppState>) -> Result<Response, ApiError
 /// `GET /metrics`: Prometheus text.
 pub async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError> {
     let metrics = state.metrics.clone();
-    let len = state.index().len();
+    let len = state.servable();
     let counts = state.store.count_by_status_scheme().await?;
     let text = metrics.render(&counts, len);
     Ok((
@@ -417,9 +418,14 @@ pub async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError
         .into_response())
 }
 
-/// `GET /healthz`: the process answers.
-pub async fn healthz() -> Response {
-    Json(serde_json::json!({"status": "ok"})).into_response()
+/// `GET /healthz`: the process answers; `degraded`, with each reason and
+/// since when, while part of its work cannot be done (serving goes on).
+pub async fn healthz(State(state): State<AppState>) -> Response {
+    let conditions = state.conditions.all();
+    if conditions.is_empty() {
+        return Json(serde_json::json!({"status": "ok"})).into_response();
+    }
+    Json(serde_json::json!({"status": "degraded", "reasons": conditions})).into_response()
 }
 
 /// Unknown routes.

@@ -4,6 +4,7 @@
 //! gateway's own (registered by [`Metrics::register_gateway`]).
 
 use std::sync::Mutex;
+use std::sync::atomic::AtomicU64;
 
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
@@ -34,6 +35,9 @@ pub struct Metrics {
     harvest_found: Family<Labels, Gauge>,
     harvest_runs: Family<Labels, Counter>,
     requests: Family<Labels, Counter>,
+    judge_up: Family<Labels, Gauge>,
+    judge_latency: Family<Labels, Gauge<f64, AtomicU64>>,
+    judge_failures: Family<Labels, Counter>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -61,6 +65,9 @@ impl Metrics {
             harvest_found: Family::default(),
             harvest_runs: Family::default(),
             requests: Family::default(),
+            judge_up: Family::default(),
+            judge_latency: Family::default(),
+            judge_failures: Family::default(),
         };
         registry.register(
             "proxies",
@@ -69,7 +76,7 @@ impl Metrics {
         );
         registry.register(
             "servable_proxies",
-            "Alive proxies in the in-memory health index",
+            "Proxies that can be served now: alive and proven (by a check or a use that worked) within api.max_age and the freshness window",
             m.index_size.clone(),
         );
         registry.register(
@@ -96,6 +103,21 @@ impl Metrics {
             "api_requests",
             "API requests by route and status",
             m.requests.clone(),
+        );
+        registry.register(
+            "judge_up",
+            "1 when the judge's last direct answer was genuine, 0 otherwise",
+            m.judge_up.clone(),
+        );
+        registry.register(
+            "judge_latency_seconds",
+            "How long the judge's last genuine direct answer took",
+            m.judge_latency.clone(),
+        );
+        registry.register(
+            "judge_failures",
+            "Direct requests to the judge that got no genuine answer",
+            m.judge_failures.clone(),
         );
         *m.registry.lock().unwrap_or_else(|e| e.into_inner()) = registry;
         m
@@ -133,6 +155,22 @@ impl Metrics {
             self.harvest_runs
                 .get_or_create(&labels(&[("source", &s.name), ("result", result)]))
                 .inc();
+        }
+    }
+
+    /// Records a direct answer of the judge at `url` (how long it took) or
+    /// its absence.
+    pub fn observe_judge(&self, url: &str, answer: Result<std::time::Duration, &str>) {
+        let l = labels(&[("judge", url)]);
+        match answer {
+            Ok(took) => {
+                self.judge_up.get_or_create(&l).set(1);
+                self.judge_latency.get_or_create(&l).set(took.as_secs_f64());
+            }
+            Err(_) => {
+                self.judge_up.get_or_create(&l).set(0);
+                self.judge_failures.get_or_create(&l).inc();
+            }
         }
     }
 

@@ -4,6 +4,7 @@
 //! `/judge` when configured.
 
 mod answers;
+pub mod conditions;
 mod crawls;
 mod error;
 mod handlers;
@@ -108,6 +109,8 @@ pub struct AppState {
     judge_calls: Arc<AtomicU64>,
     /// The gateway's counters, when it runs, for `/stats` and `/metrics`.
     pub gateway: Option<Arc<GatewayMetrics>>,
+    /// What is degraded now, for `/healthz`.
+    pub conditions: Arc<conditions::Conditions>,
 }
 
 impl std::fmt::Debug for AppState {
@@ -133,8 +136,21 @@ impl AppState {
             judge_limiter: Arc::new(RateLimiter::keyed(Quota::per_minute(per_minute))),
             judge_calls: Arc::default(),
             gateway: None,
+            conditions: Arc::default(),
             config,
         }
+    }
+
+    /// How many proxies can be served now: alive, proven (by a check or a
+    /// use that worked) within `api.max_age` and within the freshness
+    /// window while one is in force. `/proxy`, `/export`, `/stats` and
+    /// `/metrics` all count by this rule.
+    pub fn servable(&self) -> usize {
+        let q = crate::health::ProxyQuery {
+            max_age: Some(self.config.api.max_age),
+            ..crate::health::ProxyQuery::default()
+        };
+        self.feedback.select(&q, crate::store::now_ms()).len()
     }
 
     /// Shows the gateway's counters in `/stats` and `/metrics`.

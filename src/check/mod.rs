@@ -11,7 +11,9 @@ pub mod judge;
 pub mod probe;
 mod runner;
 
-pub use runner::{CheckError, CheckOptions, CommitHook, RoundProgress, RoundSummary, check_round};
+pub use runner::{
+    CheckError, CheckOptions, CommitHook, JudgeHook, RoundProgress, RoundSummary, check_round,
+};
 
 use std::fmt;
 use std::sync::Arc;
@@ -44,6 +46,7 @@ pub struct Checker {
     geoip: Option<Arc<geoip::Geoip>>,
     https: bool,
     next: AtomicUsize,
+    on_judge: Option<runner::JudgeHook>,
 }
 
 impl fmt::Debug for Checker {
@@ -155,20 +158,26 @@ impl Checker {
         let mut own = OwnIdentity::default();
         let mut plain = Vec::new();
         let mut secure = Vec::new();
-        let mut problems = Vec::new();
+        let mut failed = Vec::new();
         for jc in &config.check.judges {
             let target = match Target::resolve(&jc.url).await {
                 Ok(t) => t,
                 Err(e) => {
-                    problems.push(format!("{}: {e}", jc.url));
+                    failed.push((jc, e.to_string()));
                     continue;
                 }
             };
             let n = nonce();
-            match prober.fetch(Route::Direct, &target, &n).await {
+            let started = std::time::Instant::now();
+            let fetched = prober.fetch(Route::Direct, &target, &n).await;
+            let took = started.elapsed();
+            match fetched {
                 Ok(a) if (200..300).contains(&a.status) => {
                     let body = String::from_utf8_lossy(&a.body);
                     if judge::genuine(jc, &body, &n) {
+                        if let Some(hook) = &opts.on_judge {
+                            hook(jc.url.as_str(), Ok(took));
+                        }
                         own.learn(&Echo::parse(&body));
                         let ready = ReadyJudge {
                             config: jc.clone(),
@@ -181,15 +190,21 @@ impl Checker {
                             plain.push(ready);
                         }
                     } else {
-                        problems.push(format!("{}: answer lacks the nonce or marker", jc.url));
+                        failed.push((jc, "answer lacks the nonce or marker".into()));
                     }
                 }
-                Ok(a) => problems.push(format!("{}: HTTP {}", jc.url, a.status)),
-                Err(f) => problems.push(format!("{}: {f}", jc.url)),
+                Ok(a) => failed.push((jc, format!("HTTP {}", a.status))),
+                Err(f) => failed.push((jc, f.to_string())),
             }
         }
-        for p in &problems {
+        let mut problems = Vec::with_capacity(failed.len());
+        for (jc, why) in failed {
+            if let Some(hook) = &opts.on_judge {
+                hook(jc.url.as_str(), Err(why.as_str()));
+            }
+            let p = format!("{}: {why}", jc.url);
             tracing::warn!(problem = %p, "judge not usable this round");
+            problems.push(p);
         }
         if plain.is_empty() && secure.is_empty() {
             return Err(CheckError::NoJudge(problems));
@@ -202,6 +217,7 @@ impl Checker {
             geoip,
             https: opts.https,
             next: AtomicUsize::new(0),
+            on_judge: opts.on_judge.clone(),
         })
     }
 
@@ -247,6 +263,14 @@ impl Checker {
             Err(f) if f.reason == Reason::ProtocolError => Probe::Wrong,
             Err(_) => Probe::Silent,
         };
+        if let Some(hook) = &self.on_judge {
+            let url = judge.config.url.as_str();
+            match probe {
+                Probe::Genuine => hook(url, Ok(started.elapsed())),
+                Probe::Wrong => hook(url, Err("wrong answer")),
+                Probe::Silent => hook(url, Err("no answer")),
+            }
+        }
         if judge.health.probed(probe, started) {
             self.log_standing(judge, &format!("{probe:?} direct answer"));
         }

@@ -45,6 +45,11 @@ const UNCONFIRMED_RETRY: Duration = Duration::from_secs(30);
 /// through the feedback path), with the batch: the daemon counts it.
 pub type CommitHook = Arc<dyn Fn(&[CheckRecord]) + Send + Sync>;
 
+/// Called with every direct answer of a judge (or its absence): its URL
+/// and how long the answer took, or why there was none. The daemon keeps
+/// per-judge metrics with it.
+pub type JudgeHook = Arc<dyn Fn(&str, Result<Duration, &str>) + Send + Sync>;
+
 /// How a round runs.
 #[derive(Clone)]
 pub struct CheckOptions {
@@ -71,6 +76,8 @@ pub struct CheckOptions {
     /// so that alive proxies falling due (taken first in every round) and
     /// proxies queued for a re-check wait at most one short round.
     pub dispatch_for: Option<Duration>,
+    /// Told of every direct answer of a judge.
+    pub on_judge: Option<JudgeHook>,
 }
 
 impl std::fmt::Debug for CheckOptions {
@@ -101,6 +108,7 @@ impl CheckOptions {
             on_commit: None,
             abort_in_flight: None,
             dispatch_for: None,
+            on_judge: None,
         }
     }
 }

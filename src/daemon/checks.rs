@@ -10,7 +10,7 @@ use rand::RngExt;
 use tokio_util::sync::CancellationToken;
 
 use crate::api::{AppState, CheckInfo};
-use crate::check::{self, CheckOptions, Checker, CommitHook, RoundProgress};
+use crate::check::{self, CheckError, CheckOptions, Checker, CommitHook, JudgeHook, RoundProgress};
 use crate::config::Config;
 use crate::store::{Store, now_ms, rfc3339};
 
@@ -54,7 +54,10 @@ impl CheckLoop {
     pub async fn run(self, stop: CancellationToken) {
         let metrics = self.state.metrics.clone();
         let hook: CommitHook = Arc::new(move |batch| metrics.observe_checks(batch));
+        let metrics = self.state.metrics.clone();
+        let judge_hook: JudgeHook = Arc::new(move |url, answer| metrics.observe_judge(url, answer));
         let mut opts = CheckOptions::from_config(&self.config.check);
+        opts.on_judge = Some(judge_hook);
         opts.concurrency = check::clamp_concurrency(opts.concurrency);
         opts.on_commit = Some(hook);
         opts.abort_in_flight = Some(self.abort.clone());
@@ -67,6 +70,7 @@ impl CheckLoop {
             }
         };
         let mut retry = JUDGE_RETRY_FIRST;
+        let mut outage = Outage::default();
         let mut prepared: Option<(Arc<Checker>, std::time::Instant)> = None;
         let mut last_round: Option<std::time::Instant> = None;
         while !stop.is_cancelled() {
@@ -86,6 +90,12 @@ impl CheckLoop {
             match checker {
                 Ok(checker) => {
                     retry = JUDGE_RETRY_FIRST;
+                    if let Some(lasted) = outage.end(&self.state) {
+                        tracing::info!(
+                            after = %humantime::format_duration(round_secs(lasted)),
+                            "judges answer again; re-checking every served proxy now"
+                        );
+                    }
                     if prepared
                         .as_ref()
                         .is_none_or(|(c, _)| !Arc::ptr_eq(c, &checker))
@@ -98,11 +108,15 @@ impl CheckLoop {
                     }
                     if self.until_due(&stop, last_round).await {
                         last_round = Some(std::time::Instant::now());
-                        self.round(checker, &opts, &stop).await;
+                        if self.round(checker, &opts, &stop).await == Ended::JudgesLost {
+                            // Ask them directly now, not at the next
+                            // preparation: an outage is said at once.
+                            prepared = None;
+                        }
                     }
                 }
                 Err(e) => {
-                    tracing::error!(error = %e, "cannot check now");
+                    outage.note(&self.state, &e);
                     tokio::select! {
                         _ = stop.cancelled() => {}
                         _ = tokio::time::sleep(retry) => {}
@@ -210,7 +224,12 @@ impl CheckLoop {
         check.serve_policy(served)
     }
 
-    async fn round(&self, checker: Arc<Checker>, opts: &CheckOptions, stop: &CancellationToken) {
+    async fn round(
+        &self,
+        checker: Arc<Checker>,
+        opts: &CheckOptions,
+        stop: &CancellationToken,
+    ) -> Ended {
         let policy = self.freshness();
         let progress = Arc::new(RoundProgress::default());
         match check::check_round(
@@ -234,8 +253,96 @@ impl CheckLoop {
                     duration_ms: summary.elapsed.as_millis() as u64,
                 };
                 self.state.record_round(|r| r.last_check = Some(info));
+                // Nothing passed and some failures were laid at the judges'
+                // door: ask them directly now whether they are there.
+                if summary.unconfirmed > 0 && summary.alive == 0 {
+                    Ended::JudgesLost
+                } else {
+                    Ended::Done
+                }
             }
-            Err(e) => tracing::error!(error = %e, "check round failed"),
+            Err(e @ CheckError::JudgeLost { .. }) => {
+                tracing::warn!(error = %e, "check round stopped");
+                Ended::JudgesLost
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "check round failed");
+                Ended::Done
+            }
         }
+    }
+}
+
+/// How a round ended, for what the loop does next.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Ended {
+    /// It finished (or failed for reasons of its own).
+    Done,
+    /// Every judge stopped answering during it, or may have: nothing
+    /// passed, and failures were laid at the judges' door.
+    JudgesLost,
+}
+
+/// How often a judge outage that goes on is logged again.
+const OUTAGE_LOG_EVERY: Duration = Duration::from_secs(60);
+
+/// A time where whole seconds do for people.
+fn round_secs(d: Duration) -> Duration {
+    Duration::from_secs(d.as_secs().max(1))
+}
+
+/// Whether checks cannot run (no judge answers) and since when. While they
+/// cannot, nothing can be re-checked: the freshness window is lifted, so
+/// what passed a check or carried a request within `api.max_age` is still
+/// served (rather than nothing within a window), and `/healthz` says
+/// `degraded` with the reason.
+#[derive(Default)]
+struct Outage {
+    since: Option<std::time::Instant>,
+    logged: Option<std::time::Instant>,
+    failures: u64,
+}
+
+impl Outage {
+    /// Checks could not start: `e` says why.
+    fn note(&mut self, state: &AppState, e: &CheckError) {
+        let now = std::time::Instant::now();
+        let since = *self.since.get_or_insert(now);
+        self.failures += 1;
+        let component = match e {
+            CheckError::NoJudge(_) => "judges",
+            _ => "checks",
+        };
+        let message = format!(
+            "{e}; nothing can be checked, so proxies are served while they passed a check \
+             or carried a request within api.max_age"
+        );
+        state.conditions.set(component, message, now_ms());
+        state.feedback.set_fresh_within(Duration::ZERO);
+        if self
+            .logged
+            .is_none_or(|at| at.elapsed() >= OUTAGE_LOG_EVERY)
+        {
+            self.logged = Some(now);
+            tracing::error!(
+                error = %e,
+                lasted = %humantime::format_duration(round_secs(since.elapsed())),
+                attempts = self.failures,
+                "cannot check: serving what passed a check or carried a request within api.max_age"
+            );
+        }
+    }
+
+    /// Checks can run again: how long they could not, if they could not.
+    /// Every served proxy is re-checked at once, and until each has passed
+    /// again those that have are served first.
+    fn end(&mut self, state: &AppState) -> Option<Duration> {
+        let since = self.since.take()?;
+        self.logged = None;
+        self.failures = 0;
+        state.conditions.clear("judges");
+        state.conditions.clear("checks");
+        state.feedback.reverify_all(now_ms());
+        Some(since.elapsed())
     }
 }

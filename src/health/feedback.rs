@@ -118,8 +118,8 @@ struct Inner {
     /// Bans in `bans`, to keep the map bounded.
     ban_count: std::sync::atomic::AtomicUsize,
     /// Worked uses not written yet, by proxy id (at most one entry per
-    /// proxy the index served).
-    worked: Mutex<HashMap<i64, u64>>,
+    /// proxy the index served): how many, and when the last (unix ms).
+    worked: Mutex<HashMap<i64, (u64, i64)>>,
     /// True while a flush of `worked` is scheduled.
     flush_scheduled: AtomicBool,
     /// Change numbers of check batches whose committed rows are in the
@@ -219,10 +219,18 @@ impl Feedback {
     /// [`WORKED_FLUSH_AFTER`] (or at [`Feedback::flush`]), so that the
     /// request path never waits for the store.
     pub fn worked(&self, id: i64) {
+        let now = crate::store::now_ms();
+        // It counts as checked now: served within the freshness bounds on
+        // the strength of this use (and, once written, in the store too).
+        if let Some(e) = self.inner.index.get(id) {
+            e.worked(now);
+        }
         let first = {
             let mut worked = lock(&self.inner.worked);
             let first = worked.is_empty();
-            *worked.entry(id).or_default() += 1;
+            let w = worked.entry(id).or_default();
+            w.0 += 1;
+            w.1 = w.1.max(now);
             first
         };
         if !first || self.inner.flush_scheduled.swap(true, Ordering::AcqRel) {
@@ -249,8 +257,9 @@ impl Feedback {
         // Cleared before the take: a use counted after it schedules the
         // next flush itself.
         self.inner.flush_scheduled.store(false, Ordering::Release);
-        let batch: Vec<(i64, u64)> = std::mem::take(&mut *lock(&self.inner.worked))
+        let batch: Vec<(i64, u64, i64)> = std::mem::take(&mut *lock(&self.inner.worked))
             .into_iter()
+            .map(|(id, (n, at))| (id, n, at))
             .collect();
         for chunk in batch.chunks(WORKED_FLUSH_CHUNK) {
             self.inner.store.record_worked(chunk.to_vec()).await?;
@@ -347,10 +356,10 @@ impl Feedback {
         exclude: &dyn Fn(&Entry) -> bool,
     ) -> Option<Arc<Entry>> {
         let fresh = self.inner.fresh_within.load(Ordering::Relaxed);
-        let stale = |e: &Entry| fresh > 0 && e.last_checked.is_none_or(|t| t < now - fresh);
+        let stale = |e: &Entry| fresh > 0 && e.proven_at().is_none_or(|t| t < now - fresh);
         if self.inner.suspect_until.load(Ordering::Relaxed) > now {
             let before = self.inner.suspect_before.load(Ordering::Relaxed);
-            let suspect = |e: &Entry| e.last_checked.is_none_or(|t| t < before);
+            let suspect = |e: &Entry| e.proven_at().is_none_or(|t| t < before);
             let verified = self
                 .inner
                 .index
@@ -370,7 +379,7 @@ impl Feedback {
         let fresh = self.inner.fresh_within.load(Ordering::Relaxed);
         let mut all = self.inner.index.select(q, now);
         if fresh > 0 {
-            all.retain(|e| e.last_checked.is_some_and(|t| t >= now - fresh));
+            all.retain(|e| e.proven_at().is_some_and(|t| t >= now - fresh));
         }
         all
     }

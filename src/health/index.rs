@@ -3,7 +3,7 @@
 //! whoever loads or commits records hands them to it.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
 use rand::RngExt;
@@ -21,6 +21,27 @@ pub struct Entry {
     pub record: Arc<ProxyRecord>,
     /// Unique per (re)indexing of any record.
     pub version: u64,
+    /// When a use of it last worked (unix ms; 0: not since it was indexed).
+    worked_at: AtomicI64,
+}
+
+impl Entry {
+    /// Notes that a use of the proxy worked at `at` (unix ms).
+    pub fn worked(&self, at: i64) {
+        self.worked_at.fetch_max(at, Ordering::Relaxed);
+    }
+
+    /// When the proxy last proved to work (unix ms): its last passed check
+    /// or, if later, its last use that worked. A proxy that carried a
+    /// request is as good as checked then.
+    pub fn proven_at(&self) -> Option<i64> {
+        let worked = self.worked_at.load(Ordering::Relaxed);
+        match self.record.last_alive {
+            Some(t) => Some(t.max(worked)),
+            None if worked > 0 => Some(worked),
+            None => None,
+        }
+    }
 }
 
 impl std::ops::Deref for Entry {
@@ -59,6 +80,7 @@ impl Inner {
         group.push(Arc::new(Entry {
             record: Arc::new(r),
             version: VERSIONS.fetch_add(1, Ordering::Relaxed),
+            worked_at: AtomicI64::new(0),
         }));
     }
 
@@ -282,7 +304,7 @@ impl HealthIndex {
         exclude: &dyn Fn(&Entry) -> bool,
     ) -> Option<Arc<Entry>> {
         let inner = self.read();
-        let accept = |e: &Entry| q.matches(e, now) && !exclude(e);
+        let accept = |e: &Entry| q.matches_entry(e, now) && !exclude(e);
         let groups = inner.groups_for(q);
         let ends = groups
             .iter()
@@ -306,7 +328,7 @@ impl HealthIndex {
             .groups_for(q)
             .iter()
             .flat_map(|g| g.iter())
-            .filter(|e| q.matches(e, now))
+            .filter(|e| q.matches_entry(e, now))
             .cloned()
             .collect();
         out.sort_by_key(|e| e.id);

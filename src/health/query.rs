@@ -45,6 +45,21 @@ impl ProxyQuery {
         self.matches_fields(r)
     }
 
+    /// [`matches`](Self::matches) for an indexed proxy, whose uses that
+    /// worked count as passed checks for the freshness bound.
+    pub fn matches_entry(&self, e: &super::Entry, now: i64) -> bool {
+        if e.status != Status::Alive {
+            return false;
+        }
+        if let Some(age) = self.max_age {
+            let fresh_since = now - i64::try_from(age.as_millis()).unwrap_or(i64::MAX);
+            if e.proven_at().is_none_or(|t| t < fresh_since) {
+                return false;
+            }
+        }
+        self.matches_fields(e)
+    }
+
     /// The same filters for a store listing of proxies of `status` (any
     /// when `None`) at `now` (unix ms).
     pub fn to_filter(&self, status: Option<Status>, now: i64) -> ProxyFilter {

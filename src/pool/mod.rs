@@ -1243,7 +1243,7 @@ impl Pool {
             let fresh = s.uses < opts.session_uses && now - s.since < opts.session_age;
             let entry = index
                 .get(s.id)
-                .filter(|e| fresh && query.matches(e, now_ms) && usable(&st, e));
+                .filter(|e| fresh && query.matches_entry(e, now_ms) && usable(&st, e));
             match entry {
                 Some(e) => chosen = Some(e),
                 None => {

@@ -324,18 +324,22 @@ impl Store {
         .await
     }
 
-    /// Adds uses that worked, `(proxy id, count)`, to the proxies' counters
+    /// Adds uses that worked, `(proxy id, count, last use at)`, to the proxies' counters
     /// in one write: the feedback path collects them instead of writing once
     /// per use.
-    pub async fn record_worked(&self, uses: Vec<(i64, u64)>) -> Result<(), StoreError> {
+    pub async fn record_worked(&self, uses: Vec<(i64, u64, i64)>) -> Result<(), StoreError> {
         if uses.is_empty() {
             return Ok(());
         }
         self.write_weighted(uses.len(), move |c| {
-            let mut stmt =
-                c.prepare_cached("UPDATE proxies SET reports_ok = reports_ok + ?2 WHERE id = ?1")?;
-            for (id, n) in uses {
-                stmt.execute(params![id, i64::try_from(n).unwrap_or(i64::MAX)])?;
+            // A use that worked is a sighting of the proxy alive, as a
+            // passed check is: `last_alive` is what freshness bounds read.
+            let mut stmt = c.prepare_cached(
+                "UPDATE proxies SET reports_ok = reports_ok + ?2,
+                     last_alive = max(coalesce(last_alive, 0), ?3) WHERE id = ?1",
+            )?;
+            for (id, n, at) in uses {
+                stmt.execute(params![id, i64::try_from(n).unwrap_or(i64::MAX), at])?;
             }
             Ok(())
         })

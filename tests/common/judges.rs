@@ -55,9 +55,18 @@ impl Judge {
         Judge::serve(app, "/judge").await
     }
 
+    /// proxywarden's `/judge` on plain HTTP at `addr`: one that went away
+    /// (was dropped) coming back where it was.
+    pub async fn plain_at(addr: SocketAddr) -> Judge {
+        Judge::serve_on(listen_on(addr), proxywarden::api::judge::router(), "/judge").await
+    }
+
     /// Serves `app` on plain HTTP with the peer address available.
     async fn serve(app: axum::Router, path: &'static str) -> Judge {
-        let listener = listen();
+        Judge::serve_on(listen(), app, path).await
+    }
+
+    async fn serve_on(listener: TcpListener, app: axum::Router, path: &'static str) -> Judge {
         let addr = listener.local_addr().unwrap();
         let task = tokio::spawn(async move {
             let _ = axum::serve(
@@ -245,9 +254,14 @@ impl Judge {
 /// tokio's `bind` queues 1,024: past that the kernel drops SYNs, and the
 /// client's retry a second later looks like a slow proxy.
 fn listen() -> TcpListener {
+    listen_on(SocketAddr::from(([127, 0, 0, 1], 0)))
+}
+
+/// [`listen`] on a given address: a judge back on the port it left.
+fn listen_on(addr: SocketAddr) -> TcpListener {
     let socket = tokio::net::TcpSocket::new_v4().unwrap();
     socket.set_reuseaddr(true).unwrap();
-    socket.bind(SocketAddr::from(([127, 0, 0, 1], 0))).unwrap();
+    socket.bind(addr).unwrap();
     socket.listen(8192).unwrap()
 }
 
