@@ -547,6 +547,162 @@ async fn failed_pages_are_listed_and_retried_on_request() {
     .await;
 }
 
+/// One row of the politeness table: robots.txt obeyed or not, the crawl's
+/// own delay, robots.txt's Crawl-delay and the pages in flight per host.
+#[derive(Clone, Copy, Debug)]
+struct Politeness {
+    ignore_robots: bool,
+    delay: Duration,
+    crawl_delay: Option<Duration>,
+    per_host: usize,
+}
+
+impl Politeness {
+    /// Every combination, zero delays included.
+    fn table() -> Vec<Politeness> {
+        let mut rows = Vec::new();
+        for ignore_robots in [false, true] {
+            for delay in [Duration::ZERO, Duration::from_millis(100)] {
+                for crawl_delay in [None, Some(Duration::from_millis(200))] {
+                    for per_host in [1, 3] {
+                        rows.push(Politeness {
+                            ignore_robots,
+                            delay,
+                            crawl_delay,
+                            per_host,
+                        });
+                    }
+                }
+            }
+        }
+        rows
+    }
+
+    /// The spacing of request starts the crawl owes the site.
+    fn spacing(&self) -> Duration {
+        match self.crawl_delay {
+            Some(c) if !self.ignore_robots => c.max(self.delay),
+            _ => self.delay,
+        }
+    }
+
+    /// robots.txt for this row: a Crawl-delay when it has one, and a rule
+    /// that only a crawl ignoring robots.txt breaks.
+    fn robots(&self) -> String {
+        let mut r = "User-agent: *\nDisallow: /p/5\n".to_owned();
+        if let Some(c) = self.crawl_delay {
+            r.push_str(&format!("Crawl-delay: {}\n", c.as_secs_f64()));
+        }
+        r
+    }
+}
+
+/// Pages of each site in the politeness table.
+const TABLE_PAGES: usize = 7;
+
+/// Crawls a fresh site of [`TABLE_PAGES`] pages with `row`'s politeness;
+/// what went wrong, if anything.
+async fn crawl_row(dir: &Path, alive: &[AliveProxy], row: Politeness) -> Result<(), String> {
+    let mut opts = SiteOpts::new(|p, _| tree_page(p, TABLE_PAGES, 2));
+    opts.robots = Some(Reply::text(row.robots()));
+    let site = Site::start(opts).await;
+    let pool_opts = quick();
+    let timeout = pool_opts.total_timeout;
+    let pool = pool_of(dir, alive, pool_opts).await;
+    let crawl_opts = CrawlOptions {
+        ignore_robots: row.ignore_robots,
+        delay: row.delay,
+        per_host_concurrency: row.per_host,
+        ..options(dir, &site.url("/"))
+    };
+    // Generous for a loaded machine: the pages at their spacing, then a
+    // request timeout, twice over.
+    let bound = (row.spacing() * TABLE_PAGES as u32 + timeout) * 2;
+    let Ok(summary) = tokio::time::timeout(bound, run(&pool, crawl_opts)).await else {
+        return Err(format!(
+            "still running after {bound:?} with {} requests made",
+            site.log().len()
+        ));
+    };
+    let ended = Instant::now();
+    let mut want: HashSet<String> = (1..TABLE_PAGES).map(|i| format!("/p/{i}")).collect();
+    want.insert("/".into());
+    let robots_hits = site.hits("/robots.txt");
+    if row.ignore_robots {
+        if robots_hits != 0 {
+            return Err(format!("robots.txt fetched {robots_hits} times"));
+        }
+    } else {
+        want.remove("/p/5");
+        if robots_hits != 1 {
+            return Err(format!("robots.txt fetched {robots_hits} times"));
+        }
+    }
+    let hits = page_hits(&site);
+    if hits.keys().cloned().collect::<HashSet<_>>() != want || hits.values().any(|&n| n != 1) {
+        return Err(format!(
+            "pages fetched {hits:?}, wanted each of {want:?} once"
+        ));
+    }
+    if summary.ok() != want.len() as u64 || summary.failed() != 0 {
+        return Err(format!("summary: {summary}"));
+    }
+    let log = site.log();
+    // Starts spaced by the delay owed; arrivals jitter by the proxy hop.
+    let spacing = row.spacing();
+    for w in log.windows(2) {
+        let gap = w[1].at - w[0].at;
+        if gap < spacing / 2 {
+            return Err(format!("{gap:?} between {} and {}", w[0].path, w[1].path));
+        }
+    }
+    let (first, last) = match (log.first(), log.last()) {
+        (Some(f), Some(l)) => (f.at, l.at),
+        _ => return Err("no request".into()),
+    };
+    let mean = (last - first) / (log.len() as u32 - 1);
+    if mean < spacing.mul_f64(0.8) {
+        return Err(format!("requests {mean:?} apart on average"));
+    }
+    let after = ended - last;
+    if after > timeout {
+        return Err(format!(
+            "ended {after:?} after its last request (request timeout {timeout:?})"
+        ));
+    }
+    Ok(())
+}
+
+// Two workers: sixteen crawls starting at once on one thread would delay
+// their first requests by more than the spacing under test.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_politeness_combination_fetches_its_pages_and_ends_promptly() {
+    within(async {
+        let dir = tempfile::tempdir().unwrap();
+        let (_proxies, alive) = working_proxies(3).await;
+        let rows = Politeness::table();
+        let runs = rows.iter().enumerate().map(|(i, row)| {
+            let sub = dir.path().join(i.to_string());
+            std::fs::create_dir(&sub).unwrap();
+            let alive = &alive;
+            async move { (row, crawl_row(&sub, alive, *row).await) }
+        });
+        let failed: Vec<String> = futures::future::join_all(runs)
+            .await
+            .into_iter()
+            .filter_map(|(row, r)| r.err().map(|e| format!("{row:?}: {e}")))
+            .collect();
+        assert!(
+            failed.is_empty(),
+            "{} of {} combinations failed:\n{}",
+            failed.len(),
+            rows.len(),
+            failed.join("\n")
+        );
+    })
+    .await;
+}
+
 // ---------------------------------------------------------------------------
 // The binary
 

@@ -536,8 +536,11 @@ impl Crawler {
                 self.order.push_back(key);
                 continue;
             }
-            let ready = self.polite.ready_at(&key);
-            if ready > now {
+            // A host no request has started to yet (robots.txt ignored)
+            // is ready: it has no turn to wait for.
+            if let Some(ready) = self.polite.ready_at(&key)
+                && ready > now
+            {
                 wake = Some(wake.map_or(ready, |w| w.min(ready)));
                 self.order.push_back(key);
                 continue;
