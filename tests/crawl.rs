@@ -703,6 +703,46 @@ async fn every_politeness_combination_fetches_its_pages_and_ends_promptly() {
     .await;
 }
 
+#[tokio::test]
+async fn a_crawl_ends_with_its_last_page_though_many_links_need_no_request() {
+    within(async {
+        let dir = tempfile::tempdir().unwrap();
+        // Every page links to twenty tag pages robots.txt disallows: most
+        // of what the crawl learns needs no request.
+        let mut opts = SiteOpts::new(|p, _| {
+            let mut r = tree_page(p, 30, 3);
+            if r.status == 200 {
+                let tags: String = (0..20)
+                    .map(|k| format!("<a href=\"/tag{p}/{k}\">t</a>"))
+                    .collect();
+                let body = String::from_utf8(r.body).unwrap();
+                r.body = body
+                    .replace("</body>", &format!("{tags}</body>"))
+                    .into_bytes();
+            }
+            r
+        });
+        opts.robots = Some(Reply::text("User-agent: *\nDisallow: /tag\n"));
+        let site = Site::start(opts).await;
+        let (_proxies, alive) = working_proxies(3).await;
+        let pool_opts = quick();
+        let timeout = pool_opts.total_timeout;
+        let pool = pool_of(dir.path(), &alive, pool_opts).await;
+        let summary = run(&pool, options(dir.path(), &site.url("/"))).await;
+        let ended = Instant::now();
+        assert_eq!((summary.ok(), summary.failed()), (30, 0), "{summary}");
+        assert_eq!(summary.disallowed, 600, "{summary}");
+        assert!(page_hits(&site).keys().all(|p| !p.starts_with("/tag")));
+        let last = site.log().last().unwrap().at;
+        assert!(
+            ended - last <= timeout,
+            "ended {:?} after its last request (request timeout {timeout:?})",
+            ended - last
+        );
+    })
+    .await;
+}
+
 // ---------------------------------------------------------------------------
 // The binary
 

@@ -149,6 +149,10 @@ const HOST_BATCH: usize = 256;
 const SEEN_CACHE: usize = 200_000;
 /// Tries at a host's robots.txt before its pages fail.
 const ROBOTS_TRIES: u32 = 3;
+/// URLs that need no request settled in one look for work, so that a
+/// frontier of disallowed links is worked through in committed batches
+/// between looks at the pages that finished.
+const SETTLE_PER_TURN: usize = 256;
 
 /// What the crawler knows of a host's robots.txt.
 enum RobotsState {
@@ -456,12 +460,24 @@ impl Crawler {
         })
     }
 
-    /// The next job of a ready host, and otherwise when one may be ready.
+    /// The next job of a ready host; otherwise when a host waiting for its
+    /// turn may be ready, or `None` when only pages in flight can bring
+    /// more work (their end wakes the crawl) or nothing is left.
+    ///
+    /// URLs that need no request (disallowed, reached through a redirect,
+    /// failed with their robots.txt) are settled on the spot and the same
+    /// host looked at again, up to [`SETTLE_PER_TURN`] of them: beyond
+    /// that it asks to be called again at once, after a commit.
     fn next_job(&mut self, sink: &mut Sink) -> Result<(Option<Job>, Option<Instant>), CrawlError> {
         let now = Instant::now();
         let mut wake: Option<Instant> = None;
         let limit_reached = self.opts.max_pages.is_some_and(|m| self.taken >= m);
-        for _ in 0..self.order.len() {
+        // Hosts to look at in this pass; a host put back at the front to
+        // be looked at again counts once more.
+        let mut left = self.order.len();
+        let mut settled = 0;
+        while left > 0 {
+            left -= 1;
             let Some(key) = self.order.pop_front() else {
                 break;
             };
@@ -497,12 +513,16 @@ impl Crawler {
                     h.in_flight += 1;
                     let first = ::url::Url::parse(&h.buf[0].url).ok();
                     let robots = first.and_then(|u| u.join("/robots.txt").ok());
-                    self.order.push_back(key.clone());
                     match robots {
-                        Some(url) => return Ok((Some(Job::Robots(key, url)), None)),
+                        Some(url) => {
+                            self.order.push_back(key.clone());
+                            return Ok((Some(Job::Robots(key, url)), None));
+                        }
                         None => {
                             h.in_flight -= 1;
                             h.robots = RobotsState::Ready(None);
+                            self.order.push_front(key);
+                            left += 1;
                             continue;
                         }
                     }
@@ -517,12 +537,14 @@ impl Crawler {
                     let url = ::url::Url::parse(&h.buf[0].url)
                         .ok()
                         .and_then(|u| u.join("/robots.txt").ok());
-                    self.order.push_back(key.clone());
                     if let Some(url) = url {
+                        self.order.push_back(key.clone());
                         return Ok((Some(Job::Robots(key, url)), None));
                     }
                     h.in_flight -= 1;
                     h.robots = RobotsState::Ready(None);
+                    self.order.push_front(key);
+                    left += 1;
                     continue;
                 }
                 RobotsState::Retry { at, .. } => {
@@ -547,25 +569,25 @@ impl Crawler {
             }
             let q = h.buf.pop_front().expect("not empty");
             self.buffered -= 1;
-            self.order.push_back(key.clone());
-            if self.redirected.remove(&q.url) {
-                continue;
-            }
             enum Verdict {
                 Fetch,
+                Redirected,
                 Unavailable,
                 Disallowed,
             }
             let verdict = match &h.robots {
+                _ if self.redirected.remove(&q.url) => Verdict::Redirected,
                 RobotsState::Unavailable => Verdict::Unavailable,
                 RobotsState::Ready(Some(robot)) if !robot.allowed(&q.url) => Verdict::Disallowed,
                 _ => Verdict::Fetch,
             };
+            if let Verdict::Fetch = verdict {
+                h.in_flight += 1;
+                self.order.push_back(key);
+                return Ok((Some(Job::Page(q)), None));
+            }
             match verdict {
-                Verdict::Fetch => {
-                    h.in_flight += 1;
-                    return Ok((Some(Job::Page(q)), None));
-                }
+                Verdict::Fetch | Verdict::Redirected => {}
                 Verdict::Unavailable => {
                     self.unqueue();
                     let line = failed_line(
@@ -588,13 +610,22 @@ impl Crawler {
                     self.summary.disallowed += 1;
                 }
             }
+            settled += 1;
+            if settled >= SETTLE_PER_TURN {
+                self.order.push_front(key);
+                return Ok((None, Some(now)));
+            }
+            // The host's next URL may be ready too: look at it again now,
+            // not a pass later.
+            self.order.push_front(key);
+            left += 1;
         }
-        // Anything left to do at all? Hosts in `order` have work or work
-        // in flight; `wake` says when the first may be ready.
-        if self.order.is_empty() || limit_reached {
+        // Hosts still in `order` wait for a time (`wake`) or for their
+        // pages or robots.txt in flight, whose end runs the next pass.
+        if limit_reached {
             return Ok((None, None));
         }
-        Ok((None, Some(wake.unwrap_or(now + Duration::from_millis(50)))))
+        Ok((None, wake))
     }
 
     fn handle(&mut self, done: Done, sink: &mut Sink) -> Result<(), CrawlError> {
