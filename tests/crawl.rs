@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use common::fakes::{
     Behavior, FakeHttpProxy, HttpProxyOpts, LIAR_PAGE, closed_port, http_proxy, ip,
 };
-use common::site::{CAPTCHA_PAGE, Reply, Site, SiteOpts, tree_page};
+use common::site::{CAPTCHA_PAGE, Politeness, Reply, Site, SiteOpts, tree_page};
 use common::{AliveProxy, store_with_alive, within, working_proxies};
 use proxywarden::crawl::{CrawlOptions, Progress, Select, Summary, crawl};
 use proxywarden::health::{Feedback, load_index};
@@ -547,65 +547,10 @@ async fn failed_pages_are_listed_and_retried_on_request() {
     .await;
 }
 
-/// One row of the politeness table: robots.txt obeyed or not, the crawl's
-/// own delay, robots.txt's Crawl-delay and the pages in flight per host.
-#[derive(Clone, Copy, Debug)]
-struct Politeness {
-    ignore_robots: bool,
-    delay: Duration,
-    crawl_delay: Option<Duration>,
-    per_host: usize,
-}
-
-impl Politeness {
-    /// Every combination, zero delays included.
-    fn table() -> Vec<Politeness> {
-        let mut rows = Vec::new();
-        for ignore_robots in [false, true] {
-            for delay in [Duration::ZERO, Duration::from_millis(100)] {
-                for crawl_delay in [None, Some(Duration::from_millis(200))] {
-                    for per_host in [1, 3] {
-                        rows.push(Politeness {
-                            ignore_robots,
-                            delay,
-                            crawl_delay,
-                            per_host,
-                        });
-                    }
-                }
-            }
-        }
-        rows
-    }
-
-    /// The spacing of request starts the crawl owes the site.
-    fn spacing(&self) -> Duration {
-        match self.crawl_delay {
-            Some(c) if !self.ignore_robots => c.max(self.delay),
-            _ => self.delay,
-        }
-    }
-
-    /// robots.txt for this row: a Crawl-delay when it has one, and a rule
-    /// that only a crawl ignoring robots.txt breaks.
-    fn robots(&self) -> String {
-        let mut r = "User-agent: *\nDisallow: /p/5\n".to_owned();
-        if let Some(c) = self.crawl_delay {
-            r.push_str(&format!("Crawl-delay: {}\n", c.as_secs_f64()));
-        }
-        r
-    }
-}
-
-/// Pages of each site in the politeness table.
-const TABLE_PAGES: usize = 7;
-
-/// Crawls a fresh site of [`TABLE_PAGES`] pages with `row`'s politeness;
-/// what went wrong, if anything.
+/// Crawls the site of `row` with its politeness; what went wrong, if
+/// anything.
 async fn crawl_row(dir: &Path, alive: &[AliveProxy], row: Politeness) -> Result<(), String> {
-    let mut opts = SiteOpts::new(|p, _| tree_page(p, TABLE_PAGES, 2));
-    opts.robots = Some(Reply::text(row.robots()));
-    let site = Site::start(opts).await;
+    let site = row.site().await;
     let pool_opts = quick();
     let timeout = pool_opts.total_timeout;
     let pool = pool_of(dir, alive, pool_opts).await;
@@ -615,9 +560,7 @@ async fn crawl_row(dir: &Path, alive: &[AliveProxy], row: Politeness) -> Result<
         per_host_concurrency: row.per_host,
         ..options(dir, &site.url("/"))
     };
-    // Generous for a loaded machine: the pages at their spacing, then a
-    // request timeout, twice over.
-    let bound = (row.spacing() * TABLE_PAGES as u32 + timeout) * 2;
+    let bound = row.bound(timeout);
     let Ok(summary) = tokio::time::timeout(bound, run(&pool, crawl_opts)).await else {
         return Err(format!(
             "still running after {bound:?} with {} requests made",
@@ -625,50 +568,9 @@ async fn crawl_row(dir: &Path, alive: &[AliveProxy], row: Politeness) -> Result<
         ));
     };
     let ended = Instant::now();
-    let mut want: HashSet<String> = (1..TABLE_PAGES).map(|i| format!("/p/{i}")).collect();
-    want.insert("/".into());
-    let robots_hits = site.hits("/robots.txt");
-    if row.ignore_robots {
-        if robots_hits != 0 {
-            return Err(format!("robots.txt fetched {robots_hits} times"));
-        }
-    } else {
-        want.remove("/p/5");
-        if robots_hits != 1 {
-            return Err(format!("robots.txt fetched {robots_hits} times"));
-        }
-    }
-    let hits = page_hits(&site);
-    if hits.keys().cloned().collect::<HashSet<_>>() != want || hits.values().any(|&n| n != 1) {
-        return Err(format!(
-            "pages fetched {hits:?}, wanted each of {want:?} once"
-        ));
-    }
-    if summary.ok() != want.len() as u64 || summary.failed() != 0 {
+    let pages = row.check(&site, ended, timeout)?;
+    if summary.ok() != pages as u64 || summary.failed() != 0 {
         return Err(format!("summary: {summary}"));
-    }
-    let log = site.log();
-    // Starts spaced by the delay owed; arrivals jitter by the proxy hop.
-    let spacing = row.spacing();
-    for w in log.windows(2) {
-        let gap = w[1].at - w[0].at;
-        if gap < spacing / 2 {
-            return Err(format!("{gap:?} between {} and {}", w[0].path, w[1].path));
-        }
-    }
-    let (first, last) = match (log.first(), log.last()) {
-        (Some(f), Some(l)) => (f.at, l.at),
-        _ => return Err("no request".into()),
-    };
-    let mean = (last - first) / (log.len() as u32 - 1);
-    if mean < spacing.mul_f64(0.8) {
-        return Err(format!("requests {mean:?} apart on average"));
-    }
-    let after = ended - last;
-    if after > timeout {
-        return Err(format!(
-            "ended {after:?} after its last request (request timeout {timeout:?})"
-        ));
     }
     Ok(())
 }
@@ -957,6 +859,53 @@ async fn a_terminal_shows_a_progress_line_and_a_pipe_only_the_summary() {
             !stderr.contains(" in flight") && !stderr.contains('\x1b'),
             "{stderr:?}"
         );
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_crawl_whose_filters_match_no_proxy_ends_saying_so() {
+    within(async {
+        let dir = tempfile::tempdir().unwrap();
+        let site = Site::tree(10, 3, Duration::ZERO).await;
+        let a = http_proxy(2).await;
+        let config = binary_setup(dir.path(), &[AliveProxy::new(a.url())]).await;
+        let url = site.url("/");
+        let out = dir.path().join("pages.jsonl");
+        let wait = Duration::from_secs(2);
+        for (policy, bound) in [("fail", Duration::ZERO), ("wait", wait)] {
+            let started = Instant::now();
+            let args = [
+                url.as_str(),
+                "--country",
+                "XX",
+                "--on-no-proxy",
+                policy,
+                "--no-proxy-wait",
+                "2s",
+                "-v",
+                "-o",
+                out.to_str().unwrap(),
+            ];
+            let done =
+                tokio::time::timeout(Duration::from_secs(20), crawl_cmd(&config, &args).output())
+                    .await
+                    .unwrap_or_else(|_| panic!("--on-no-proxy {policy}: still crawling after 20 s"))
+                    .unwrap();
+            let took = started.elapsed();
+            let stderr = String::from_utf8_lossy(&done.stderr);
+            assert!(!done.status.success(), "{policy}: {stderr}");
+            assert!(
+                took <= bound + Duration::from_secs(5),
+                "{policy}: ended after {took:?}: {stderr}"
+            );
+            assert!(
+                stderr.contains("no proxy matches"),
+                "{policy}: says why: {stderr}"
+            );
+            assert!(!stderr.contains("robots.txt"), "{policy}: {stderr}");
+        }
+        assert!(site.log().is_empty(), "nothing fetched directly");
     })
     .await;
 }

@@ -28,6 +28,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 pub use self::url::{Scope, ScopeKind, normalize};
+use crate::health::ProxyQuery;
 use crate::lock;
 use crate::pool::{FetchError, Page, Pool, RedirectRule, Request, site_of};
 pub use extract::Select;
@@ -124,6 +125,10 @@ pub enum CrawlError {
     /// No seed and nothing waiting in the state.
     #[error("nothing to crawl: give a URL (or a --state file with URLs waiting)")]
     NothingToCrawl,
+    /// A request found no proxy, and none matches the pool's filters: no
+    /// page could ever be fetched. What was not fetched stays queued.
+    #[error("no proxy matches the crawl's filters: {0}")]
+    NoProxy(String),
 }
 
 /// Live counters for a progress display.
@@ -215,7 +220,10 @@ enum Done {
 enum RobotsOutcome {
     Parsed(Robot),
     AllowAll,
-    Unavailable,
+    /// Why not.
+    Unavailable(String),
+    /// No proxy could carry the request: says nothing of the site.
+    NoProxy(FetchError),
 }
 
 /// Runs a crawl on `pool` until the frontier is empty, a limit is reached
@@ -295,6 +303,7 @@ pub async fn crawl(
         seen: Arc::new(Mutex::new(seeds.iter().map(|s| hash(&s.url)).collect())),
         redirected: HashSet::new(),
         taken,
+        no_proxy: None,
         summary: Summary::default(),
         progress,
         frontier,
@@ -336,6 +345,9 @@ struct Crawler {
     redirected: HashSet<String>,
     /// Pages handed out, this run and before.
     taken: u64,
+    /// Set when a request found no proxy and none matches the filters:
+    /// the crawl ends with this.
+    no_proxy: Option<String>,
     summary: Summary,
     progress: Arc<Progress>,
     frontier: Frontier,
@@ -375,6 +387,13 @@ impl Crawler {
                             Err(_) => {}
                         }
                         done = running.try_join_next();
+                    }
+                    if let Some(why) = self.no_proxy.take() {
+                        // The pages still in flight wait for proxies that
+                        // do not exist; they stay queued for a later run.
+                        running.abort_all();
+                        self.commit(sink)?;
+                        return Err(CrawlError::NoProxy(why));
                     }
                 }
                 _ = sleep_until(wake), if wake.is_some() && stop_at.is_none() => {}
@@ -639,29 +658,44 @@ impl Crawler {
                     RobotsState::Pending(tries) => tries,
                     _ => 0,
                 };
-                let ready = match outcome {
+                let ready: Result<Option<Arc<Robot>>, String> = match outcome {
                     RobotsOutcome::Parsed(robot) => {
                         if let Some(secs) = robot.delay.filter(|d| d.is_finite() && *d > 0.0) {
                             self.polite
                                 .set_crawl_delay(&host, Duration::from_secs_f32(secs.min(3600.0)));
                         }
-                        Some(Some(Arc::new(robot)))
+                        Ok(Some(Arc::new(robot)))
                     }
-                    RobotsOutcome::AllowAll => Some(None),
-                    RobotsOutcome::Unavailable => None,
+                    RobotsOutcome::AllowAll => Ok(None),
+                    RobotsOutcome::NoProxy(e) => {
+                        if let Some(why) = self.no_proxy_matches(&e) {
+                            self.no_proxy = Some(why);
+                            return Ok(());
+                        }
+                        Err(e.to_string())
+                    }
+                    RobotsOutcome::Unavailable(why) => Err(why),
+                };
+                let Some(h) = self.hosts.get_mut(&host) else {
+                    return Ok(());
                 };
                 match ready {
-                    Some(r) => {
+                    Ok(r) => {
                         lock(&self.robots).insert(host.clone(), r.clone());
                         h.robots = RobotsState::Ready(r);
                     }
-                    None if tries + 1 >= ROBOTS_TRIES => {
-                        tracing::warn!(host, "robots.txt unreachable; its pages fail");
+                    Err(error) if tries + 1 >= ROBOTS_TRIES => {
+                        tracing::warn!(host, error, "robots.txt unreachable; its pages fail");
                         h.robots = RobotsState::Unavailable;
                     }
-                    None => {
+                    Err(error) => {
                         let wait = self.opts.robots_retry * 2u32.pow(tries);
-                        tracing::info!(host, ?wait, "robots.txt unreachable; trying again later");
+                        tracing::info!(
+                            host,
+                            ?wait,
+                            error,
+                            "robots.txt unreachable; trying again later"
+                        );
                         h.robots = RobotsState::Retry {
                             at: Instant::now() + wait,
                             tries: tries + 1,
@@ -676,6 +710,13 @@ impl Crawler {
                 match *result {
                     Ok(f) => self.fetched(sink, q, f, elapsed)?,
                     Err(e) => {
+                        if matches!(e, FetchError::NoProxy { .. })
+                            && let Some(why) = self.no_proxy_matches(&e)
+                        {
+                            // Not the page's failure: it stays queued.
+                            self.no_proxy = Some(why);
+                            return Ok(());
+                        }
                         let line =
                             failed_line(&q, e.code(), &e.to_string(), e.attempts(), e.status());
                         *self
@@ -837,6 +878,31 @@ impl Crawler {
         Ok(())
     }
 
+    /// When request `e` found no proxy: why none can be found at all
+    /// (nothing servable matches the pool's filters), or `None` when some
+    /// do and were only busy, resting or banned by the site.
+    fn no_proxy_matches(&self, e: &FetchError) -> Option<String> {
+        let now = crate::store::now_ms();
+        let feedback = self.pool.feedback();
+        if !feedback.select(&self.pool.options().query, now).is_empty() {
+            return None;
+        }
+        let servable = feedback.select(&ProxyQuery::default(), now).len();
+        let mut why = match servable {
+            0 => "no proxy is servable".to_owned(),
+            n => format!("0 of {n} servable proxies match"),
+        };
+        if let FetchError::NoProxy { waited, hint, .. } = e {
+            if *waited >= Duration::from_millis(100) {
+                why.push_str(&format!(" (waited {:.1}s)", waited.as_secs_f64()));
+            }
+            if let Some(h) = hint {
+                why.push_str(&format!("; {h}"));
+            }
+        }
+        Some(why)
+    }
+
     fn unqueue(&self) {
         let _ = self
             .progress
@@ -926,7 +992,9 @@ fn robots_outcome(result: Result<Page, FetchError>, agent: &str) -> RobotsOutcom
         Err(FetchError::Exhausted {
             status: Some(s), ..
         }) if (400..500).contains(&s) && s != 429 => RobotsOutcome::AllowAll,
-        _ => RobotsOutcome::Unavailable,
+        Ok(p) => RobotsOutcome::Unavailable(format!("http {}", p.status().as_u16())),
+        Err(e @ FetchError::NoProxy { .. }) => RobotsOutcome::NoProxy(e),
+        Err(e) => RobotsOutcome::Unavailable(e.to_string()),
     }
 }
 
