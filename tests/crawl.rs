@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use common::fakes::{
     Behavior, FakeHttpProxy, HttpProxyOpts, LIAR_PAGE, closed_port, http_proxy, ip,
 };
-use common::site::{CAPTCHA_PAGE, Reply, Site, SiteOpts, tree_page};
+use common::site::{CAPTCHA_PAGE, Politeness, Reply, Site, SiteOpts, tree_page};
 use common::{AliveProxy, store_with_alive, within, working_proxies};
 use proxywarden::crawl::{CrawlOptions, Progress, Select, Summary, crawl};
 use proxywarden::health::{Feedback, load_index};
@@ -547,6 +547,104 @@ async fn failed_pages_are_listed_and_retried_on_request() {
     .await;
 }
 
+/// Crawls the site of `row` with its politeness; what went wrong, if
+/// anything.
+async fn crawl_row(dir: &Path, alive: &[AliveProxy], row: Politeness) -> Result<(), String> {
+    let site = row.site().await;
+    let pool_opts = quick();
+    let timeout = pool_opts.total_timeout;
+    let pool = pool_of(dir, alive, pool_opts).await;
+    let crawl_opts = CrawlOptions {
+        ignore_robots: row.ignore_robots,
+        delay: row.delay,
+        per_host_concurrency: row.per_host,
+        ..options(dir, &site.url("/"))
+    };
+    let bound = row.bound(timeout);
+    let Ok(summary) = tokio::time::timeout(bound, run(&pool, crawl_opts)).await else {
+        return Err(format!(
+            "still running after {bound:?} with {} requests made",
+            site.log().len()
+        ));
+    };
+    let ended = Instant::now();
+    let pages = row.check(&site, ended, timeout)?;
+    if summary.ok() != pages as u64 || summary.failed() != 0 {
+        return Err(format!("summary: {summary}"));
+    }
+    Ok(())
+}
+
+// Two workers: sixteen crawls starting at once on one thread would delay
+// their first requests by more than the spacing under test.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_politeness_combination_fetches_its_pages_and_ends_promptly() {
+    within(async {
+        let dir = tempfile::tempdir().unwrap();
+        let (_proxies, alive) = working_proxies(3).await;
+        let rows = Politeness::table();
+        let runs = rows.iter().enumerate().map(|(i, row)| {
+            let sub = dir.path().join(i.to_string());
+            std::fs::create_dir(&sub).unwrap();
+            let alive = &alive;
+            async move { (row, crawl_row(&sub, alive, *row).await) }
+        });
+        let failed: Vec<String> = futures::future::join_all(runs)
+            .await
+            .into_iter()
+            .filter_map(|(row, r)| r.err().map(|e| format!("{row:?}: {e}")))
+            .collect();
+        assert!(
+            failed.is_empty(),
+            "{} of {} combinations failed:\n{}",
+            failed.len(),
+            rows.len(),
+            failed.join("\n")
+        );
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_crawl_ends_with_its_last_page_though_many_links_need_no_request() {
+    within(async {
+        let dir = tempfile::tempdir().unwrap();
+        // Every page links to twenty tag pages robots.txt disallows: most
+        // of what the crawl learns needs no request.
+        let mut opts = SiteOpts::new(|p, _| {
+            let mut r = tree_page(p, 30, 3);
+            if r.status == 200 {
+                let tags: String = (0..20)
+                    .map(|k| format!("<a href=\"/tag{p}/{k}\">t</a>"))
+                    .collect();
+                let body = String::from_utf8(r.body).unwrap();
+                r.body = body
+                    .replace("</body>", &format!("{tags}</body>"))
+                    .into_bytes();
+            }
+            r
+        });
+        opts.robots = Some(Reply::text("User-agent: *\nDisallow: /tag\n"));
+        let site = Site::start(opts).await;
+        let (_proxies, alive) = working_proxies(3).await;
+        let pool_opts = quick();
+        let timeout = pool_opts.total_timeout;
+        let pool = pool_of(dir.path(), &alive, pool_opts).await;
+        let summary = run(&pool, options(dir.path(), &site.url("/"))).await;
+        let ended = Instant::now();
+        assert_eq!((summary.ok(), summary.failed()), (30, 0), "{summary}");
+        assert_eq!(summary.disallowed, 600, "{summary}");
+        assert!(page_hits(&site).keys().all(|p| !p.starts_with("/tag")));
+        let last = site.log().last().unwrap().at;
+        assert!(
+            ended - last <= timeout,
+            "ended {:?} after its last request (request timeout {timeout:?})",
+            ended - last
+        );
+    })
+    .await;
+}
+
 // ---------------------------------------------------------------------------
 // The binary
 
@@ -761,6 +859,53 @@ async fn a_terminal_shows_a_progress_line_and_a_pipe_only_the_summary() {
             !stderr.contains(" in flight") && !stderr.contains('\x1b'),
             "{stderr:?}"
         );
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_crawl_whose_filters_match_no_proxy_ends_saying_so() {
+    within(async {
+        let dir = tempfile::tempdir().unwrap();
+        let site = Site::tree(10, 3, Duration::ZERO).await;
+        let a = http_proxy(2).await;
+        let config = binary_setup(dir.path(), &[AliveProxy::new(a.url())]).await;
+        let url = site.url("/");
+        let out = dir.path().join("pages.jsonl");
+        let wait = Duration::from_secs(2);
+        for (policy, bound) in [("fail", Duration::ZERO), ("wait", wait)] {
+            let started = Instant::now();
+            let args = [
+                url.as_str(),
+                "--country",
+                "XX",
+                "--on-no-proxy",
+                policy,
+                "--no-proxy-wait",
+                "2s",
+                "-v",
+                "-o",
+                out.to_str().unwrap(),
+            ];
+            let done =
+                tokio::time::timeout(Duration::from_secs(20), crawl_cmd(&config, &args).output())
+                    .await
+                    .unwrap_or_else(|_| panic!("--on-no-proxy {policy}: still crawling after 20 s"))
+                    .unwrap();
+            let took = started.elapsed();
+            let stderr = String::from_utf8_lossy(&done.stderr);
+            assert!(!done.status.success(), "{policy}: {stderr}");
+            assert!(
+                took <= bound + Duration::from_secs(5),
+                "{policy}: ended after {took:?}: {stderr}"
+            );
+            assert!(
+                stderr.contains("no proxy matches"),
+                "{policy}: says why: {stderr}"
+            );
+            assert!(!stderr.contains("robots.txt"), "{policy}: {stderr}");
+        }
+        assert!(site.log().is_empty(), "nothing fetched directly");
     })
     .await;
 }

@@ -9,7 +9,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::daemon::{Daemon, status_json};
-use common::site::Site;
+use common::site::{Politeness, Site};
 use common::{store_with_alive, working_proxies};
 
 /// A daemon on `dir/daemon.db` with one crawl job at a time, guarded by
@@ -261,6 +261,134 @@ async fn bad_crawl_options_get_a_400_naming_the_field_and_the_token_guards_crawl
         assert_eq!(anonymous.status(), 401);
         let anonymous = daemon.http.get(daemon.url("/crawls")).send().await.unwrap();
         assert_eq!(anonymous.status(), 401);
+        daemon.stop().await;
+    })
+    .await;
+}
+
+/// How long a finished job may take to say so after its last request:
+/// well inside the daemon's request timeout, with room for a loaded
+/// machine.
+const END_SLACK: Duration = Duration::from_secs(5);
+
+// Two workers: sixteen jobs starting at once on one thread would delay
+// their first requests by more than the spacing under test.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_politeness_combination_of_a_job_fetches_its_pages_and_ends_promptly() {
+    common::within(async {
+        let dir = tempfile::tempdir().unwrap();
+        let (_farm, alive) = working_proxies(3).await;
+        let (store, _) = store_with_alive(&dir.path().join("daemon.db"), &alive).await;
+        drop(store);
+        let rows = Politeness::table();
+        let daemon = Daemon::start(dir.path(), "", |c| {
+            c.set("crawls", "max_running", &rows.len().to_string())
+        })
+        .await;
+        let mut jobs = Vec::new();
+        for row in &rows {
+            let site = row.site().await;
+            let spec = serde_json::json!({
+                "seeds": [site.url("/")],
+                "ignore_robots": row.ignore_robots,
+                "delay": format!("{}ms", row.delay.as_millis()),
+                "per_host_concurrency": row.per_host,
+            });
+            let (status, job) = post(&daemon, &spec.to_string()).await;
+            assert_eq!(status, 201, "{job}");
+            jobs.push((row, site, job["id"].as_i64().unwrap(), None));
+        }
+        // When each job was first seen finished, polling every 50 ms.
+        let deadline = Instant::now() + rows[0].bound(END_SLACK).max(Duration::from_secs(20));
+        while jobs.iter().any(|j| j.3.is_none()) && Instant::now() < deadline {
+            let (_, list) = daemon.json("/crawls").await;
+            let now = Instant::now();
+            for job in &mut jobs {
+                let seen = list["crawls"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .find(|j| j["id"] == job.2)
+                    .cloned()
+                    .unwrap();
+                if job.3.is_none() && seen["state"] != "running" && seen["state"] != "queued" {
+                    job.3 = Some((now, seen));
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let mut failed = Vec::new();
+        for (row, site, id, end) in &jobs {
+            let Some((ended, job)) = end else {
+                failed.push(format!(
+                    "{row:?}: job {id} still running with {} requests made",
+                    site.log().len()
+                ));
+                continue;
+            };
+            let checked = row.check(site, *ended, END_SLACK).and_then(|pages| {
+                let ok = job["state"] == "finished"
+                    && job["summary"]["pages_ok"] == pages
+                    && job["summary"]["pages_failed"] == 0;
+                if ok {
+                    Ok(())
+                } else {
+                    Err(format!("job {job}"))
+                }
+            });
+            if let Err(e) = checked {
+                failed.push(format!("{row:?}: {e}"));
+            }
+        }
+        assert!(
+            failed.is_empty(),
+            "{} of {} combinations failed:\n{}",
+            failed.len(),
+            rows.len(),
+            failed.join("\n")
+        );
+        daemon.stop().await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_job_whose_filters_match_no_proxy_fails_saying_so() {
+    common::within(async {
+        let dir = tempfile::tempdir().unwrap();
+        let site = Site::tree(10, 3, Duration::ZERO).await;
+        let (_farm, alive) = working_proxies(1).await;
+        let (store, _) = store_with_alive(&dir.path().join("daemon.db"), &alive).await;
+        drop(store);
+        let daemon = Daemon::start(dir.path(), "", |c| c.set("crawls", "max_running", "2")).await;
+        let wait = Duration::from_secs(1);
+        // Its first request is robots.txt, or a page when robots.txt is
+        // ignored.
+        let mut ids = Vec::new();
+        for ignore_robots in [false, true] {
+            let spec = serde_json::json!({
+                "seeds": [site.url("/")],
+                "country": ["XX"],
+                "no_proxy_wait": "1s",
+                "ignore_robots": ignore_robots,
+            });
+            let (status, job) = post(&daemon, &spec.to_string()).await;
+            assert_eq!(status, 201, "{job}");
+            ids.push(job["id"].as_i64().unwrap());
+        }
+        let started = Instant::now();
+        for id in ids {
+            let job = wait_job(&daemon, id, "ended", |j| {
+                j["state"] != "running" && j["state"] != "queued"
+            })
+            .await;
+            let took = started.elapsed();
+            assert!(took <= wait + END_SLACK, "ended after {took:?}: {job}");
+            assert_eq!(job["state"], "failed", "{job}");
+            let error = job["error"].as_str().unwrap_or_default();
+            assert!(error.contains("no proxy matches"), "{job}");
+        }
+        assert!(site.log().is_empty(), "nothing fetched directly");
         daemon.stop().await;
     })
     .await;

@@ -20,7 +20,7 @@ use super::{CrawlOptions, Progress, ScopeKind, Select, Summary, crawl};
 use crate::config::{Config, CrawlsConfig};
 use crate::health::{Feedback, ProxyQuery};
 use crate::lock;
-use crate::pool::{Pool, PoolOptions};
+use crate::pool::{NoProxy, Pool, PoolOptions};
 use crate::proxy::{Anonymity, Country, Scheme};
 use crate::store::{CrawlJobRecord, Store, StoreError, rfc3339};
 
@@ -29,6 +29,9 @@ use crate::store::{CrawlJobRecord, Store, StoreError, rfc3339};
 const JOB_GRACE: Duration = Duration::from_secs(5);
 /// Seeds one job may start from.
 const MAX_SEEDS: usize = 1000;
+/// The longest a job's request may wait for a proxy: a job waiting longer
+/// looks stuck.
+const MAX_NO_PROXY_WAIT: Duration = Duration::from_secs(3600);
 /// Jobs `GET /crawls` lists, newest first.
 pub const MAX_LISTED: usize = 1000;
 /// Bytes of pages read per chunk of a `/pages` stream.
@@ -98,6 +101,10 @@ pub struct JobSpec {
     /// The user agent sent and matched against robots.txt.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user_agent: Option<String>,
+    /// How long a request waits for a usable proxy, like `"30s"` (default
+    /// 60 s); a job whose filters match no proxy fails after it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub no_proxy_wait: Option<String>,
 }
 
 /// A job option that is not valid: which one, and why.
@@ -222,6 +229,10 @@ impl JobSpec {
             return Err(bad("delay", "at most 1h"));
         }
         let max_age = duration("max_age", &self.max_age)?.unwrap_or(default_age);
+        let no_proxy_wait = duration("no_proxy_wait", &self.no_proxy_wait)?;
+        if no_proxy_wait.is_some_and(|w| w > MAX_NO_PROXY_WAIT) {
+            return Err(bad("no_proxy_wait", "at most 1h"));
+        }
         let mut selects = Vec::new();
         for (name, css) in &self.select {
             let s = Select::parse(&format!("{name}={css}"))
@@ -270,6 +281,9 @@ impl JobSpec {
             },
             ..PoolOptions::default()
         };
+        if let Some(wait) = no_proxy_wait {
+            pool.no_proxy = NoProxy::Wait(wait);
+        }
         if let Some(ua) = &self.user_agent {
             if ua.trim().is_empty() || http::HeaderValue::from_str(ua).is_err() {
                 return Err(bad("user_agent", "must be printable text, not blank"));
@@ -816,6 +830,10 @@ mod tests {
             field(r#"{"seeds": ["http://a/"], "select": {"t": ""}}"#),
             "select.t"
         );
+        assert_eq!(
+            field(r#"{"seeds": ["http://a/"], "no_proxy_wait": "2h"}"#),
+            "no_proxy_wait"
+        );
         let unknown = check(r#"{"seeds": ["http://a/"], "max_pagez": 3}"#).unwrap_err();
         assert!(unknown.message.contains("max_pagez"), "{unknown}");
         assert_eq!(field("[1, 2]"), "body");
@@ -831,9 +849,12 @@ mod tests {
         assert_eq!(v.pool.query.countries, [Country::parse("DE").unwrap()]);
         assert_eq!(v.pool.query.schemes, [Scheme::Socks5]);
         assert_eq!(v.crawl.selects.len(), 1);
-        // Without max_pages, the cap.
+        // Without max_pages, the cap; without no_proxy_wait, the pool's.
         let v = check(r#"{"seeds": ["http://a/"]}"#).unwrap();
         assert_eq!(v.crawl.max_pages, Some(1000));
+        assert_eq!(v.pool.no_proxy, PoolOptions::default().no_proxy);
+        let v = check(r#"{"seeds": ["http://a/"], "no_proxy_wait": "0s"}"#).unwrap();
+        assert_eq!(v.pool.no_proxy, NoProxy::Wait(Duration::ZERO));
     }
 
     #[test]

@@ -28,6 +28,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 pub use self::url::{Scope, ScopeKind, normalize};
+use crate::health::ProxyQuery;
 use crate::lock;
 use crate::pool::{FetchError, Page, Pool, RedirectRule, Request, site_of};
 pub use extract::Select;
@@ -124,6 +125,10 @@ pub enum CrawlError {
     /// No seed and nothing waiting in the state.
     #[error("nothing to crawl: give a URL (or a --state file with URLs waiting)")]
     NothingToCrawl,
+    /// A request found no proxy, and none matches the pool's filters: no
+    /// page could ever be fetched. What was not fetched stays queued.
+    #[error("no proxy matches the crawl's filters: {0}")]
+    NoProxy(String),
 }
 
 /// Live counters for a progress display.
@@ -149,6 +154,10 @@ const HOST_BATCH: usize = 256;
 const SEEN_CACHE: usize = 200_000;
 /// Tries at a host's robots.txt before its pages fail.
 const ROBOTS_TRIES: u32 = 3;
+/// URLs that need no request settled in one look for work, so that a
+/// frontier of disallowed links is worked through in committed batches
+/// between looks at the pages that finished.
+const SETTLE_PER_TURN: usize = 256;
 
 /// What the crawler knows of a host's robots.txt.
 enum RobotsState {
@@ -211,7 +220,10 @@ enum Done {
 enum RobotsOutcome {
     Parsed(Robot),
     AllowAll,
-    Unavailable,
+    /// Why not.
+    Unavailable(String),
+    /// No proxy could carry the request: says nothing of the site.
+    NoProxy(FetchError),
 }
 
 /// Runs a crawl on `pool` until the frontier is empty, a limit is reached
@@ -291,6 +303,7 @@ pub async fn crawl(
         seen: Arc::new(Mutex::new(seeds.iter().map(|s| hash(&s.url)).collect())),
         redirected: HashSet::new(),
         taken,
+        no_proxy: None,
         summary: Summary::default(),
         progress,
         frontier,
@@ -332,6 +345,9 @@ struct Crawler {
     redirected: HashSet<String>,
     /// Pages handed out, this run and before.
     taken: u64,
+    /// Set when a request found no proxy and none matches the filters:
+    /// the crawl ends with this.
+    no_proxy: Option<String>,
     summary: Summary,
     progress: Arc<Progress>,
     frontier: Frontier,
@@ -371,6 +387,13 @@ impl Crawler {
                             Err(_) => {}
                         }
                         done = running.try_join_next();
+                    }
+                    if let Some(why) = self.no_proxy.take() {
+                        // The pages still in flight wait for proxies that
+                        // do not exist; they stay queued for a later run.
+                        running.abort_all();
+                        self.commit(sink)?;
+                        return Err(CrawlError::NoProxy(why));
                     }
                 }
                 _ = sleep_until(wake), if wake.is_some() && stop_at.is_none() => {}
@@ -456,12 +479,24 @@ impl Crawler {
         })
     }
 
-    /// The next job of a ready host, and otherwise when one may be ready.
+    /// The next job of a ready host; otherwise when a host waiting for its
+    /// turn may be ready, or `None` when only pages in flight can bring
+    /// more work (their end wakes the crawl) or nothing is left.
+    ///
+    /// URLs that need no request (disallowed, reached through a redirect,
+    /// failed with their robots.txt) are settled on the spot and the same
+    /// host looked at again, up to [`SETTLE_PER_TURN`] of them: beyond
+    /// that it asks to be called again at once, after a commit.
     fn next_job(&mut self, sink: &mut Sink) -> Result<(Option<Job>, Option<Instant>), CrawlError> {
         let now = Instant::now();
         let mut wake: Option<Instant> = None;
         let limit_reached = self.opts.max_pages.is_some_and(|m| self.taken >= m);
-        for _ in 0..self.order.len() {
+        // Hosts to look at in this pass; a host put back at the front to
+        // be looked at again counts once more.
+        let mut left = self.order.len();
+        let mut settled = 0;
+        while left > 0 {
+            left -= 1;
             let Some(key) = self.order.pop_front() else {
                 break;
             };
@@ -497,12 +532,16 @@ impl Crawler {
                     h.in_flight += 1;
                     let first = ::url::Url::parse(&h.buf[0].url).ok();
                     let robots = first.and_then(|u| u.join("/robots.txt").ok());
-                    self.order.push_back(key.clone());
                     match robots {
-                        Some(url) => return Ok((Some(Job::Robots(key, url)), None)),
+                        Some(url) => {
+                            self.order.push_back(key.clone());
+                            return Ok((Some(Job::Robots(key, url)), None));
+                        }
                         None => {
                             h.in_flight -= 1;
                             h.robots = RobotsState::Ready(None);
+                            self.order.push_front(key);
+                            left += 1;
                             continue;
                         }
                     }
@@ -517,12 +556,14 @@ impl Crawler {
                     let url = ::url::Url::parse(&h.buf[0].url)
                         .ok()
                         .and_then(|u| u.join("/robots.txt").ok());
-                    self.order.push_back(key.clone());
                     if let Some(url) = url {
+                        self.order.push_back(key.clone());
                         return Ok((Some(Job::Robots(key, url)), None));
                     }
                     h.in_flight -= 1;
                     h.robots = RobotsState::Ready(None);
+                    self.order.push_front(key);
+                    left += 1;
                     continue;
                 }
                 RobotsState::Retry { at, .. } => {
@@ -536,33 +577,36 @@ impl Crawler {
                 self.order.push_back(key);
                 continue;
             }
-            let ready = self.polite.ready_at(&key);
-            if ready > now {
+            // A host no request has started to yet (robots.txt ignored)
+            // is ready: it has no turn to wait for.
+            if let Some(ready) = self.polite.ready_at(&key)
+                && ready > now
+            {
                 wake = Some(wake.map_or(ready, |w| w.min(ready)));
                 self.order.push_back(key);
                 continue;
             }
             let q = h.buf.pop_front().expect("not empty");
             self.buffered -= 1;
-            self.order.push_back(key.clone());
-            if self.redirected.remove(&q.url) {
-                continue;
-            }
             enum Verdict {
                 Fetch,
+                Redirected,
                 Unavailable,
                 Disallowed,
             }
             let verdict = match &h.robots {
+                _ if self.redirected.remove(&q.url) => Verdict::Redirected,
                 RobotsState::Unavailable => Verdict::Unavailable,
                 RobotsState::Ready(Some(robot)) if !robot.allowed(&q.url) => Verdict::Disallowed,
                 _ => Verdict::Fetch,
             };
+            if let Verdict::Fetch = verdict {
+                h.in_flight += 1;
+                self.order.push_back(key);
+                return Ok((Some(Job::Page(q)), None));
+            }
             match verdict {
-                Verdict::Fetch => {
-                    h.in_flight += 1;
-                    return Ok((Some(Job::Page(q)), None));
-                }
+                Verdict::Fetch | Verdict::Redirected => {}
                 Verdict::Unavailable => {
                     self.unqueue();
                     let line = failed_line(
@@ -585,13 +629,22 @@ impl Crawler {
                     self.summary.disallowed += 1;
                 }
             }
+            settled += 1;
+            if settled >= SETTLE_PER_TURN {
+                self.order.push_front(key);
+                return Ok((None, Some(now)));
+            }
+            // The host's next URL may be ready too: look at it again now,
+            // not a pass later.
+            self.order.push_front(key);
+            left += 1;
         }
-        // Anything left to do at all? Hosts in `order` have work or work
-        // in flight; `wake` says when the first may be ready.
-        if self.order.is_empty() || limit_reached {
+        // Hosts still in `order` wait for a time (`wake`) or for their
+        // pages or robots.txt in flight, whose end runs the next pass.
+        if limit_reached {
             return Ok((None, None));
         }
-        Ok((None, Some(wake.unwrap_or(now + Duration::from_millis(50)))))
+        Ok((None, wake))
     }
 
     fn handle(&mut self, done: Done, sink: &mut Sink) -> Result<(), CrawlError> {
@@ -605,29 +658,44 @@ impl Crawler {
                     RobotsState::Pending(tries) => tries,
                     _ => 0,
                 };
-                let ready = match outcome {
+                let ready: Result<Option<Arc<Robot>>, String> = match outcome {
                     RobotsOutcome::Parsed(robot) => {
                         if let Some(secs) = robot.delay.filter(|d| d.is_finite() && *d > 0.0) {
                             self.polite
                                 .set_crawl_delay(&host, Duration::from_secs_f32(secs.min(3600.0)));
                         }
-                        Some(Some(Arc::new(robot)))
+                        Ok(Some(Arc::new(robot)))
                     }
-                    RobotsOutcome::AllowAll => Some(None),
-                    RobotsOutcome::Unavailable => None,
+                    RobotsOutcome::AllowAll => Ok(None),
+                    RobotsOutcome::NoProxy(e) => {
+                        if let Some(why) = self.no_proxy_matches(&e) {
+                            self.no_proxy = Some(why);
+                            return Ok(());
+                        }
+                        Err(e.to_string())
+                    }
+                    RobotsOutcome::Unavailable(why) => Err(why),
+                };
+                let Some(h) = self.hosts.get_mut(&host) else {
+                    return Ok(());
                 };
                 match ready {
-                    Some(r) => {
+                    Ok(r) => {
                         lock(&self.robots).insert(host.clone(), r.clone());
                         h.robots = RobotsState::Ready(r);
                     }
-                    None if tries + 1 >= ROBOTS_TRIES => {
-                        tracing::warn!(host, "robots.txt unreachable; its pages fail");
+                    Err(error) if tries + 1 >= ROBOTS_TRIES => {
+                        tracing::warn!(host, error, "robots.txt unreachable; its pages fail");
                         h.robots = RobotsState::Unavailable;
                     }
-                    None => {
+                    Err(error) => {
                         let wait = self.opts.robots_retry * 2u32.pow(tries);
-                        tracing::info!(host, ?wait, "robots.txt unreachable; trying again later");
+                        tracing::info!(
+                            host,
+                            ?wait,
+                            error,
+                            "robots.txt unreachable; trying again later"
+                        );
                         h.robots = RobotsState::Retry {
                             at: Instant::now() + wait,
                             tries: tries + 1,
@@ -642,6 +710,13 @@ impl Crawler {
                 match *result {
                     Ok(f) => self.fetched(sink, q, f, elapsed)?,
                     Err(e) => {
+                        if matches!(e, FetchError::NoProxy { .. })
+                            && let Some(why) = self.no_proxy_matches(&e)
+                        {
+                            // Not the page's failure: it stays queued.
+                            self.no_proxy = Some(why);
+                            return Ok(());
+                        }
                         let line =
                             failed_line(&q, e.code(), &e.to_string(), e.attempts(), e.status());
                         *self
@@ -803,6 +878,31 @@ impl Crawler {
         Ok(())
     }
 
+    /// When request `e` found no proxy: why none can be found at all
+    /// (nothing servable matches the pool's filters), or `None` when some
+    /// do and were only busy, resting or banned by the site.
+    fn no_proxy_matches(&self, e: &FetchError) -> Option<String> {
+        let now = crate::store::now_ms();
+        let feedback = self.pool.feedback();
+        if !feedback.select(&self.pool.options().query, now).is_empty() {
+            return None;
+        }
+        let servable = feedback.select(&ProxyQuery::default(), now).len();
+        let mut why = match servable {
+            0 => "no proxy is servable".to_owned(),
+            n => format!("0 of {n} servable proxies match"),
+        };
+        if let FetchError::NoProxy { waited, hint, .. } = e {
+            if *waited >= Duration::from_millis(100) {
+                why.push_str(&format!(" (waited {:.1}s)", waited.as_secs_f64()));
+            }
+            if let Some(h) = hint {
+                why.push_str(&format!("; {h}"));
+            }
+        }
+        Some(why)
+    }
+
     fn unqueue(&self) {
         let _ = self
             .progress
@@ -892,7 +992,9 @@ fn robots_outcome(result: Result<Page, FetchError>, agent: &str) -> RobotsOutcom
         Err(FetchError::Exhausted {
             status: Some(s), ..
         }) if (400..500).contains(&s) && s != 429 => RobotsOutcome::AllowAll,
-        _ => RobotsOutcome::Unavailable,
+        Ok(p) => RobotsOutcome::Unavailable(format!("http {}", p.status().as_u16())),
+        Err(e @ FetchError::NoProxy { .. }) => RobotsOutcome::NoProxy(e),
+        Err(e) => RobotsOutcome::Unavailable(e.to_string()),
     }
 }
 

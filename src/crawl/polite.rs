@@ -76,11 +76,10 @@ impl Politeness {
         }
     }
 
-    /// When the next request to host `key` may start.
-    pub fn ready_at(&self, key: &str) -> Instant {
-        self.lock()
-            .get(key)
-            .map_or_else(Instant::now, |h| h.next_at)
+    /// When the next request to host `key` may start; `None` when no
+    /// request to it has started yet (it may start at once).
+    pub fn ready_at(&self, key: &str) -> Option<Instant> {
+        self.lock().get(key).map(|h| h.next_at)
     }
 
     /// The delay now in force for host `key`.
@@ -149,8 +148,9 @@ impl Pacer for Politeness {
     }
 
     fn ready_in(&self, url: &Url) -> Duration {
-        self.ready_at(&site_of(url))
-            .saturating_duration_since(Instant::now())
+        self.ready_at(&site_of(url)).map_or(Duration::ZERO, |at| {
+            at.saturating_duration_since(Instant::now())
+        })
     }
 }
 

@@ -4,7 +4,7 @@
 //! TLS, keep-alive; it records every request (path, peer, time) and the
 //! most requests it served at once.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -387,4 +387,120 @@ async fn answer(
         resp = resp.header(k, v);
     }
     resp.body(Full::new(Bytes::from(reply.body))).unwrap()
+}
+
+/// One row of the crawl politeness table: robots.txt obeyed or not, the
+/// crawl's own delay, robots.txt's Crawl-delay and the pages in flight per
+/// host.
+#[derive(Clone, Copy, Debug)]
+pub struct Politeness {
+    pub ignore_robots: bool,
+    pub delay: Duration,
+    pub crawl_delay: Option<Duration>,
+    pub per_host: usize,
+}
+
+impl Politeness {
+    /// Pages of each row's site.
+    pub const PAGES: usize = 7;
+
+    /// Every combination, zero delays included.
+    pub fn table() -> Vec<Politeness> {
+        let mut rows = Vec::new();
+        for ignore_robots in [false, true] {
+            for delay in [Duration::ZERO, Duration::from_millis(100)] {
+                for crawl_delay in [None, Some(Duration::from_millis(200))] {
+                    for per_host in [1, 3] {
+                        rows.push(Politeness {
+                            ignore_robots,
+                            delay,
+                            crawl_delay,
+                            per_host,
+                        });
+                    }
+                }
+            }
+        }
+        rows
+    }
+
+    /// The spacing of request starts a crawl owes the site.
+    pub fn spacing(&self) -> Duration {
+        match self.crawl_delay {
+            Some(c) if !self.ignore_robots => c.max(self.delay),
+            _ => self.delay,
+        }
+    }
+
+    /// How long a crawl of the row's site may take on a loaded machine:
+    /// the pages at their spacing and a request `timeout`, twice over.
+    pub fn bound(&self, timeout: Duration) -> Duration {
+        (self.spacing() * Self::PAGES as u32 + timeout) * 2
+    }
+
+    /// A site of [`Self::PAGES`] tree pages whose robots.txt has the row's
+    /// Crawl-delay and disallows `/p/5`, which only a crawl ignoring
+    /// robots.txt fetches.
+    pub async fn site(&self) -> Site {
+        let mut robots = "User-agent: *\nDisallow: /p/5\n".to_owned();
+        if let Some(c) = self.crawl_delay {
+            robots.push_str(&format!("Crawl-delay: {}\n", c.as_secs_f64()));
+        }
+        let mut opts = SiteOpts::new(|p, _| tree_page(p, Self::PAGES, 2));
+        opts.robots = Some(Reply::text(robots));
+        Site::start(opts).await
+    }
+
+    /// What `site` saw of a crawl that `ended` then: each page it owed
+    /// fetched once, robots.txt fetched once unless ignored, request
+    /// starts spaced as owed (arrivals jitter by the proxy hop) and the
+    /// end within `timeout` of the last request. The pages fetched, or
+    /// what went wrong.
+    pub fn check(&self, site: &Site, ended: Instant, timeout: Duration) -> Result<usize, String> {
+        let mut want: HashSet<String> = (1..Self::PAGES).map(|i| format!("/p/{i}")).collect();
+        want.insert("/".into());
+        let robots_hits = site.hits("/robots.txt");
+        let robots_want = if self.ignore_robots {
+            0
+        } else {
+            want.remove("/p/5");
+            1
+        };
+        if robots_hits != robots_want {
+            return Err(format!("robots.txt fetched {robots_hits} times"));
+        }
+        let hits: HashMap<String, usize> = site
+            .per_path()
+            .into_iter()
+            .filter(|(p, _)| p != "/robots.txt")
+            .collect();
+        if hits.keys().cloned().collect::<HashSet<_>>() != want || hits.values().any(|&n| n != 1) {
+            return Err(format!(
+                "pages fetched {hits:?}, wanted each of {want:?} once"
+            ));
+        }
+        let log = site.log();
+        let spacing = self.spacing();
+        for w in log.windows(2) {
+            let gap = w[1].at - w[0].at;
+            if gap < spacing / 2 {
+                return Err(format!("{gap:?} between {} and {}", w[0].path, w[1].path));
+            }
+        }
+        let (first, last) = match (log.first(), log.last()) {
+            (Some(f), Some(l)) => (f.at, l.at),
+            _ => return Err("no request".into()),
+        };
+        let mean = (last - first) / (log.len() as u32 - 1);
+        if mean < spacing.mul_f64(0.8) {
+            return Err(format!("requests {mean:?} apart on average"));
+        }
+        let after = ended.saturating_duration_since(last);
+        if after > timeout {
+            return Err(format!(
+                "ended {after:?} after its last request (request timeout {timeout:?})"
+            ));
+        }
+        Ok(want.len())
+    }
 }
