@@ -452,3 +452,69 @@ async fn a_judge_outage_keeps_what_works_served_and_says_so() {
     .await
     .expect("the test ran past its bound");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crawl_job_and_gateway_clients_on_the_same_proxies_both_make_progress() {
+    const SECS: u64 = 20;
+    tokio::time::timeout(bound(SECS), async {
+        let dir = tempfile::tempdir().unwrap();
+        let proxies = farm(12, 3).await;
+        let mut opts = SiteOpts::new(|path, _| common::site::tree_page(path, 5_000, 4));
+        opts.banned = vec![ip(5)];
+        opts.rate_limit = Some(RateLimit {
+            max: 2,
+            window: Duration::from_secs(1),
+            retry_after: 1,
+        });
+        let site = Site::start(opts).await;
+        cli_filled(dir.path(), &proxies).await;
+        let (daemon, gw) =
+            Daemon::start_with_gateway(dir.path(), "", |c| short_cycles(c.db("test.db"))).await;
+        let resp = daemon
+            .req(reqwest::Method::POST, "/crawls")
+            .header("content-type", "application/json")
+            .body(format!(
+                r#"{{"seeds": ["{}"], "max_pages": 5000, "delay": "200ms", "ignore_robots": true}}"#,
+                site.url("/")
+            ))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 201);
+        let job: serde_json::Value = resp.json().await.unwrap();
+        let id = job["id"].as_i64().unwrap();
+        let done = || async {
+            let (_, job) = daemon.json(&format!("/crawls/{id}")).await;
+            job["progress"]["pages"].as_u64().unwrap_or(0)
+        };
+        // One gateway client at 4 requests a second on the same site.
+        let client = gateway_client(gw);
+        let mut tally = Tally::default();
+        let mut tick = tokio::time::interval(Duration::from_millis(250));
+        let start = Instant::now();
+        let mut halfway = None;
+        let mut n = 0;
+        while start.elapsed() < Duration::from_secs(SECS) {
+            tick.tick().await;
+            n += 1;
+            tally
+                .add(client.get(site.url(&format!("/p/{}", 4_000 + n))).send().await)
+                .await;
+            if halfway.is_none() && start.elapsed() >= Duration::from_secs(SECS / 2) {
+                halfway = Some(done().await);
+            }
+        }
+        let (halfway, end) = (halfway.unwrap(), done().await);
+        assert!(tally.share_ok() >= 0.99, "{}", tally.summary());
+        // The crawl goes on through the second half too, at its pace (a
+        // page every 200 ms at most).
+        let (_, job) = daemon.json(&format!("/crawls/{id}")).await;
+        assert!(
+            end >= halfway + 10,
+            "the crawl stalled: {halfway} pages at half time, {end} at the end: {job}"
+        );
+        daemon.stop().await;
+    })
+    .await
+    .expect("the test ran past its bound");
+}
