@@ -41,7 +41,9 @@
 //! holding the judges, the site and the proxies (so their CPU is not the
 //! daemon's), which takes proxies down and up on `kill I…`/`revive I…`
 //! lines on stdin and exits when stdin closes. The daemon's log, config and
-//! database are kept in `target/tmp/soak/`.
+//! database are kept in `target/tmp/soak/`, with `gateway.csv`: every
+//! gateway answer (when it was asked, by which client, status, error code,
+//! time taken), to see within a minute when and how the gateway failed.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -376,6 +378,9 @@ struct Shared {
     down: Mutex<HashSet<String>>,
     /// `/stats` servable at the last sample.
     servable: AtomicU64,
+    /// Every gateway answer, one CSV line each, for a closer look than a
+    /// minute's (when the gateway stopped, with what error).
+    answers: Mutex<std::io::BufWriter<std::fs::File>>,
 }
 
 impl Shared {
@@ -576,7 +581,14 @@ async fn soak(minutes: usize) -> anyhow::Result<bool> {
                 .collect(),
         ),
         servable: AtomicU64::new(0),
+        answers: Mutex::new(std::io::BufWriter::new(std::fs::File::create(
+            dir.join("gateway.csv"),
+        )?)),
     });
+    writeln!(
+        shared.answers.lock().unwrap(),
+        "sent_ms,client,status,error_code,took_ms"
+    )?;
     let stop = CancellationToken::new();
     let mut tasks = tokio::task::JoinSet::new();
 
@@ -660,7 +672,7 @@ async fn soak(minutes: usize) -> anyhow::Result<bool> {
                     continue;
                 }
                 page = (page + 1) % PAGES;
-                let ok = gateway_get(&gw, site, page, &shared).await;
+                let ok = gateway_get(&gw, c, site, page, &shared).await;
                 if !ok && !steady {
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
@@ -854,6 +866,7 @@ async fn soak(minutes: usize) -> anyhow::Result<bool> {
     stop.cancel();
     tasks.abort_all();
     while tasks.join_next().await.is_some() {}
+    shared.answers.lock().unwrap().flush()?;
     let farm = churn.await??;
 
     let stats: serde_json::Value = match http.get(format!("http://{api}/stats")).send().await {
@@ -897,9 +910,15 @@ async fn soak(minutes: usize) -> anyhow::Result<bool> {
     Ok(verdict(&shared.minutes, &crawl_pages))
 }
 
-/// One GET through the gateway for page `page`, counted in the minute it
-/// ends in; whether it was answered with the page.
-async fn gateway_get(gw: &reqwest::Client, site: SocketAddr, page: usize, shared: &Shared) -> bool {
+/// One GET through the gateway for page `page` by client `c`, counted in
+/// the minute it ends in; whether it was answered with the page.
+async fn gateway_get(
+    gw: &reqwest::Client,
+    c: usize,
+    site: SocketAddr,
+    page: usize,
+    shared: &Shared,
+) -> bool {
     let counted = shared.servable.load(Ordering::Relaxed) > 0;
     let sent = Instant::now();
     let result = gw.get(format!("http://{site}/p/{page}")).send().await;
@@ -916,6 +935,21 @@ async fn gateway_get(gw: &reqwest::Client, site: SocketAddr, page: usize, shared
     let Some(m) = shared.minute() else {
         return false;
     };
+    {
+        // The gateway's own errors are JSON with a code (no_proxy, …).
+        let code = outcome
+            .as_ref()
+            .and_then(|(_, body)| serde_json::from_str::<serde_json::Value>(body).ok())
+            .and_then(|v| v["error"]["code"].as_str().map(str::to_owned))
+            .unwrap_or_default();
+        let _ = writeln!(
+            shared.answers.lock().unwrap(),
+            "{},{c},{},{code},{}",
+            sent.duration_since(shared.started).as_millis(),
+            outcome.as_ref().map_or(0, |(status, _)| *status),
+            sent.elapsed().as_millis()
+        );
+    }
     if !counted {
         m.gw_excluded.fetch_add(1, Ordering::Relaxed);
         return false;
