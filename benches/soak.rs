@@ -34,7 +34,8 @@
 //! - RSS and open fds are flat: the last minute's peak is at most 1.2 times
 //!   the second minute's (the first holds the start-up); judged from three
 //!   minutes on;
-//! - the crawl job fetched pages every minute;
+//! - the crawl job fetched at least 30 pages every minute, a quarter of
+//!   what its Crawl-delay allows;
 //!
 //! and exits 1 if any of these fails. The bench binary plays two roles:
 //! without arguments it measures; with `--serve-farm` it is the child
@@ -99,6 +100,10 @@ const MIN_OK_SHARE: f64 = 0.99;
 const MAX_DEAD_SHARE: f64 = 0.01;
 /// How much the last minute's RSS or fds may exceed the second minute's.
 const FLAT: f64 = 1.2;
+/// The share of what Crawl-delay allows (120 pages a minute) the crawl job
+/// must fetch each minute: it shares the addresses' 2 requests a second
+/// with the gateway's burst, but a few pages a minute is no crawl at all.
+const MIN_CRAWL_PACE: f64 = 0.25;
 
 /// Listed but never listening: a list's dead entries (100 of 300).
 fn dead_at_start(i: usize) -> bool {
@@ -773,7 +778,7 @@ async fn soak(minutes: usize) -> anyhow::Result<bool> {
     };
 
     println!(
-        "\n{:>3} | {:>6} {:>7} {:>5} {:>4} {:>4} {:>4} {:>4} {:>4} {:>5} {:>9} | {:>6} {:>5} {:>5} | {:>6} | {:>8} | {:>7} | {:>5} {:>6} {:>4} {:>4}",
+        "\n{:>3} | {:>6} {:>7} {:>5} {:>4} {:>4} {:>4} {:>4} {:>4} {:>5} {:>9} | {:>6} {:>5} {:>5} | {:>12} | {:>8} | {:>7} | {:>5} {:>6} {:>4} {:>4}",
         "min",
         "gw req",
         "200s",
@@ -816,7 +821,11 @@ async fn soak(minutes: usize) -> anyhow::Result<bool> {
         };
         let pages = job["progress"]["pages"].as_u64().unwrap_or(0);
         let failed = job["progress"]["failed"].as_u64().unwrap_or(0);
-        crawl_pages.push((pages.saturating_sub(failed), job["state"].clone()));
+        // Pages fetched so far (failed ones are not), never going back.
+        let fetched = pages
+            .saturating_sub(failed)
+            .max(crawl_pages.last().map_or(0, |c: &(u64, _)| c.0));
+        crawl_pages.push((fetched, job["state"].clone()));
         let (p50, p99) = {
             let mut ms = row.gw_ms.lock().unwrap().clone();
             ms.sort_unstable();
@@ -830,7 +839,7 @@ async fn soak(minutes: usize) -> anyhow::Result<bool> {
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let servable_min = load(&row.servable_min);
         println!(
-            "{:>3} | {:>6} {:>6.2}% {:>5} {:>4} {:>4} {:>4} {:>4} {:>4} {:>5} {:>9} | {:>6} {:>5} {:>5} | {:>6} | {:>8} | {:>7} | {:>4.1}% {:>6.1} {:>4} {:>4}",
+            "{:>3} | {:>6} {:>6.2}% {:>5} {:>4} {:>4} {:>4} {:>4} {:>4} {:>5} {:>9} | {:>6} {:>5} {:>5} | {:>12} | {:>8} | {:>7} | {:>4.1}% {:>6.1} {:>4} {:>4}",
             m + 1,
             row.gw_counted(),
             row.ok_share().unwrap_or(0.0) * 100.0,
@@ -845,7 +854,11 @@ async fn soak(minutes: usize) -> anyhow::Result<bool> {
             load(&row.proxy_answers),
             load(&row.proxy_dead),
             load(&row.proxy_404),
-            pages.saturating_sub(failed),
+            format!(
+                "{} (+{})",
+                crawl_pages[m].0,
+                crawl_pages[m].0 - m.checked_sub(1).map_or(0, |p| crawl_pages[p].0)
+            ),
             format!(
                 "{}-{}",
                 if servable_min == u64::MAX {
@@ -1042,50 +1055,58 @@ fn verdict(minutes: &[Minute], crawl: &[(u64, serde_json::Value)]) -> bool {
     );
 
     // The first minute holds the start-up; compare the last with the second.
-    for (name, of) in [
+    for (name, unit, of) in [
         (
             "RSS flat",
-            (|m: &Minute| m.rss_kib.load(Ordering::Relaxed)) as fn(&Minute) -> u64,
+            "MB",
+            (|m: &Minute| m.rss_kib.load(Ordering::Relaxed) as f64 / 1024.0) as fn(&Minute) -> f64,
         ),
-        ("open fds flat", |m: &Minute| m.fds.load(Ordering::Relaxed)),
+        ("open fds flat", "", |m: &Minute| {
+            m.fds.load(Ordering::Relaxed) as f64
+        }),
     ] {
-        let peaks: Vec<u64> = minutes.iter().map(of).collect();
+        let peaks: Vec<f64> = minutes.iter().map(of).collect();
         let name = format!("{name} (last minute's peak <= {FLAT} x the second's)");
         if peaks.len() < 3 {
             line(&name, None, "needs at least 3 minutes".into());
             continue;
         }
         let (second, last) = (peaks[1], peaks[peaks.len() - 1]);
+        let each: Vec<String> = peaks.iter().map(|p| format!("{p:.0}")).collect();
         line(
             &name,
-            Some(last as f64 <= second as f64 * FLAT),
+            Some(last <= second * FLAT),
             format!(
-                "second {second}, last {last} ({:.2}x); per minute {peaks:?}",
-                last as f64 / second.max(1) as f64
+                "second {second:.1}{unit}, last {last:.1}{unit} ({:.2}x); per minute {}",
+                last / second.max(1.0),
+                each.join(" ")
             ),
         );
     }
 
+    let pace = (60.0 / CRAWL_DELAY * MIN_CRAWL_PACE).ceil() as u64;
     let mut before = 0;
-    let mut idle = Vec::new();
+    let mut slow = Vec::new();
     for (i, (pages, _)) in crawl.iter().enumerate() {
-        if *pages <= before {
-            idle.push((i + 1).to_string());
+        if pages - before < pace {
+            slow.push(format!("{} (+{})", i + 1, pages - before));
         }
         before = *pages;
     }
     line(
-        "the crawl job fetched pages every minute",
-        Some(idle.is_empty()),
+        &format!(
+            "the crawl job fetched >= {pace} pages every minute (a quarter of its Crawl-delay's pace)"
+        ),
+        Some(slow.is_empty()),
         format!(
-            "{before} pages, state {}; minutes without a page: {}",
+            "{before} pages, state {}; minutes below: {}",
             crawl
                 .last()
                 .map_or(serde_json::Value::Null, |c| c.1.clone()),
-            if idle.is_empty() {
+            if slow.is_empty() {
                 "none".to_owned()
             } else {
-                idle.join(", ")
+                slow.join(", ")
             }
         ),
     );
