@@ -1055,13 +1055,14 @@ fn verdict(minutes: &[Minute], crawl: &[(u64, serde_json::Value)]) -> bool {
     );
 
     // The first minute holds the start-up; compare the last with the second.
-    for (name, unit, of) in [
+    for (name, unit, digits, of) in [
         (
             "RSS flat",
             "MB",
+            1,
             (|m: &Minute| m.rss_kib.load(Ordering::Relaxed) as f64 / 1024.0) as fn(&Minute) -> f64,
         ),
-        ("open fds flat", "", |m: &Minute| {
+        ("open fds flat", "", 0, |m: &Minute| {
             m.fds.load(Ordering::Relaxed) as f64
         }),
     ] {
@@ -1077,7 +1078,7 @@ fn verdict(minutes: &[Minute], crawl: &[(u64, serde_json::Value)]) -> bool {
             &name,
             Some(last <= second * FLAT),
             format!(
-                "second {second:.1}{unit}, last {last:.1}{unit} ({:.2}x); per minute {}",
+                "second {second:.digits$}{unit}, last {last:.digits$}{unit} ({:.2}x); per minute {}",
                 last / second.max(1.0),
                 each.join(" ")
             ),
