@@ -435,6 +435,13 @@ impl FakeHttpProxy {
         Self::serve(listener, Arc::new(opts))
     }
 
+    /// Serves on a listener the caller bound (`opts.listen` is ignored): a
+    /// fixed address, so that a proxy stopped by dropping it can come back
+    /// on the same one, as a restarted proxy does.
+    pub fn start_on(listener: TcpListener, opts: HttpProxyOpts) -> FakeHttpProxy {
+        Self::serve(listener, Arc::new(opts))
+    }
+
     fn serve(listener: TcpListener, opts: Arc<HttpProxyOpts>) -> FakeHttpProxy {
         let count = Arc::new(AtomicUsize::new(0));
         let counter = count.clone();
