@@ -225,7 +225,7 @@ async fn measure() -> anyhow::Result<()> {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     println!(
-        "{PROXIES} working proxies served after {:.1}s; re-check cycle {:.1}s (defaults)",
+        "{PROXIES} working proxies served after {:.1}s; re-check cycle {:.1}s (defaults but for {RATE} re-checks a second)",
         started.elapsed().as_secs_f64(),
         cycle.as_secs_f64()
     );

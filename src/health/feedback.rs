@@ -532,6 +532,18 @@ impl Feedback {
             .is_some_and(|until| *until > Instant::now())
     }
 
+    /// Until when `site` bans or rests proxy `id`, if it does now.
+    pub fn banned_until(&self, id: i64, site: &str) -> Option<Instant> {
+        if self.inner.ban_count.load(Ordering::Relaxed) == 0 {
+            return None;
+        }
+        let bans = lock(&self.inner.bans);
+        bans.get(site)
+            .and_then(|ids| ids.get(&id))
+            .copied()
+            .filter(|until| *until > Instant::now())
+    }
+
     /// Rests the pair (`id`, `site`) for `rest` after the site rate-limited
     /// the proxy (429 or 503, with its Retry-After): shorter than a block's
     /// ban, since the same proxy is welcome again once the limit passes.

@@ -1080,22 +1080,29 @@ impl Pool {
             if waited >= bound {
                 return Err(give_up(waited));
             }
+            let mut rest_ends = None;
             if queued.is_none() {
+                let shortage = self.shortage(want, tried);
                 // A matching proxy at its cap frees a slot soon: wait in
                 // line for it.
-                if self.shortage(want, tried).busy > 0 {
+                if shortage.busy > 0 {
                     queued = Some(SlotWaiter::new(&inner.slot_waiters));
                     continue;
                 }
+                // A proxy resting after a failure, or resting for this site
+                // (a rate limit's Retry-After), may come back in time.
+                let deadline = started + bound;
+                rest_ends = shortage.rest_ends.filter(|t| *t <= deadline);
                 if let NoProxy::Queue(_) = policy
-                    && next_free.is_none_or(|at| at > started + bound)
+                    && next_free.is_none_or(|at| at > deadline)
+                    && rest_ends.is_none()
                 {
                     // Nothing will come free in time: say so now.
                     return Err(give_up(waited));
                 }
             }
             let mut nap = (bound - waited).min(WAIT_TICK);
-            if let Some(at) = next_free {
+            for at in [next_free, rest_ends].into_iter().flatten() {
                 nap = nap.min(at.saturating_duration_since(Instant::now()));
             }
             let sleep = tokio::time::sleep(nap);
@@ -1141,8 +1148,10 @@ impl Pool {
                 s.tried += 1;
             } else if usage.is_some_and(|u| u.cooldown_until.is_some_and(|t| t > now)) {
                 s.resting += 1;
-            } else if inner.feedback.is_banned(e.id, want.site) {
+            } else if let Some(until) = inner.feedback.banned_until(e.id, want.site) {
                 s.banned += 1;
+                let until = Instant::from_std(until);
+                s.rest_ends = Some(s.rest_ends.map_or(until, |t| t.min(until)));
             } else {
                 let in_flight = usage.map_or(0, |u| u.in_flight);
                 match inner.opts.max_in_flight.checked_sub(in_flight) {
@@ -1471,6 +1480,8 @@ pub struct Shortage {
     pub tried: usize,
     /// Requests the others could take now, together.
     pub free_slots: usize,
+    /// When the first ban or rest for the site ends.
+    pub rest_ends: Option<Instant>,
     /// Requests one proxy carries at once.
     pub max_in_flight: u32,
 }
