@@ -51,6 +51,12 @@ const UNREACHED_QUORUM: u32 = 2;
 /// the page's.
 const REFUSAL_QUORUM: u32 = 2;
 
+/// Rate-limited answers (429, 503) a plain request moves on from, besides
+/// `gateway.retries`: each rests its (proxy, site) pair, so under a limit
+/// per address a request finds a rested address within a few; a limit on
+/// the whole site answers the client after this many.
+const RATE_LIMITED_MAX: u32 = 6;
+
 /// Serves HTTP on one client connection until it closes, goes quiet past
 /// the header timeout, or the gateway stops.
 pub(super) async fn serve(
@@ -233,6 +239,7 @@ async fn plain(gw: Gateway, req: Request<Incoming>, controls: Controls) -> Respo
     };
     let mut tried = HashSet::new();
     let (mut retries, mut unreached, mut refusals) = (0u32, 0u32, 0u32);
+    let mut rate_limited = 0u32;
     let mut last: Option<Response<Body>> = None;
     let mut why = None;
     loop {
@@ -320,16 +327,33 @@ async fn plain(gw: Gateway, req: Request<Incoming>, controls: Controls) -> Respo
                 if !page && rparts.status == StatusCode::FORBIDDEN {
                     refusals += 1;
                 }
+                // A rate limit (429, or 503 without a ban page) is a busy
+                // address, not a refusal: the pair rests for its
+                // Retry-After and the request moves on, on a budget of its
+                // own, so that a site limiting each address serves a
+                // client through the others (waiting for rests to end when
+                // all are resting) instead of handing it the 429.
+                let limited = !page && matches!(rparts.status.as_u16(), 429 | 503);
+                let spent = if limited {
+                    rate_limited += 1;
+                    rate_limited > RATE_LIMITED_MAX
+                } else {
+                    retries >= s.retries
+                };
                 // The site's own word is the answer when no other proxy
                 // may try, or when proxies were refused alike: then the
                 // refusal is the page's (a private page), not the proxies'.
                 let answer = respond(&gw, rparts, rbody, lease, kept);
-                if retries >= s.retries || held.is_none() || refusals >= REFUSAL_QUORUM {
+                if spent || held.is_none() || refusals >= REFUSAL_QUORUM {
                     metrics.added(started.elapsed().saturating_sub(upstream));
                     metrics.finished(Kind::Plain, "blocked");
                     return answer;
                 }
                 last = Some(answer);
+                if limited {
+                    metrics.retried();
+                    continue;
+                }
             }
         }
         if !retry(&mut retries, s.retries, &metrics) {

@@ -60,6 +60,10 @@ const BURST_MIN: usize = 4;
 /// See [`BURST_MIN`].
 const BURST_SHARE: f64 = 0.125;
 
+/// The shortest time between two sweeps (see [`Feedback::reverify_all`]),
+/// in ms.
+const SWEEP_GAP_MIN_MS: i64 = 5_000;
+
 /// What using (or checking) a proxy showed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Verdict {
@@ -125,6 +129,42 @@ struct Inner {
     /// Change numbers of check batches whose committed rows are in the
     /// index already, so reading changed rows back can skip them.
     applied: Mutex<BTreeSet<i64>>,
+    /// Per site that rate-limited proxies: the gap kept between two
+    /// requests through one proxy (see [`Feedback::site_gap`]).
+    gaps: Mutex<HashMap<String, SiteGap>>,
+}
+
+/// What a site's rate limits taught: the gap between two requests through
+/// one proxy that keeps under its limit per address.
+#[derive(Clone, Copy, Debug)]
+struct SiteGap {
+    /// The gap when last raised, in ms.
+    ms: f64,
+    /// When it was last raised.
+    raised: Instant,
+}
+
+/// The first gap a site's rate limit sets.
+const GAP_FIRST_MS: f64 = 100.0;
+/// Each rate limit widens the gap by this factor (at most once per
+/// [`GAP_RAISE_EVERY`], so one burst of 429s counts once)...
+const GAP_RAISE: f64 = 1.5;
+/// ...up to this.
+const GAP_MAX_MS: f64 = 10_000.0;
+/// See [`GAP_RAISE`].
+const GAP_RAISE_EVERY: Duration = Duration::from_secs(1);
+/// Without rate limits the gap halves every this long, so that a limit
+/// that was lifted stops slowing requests.
+const GAP_HALF_LIFE: Duration = Duration::from_secs(60);
+/// Sites whose gaps are kept.
+const MAX_GAP_SITES: usize = 4096;
+
+impl SiteGap {
+    /// The gap now, decayed since its last raise.
+    fn now(&self) -> f64 {
+        let halves = self.raised.elapsed().as_secs_f64() / GAP_HALF_LIFE.as_secs_f64();
+        self.ms * 0.5f64.powf(halves)
+    }
 }
 
 /// Change numbers kept in `applied` at most (without a reader that takes
@@ -165,6 +205,7 @@ impl Feedback {
                 worked: Mutex::default(),
                 flush_scheduled: AtomicBool::new(false),
                 applied: Mutex::default(),
+                gaps: Mutex::default(),
             }),
         }
     }
@@ -309,7 +350,13 @@ impl Feedback {
             }
             burst
         };
-        if burst && self.inner.suspect_until.load(Ordering::Relaxed) <= now {
+        // One sweep at a time: the next once the last one's re-checks have
+        // had time to run (a quarter of the freshness window, 5 s at
+        // least), not only once its suspicion ends. The suspicion after a
+        // start lasts a window, and a mass death inside it must be swept.
+        let fresh = self.inner.fresh_within.load(Ordering::Relaxed);
+        let gap = (fresh / 4).max(SWEEP_GAP_MIN_MS);
+        if burst && now - self.inner.suspect_before.load(Ordering::Relaxed) >= gap {
             tracing::warn!(
                 served = self.inner.index.len(),
                 "a burst of failures among served proxies; re-checking all of them now"
@@ -530,6 +577,49 @@ impl Feedback {
         bans.get(site)
             .and_then(|ids| ids.get(&id))
             .is_some_and(|until| *until > Instant::now())
+    }
+
+    /// A site rate-limited a proxy (429, or 503 without a ban page): most
+    /// sites limit each address, so the gap kept between two requests
+    /// through one proxy to it widens (see [`Feedback::site_gap`]).
+    /// `sent` is when the limited request was sent: one sent before the
+    /// gap last widened says nothing of the wider gap.
+    pub fn rate_limited(&self, site: &str, sent: Instant) {
+        let mut gaps = lock(&self.inner.gaps);
+        if let Some(g) = gaps.get_mut(site) {
+            if sent > g.raised && g.raised.elapsed() >= GAP_RAISE_EVERY {
+                g.ms = (g.now().max(GAP_FIRST_MS / GAP_RAISE) * GAP_RAISE).min(GAP_MAX_MS);
+                g.raised = Instant::now();
+            }
+            return;
+        }
+        if gaps.len() >= MAX_GAP_SITES {
+            gaps.retain(|_, g| g.now() >= 1.0);
+            if gaps.len() >= MAX_GAP_SITES {
+                return;
+            }
+        }
+        gaps.insert(
+            site.to_owned(),
+            SiteGap {
+                ms: GAP_FIRST_MS,
+                raised: Instant::now(),
+            },
+        );
+    }
+
+    /// The gap to keep between two requests through one proxy to `site`:
+    /// zero until the site rate-limits, then widened by each limit and
+    /// halved by each minute without one. The pool rests a (proxy, site)
+    /// pair for the gap after every request, so that a site limiting each
+    /// address is sent no more than it takes by any of them, by the
+    /// gateway, crawl jobs and the pool together.
+    pub fn site_gap(&self, site: &str) -> Duration {
+        let gaps = lock(&self.inner.gaps);
+        match gaps.get(site) {
+            Some(g) => Duration::from_secs_f64(g.now() / 1000.0),
+            None => Duration::ZERO,
+        }
     }
 
     /// Until when `site` bans or rests proxy `id`, if it does now.
@@ -775,6 +865,40 @@ mod tests {
         assert!(!feedback.is_banned(ids[0], "news.example"), "a rest ends");
         assert!(feedback.is_banned(ids[0], "shop.example"), "the ban stays");
         assert_eq!(feedback.index().len(), 1, "still served for other sites");
+    }
+
+    #[tokio::test]
+    async fn a_sites_rate_limits_widen_the_gap_once_a_second_and_it_decays() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, _) = store_with(dir.path(), 1).await;
+        let feedback = Feedback::new(HealthIndex::new(), store);
+        assert_eq!(feedback.site_gap("shop.example"), Duration::ZERO);
+        feedback.rate_limited("shop.example", Instant::now());
+        let first = feedback.site_gap("shop.example");
+        assert!(first <= Duration::from_millis(100) && first > Duration::from_millis(99));
+        // A burst of 429s within a second widens it once.
+        feedback.rate_limited("shop.example", Instant::now());
+        assert!(feedback.site_gap("shop.example") <= first);
+        assert_eq!(feedback.site_gap("news.example"), Duration::ZERO);
+        // A second later it widens again, by half, but only for a request
+        // sent since it last widened.
+        let raised = {
+            let mut gaps = lock(&feedback.inner.gaps);
+            let g = gaps.get_mut("shop.example").unwrap();
+            g.raised -= GAP_RAISE_EVERY;
+            g.raised
+        };
+        feedback.rate_limited("shop.example", raised - Duration::from_millis(1));
+        assert!(feedback.site_gap("shop.example") <= first, "sent before");
+        feedback.rate_limited("shop.example", Instant::now());
+        let second = feedback.site_gap("shop.example").as_secs_f64() * 1000.0;
+        assert!((second - 150.0).abs() < 2.0, "{second}");
+        // A minute without limits halves it.
+        let g = SiteGap {
+            ms: 400.0,
+            raised: Instant::now() - GAP_HALF_LIFE,
+        };
+        assert!((g.now() - 200.0).abs() < 1.0, "{}", g.now());
     }
 
     #[tokio::test]

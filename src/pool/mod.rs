@@ -473,6 +473,9 @@ const UNREACHED_QUORUM: u32 = 3;
 const FIRST_LOAD_WAIT: Duration = Duration::from_secs(30);
 /// Longest sleep between looks for a usable proxy while waiting.
 const WAIT_TICK: Duration = Duration::from_millis(250);
+/// A site's learned gap between requests through one proxy shorter than
+/// this is not kept (it has all but decayed away).
+const MIN_SITE_GAP: Duration = Duration::from_millis(5);
 
 struct Session {
     id: i64,
@@ -559,6 +562,8 @@ impl fmt::Debug for Pool {
 pub struct Lease {
     inner: Arc<Inner>,
     entry: Arc<Entry>,
+    /// When it was handed out.
+    taken: Instant,
 }
 
 impl Lease {
@@ -816,6 +821,7 @@ impl Pool {
                             c.rate_limits.fetch_add(1, Ordering::Relaxed);
                             let rest = wait.unwrap_or(RATE_LIMIT_REST).max(Duration::from_secs(1));
                             self.inner.feedback.rest(id, &site, rest);
+                            self.inner.feedback.rate_limited(&site, t0.into_std());
                         } else {
                             c.blocks.fetch_add(1, Ordering::Relaxed);
                             self.blocked(id, &site, page).await;
@@ -1212,6 +1218,9 @@ impl Pool {
                     c.rate_limits.fetch_add(1, Ordering::Relaxed);
                     let rest = wait.unwrap_or(RATE_LIMIT_REST).max(Duration::from_secs(1));
                     self.inner.feedback.rest(id, &site, rest);
+                    self.inner
+                        .feedback
+                        .rate_limited(&site, lease.taken.into_std());
                 } else {
                     c.blocks.fetch_add(1, Ordering::Relaxed);
                     self.blocked(id, &site, page).await;
@@ -1317,10 +1326,17 @@ impl Pool {
         }
         drop(st);
         inner.feedback.served(&entry, now_ms);
+        // A site that rate-limits each address gets no more through this
+        // proxy than it takes.
+        let gap = inner.feedback.site_gap(site);
+        if gap >= MIN_SITE_GAP {
+            inner.feedback.rest(entry.id, site, gap);
+        }
         (
             Some(Lease {
                 inner: inner.clone(),
                 entry,
+                taken: now,
             }),
             None,
         )
