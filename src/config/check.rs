@@ -76,9 +76,9 @@ impl CheckConfig {
         2 * self.serve_cycle(served) + self.timeout
     }
 
-    /// When a served proxy whose schedule this daemon did not make (loaded
-    /// at start-up, checked by a `proxywarden check` beside it, whose next
-    /// check may be `recheck_alive` away) is to be checked, if sooner than
+    /// When a served proxy whose schedule this daemon did not make (one a
+    /// `proxywarden check` beside it found alive, whose next check may be
+    /// `recheck_alive` away) is to be checked, if sooner than
     /// its `next_check_at`: where [`serve_policy`](Self::serve_policy) would
     /// have put it after its last check (`spread` in 0..1 picks the place
     /// in the policy's range), and at once when that is already past or the
@@ -240,4 +240,39 @@ fn judges(s: &mut Section, k: &str) -> Option<Vec<JudgeConfig>> {
 /// A duration in whole milliseconds, saturating.
 fn ms(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::Config;
+
+    #[test]
+    fn a_proxy_another_process_checked_comes_onto_the_served_cycle() {
+        let config = Config::from_toml("", "t.toml").unwrap();
+        let check = &config.check;
+        // 100 served at 20 a second: the shortest cycle, 10 s.
+        let cycle = 10_000;
+        let now = 1_000_000;
+        let ten_min = now + 600_000;
+        // Checked a moment ago: two thirds to four thirds of a cycle later.
+        let early = check.served_check_at(100, Some(now - 1_000), ten_min, now, 0.0);
+        let late = check.served_check_at(100, Some(now - 1_000), ten_min, now, 1.0);
+        assert_eq!(early, Some(now - 1_000 + cycle * 2 / 3));
+        assert_eq!(late, Some(now - 1_000 + 2 * (cycle * 2 / 3)));
+        // Older than a cycle, or never checked: at once.
+        assert_eq!(
+            check.served_check_at(100, Some(now - 2 * cycle), ten_min, now, 0.5),
+            Some(now)
+        );
+        assert_eq!(
+            check.served_check_at(100, None, ten_min, now, 0.5),
+            Some(now)
+        );
+        // A check due sooner already stays.
+        assert_eq!(
+            check.served_check_at(100, Some(now - 1_000), now + 1_000, now, 0.5),
+            None
+        );
+        assert_eq!(check.fresh_window(100).as_millis(), 2 * 10_000 + 8_000);
+    }
 }

@@ -33,6 +33,10 @@ const ROUND_GAP: Duration = Duration::from_secs(1);
 const JUDGE_RETRY_FIRST: Duration = Duration::from_secs(1);
 /// See [`JUDGE_RETRY_FIRST`].
 const JUDGE_RETRY_MAX: Duration = Duration::from_secs(30);
+/// The judges are asked directly again after a round that suggests they
+/// are gone, but not sooner than this after the last time: a round of one
+/// flaky proxy must not make every round ask them.
+const JUDGE_ASK_MIN: Duration = Duration::from_secs(2);
 
 /// Checks due proxies continuously.
 pub struct CheckLoop {
@@ -108,7 +112,11 @@ impl CheckLoop {
                     }
                     if self.until_due(&stop, last_round).await {
                         last_round = Some(std::time::Instant::now());
-                        if self.round(checker, &opts, &stop).await == Ended::JudgesLost {
+                        if self.round(checker, &opts, &stop).await == Ended::JudgesLost
+                            && prepared
+                                .as_ref()
+                                .is_some_and(|(_, at)| at.elapsed() >= JUDGE_ASK_MIN)
+                        {
                             // Ask them directly now, not at the next
                             // preparation: an outage is said at once.
                             prepared = None;
@@ -174,8 +182,8 @@ impl CheckLoop {
     }
 
     /// Puts the proxies that entered the index on a schedule this daemon
-    /// did not make (all of them at start-up; those another process
-    /// checked) on the served proxies' re-check cycle. Without this a
+    /// did not make (those another process checked, read back by the
+    /// index sync) on the served proxies' re-check cycle. Without this a
     /// proxy `proxywarden check` found alive keeps its next check up to
     /// `check.recheck_alive` away: it is served unverified until the
     /// freshness window passes, then not served at all.
