@@ -55,6 +55,14 @@ pub enum Command {
     /// Validate a config file or print the example.
     #[command(subcommand)]
     Config(ConfigCommand),
+    /// Print a shell completion script (e.g. `proxywarden completions bash >
+    /// /etc/bash_completion.d/proxywarden`).
+    Completions {
+        /// The shell: bash, elvish, fish, powershell or zsh.
+        shell: clap_complete::Shell,
+    },
+    /// Print the manual page, in roff (`proxywarden man | man -l -`).
+    Man,
 }
 
 /// `harvest` options.
@@ -373,6 +381,20 @@ fn parse_scheme(s: &str) -> Result<Scheme, crate::proxy::ParseError> {
 /// Runs a parsed command line.
 pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
+        Command::Completions { shell } => {
+            let mut cmd = <Cli as clap::CommandFactory>::command();
+            let mut out = Vec::new();
+            clap_complete::generate(shell, &mut cmd, "proxywarden", &mut out);
+            // Not print!, which panics on a closed pipe.
+            std::io::stdout().lock().write_all(&out)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Man => {
+            let mut out = Vec::new();
+            clap_mangen::Man::new(<Cli as clap::CommandFactory>::command()).render(&mut out)?;
+            std::io::stdout().lock().write_all(&out)?;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Config(ConfigCommand::Example) => {
             // Not print!, which panics on a closed pipe.
             std::io::stdout()

@@ -1025,3 +1025,46 @@ async fn serve_says_no_source_worked_and_retries_failed_sources() {
     assert!(text.contains("nothing checked yet"), "{text}");
     child.kill().await.unwrap();
 }
+
+#[tokio::test]
+async fn completions_and_the_manual_page_are_printed() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = proxywarden(dir.path(), &["completions", "bash"]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let script = stdout(&out);
+    assert!(script.contains("_proxywarden()"), "{script}");
+    // It is a script bash reads without a syntax error.
+    let path = dir.path().join("proxywarden.bash");
+    std::fs::write(&path, &script).unwrap();
+    let checked = std::process::Command::new("bash")
+        .arg("-n")
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(checked.status.success(), "{checked:?}");
+    for shell in ["zsh", "fish", "elvish", "powershell"] {
+        let out = proxywarden(dir.path(), &["completions", shell]).await;
+        assert!(out.status.success() && !out.stdout.is_empty(), "{shell}");
+    }
+    let out = proxywarden(dir.path(), &["completions", "tcsh"]).await;
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("possible values"), "{}", stderr(&out));
+
+    let out = proxywarden(dir.path(), &["man"]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let page = stdout(&out);
+    assert!(page.contains(".TH proxywarden 1"), "{page}");
+    for command in [
+        "serve",
+        "harvest",
+        "check",
+        "export",
+        "crawl",
+        "completions",
+    ] {
+        assert!(
+            page.contains(command),
+            "{command} missing from the manual page"
+        );
+    }
+}
