@@ -250,8 +250,11 @@ fn checkpoint_off_thread(
 
 /// The writer thread's state.
 struct Writer {
+    /// The one connection that writes.
     conn: Connection,
+    /// The database file, for the log.
     path: PathBuf,
+    /// Told of every transaction the disk refused and every one that wrote.
     health: Arc<WriteHealth>,
     /// Set by the log's hook when a commit wrote frames.
     wrote: Arc<AtomicBool>,
