@@ -438,7 +438,16 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             };
             let report = harvest::harvest_all_reporting(&config, &store, &show).await?;
             print_harvest(&report, &mut std::io::stdout().lock())?;
-            if report.any_worked() {
+            if let Some(e) = report.store_error() {
+                let stored: usize = report.sources.iter().map(|s| s.stored).sum();
+                let found: usize = report.sources.iter().map(|s| s.found).sum();
+                eprintln!(
+                    "error: {e}; {stored} of the {found} proxies found were stored, in whole \
+                     transactions, and the rest were not: free space for {} and harvest again",
+                    config.database.path.display()
+                );
+                Ok(ExitCode::from(1))
+            } else if report.any_worked() {
                 Ok(ExitCode::SUCCESS)
             } else {
                 eprintln!(
@@ -838,7 +847,14 @@ async fn check(config_path: Option<&Path>, args: CheckArgs) -> anyhow::Result<Ex
         // Clear the progress line.
         eprint!("\r\x1b[2K");
     }
-    let summary = result?;
+    let summary = match result {
+        Err(check::CheckError::Store(e)) if e.write_failure().is_some() => bail!(
+            "{e}: the round stopped; the results committed before it are kept and the proxies \
+             not recorded stay due: free space for {} and check again",
+            config.database.path.display()
+        ),
+        other => other?,
+    };
     print_check_summary(&summary, &mut std::io::stdout().lock())?;
     Ok(if summary.interrupted {
         ExitCode::from(130)
@@ -1019,9 +1035,13 @@ fn name_width<'a>(names: impl Iterator<Item = &'a str>) -> usize {
 /// What a finished source did, in one line for progress.
 pub fn progress_line(s: &SourceReport) -> String {
     let took = s.duration.as_secs_f64();
-    match &s.error {
+    let line = match &s.error {
         Some(e) if !s.worked() => format!("{}: failed after {took:.1}s: {e}", s.name),
         _ => format!("{}: {} found, {} new in {took:.1}s", s.name, s.found, s.new),
+    };
+    match &s.store_error {
+        Some(e) => format!("{line}; only {} stored: {e}", s.stored),
+        None => line,
     }
 }
 
@@ -1061,7 +1081,20 @@ pub fn print_harvest(report: &HarvestReport, out: &mut impl Write) -> std::io::R
         report.distinct,
         report.new,
         report.elapsed.as_secs_f64()
-    )
+    )?;
+    // The store's failure is not the sources': apart from their errors,
+    // with what each source got into the store before it.
+    if let Some(e) = report.store_error() {
+        let parts: Vec<String> = report
+            .sources
+            .iter()
+            .filter(|s| !s.stored_all())
+            .map(|s| format!("{} {} of {}", s.name, s.stored, s.found))
+            .collect();
+        writeln!(out, "not stored: {e}")?;
+        writeln!(out, "stored before it: {}", parts.join(", "))?;
+    }
+    Ok(())
 }
 
 /// Human-readable tables of [`Stats`].

@@ -17,7 +17,7 @@
 //! - [`gateway`]: the local rotating forward proxy: HTTP (absolute-form, CONNECT) and SOCKS5 on one port, through the pool
 //! - [`export`]: proxies as txt, json or csv, files written atomically
 //! - [`api`]: the axum router: serving, listings, reports, metrics, the judge; bounded connections
-//! - [`daemon`]: `serve`: the API, check loop, harvests, purge and watchdog as components on one task tracker
+//! - [`daemon`]: `serve`: the API, check loop, harvests, purge, the watch on store writes and watchdog as components on one task tracker
 //! - [`cli`]: the clap command tree and each command's output
 
 pub mod api;

@@ -19,7 +19,7 @@ const MAX_JOB_BODY: usize = 1024 * 1024;
 fn job_error(e: JobError) -> ApiError {
     match e {
         JobError::Spec(s) => ApiError::BadRequest(s.to_string()),
-        JobError::Store(e) => ApiError::Store(e),
+        JobError::Store(e) => ApiError::from(e),
         JobError::Stopping => ApiError::NotReady("the daemon is stopping".into()),
         JobError::Io(e) => ApiError::Internal(e.to_string()),
     }

@@ -54,12 +54,26 @@ pub enum ApiError {
         /// What it said.
         message: String,
     },
+    /// The disk refuses the database's writes (full, read-only, failing):
+    /// what needs a write waits until it takes them again; the message says
+    /// why, which is the operator's to fix, not a secret.
+    #[error("{0}; try again later")]
+    Unwritable(String),
     /// The store failed; details are logged.
     #[error("internal error")]
-    Store(#[from] crate::store::StoreError),
+    Store(crate::store::StoreError),
     /// Anything else unexpected; details are logged.
     #[error("internal error")]
     Internal(String),
+}
+
+impl From<crate::store::StoreError> for ApiError {
+    fn from(e: crate::store::StoreError) -> ApiError {
+        match e.write_failure() {
+            Some(_) => ApiError::Unwritable(e.to_string()),
+            None => ApiError::Store(e),
+        }
+    }
 }
 
 impl ApiError {
@@ -71,7 +85,9 @@ impl ApiError {
             ApiError::NotFound(_) | ApiError::Disabled(_) => StatusCode::NOT_FOUND,
             ApiError::TooManyRequests { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
-            ApiError::Timeout | ApiError::NotReady(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Timeout | ApiError::NotReady(_) | ApiError::Unwritable(_) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::UriTooLong(_) => StatusCode::URI_TOO_LONG,
             ApiError::HeadersTooLarge(..) => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
@@ -90,6 +106,7 @@ impl ApiError {
             ApiError::PayloadTooLarge(_) => "payload_too_large",
             ApiError::Timeout => "timeout",
             ApiError::NotReady(_) => "not_ready",
+            ApiError::Unwritable(_) => "unavailable",
             ApiError::MethodNotAllowed => "method_not_allowed",
             ApiError::UriTooLong(_) => "uri_too_long",
             ApiError::HeadersTooLarge(..) => "headers_too_large",

@@ -344,6 +344,7 @@ pub async fn stats(State(state): State<AppState>) -> Result<Response, ApiError> 
         "total": stats.total,
         "servable": state.servable(),
         "degraded": state.conditions.all(),
+        "store": store_view(&state),
         "by_status": stats.by_status,
         "by_scheme": stats.by_scheme,
         "by_country": stats.by_country,
@@ -354,6 +355,33 @@ pub async fn stats(State(state): State<AppState>) -> Result<Response, ApiError> 
         "gateway": state.gateway.as_ref().map(|g| g.snapshot()),
     }))
     .into_response())
+}
+
+/// The store's writes in `/stats`: whether they work, the trouble in force,
+/// failures by kind since start, and verdicts dropped for them.
+fn store_view(state: &AppState) -> serde_json::Value {
+    let trouble = state.store.write_trouble().map(|t| {
+        serde_json::json!({
+            "kind": t.kind.as_str(),
+            "reason": t.reason,
+            "since": rfc3339(t.since_ms),
+            "failures": t.failures,
+            "retry_every_s": t.retry_every.as_secs(),
+            "retry_in_ms": t.retry_in().as_millis() as u64,
+        })
+    });
+    let failures: serde_json::Map<String, serde_json::Value> = state
+        .store
+        .write_failures()
+        .into_iter()
+        .map(|(k, n)| (k.as_str().to_owned(), n.into()))
+        .collect();
+    serde_json::json!({
+        "writable": trouble.is_none(),
+        "write_trouble": trouble,
+        "write_failures": failures,
+        "unrecorded_verdicts": state.feedback.unrecorded(),
+    })
 }
 
 #[derive(Serialize)]
@@ -407,6 +435,7 @@ pub async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError
     let metrics = state.metrics.clone();
     let len = state.servable();
     let counts = state.store.count_by_status_scheme().await?;
+    metrics.observe_store(&state.store.write_failures(), state.feedback.unrecorded());
     let text = metrics.render(&counts, len);
     Ok((
         [(

@@ -1,7 +1,8 @@
 //! Prometheus metrics: proxies by status and scheme (read at scrape
 //! time from the counts every write keeps, never a scan of the table), checks by outcome, a check-latency histogram, harvest
-//! results per source, API requests by route and status, and the
-//! gateway's own (registered by [`Metrics::register_gateway`]).
+//! results per source, API requests by route and status, store writes the
+//! disk refused and the verdicts that cost, and the gateway's own
+//! (registered by [`Metrics::register_gateway`]).
 
 use std::sync::Mutex;
 use std::sync::atomic::AtomicU64;
@@ -14,7 +15,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 use crate::harvest::HarvestReport;
-use crate::store::CheckRecord;
+use crate::store::{CheckRecord, WriteFailure};
 
 type Labels = Vec<(String, String)>;
 
@@ -38,6 +39,8 @@ pub struct Metrics {
     judge_up: Family<Labels, Gauge>,
     judge_latency: Family<Labels, Gauge<f64, AtomicU64>>,
     judge_failures: Family<Labels, Counter>,
+    store_write_failures: Family<Labels, Counter>,
+    unrecorded: Counter,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -68,6 +71,8 @@ impl Metrics {
             judge_up: Family::default(),
             judge_latency: Family::default(),
             judge_failures: Family::default(),
+            store_write_failures: Family::default(),
+            unrecorded: Counter::default(),
         };
         registry.register(
             "proxies",
@@ -119,6 +124,16 @@ impl Metrics {
             "Direct requests to the judge that got no genuine answer",
             m.judge_failures.clone(),
         );
+        registry.register(
+            "store_write_failures",
+            "Store transactions the disk refused, by kind (disk_full, read_only, io_error)",
+            m.store_write_failures.clone(),
+        );
+        registry.register(
+            "unrecorded_verdicts",
+            "Check results and uses that took effect in memory but were dropped because the disk refused the write",
+            m.unrecorded.clone(),
+        );
         *m.registry.lock().unwrap_or_else(|e| e.into_inner()) = registry;
         m
     }
@@ -151,7 +166,11 @@ impl Metrics {
             self.harvest_found
                 .get_or_create(&labels(&[("source", &s.name)]))
                 .set(s.found as i64);
-            let result = if s.worked() { "ok" } else { "error" };
+            let result = match (s.worked(), s.stored_all()) {
+                (false, _) => "error",
+                (true, false) => "not_stored",
+                (true, true) => "ok",
+            };
             self.harvest_runs
                 .get_or_create(&labels(&[("source", &s.name), ("result", result)]))
                 .inc();
@@ -172,6 +191,27 @@ impl Metrics {
                 self.judge_failures.get_or_create(&l).inc();
             }
         }
+    }
+
+    /// Brings the store's counters up to the totals the store and the
+    /// feedback path keep: transactions the disk refused, by kind, and
+    /// verdicts dropped for it.
+    pub fn observe_store(&self, failures: &[(WriteFailure, u64)], unrecorded: u64) {
+        let up_to = |c: &Counter, total: u64| {
+            let now = c.get();
+            if total > now {
+                c.inc_by(total - now);
+            }
+        };
+        for (kind, n) in failures {
+            up_to(
+                &self
+                    .store_write_failures
+                    .get_or_create(&labels(&[("kind", kind.as_str())])),
+                *n,
+            );
+        }
+        up_to(&self.unrecorded, unrecorded);
     }
 
     /// Counts an API request.

@@ -498,7 +498,8 @@ struct Writer {
     /// waiting at the end.
     checker: Arc<Checker>,
     beat: watch::Sender<Beat>,
-    /// Cancelled when every judge is lost: the round stops.
+    /// Cancelled when the round must stop starting checks: every judge is
+    /// lost, or the store cannot take the results.
     lost: CancellationToken,
 }
 
@@ -603,7 +604,10 @@ async fn write_results(
         }
         if flush && !out.batch.is_empty() {
             let full = std::mem::replace(&mut out.batch, Vec::with_capacity(BATCH));
-            let full = w.feedback.commit_checks(full, w.policy).await?;
+            let full = match w.feedback.commit_checks(full, w.policy).await {
+                Ok(full) => full,
+                Err(e) => return Err(abandon(&w, rx, out, e).await),
+            };
             if let Some(hook) = &w.on_commit {
                 hook(&full);
             }
@@ -613,14 +617,43 @@ async fn write_results(
         }
         if flush && !out.deferred.is_empty() {
             let at = now_ms() + retry_after.as_millis() as i64;
-            w.store
+            if let Err(e) = w
+                .store
                 .defer_checks(std::mem::take(&mut out.deferred), at)
-                .await?;
+                .await
+            {
+                return Err(abandon(&w, rx, out, e).await);
+            }
         }
         if closed {
             return Ok(summary);
         }
     }
+}
+
+/// The store could not take a batch (`e`): the round stops starting
+/// checks, and the results still to come are dropped as they arrive, so
+/// that a full disk costs no more checks than those already running. When
+/// the disk refused the write they are counted as unrecorded; the proxies
+/// stay due in the record and are checked again once it can be written.
+async fn abandon(
+    w: &Writer,
+    mut rx: mpsc::Receiver<Done>,
+    out: Unwritten,
+    e: StoreError,
+) -> StoreError {
+    w.lost.cancel();
+    let mut dropped = out.batch.len() + out.pending.len();
+    while let Some(done) = rx.recv().await {
+        if let Done::Checked(..) = done {
+            dropped += 1;
+        }
+    }
+    if e.write_failure().is_some() {
+        w.feedback.count_unrecorded(dropped);
+    }
+    tracing::debug!(dropped, error = %e, "check results not recorded");
+    e
 }
 
 /// Every judge is out of reach: failures say nothing about the proxies.

@@ -12,7 +12,9 @@ use tokio_util::sync::CancellationToken;
 use crate::api::{AppState, CheckInfo};
 use crate::check::{self, CheckError, CheckOptions, Checker, CommitHook, JudgeHook, RoundProgress};
 use crate::config::Config;
-use crate::store::{Store, now_ms, rfc3339};
+use crate::store::{Store, StoreError, now_ms, rfc3339};
+
+use super::outage::Outage;
 
 /// How long a round may start checks before the next one begins, and how
 /// often the judges are asked directly again (to learn our own address and
@@ -74,10 +76,21 @@ impl CheckLoop {
             }
         };
         let mut retry = JUDGE_RETRY_FIRST;
-        let mut outage = Outage::default();
+        let mut outage = JudgeOutage::default();
         let mut prepared: Option<(Arc<Checker>, std::time::Instant)> = None;
         let mut last_round: Option<std::time::Instant> = None;
         while !stop.is_cancelled() {
+            // While the disk refuses writes no verdict can be recorded:
+            // checking would only spend the network and a core. The write
+            // component tries the disk after each pause and says when it
+            // takes writes again.
+            if self.store.write_trouble().is_some() {
+                tokio::select! {
+                    _ = stop.cancelled() => {}
+                    _ = self.store.writable() => {}
+                }
+                continue;
+            }
             // The judges are asked directly (our own address, who still
             // answers) at start-up and then every ROUND_DISPATCH, not per
             // round: rounds come whenever something falls due.
@@ -94,9 +107,9 @@ impl CheckLoop {
             match checker {
                 Ok(checker) => {
                     retry = JUDGE_RETRY_FIRST;
-                    if let Some(lasted) = outage.end(&self.state) {
+                    if let Some(told) = outage.end(&self.state) {
                         tracing::info!(
-                            after = %humantime::format_duration(round_secs(lasted)),
+                            after = %told.lasted(),
                             "judges answer again; re-checking every served proxy now"
                         );
                     }
@@ -150,7 +163,7 @@ impl CheckLoop {
         let rechecks = self.state.feedback.take_rechecks();
         let urgent = !rechecks.is_empty();
         if urgent && let Err(e) = self.store.mark_due_many(rechecks, now_ms()).await {
-            tracing::error!(error = %e, "cannot queue proxies for an early re-check");
+            log_store_error(&e, "cannot queue proxies for an early re-check");
         }
         let gap = match last_round {
             Some(at) if !urgent => {
@@ -215,20 +228,29 @@ impl CheckLoop {
             "re-checks of adopted proxies scheduled"
         );
         if let Err(e) = self.store.pull_checks_in(due).await {
-            tracing::error!(error = %e, "cannot schedule re-checks of the proxies loaded");
+            log_store_error(&e, "cannot schedule re-checks of the proxies loaded");
         }
     }
 
     /// The re-check policy for the next round: served proxies come round
     /// every [`CheckConfig::serve_cycle`](crate::config::CheckConfig::serve_cycle),
     /// and are not served once two cycles (and a check's timeout) have
-    /// passed without a check.
+    /// passed without a check. While the disk refuses writes, and until
+    /// it has taken them again for a while, there is no window (see
+    /// [`super::writes`]).
     fn freshness(&self) -> crate::model::RecheckPolicy {
         let check = &self.config.check;
         let served = self.state.index().len();
-        self.state
-            .feedback
-            .set_fresh_within(check.fresh_window(served));
+        if self
+            .state
+            .conditions
+            .get(super::writes::COMPONENT)
+            .is_none()
+        {
+            self.state
+                .feedback
+                .set_fresh_within(check.fresh_window(served));
+        }
         check.serve_policy(served)
     }
 
@@ -273,6 +295,12 @@ impl CheckLoop {
                 tracing::warn!(error = %e, "check round stopped");
                 Ended::JudgesLost
             }
+            // The write component says so, once for everything that writes;
+            // the loop waits until the disk takes writes again.
+            Err(CheckError::Store(e)) if e.write_failure().is_some() => {
+                tracing::debug!(error = %e, "check round stopped: its results cannot be written");
+                Ended::Done
+            }
             Err(e) => {
                 tracing::error!(error = %e, "check round failed");
                 Ended::Done
@@ -291,12 +319,14 @@ enum Ended {
     JudgesLost,
 }
 
-/// How often a judge outage that goes on is logged again.
-const OUTAGE_LOG_EVERY: Duration = Duration::from_secs(60);
-
-/// A time where whole seconds do for people.
-fn round_secs(d: Duration) -> Duration {
-    Duration::from_secs(d.as_secs().max(1))
+/// Logs a failed store call at error, unless the disk refused a write:
+/// that is said once for everything that writes (see [`super::writes`]).
+fn log_store_error(e: &StoreError, what: &str) {
+    if e.write_failure().is_some() {
+        tracing::debug!(error = %e, "{what}");
+    } else {
+        tracing::error!(error = %e, "{what}");
+    }
 }
 
 /// Whether checks cannot run (no judge answers) and since when. While they
@@ -305,18 +335,11 @@ fn round_secs(d: Duration) -> Duration {
 /// served (rather than nothing within a window), and `/healthz` says
 /// `degraded` with the reason.
 #[derive(Default)]
-struct Outage {
-    since: Option<std::time::Instant>,
-    logged: Option<std::time::Instant>,
-    failures: u64,
-}
+struct JudgeOutage(Outage);
 
-impl Outage {
+impl JudgeOutage {
     /// Checks could not start: `e` says why.
     fn note(&mut self, state: &AppState, e: &CheckError) {
-        let now = std::time::Instant::now();
-        let since = *self.since.get_or_insert(now);
-        self.failures += 1;
         let component = match e {
             CheckError::NoJudge(_) => "judges",
             _ => "checks",
@@ -327,15 +350,11 @@ impl Outage {
         );
         state.conditions.set(component, message, now_ms());
         state.feedback.set_fresh_within(Duration::ZERO);
-        if self
-            .logged
-            .is_none_or(|at| at.elapsed() >= OUTAGE_LOG_EVERY)
-        {
-            self.logged = Some(now);
+        if let Some(told) = self.0.note() {
             tracing::error!(
                 error = %e,
-                lasted = %humantime::format_duration(round_secs(since.elapsed())),
-                attempts = self.failures,
+                lasted = %told.lasted(),
+                attempts = told.signs,
                 "cannot check: serving what passed a check or carried a request within api.max_age"
             );
         }
@@ -344,13 +363,11 @@ impl Outage {
     /// Checks can run again: how long they could not, if they could not.
     /// Every served proxy is re-checked at once, and until each has passed
     /// again those that have are served first.
-    fn end(&mut self, state: &AppState) -> Option<Duration> {
-        let since = self.since.take()?;
-        self.logged = None;
-        self.failures = 0;
+    fn end(&mut self, state: &AppState) -> Option<super::outage::Told> {
+        let told = self.0.end()?;
         state.conditions.clear("judges");
         state.conditions.clear("checks");
         state.feedback.reverify_all(now_ms());
-        Some(since.elapsed())
+        Some(told)
     }
 }

@@ -109,15 +109,20 @@ impl Harvester {
         config
     }
 
-    /// What to try again after a harvest: its failed sources, after
+    /// What to try again after a harvest: its failed sources (and those
+    /// the store could not take in full), after
     /// `harvest.failed_retry`, doubled when they failed the last retry too,
     /// never later than the next scheduled harvest. Says plainly in the log
     /// which sources failed and why; when none worked, that nothing can be
-    /// served until one does.
+    /// served until one does. A disk refusing writes is not the sources'
+    /// fault and is said by the write component, not here.
     fn retry_after(&self, report: Option<HarvestReport>, last: Option<Retry>) -> Option<Retry> {
         let report = report?;
-        let failed: Vec<&harvest::SourceReport> =
-            report.sources.iter().filter(|s| !s.worked()).collect();
+        let failed: Vec<&harvest::SourceReport> = report
+            .sources
+            .iter()
+            .filter(|s| !s.worked() || !s.stored_all())
+            .collect();
         if failed.is_empty() {
             return None;
         }
@@ -147,16 +152,23 @@ impl Harvester {
         };
         let why: Vec<String> = failed
             .iter()
+            .filter(|s| !s.worked() || s.unwritable.is_none())
             .map(|s| {
                 format!(
                     "{}: {}",
                     s.name,
-                    s.error.as_deref().unwrap_or("listed no proxy")
+                    s.error
+                        .as_deref()
+                        .or(s.store_error.as_deref())
+                        .unwrap_or("listed no proxy")
                 )
             })
             .collect();
         let retry_in = humantime::format_duration(wait).to_string();
-        if failed.len() == report.sources.len() {
+        let fetched = report.sources.iter().filter(|s| s.worked()).count();
+        if why.is_empty() {
+            tracing::debug!(sources = failed.len(), %retry_in, "sources not stored; harvesting them again");
+        } else if fetched == 0 {
             tracing::error!(
                 sources = %why.join("; "),
                 %retry_in,
@@ -164,7 +176,7 @@ impl Harvester {
             );
         } else {
             tracing::warn!(
-                failed = failed.len(),
+                failed = why.len(),
                 of = report.sources.len(),
                 sources = %why.join("; "),
                 %retry_in,
@@ -210,8 +222,13 @@ impl Harvester {
     }
 
     /// One harvest of `config`'s sources; its report, unless the harvest
-    /// as a whole failed (logged).
+    /// as a whole failed (logged). While the disk refuses writes it first
+    /// waits until it takes them again: nothing fetched could be stored.
     async fn harvest(&self, config: &Config) -> Option<HarvestReport> {
+        if self.store.write_trouble().is_some() {
+            tracing::debug!("harvest waits until the database takes writes again");
+            self.store.writable().await;
+        }
         match harvest::harvest_all(config, &self.store).await {
             Ok(report) => {
                 self.state.metrics.observe_harvest(&report);

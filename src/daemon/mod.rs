@@ -1,13 +1,15 @@
 //! `serve`: the daemon's components (the API, the gateway, the check loop,
-//! harvests on the cron schedule, the daily purge, crawl jobs, the systemd
-//! watchdog), each a task
+//! harvests on the cron schedule, the daily purge, crawl jobs, the watch on
+//! the store's writes, the systemd watchdog), each a task
 //! on one tracker, started together and stopped together.
 
 mod checks;
 mod harvest;
+mod outage;
 mod purge;
 mod sync;
 mod systemd;
+mod writes;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -28,6 +30,7 @@ use checks::CheckLoop;
 use harvest::{Harvester, Trigger};
 use purge::Purger;
 use sync::IndexSync;
+use writes::WriteWatch;
 
 /// How long checks in flight may run after shutdown begins before they are
 /// stopped (their results are then not recorded).
@@ -42,8 +45,8 @@ const PURGE_SCHEDULE: &str = "0 17 3 * * *";
 
 /// Runs the daemon on an already bound API listener (and the gateway's,
 /// when it runs) until `shutdown` is cancelled. Every component (API,
-/// gateway, check loop, harvests, purge, the index sync, watchdog)
-/// is a task on one tracker; the cron scheduler only signals the harvest
+/// gateway, check loop, harvests, purge, the index sync, the write watch,
+/// watchdog) is a task on one tracker; the cron scheduler only signals the harvest
 /// and purge components. On shutdown every component is cancelled, checks
 /// in flight get [`CHECK_GRACE`], and the whole stop takes at most
 /// [`STOP_LIMIT`].
@@ -133,6 +136,13 @@ pub async fn run(
             store: store.clone(),
             feedback: state.feedback.clone(),
             mark,
+        }
+        .run(stop.clone()),
+    );
+    tasks.spawn(
+        WriteWatch {
+            store: store.clone(),
+            state: state.clone(),
         }
         .run(stop.clone()),
     );

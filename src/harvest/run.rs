@@ -9,7 +9,7 @@ use futures::StreamExt;
 use super::fetch::{Fetched, Fetcher};
 use super::{Candidates, html, json, text};
 use crate::config::{Config, SourceConfig, SourceFormat, SourceLocation};
-use crate::store::{SourceRun, Store, StoreError, now_ms};
+use crate::store::{SourceRun, Store, StoreError, UpsertCounts, WriteFailure, now_ms};
 
 /// What happened to one source.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -18,6 +18,9 @@ pub struct SourceReport {
     pub name: String,
     /// Distinct proxies it listed.
     pub found: usize,
+    /// Of those, proxies written to the store: all of them unless the
+    /// store failed (see `store_error`).
+    pub stored: usize,
     /// Of those, proxies the store had never seen.
     pub new: usize,
     /// The last HTTP status, for URL sources.
@@ -28,14 +31,24 @@ pub struct SourceReport {
     pub duration: Duration,
     /// True when `max_per_source` cut the list short.
     pub truncated: bool,
-    /// Why the source failed, if it did.
+    /// Why the source failed, if it did (fetching or parsing it).
     pub error: Option<String>,
+    /// Why the store could not take all it listed (a full disk, say): not
+    /// the source's fault, so kept apart from `error`.
+    pub store_error: Option<String>,
+    /// The disk's part in `store_error`, when it refused the write.
+    pub unwritable: Option<WriteFailure>,
 }
 
 impl SourceReport {
     /// A source "worked" when it produced proxies or failed in no way.
     pub fn worked(&self) -> bool {
         self.error.is_none() || self.found > 0
+    }
+
+    /// True when everything it listed was stored.
+    pub fn stored_all(&self) -> bool {
+        self.store_error.is_none()
     }
 }
 
@@ -65,6 +78,12 @@ impl HarvestReport {
     /// True when at least one source worked.
     pub fn any_worked(&self) -> bool {
         self.sources.iter().any(SourceReport::worked)
+    }
+
+    /// The first error of the store, if it could not take all that was
+    /// listed.
+    pub fn store_error(&self) -> Option<&str> {
+        self.sources.iter().find_map(|s| s.store_error.as_deref())
     }
 }
 
@@ -140,9 +159,11 @@ pub async fn harvest_all_reporting(
         elapsed: started.elapsed(),
     };
     let failed = report.sources.iter().filter(|s| !s.worked()).count();
+    let not_stored = report.sources.iter().filter(|s| !s.stored_all()).count();
     tracing::info!(
         sources = report.sources.len(),
         failed,
+        not_stored,
         distinct = report.distinct,
         new = report.new,
         elapsed_ms = report.elapsed.as_millis() as u64,
@@ -223,6 +244,7 @@ async fn harvest_source(
     }
     let truncated = candidates.truncated();
     let items = candidates.into_list();
+    let listed = items.len();
     let run = SourceRun {
         name: src.name.clone(),
         url: src.url.clone(),
@@ -232,27 +254,42 @@ async fn harvest_source(
         duration_ms: started.elapsed().as_millis() as i64,
         error: error.clone(),
     };
-    let stored = store.record_source_run(run, items).await;
-    let (found, new) = match stored {
-        Ok(c) => (c.found, c.new),
+    let mut counts = UpsertCounts::default();
+    let stored = store.record_source_run_into(run, items, &mut counts).await;
+    let (found, store_error, unwritable) = match stored {
+        Ok(()) => (counts.found, None, None),
         Err(e) => {
-            error = Some(format!("cannot store results: {e}"));
-            (0, 0)
+            let unwritable = e.write_failure();
+            // What was written went in whole transactions; it stays.
+            (listed.max(counts.found), Some(e.to_string()), unwritable)
         }
     };
-    match &error {
-        Some(e) => tracing::warn!(source = %src.name, found, error = %e, "source failed"),
-        None => tracing::debug!(source = %src.name, found, new, "source harvested"),
+    match (&error, &store_error) {
+        (Some(e), _) => tracing::warn!(source = %src.name, found, error = %e, "source failed"),
+        // A disk refusing writes is reported once for all sources (by the
+        // daemon, or the command's summary).
+        (None, Some(e)) if unwritable.is_some() => {
+            tracing::debug!(source = %src.name, found, stored = counts.found, error = %e, "source not stored")
+        }
+        (None, Some(e)) => {
+            tracing::warn!(source = %src.name, found, stored = counts.found, error = %e, "source not stored")
+        }
+        (None, None) => {
+            tracing::debug!(source = %src.name, found, new = counts.new, "source harvested")
+        }
     }
     SourceReport {
         name: src.name.clone(),
         found,
-        new,
+        stored: counts.found,
+        new: counts.new,
         http_status,
         pages,
         duration: started.elapsed(),
         truncated,
         error,
+        store_error,
+        unwritable,
     }
 }
 

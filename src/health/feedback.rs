@@ -5,7 +5,7 @@
 //! the store.
 
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -132,6 +132,9 @@ struct Inner {
     /// Per site that rate-limited proxies: the gap kept between two
     /// requests through one proxy (see [`Feedback::site_gap`]).
     gaps: Mutex<HashMap<String, SiteGap>>,
+    /// Verdicts and uses that took effect in memory but could not be
+    /// written because the disk refused the write.
+    unrecorded: AtomicU64,
 }
 
 /// What a site's rate limits taught: the gap between two requests through
@@ -206,6 +209,7 @@ impl Feedback {
                 flush_scheduled: AtomicBool::new(false),
                 applied: Mutex::default(),
                 gaps: Mutex::default(),
+                unrecorded: AtomicU64::new(0),
             }),
         }
     }
@@ -215,8 +219,22 @@ impl Feedback {
         &self.inner.index
     }
 
+    /// Verdicts and uses that took effect in memory (a proxy that failed
+    /// stopped being served) but were not written because the disk refused
+    /// the write: dropped, not queued, so memory stays bounded.
+    pub fn unrecorded(&self) -> u64 {
+        self.inner.unrecorded.load(Ordering::Relaxed)
+    }
+
+    /// Counts `n` verdicts dropped because the disk refused them.
+    pub fn count_unrecorded(&self, n: usize) {
+        self.inner.unrecorded.fetch_add(n as u64, Ordering::Relaxed);
+    }
+
     /// A verdict on proxy `id` from its use, at `site` (a host name) when
-    /// the use was a fetch from a site.
+    /// the use was a fetch from a site. While the disk refuses writes the
+    /// verdict still takes effect in memory (a failed proxy stops being
+    /// served and is queued for a re-check) and is counted as unrecorded.
     pub async fn report(
         &self,
         id: i64,
@@ -226,16 +244,18 @@ impl Feedback {
         let now = crate::store::now_ms();
         let (found, hidden, recheck) = match verdict {
             Verdict::Worked => {
-                let found = self.inner.store.record_report(id, true, now).await?;
+                let found = self.record_report(id, true, now).await?;
                 (found, false, false)
             }
             Verdict::Failed(reason) => {
                 // Out of the index first: the next pick must not get it.
                 let hidden = self.hide(id, now);
-                let found = self.inner.store.record_report(id, false, now).await?;
+                let found = self.record_report(id, false, now).await?;
                 if found {
                     tracing::debug!(id, reason = ?reason, "proxy failed in use");
-                    // The store made it due now; the loop only needs waking.
+                    // The store made it due now (or, while it cannot write,
+                    // the check loop will once it can); the loop only needs
+                    // waking.
                     self.inner.wake.notify_one();
                 }
                 (found, hidden, found)
@@ -253,6 +273,26 @@ impl Feedback {
             hidden,
             recheck,
         })
+    }
+
+    /// Writes a report; while the disk refuses writes, counts it as
+    /// unrecorded instead (a failure is queued for a re-check in memory) and
+    /// says whether the proxy exists from a read.
+    async fn record_report(&self, id: i64, ok: bool, now: i64) -> Result<bool, StoreError> {
+        match self.inner.store.record_report(id, ok, now).await {
+            Err(e) if e.write_failure().is_some() => {
+                self.count_unrecorded(1);
+                let found = !self.inner.store.proxies_by_ids(vec![id]).await?.is_empty();
+                if found && !ok {
+                    let mut queue = lock(&self.inner.recheck);
+                    if queue.len() < MAX_RECHECK_QUEUE {
+                        queue.insert(id);
+                    }
+                }
+                Ok(found)
+            }
+            other => other,
+        }
     }
 
     /// A use of proxy `id` worked (the pool, the crawler, the gateway). It
@@ -293,7 +333,8 @@ impl Feedback {
     }
 
     /// Writes the worked uses counted so far to the store. The daemon and
-    /// the crawler call it before they stop.
+    /// the crawler call it before they stop. Uses the disk refuses are
+    /// dropped and counted as unrecorded: they already count in memory.
     pub async fn flush(&self) -> Result<(), StoreError> {
         // Cleared before the take: a use counted after it schedules the
         // next flush itself.
@@ -302,8 +343,18 @@ impl Feedback {
             .into_iter()
             .map(|(id, (n, at))| (id, n, at))
             .collect();
-        for chunk in batch.chunks(WORKED_FLUSH_CHUNK) {
-            self.inner.store.record_worked(chunk.to_vec()).await?;
+        let mut chunks = batch.chunks(WORKED_FLUSH_CHUNK);
+        while let Some(chunk) = chunks.next() {
+            match self.inner.store.record_worked(chunk.to_vec()).await {
+                Ok(()) => {}
+                Err(e) if e.write_failure().is_some() => {
+                    let dropped = chunk.len() + chunks.map(<[_]>::len).sum::<usize>();
+                    tracing::debug!(dropped, error = %e, "worked uses not recorded");
+                    self.count_unrecorded(dropped);
+                    return Ok(());
+                }
+                Err(e) => return Err(e),
+            }
         }
         Ok(())
     }
@@ -314,10 +365,10 @@ impl Feedback {
     /// https targets.
     pub async fn tunnel_failed(&self, id: i64) -> Result<(), StoreError> {
         let now = crate::store::now_ms();
-        self.inner
-            .store
-            .request_https_recheck(vec![id], now)
-            .await?;
+        match self.inner.store.request_https_recheck(vec![id], now).await {
+            Err(e) if e.write_failure().is_some() => self.count_unrecorded(1),
+            other => other?,
+        }
         self.inner.wake.notify_one();
         Ok(())
     }
@@ -498,11 +549,15 @@ impl Feedback {
         policy: RecheckPolicy,
     ) -> Result<Vec<CheckRecord>, StoreError> {
         let ids: Vec<i64> = batch.iter().map(|r| r.id).collect();
-        let recorded = self
-            .inner
-            .store
-            .record_checks(batch.clone(), policy)
-            .await?;
+        let recorded = match self.inner.store.record_checks(batch.clone(), policy).await {
+            Ok(r) => r,
+            Err(e) => {
+                if e.write_failure().is_some() {
+                    self.count_unrecorded(ids.len());
+                }
+                return Err(e);
+            }
+        };
         // A proxy whose detected scheme merged it into another row is gone
         // under its old id.
         let present: HashSet<i64> = recorded.records.iter().map(|r| r.id).collect();

@@ -7,6 +7,7 @@ mod checks;
 mod crawls;
 mod migrate;
 mod queries;
+mod unwritable;
 mod writer;
 
 pub use checks::{CheckRecord, DueCursor, DueLane, DueProxy, Recorded};
@@ -15,6 +16,7 @@ pub use queries::{
     Page, Presence, ProxyFilter, ProxyRecord, ProxySort, SourceRecord, SourceRun, Stats,
     UpsertCounts,
 };
+pub use unwritable::{RETRY_FIRST, RETRY_MAX, WriteFailure, WriteTrouble};
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -99,6 +101,16 @@ pub enum StoreError {
     /// happen.
     #[error("database commit failed: {0}")]
     Commit(String),
+    /// The disk refused the write (full, read-only, failing), or writes are
+    /// paused after it did (see [`Store::write_trouble`]); the write did
+    /// not happen.
+    #[error("cannot write the database ({kind}): {reason}")]
+    Unwritable {
+        /// Why.
+        kind: WriteFailure,
+        /// What SQLite said.
+        reason: String,
+    },
     /// The writer thread could not be started.
     #[error("cannot start the database writer: {0}")]
     Thread(std::io::Error),
@@ -111,6 +123,32 @@ pub enum StoreError {
     /// The caller stopped waiting before the query ran.
     #[error("the database query was given up")]
     Cancelled,
+}
+
+impl StoreError {
+    /// The kind of disk failure behind this error, if the disk refused a
+    /// write: callers back off from such errors rather than retry at once.
+    pub fn write_failure(&self) -> Option<WriteFailure> {
+        match self {
+            StoreError::Unwritable { kind, .. } => Some(*kind),
+            StoreError::Sqlite(e) | StoreError::Migrate { source: e, .. } => WriteFailure::of(e),
+            _ => None,
+        }
+    }
+
+    /// `Unwritable` for an SQLite error the disk caused; others as they are.
+    fn classified(self) -> StoreError {
+        match self {
+            StoreError::Sqlite(e) => match WriteFailure::of(&e) {
+                Some(kind) => StoreError::Unwritable {
+                    kind,
+                    reason: e.to_string(),
+                },
+                None => StoreError::Sqlite(e),
+            },
+            other => other,
+        }
+    }
 }
 
 /// A cheap, cloneable handle to the database: one writer thread fed by a
@@ -132,6 +170,8 @@ struct Shared {
     /// mutex with a semaphore counting what is free.
     readers: Mutex<Vec<Connection>>,
     read_permits: Arc<Semaphore>,
+    /// Whether writes work, kept by the writer.
+    health: Arc<unwritable::WriteHealth>,
 }
 
 impl std::fmt::Debug for Store {
@@ -191,8 +231,9 @@ impl Store {
             .map_err(open_err)?;
         migrate::apply(&mut conn, path)?;
         let readers = open_readers(path, None)?;
-        let writer = writer::start(conn, path.to_path_buf())?;
-        Ok(Store::with(path, Some(writer), readers))
+        let health = Arc::new(unwritable::WriteHealth::default());
+        let writer = writer::start(conn, path.to_path_buf(), health.clone())?;
+        Ok(Store::with(path, Some(writer), readers, health))
     }
 
     /// Opens an existing database for reading only (`stats`, `export`):
@@ -237,7 +278,7 @@ impl Store {
             }),
             Some(_) => {
                 let readers = open_readers(path, immutable.as_deref())?;
-                Ok(Store::with(path, None, readers))
+                Ok(Store::with(path, None, readers, Arc::default()))
             }
         }
     }
@@ -246,6 +287,7 @@ impl Store {
         path: &Path,
         writer: Option<mpsc::Sender<Box<dyn writer::Job>>>,
         readers: Vec<Connection>,
+        health: Arc<unwritable::WriteHealth>,
     ) -> Store {
         Store {
             inner: Arc::new(Shared {
@@ -253,8 +295,49 @@ impl Store {
                 writer,
                 read_permits: Arc::new(Semaphore::new(readers.len())),
                 readers: Mutex::new(readers),
+                health,
             }),
         }
+    }
+
+    /// Whether the disk is refusing writes now: since when, why, and when
+    /// they are tried again. While it is, writes are refused at once
+    /// ([`StoreError::Unwritable`]) until the pause after the last failure
+    /// ([`RETRY_FIRST`] doubling up to [`RETRY_MAX`]) is over; the first
+    /// write that works ends it.
+    pub fn write_trouble(&self) -> Option<WriteTrouble> {
+        self.inner.health.trouble()
+    }
+
+    /// Transactions the disk refused since the store was opened, by kind.
+    pub fn write_failures(&self) -> Vec<(WriteFailure, u64)> {
+        self.inner.health.failures()
+    }
+
+    /// Every change of [`Store::write_trouble`] from now on: a failure, a
+    /// further one, the end.
+    pub fn watch_writes(&self) -> tokio::sync::watch::Receiver<Option<WriteTrouble>> {
+        self.inner.health.subscribe()
+    }
+
+    /// Waits until writes work again (at once when they do). Something
+    /// must try them: see [`Store::probe_writes`].
+    pub async fn writable(&self) {
+        let mut changes = self.watch_writes();
+        // The sender lives as long as the store.
+        let _ = changes.wait_for(Option::is_none).await;
+    }
+
+    /// Tries a write that changes nothing but still goes to the disk (the
+    /// schema version, set to what it is), so that writes that work again
+    /// are noticed although nothing else writes.
+    pub async fn probe_writes(&self) -> Result<(), StoreError> {
+        self.write(|c| {
+            let version: i64 = c.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+            c.pragma_update(None, "user_version", version)?;
+            Ok(())
+        })
+        .await
     }
 
     /// The database file.
@@ -344,6 +427,7 @@ impl Store {
         let Some(writer) = &self.inner.writer else {
             return Err(StoreError::ReadOnly);
         };
+        self.inner.health.gate()?;
         let (job, done) = writer::Call::job(weight, f);
         writer.send(job).await.map_err(|_| StoreError::Closed)?;
         Ok(async move { done.await.map_err(|_| StoreError::Closed)? })

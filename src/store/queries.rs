@@ -383,6 +383,21 @@ impl Store {
         run: SourceRun,
         candidates: impl Into<CandidateList>,
     ) -> Result<UpsertCounts, StoreError> {
+        let mut counts = UpsertCounts::default();
+        self.record_source_run_into(run, candidates, &mut counts)
+            .await
+            .map(|()| counts)
+    }
+
+    /// [`Store::record_source_run`], adding to `counts` what each chunk
+    /// wrote as it commits: when a later chunk fails (a full disk), the
+    /// chunks before it stay written and `counts` says how many.
+    pub async fn record_source_run_into(
+        &self,
+        run: SourceRun,
+        candidates: impl Into<CandidateList>,
+        counts: &mut UpsertCounts,
+    ) -> Result<(), StoreError> {
         let mut list: CandidateList = candidates.into();
         let run = std::sync::Arc::new(run);
         let (source, listed_before) = {
@@ -404,10 +419,13 @@ impl Store {
             Ok(l) => l,
             Err(e) => std::panic::resume_unwind(e.into_panic()),
         };
-        let mut counts = UpsertCounts::default();
         // The proxies this list names, to unlist the source's others.
         let mut seen: Vec<i64> = Vec::with_capacity(list.len());
         {
+            let add = |counts: &mut UpsertCounts, c: UpsertCounts| {
+                counts.found += c.found;
+                counts.new += c.new;
+            };
             // The next chunk is made and queued while the writer writes
             // this one, so that it never waits for it.
             let mut items = list.iter();
@@ -415,19 +433,39 @@ impl Store {
             loop {
                 let chunk: Vec<Candidate> = items.by_ref().take(SOURCE_CHUNK).collect();
                 let queued = match chunk.is_empty() {
-                    true => None,
-                    false => Some(
-                        self.submit_weighted(chunk.len(), move |tx| {
+                    true => Ok(None),
+                    false => self
+                        .submit_weighted(chunk.len(), move |tx| {
                             upsert_candidates(tx, source, now, &chunk)
                         })
-                        .await?,
-                    ),
+                        .await
+                        .map(Some),
                 };
-                if let Some(previous) = std::mem::replace(&mut written, queued) {
-                    let (c, ids) = previous.await?;
-                    counts.found += c.found;
-                    counts.new += c.new;
-                    seen.extend(ids);
+                let (previous, failed) = match queued {
+                    Ok(queued) => (std::mem::replace(&mut written, queued), None),
+                    Err(e) => (written.take(), Some(e)),
+                };
+                if let Some(previous) = previous {
+                    match previous.await {
+                        Ok((c, ids)) => {
+                            add(counts, c);
+                            seen.extend(ids);
+                        }
+                        Err(e) => {
+                            // The chunk queued after it may have been
+                            // written all the same: it is counted.
+                            if let Some(Ok((c, _))) = match written.take() {
+                                Some(next) => Some(next.await),
+                                None => None,
+                            } {
+                                add(counts, c);
+                            }
+                            return Err(e);
+                        }
+                    }
+                }
+                if let Some(e) = failed {
+                    return Err(e);
                 }
                 if written.is_none() {
                     break;
@@ -455,9 +493,9 @@ impl Store {
                 }
             }
         }
-        self.write(move |tx| finish_source_run(tx, source, &run, counts))
-            .await?;
-        Ok(counts)
+        let total = *counts;
+        self.write(move |tx| finish_source_run(tx, source, &run, total))
+            .await
     }
 
     /// Proxies matching `filter`, ordered by id.

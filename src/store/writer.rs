@@ -6,6 +6,8 @@
 
 use std::ffi::c_int;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use rusqlite::Connection;
 use rusqlite::hooks::Wal;
@@ -13,6 +15,7 @@ use rusqlite::wal::CheckpointMode;
 use tokio::sync::{mpsc, oneshot};
 
 use super::StoreError;
+use super::unwritable::{WriteFailure, WriteHealth};
 
 /// Jobs waiting for the writer; senders wait when it is full.
 pub const QUEUE: usize = 256;
@@ -35,13 +38,52 @@ pub trait Job: Send {
     /// Roughly how many rows the job writes.
     fn weight(&self) -> usize;
     /// Runs against the open transaction: inside a savepoint, unless the
-    /// job is `alone` in it. Returns whether it succeeded; a job alone in
-    /// its transaction that fails is undone by rolling the transaction
-    /// back.
-    fn run(&mut self, conn: &mut Connection, alone: bool) -> bool;
+    /// job is `alone` in it. Says how it went; a job alone in its
+    /// transaction that fails is undone by rolling the transaction back.
+    fn run(&mut self, conn: &mut Connection, alone: bool) -> Ran;
     /// Reports the outcome once the transaction is over: the job's own
     /// result if it committed, else the commit's error.
-    fn finish(self: Box<Self>, committed: Result<(), String>);
+    fn finish(self: Box<Self>, committed: Result<(), CommitFailed>);
+}
+
+/// How a job went.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Ran {
+    /// It succeeded.
+    Done,
+    /// It failed for reasons of its own.
+    Failed,
+    /// The disk refused its write: what SQLite said.
+    Unwritable(WriteFailure, String),
+}
+
+/// Why a transaction did not commit.
+#[derive(Clone, Debug)]
+pub struct CommitFailed {
+    /// What SQLite said.
+    message: String,
+    /// Set when the disk refused the write.
+    kind: Option<WriteFailure>,
+}
+
+impl CommitFailed {
+    fn of(e: &rusqlite::Error) -> CommitFailed {
+        CommitFailed {
+            message: e.to_string(),
+            kind: WriteFailure::of(e),
+        }
+    }
+
+    /// The error its jobs' callers get.
+    fn error(self) -> StoreError {
+        match self.kind {
+            Some(kind) => StoreError::Unwritable {
+                kind,
+                reason: self.message,
+            },
+            None => StoreError::Commit(self.message),
+        }
+    }
 }
 
 /// A job running `f` and sending its result to `reply`.
@@ -79,8 +121,10 @@ where
         self.weight
     }
 
-    fn run(&mut self, conn: &mut Connection, alone: bool) -> bool {
-        let Some(f) = self.f.take() else { return true };
+    fn run(&mut self, conn: &mut Connection, alone: bool) -> Ran {
+        let Some(f) = self.f.take() else {
+            return Ran::Done;
+        };
         // A savepoint copies every page the job changes first, so that it
         // can be undone alone: a job alone in its transaction (a chunk of
         // a harvest, most often) is undone with the transaction instead.
@@ -96,15 +140,21 @@ where
                 Err(e) => Err(e.into()),
             }
         };
-        let ok = result.is_ok();
+        // A statement the disk refused says so in the kinds callers match.
+        let result = result.map_err(StoreError::classified);
+        let ran = match &result {
+            Ok(_) => Ran::Done,
+            Err(StoreError::Unwritable { kind, reason }) => Ran::Unwritable(*kind, reason.clone()),
+            Err(_) => Ran::Failed,
+        };
         self.result = Some(result);
-        ok
+        ran
     }
 
-    fn finish(mut self: Box<Self>, committed: Result<(), String>) {
+    fn finish(mut self: Box<Self>, committed: Result<(), CommitFailed>) {
         let result = match (committed, self.result.take()) {
             (Ok(()), Some(r)) => r,
-            (Err(e), Some(Ok(_))) => Err(StoreError::Commit(e)),
+            (Err(e), Some(Ok(_))) => Err(e.error()),
             (_, Some(Err(e))) => Err(e),
             (_, None) => Err(StoreError::Commit("the job never ran".into())),
         };
@@ -126,16 +176,25 @@ const CHECKPOINT_FRAMES: i32 = 1_000;
 const WRITER_CHECKPOINT_FRAMES: i32 = 8_000;
 
 /// Starts the writer thread on `conn`, and its checkpointer; they run
-/// until every sender is gone.
+/// until every sender is gone. The writer keeps `health`: a transaction the
+/// disk refused pauses writes, one that wrote ends the pause.
 pub fn start(
     mut conn: Connection,
     path: PathBuf,
+    health: Arc<WriteHealth>,
 ) -> Result<mpsc::Sender<Box<dyn Job>>, StoreError> {
-    checkpoint_off_thread(&mut conn, &path)?;
+    let wrote = Arc::new(AtomicBool::new(false));
+    checkpoint_off_thread(&mut conn, &path, wrote.clone())?;
     let (tx, rx) = mpsc::channel(QUEUE);
+    let writer = Writer {
+        conn,
+        path,
+        health,
+        wrote,
+    };
     std::thread::Builder::new()
         .name("proxywarden-store-writer".into())
-        .spawn(move || run(conn, rx, path))
+        .spawn(move || writer.run(rx))
         .map_err(StoreError::Thread)?;
     Ok(tx)
 }
@@ -145,7 +204,12 @@ pub fn start(
 /// tenth of a harvest's time, and its waits for the disk): SQLite lets one
 /// connection checkpoint while another writes. The writer's commits wake
 /// the checkpointer once the log has grown past [`CHECKPOINT_FRAMES`].
-fn checkpoint_off_thread(conn: &mut Connection, path: &Path) -> Result<(), StoreError> {
+/// Every commit that put frames in the log sets `wrote`.
+fn checkpoint_off_thread(
+    conn: &mut Connection,
+    path: &Path,
+    wrote: Arc<AtomicBool>,
+) -> Result<(), StoreError> {
     let open_err = |e: rusqlite::Error| StoreError::Open {
         path: path.to_path_buf(),
         reason: e.to_string(),
@@ -172,6 +236,7 @@ fn checkpoint_off_thread(conn: &mut Connection, path: &Path) -> Result<(), Store
         .map_err(StoreError::Thread)?;
     // Replaces SQLite's checkpoint at commit (itself a hook).
     conn.wal_hook(Some(move |wal: &mut Wal, frames: c_int| {
+        wrote.store(true, Ordering::Relaxed);
         if frames >= WRITER_CHECKPOINT_FRAMES {
             // Another checkpoint running is no fault: this is a backstop.
             let _ = wal.checkpoint_v2(CheckpointMode::PASSIVE);
@@ -183,63 +248,133 @@ fn checkpoint_off_thread(conn: &mut Connection, path: &Path) -> Result<(), Store
     .map_err(open_err)
 }
 
-fn run(mut conn: Connection, mut rx: mpsc::Receiver<Box<dyn Job>>, path: PathBuf) {
-    // A job taken from the queue that did not fit the last transaction.
-    let mut next: Option<Box<dyn Job>> = None;
-    loop {
-        let first = match next.take() {
-            Some(job) => job,
-            None => match rx.blocking_recv() {
-                Some(job) => job,
-                None => return,
-            },
-        };
-        let mut weight = first.weight();
-        let mut jobs = vec![first];
-        while jobs.len() < MAX_BATCH && weight < MAX_WEIGHT {
-            match rx.try_recv() {
-                Ok(job) if weight + job.weight() > MAX_WEIGHT => {
-                    next = Some(job);
-                    break;
-                }
-                Ok(job) => {
-                    weight += job.weight();
-                    jobs.push(job);
-                }
-                Err(_) => break,
-            }
-        }
-        let committed = commit(&mut conn, &mut jobs);
-        if let Err(e) = &committed {
-            tracing::error!(path = %path.display(), error = %e, jobs = jobs.len(), "database commit failed");
-        }
-        for job in jobs {
-            job.finish(committed.clone());
-        }
-    }
+/// The writer thread's state.
+struct Writer {
+    /// The one connection that writes.
+    conn: Connection,
+    /// The database file, for the log.
+    path: PathBuf,
+    /// Told of every transaction the disk refused and every one that wrote.
+    health: Arc<WriteHealth>,
+    /// Set by the log's hook when a commit wrote frames.
+    wrote: Arc<AtomicBool>,
 }
 
-/// Runs `jobs` in one transaction and commits it. Another process (a
-/// `proxywarden check` beside the daemon) may hold the write lock: taking
-/// it and committing are retried while the database says it is busy, so a
-/// write is delayed, never dropped.
-fn commit(conn: &mut Connection, jobs: &mut [Box<dyn Job>]) -> Result<(), String> {
-    retry_busy("BEGIN IMMEDIATE", || conn.execute_batch("BEGIN IMMEDIATE"))?;
-    let alone = jobs.len() == 1;
-    let mut failed = false;
-    for job in jobs.iter_mut() {
-        failed |= !job.run(conn, alone);
+/// What a transaction came to.
+struct Outcome {
+    /// Its commit, or why there was none.
+    committed: Result<(), CommitFailed>,
+    /// True when it put something on the disk.
+    wrote: bool,
+    /// The disk refused the transaction or a job in it: the kind and what
+    /// SQLite said.
+    refused: Option<(WriteFailure, String)>,
+}
+
+impl Writer {
+    fn run(mut self, mut rx: mpsc::Receiver<Box<dyn Job>>) {
+        // A job taken from the queue that did not fit the last transaction.
+        let mut next: Option<Box<dyn Job>> = None;
+        loop {
+            let first = match next.take() {
+                Some(job) => job,
+                None => match rx.blocking_recv() {
+                    Some(job) => job,
+                    None => return,
+                },
+            };
+            let mut weight = first.weight();
+            let mut jobs = vec![first];
+            while jobs.len() < MAX_BATCH && weight < MAX_WEIGHT {
+                match rx.try_recv() {
+                    Ok(job) if weight + job.weight() > MAX_WEIGHT => {
+                        next = Some(job);
+                        break;
+                    }
+                    Ok(job) => {
+                        weight += job.weight();
+                        jobs.push(job);
+                    }
+                    Err(_) => break,
+                }
+            }
+            let outcome = self.commit(&mut jobs);
+            match (&outcome.refused, &outcome.committed) {
+                // Reported by whoever watches the store's write health (the
+                // daemon, once a minute) or waits for the write (a command).
+                (Some((kind, reason)), _) => {
+                    tracing::debug!(path = %self.path.display(), %kind, reason, jobs = jobs.len(), "the disk refused a write");
+                    self.health.failed(*kind, reason.clone());
+                }
+                (None, Err(e)) => {
+                    tracing::error!(path = %self.path.display(), error = %e.message, jobs = jobs.len(), "database commit failed");
+                }
+                (None, Ok(())) if outcome.wrote => self.health.wrote(),
+                (None, Ok(())) => {}
+            }
+            for job in jobs {
+                job.finish(outcome.committed.clone());
+            }
+        }
     }
-    if alone && failed {
-        // The job reports its own error; nothing else was in the
-        // transaction.
-        return conn.execute_batch("ROLLBACK").map_err(|e| e.to_string());
-    }
-    match retry_busy("COMMIT", || conn.execute_batch("COMMIT")) {
-        Ok(()) => Ok(()),
-        Err(e) => {
-            let _ = conn.execute_batch("ROLLBACK");
-            Err(e)
+
+    /// Runs `jobs` in one transaction and commits it. Another process (a
+    /// `proxywarden check` beside the daemon) may hold the write lock: taking
+    /// it and committing are retried while the database says it is busy, so a
+    /// write is delayed, never dropped.
+    fn commit(&mut self, jobs: &mut [Box<dyn Job>]) -> Outcome {
+        let conn = &mut self.conn;
+        let changes_before = conn.total_changes();
+        self.wrote.store(false, Ordering::Relaxed);
+        let failed = |e: rusqlite::Error| {
+            let failed = CommitFailed::of(&e);
+            Outcome {
+                refused: failed.kind.map(|k| (k, failed.message.clone())),
+                committed: Err(failed),
+                wrote: false,
+            }
+        };
+        if let Err(e) = retry_busy("BEGIN IMMEDIATE", || conn.execute_batch("BEGIN IMMEDIATE")) {
+            return failed(e);
+        }
+        let alone = jobs.len() == 1;
+        let mut job_failed = false;
+        let mut refused = None;
+        for job in jobs.iter_mut() {
+            match job.run(conn, alone) {
+                Ran::Done => {}
+                Ran::Failed => job_failed = true,
+                Ran::Unwritable(kind, reason) => {
+                    job_failed = true;
+                    refused = Some((kind, reason));
+                }
+            }
+        }
+        if alone && job_failed {
+            // The job reports its own error; nothing else was in the
+            // transaction.
+            let committed = conn
+                .execute_batch("ROLLBACK")
+                .map_err(|e| CommitFailed::of(&e));
+            return Outcome {
+                committed,
+                wrote: false,
+                refused,
+            };
+        }
+        match retry_busy("COMMIT", || conn.execute_batch("COMMIT")) {
+            // The log's hook says whether frames were written; a database not
+            // in WAL mode has no hook calls, but counts its changed rows.
+            Ok(()) => Outcome {
+                committed: Ok(()),
+                wrote: self.wrote.swap(false, Ordering::Relaxed)
+                    || conn.total_changes() > changes_before,
+                refused,
+            },
+            Err(e) => {
+                let _ = conn.execute_batch("ROLLBACK");
+                failed(e)
+            }
         }
     }
 }
@@ -247,7 +382,7 @@ fn commit(conn: &mut Connection, jobs: &mut [Box<dyn Job>]) -> Result<(), String
 /// Runs `step` until it succeeds, fails with something other than a busy
 /// database, or [`LOCK_ATTEMPTS`] attempts (each waiting out the busy
 /// timeout) have passed.
-fn retry_busy(what: &str, mut step: impl FnMut() -> rusqlite::Result<()>) -> Result<(), String> {
+fn retry_busy(what: &str, mut step: impl FnMut() -> rusqlite::Result<()>) -> rusqlite::Result<()> {
     let mut attempt = 1;
     loop {
         match step() {
@@ -262,7 +397,7 @@ fn retry_busy(what: &str, mut step: impl FnMut() -> rusqlite::Result<()>) -> Res
                 );
                 attempt += 1;
             }
-            Err(e) => return Err(e.to_string()),
+            Err(e) => return Err(e),
         }
     }
 }
@@ -278,7 +413,7 @@ mod tests {
         let conn = Connection::open(&path).unwrap();
         conn.execute_batch("CREATE TABLE t (v INTEGER NOT NULL)")
             .unwrap();
-        let writer = start(conn, path).unwrap();
+        let writer = start(conn, path, Arc::default()).unwrap();
         (dir, writer)
     }
 

@@ -8,6 +8,7 @@ pub mod daemon;
 pub mod fakes;
 pub mod judges;
 pub mod site;
+pub mod tmpfs;
 
 pub use config::TestConfig;
 
