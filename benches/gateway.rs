@@ -163,9 +163,10 @@ fn measure() {
         let feedback = Feedback::new(load_index(&store).await.unwrap(), store);
         let config = TestConfig::new(dir.path())
             // Every client connection of the crowd pass at once.
-            .set("gateway", "max_per_proxy", "1000")
+            .set("pool", "max_per_proxy", "1000")
             .build();
-        let gw = Gateway::new(feedback, &config.gateway, config.api.max_age).unwrap();
+        let pool = proxywarden::pool::Pool::shared(feedback, &config.pool).unwrap();
+        let gw = Gateway::new(&pool, &config.gateway, config.api.max_age).unwrap();
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let shutdown = CancellationToken::new();

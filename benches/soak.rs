@@ -34,8 +34,8 @@
 //! - RSS and open fds are flat: the last minute's peak is at most 1.2 times
 //!   the second minute's (the first holds the start-up); judged from three
 //!   minutes on;
-//! - the crawl job fetched at least 30 pages every minute, a quarter of
-//!   what its Crawl-delay allows;
+//! - the crawl job fetched at least 30 pages every minute after the first
+//!   (which holds its start), a quarter of what its Crawl-delay allows;
 //!
 //! and exits 1 if any of these fails. The bench binary plays two roles:
 //! without arguments it measures; with `--serve-farm` it is the child
@@ -1089,14 +1089,16 @@ fn verdict(minutes: &[Minute], crawl: &[(u64, serde_json::Value)]) -> bool {
     let mut before = 0;
     let mut slow = Vec::new();
     for (i, (pages, _)) in crawl.iter().enumerate() {
-        if pages - before < pace {
+        // The first minute holds the job's start (posted once the daemon
+        // answers; robots.txt first), as it holds the daemon's for RSS.
+        if i > 0 && pages - before < pace {
             slow.push(format!("{} (+{})", i + 1, pages - before));
         }
         before = *pages;
     }
     line(
         &format!(
-            "the crawl job fetched >= {pace} pages every minute (a quarter of its Crawl-delay's pace)"
+            "the crawl job fetched >= {pace} pages every minute after the first (a quarter of its Crawl-delay's pace)"
         ),
         Some(slow.is_empty()),
         format!(

@@ -21,6 +21,7 @@ use common::site::{Reply, Site, SiteOpts};
 use common::{AliveProxy, TestConfig, ThreeCountries, store_with_alive, within, working_proxies};
 use proxywarden::gateway::{self, Gateway};
 use proxywarden::health::{Feedback, load_index};
+use proxywarden::pool::Pool;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
@@ -58,7 +59,8 @@ impl Gw {
                 .set("gateway", "timeout", "\"3s\""),
         )
         .build();
-        let gateway = Gateway::new(feedback.clone(), &config.gateway, config.api.max_age).unwrap();
+        let pool = Pool::shared(feedback.clone(), &config.pool).unwrap();
+        let gateway = Gateway::new(&pool, &config.gateway, config.api.max_age).unwrap();
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let shutdown = CancellationToken::new();

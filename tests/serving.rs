@@ -223,7 +223,7 @@ async fn gateway_requests_wait_their_turn_when_every_proxy_is_at_its_cap() {
         let site = Site::start(opts).await;
         cli_filled(dir.path(), &proxies).await;
         let (daemon, gw) = Daemon::start_with_gateway(dir.path(), "", |c| {
-            short_cycles(c.db("test.db")).set("gateway", "max_per_proxy", "2")
+            short_cycles(c.db("test.db")).set("pool", "max_per_proxy", "2")
         })
         .await;
         let end = Instant::now() + Duration::from_secs(SECS);
@@ -513,6 +513,70 @@ async fn a_crawl_job_and_gateway_clients_on_the_same_proxies_both_make_progress(
             end >= halfway + 10,
             "the crawl stalled: {halfway} pages at half time, {end} at the end: {job}"
         );
+        daemon.stop().await;
+    })
+    .await
+    .expect("the test ran past its bound");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gateway_and_a_crawl_job_share_one_cap_per_proxy() {
+    const SECS: u64 = 10;
+    tokio::time::timeout(bound(SECS), async {
+        let dir = tempfile::tempdir().unwrap();
+        let proxies = farm(6, 0).await;
+        // Slow pages keep every slot busy.
+        let mut opts = SiteOpts::new(|path, _| common::site::tree_page(path, 5_000, 4));
+        opts.latency = Duration::from_millis(400);
+        let site = Site::start(opts).await;
+        cli_filled(dir.path(), &proxies).await;
+        let (daemon, gw) = Daemon::start_with_gateway(dir.path(), "", |c| {
+            short_cycles(c.db("test.db")).set("pool", "max_per_proxy", "2")
+        })
+        .await;
+        let resp = daemon
+            .req(reqwest::Method::POST, "/crawls")
+            .header("content-type", "application/json")
+            .body(format!(
+                r#"{{"seeds": ["{}"], "max_pages": 5000, "delay": "0s", "ignore_robots": true, "per_host_concurrency": 8}}"#,
+                site.url("/")
+            ))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 201);
+        let id = resp.json::<serde_json::Value>().await.unwrap()["id"]
+            .as_i64()
+            .unwrap();
+        let end = Instant::now() + Duration::from_secs(SECS);
+        let clients: Vec<_> = (0..16)
+            .map(|k| {
+                let client = gateway_client(gw);
+                let url = site.url(&format!("/p/{}", 4_000 + k));
+                tokio::spawn(async move {
+                    let mut tally = Tally::default();
+                    while Instant::now() < end {
+                        tally.add(client.get(&url).send().await).await;
+                    }
+                    tally
+                })
+            })
+            .collect();
+        let mut all = Tally::default();
+        for c in clients {
+            all.merge(c.await.unwrap());
+        }
+        let (_, job) = daemon.json(&format!("/crawls/{id}")).await;
+        assert!(
+            site.max_in_flight_per_peer() <= 2,
+            "one proxy carried {} requests at once",
+            site.max_in_flight_per_peer()
+        );
+        // Both got their turns: twelve slots, a page every 400 ms each.
+        assert!(all.ok >= 20, "{}", all.summary());
+        assert!(all.share_ok() >= 0.99, "{}", all.summary());
+        let pages = job["progress"]["pages"].as_u64().unwrap_or(0);
+        assert!(pages >= 10, "the crawl job got {pages} pages: {job}");
         daemon.stop().await;
     })
     .await

@@ -37,6 +37,7 @@ use crate::check::Checker;
 use crate::config::Config;
 use crate::gateway::GatewayMetrics;
 use crate::health::{Feedback, HealthIndex};
+use crate::pool::Pool;
 use crate::store::Store;
 use metrics::Metrics;
 
@@ -100,7 +101,10 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     /// The last rounds.
     pub rounds: Arc<Mutex<Rounds>>,
-    /// Crawl jobs (`/crawls`), on the pool of `feedback`'s index.
+    /// The process's one fetch pool on `feedback`'s index: the gateway
+    /// and every crawl job are clients of it.
+    pub pool: Pool,
+    /// Crawl jobs (`/crawls`), clients of `pool`.
     pub crawls: CrawlJobs,
     /// Rendered `/proxy` answers.
     answers: Arc<answers::Answers>,
@@ -125,8 +129,12 @@ impl AppState {
     /// State over an opened store, reporting verdicts through `feedback`.
     pub fn new(store: Store, feedback: Feedback, config: Arc<Config>) -> AppState {
         let per_minute = NonZeroU32::new(config.api.judge_per_minute).unwrap_or(NonZeroU32::MIN);
+        // With the built-in roots and user agent a pool always builds.
+        let pool = Pool::shared(feedback.clone(), &config.pool)
+            .expect("the default pool options are valid");
         AppState {
-            crawls: CrawlJobs::new(store.clone(), feedback.clone(), &config),
+            crawls: CrawlJobs::new(store.clone(), pool.clone(), &config),
+            pool,
             store,
             feedback,
             checker: Arc::new(tokio::sync::watch::Sender::new(None)),

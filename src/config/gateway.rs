@@ -42,8 +42,6 @@ pub struct GatewayConfig {
     pub max_connections: usize,
     /// The largest request head accepted.
     pub max_header_size: usize,
-    /// Requests and tunnels through one upstream proxy at once.
-    pub max_per_proxy: u32,
     /// How long a request or tunnel waits, in line, for a proxy while
     /// every matching one is at `max_per_proxy`.
     pub queue_wait: Duration,
@@ -76,7 +74,14 @@ pub(super) fn read(g: &mut Section) -> Option<GatewayConfig> {
     let max_connections = g.int("max_connections", 1, 1_000_000);
     // hyper needs at least 8 KiB to buffer a head.
     let max_header_size = g.size("max_header_size", 8 * 1024, 1024 * 1024);
-    let max_per_proxy = g.int("max_per_proxy", 1, 100_000);
+    // Moved: one cap holds for the gateway and crawl jobs together.
+    if g.take("max_per_proxy").is_some() {
+        g.problem(
+            "max_per_proxy",
+            "has moved to pool.max_per_proxy, which caps the gateway and crawl jobs together: \
+             write it under [pool]",
+        );
+    }
     let queue_wait = g.duration("queue_wait");
     let session_ttl = g.duration("session_ttl");
     guard_public(g, "gateway", listen, &token);
@@ -94,7 +99,6 @@ pub(super) fn read(g: &mut Section) -> Option<GatewayConfig> {
         idle_timeout: idle_timeout?,
         max_connections: max_connections? as usize,
         max_header_size: max_header_size? as usize,
-        max_per_proxy: max_per_proxy? as u32,
         queue_wait: queue_wait?,
         session_ttl: session_ttl?,
     })

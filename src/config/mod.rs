@@ -10,6 +10,7 @@ mod database;
 mod gateway;
 mod geoip;
 mod harvest;
+mod pool;
 mod section;
 mod sources;
 
@@ -26,6 +27,7 @@ pub use database::DatabaseConfig;
 pub use gateway::GatewayConfig;
 pub use geoip::GeoipConfig;
 pub use harvest::{HarvestConfig, Schedule};
+pub use pool::PoolConfig;
 pub use sources::{
     HtmlColumns, HtmlOptions, JsonOptions, SourceConfig, SourceFormat, SourceLocation,
 };
@@ -72,6 +74,8 @@ pub struct Config {
     pub gateway: GatewayConfig,
     /// Crawl jobs run by the daemon.
     pub crawls: CrawlsConfig,
+    /// The daemon's one fetch pool, shared by the gateway and crawl jobs.
+    pub pool: PoolConfig,
 }
 
 /// Every problem found in a config file.
@@ -313,6 +317,7 @@ fn build(root: &mut Section) -> Option<Config> {
     let api = root.read_section("api", api::read);
     let gateway = root.read_section("gateway", gateway::read);
     let crawls = root.read_section("crawls", crawls::read);
+    let pool = root.read_section("pool", pool::read);
     Some(Config {
         database: database?,
         harvest: harvest?,
@@ -322,6 +327,7 @@ fn build(root: &mut Section) -> Option<Config> {
         api: api?,
         gateway: gateway?,
         crawls: crawls?,
+        pool: pool?,
     })
 }
 

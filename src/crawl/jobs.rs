@@ -18,7 +18,7 @@ use tokio_util::task::TaskTracker;
 
 use super::{CrawlOptions, Progress, ScopeKind, Select, Summary, crawl};
 use crate::config::{Config, CrawlsConfig};
-use crate::health::{Feedback, ProxyQuery};
+use crate::health::ProxyQuery;
 use crate::lock;
 use crate::pool::{NoProxy, Pool, PoolOptions};
 use crate::proxy::{Anonymity, Country, Scheme};
@@ -339,7 +339,8 @@ struct Live {
 
 struct Inner {
     store: Store,
-    feedback: Feedback,
+    /// The daemon's one pool: each job is a client of it.
+    pool: Pool,
     limits: CrawlsConfig,
     default_age: Duration,
     /// Each job's files live in `dir/<id>/`.
@@ -372,13 +373,13 @@ pub fn jobs_dir(db: &Path) -> PathBuf {
 }
 
 impl CrawlJobs {
-    /// Jobs of `store`, crawling on the pool of `feedback`'s index, within
-    /// `config.crawls`.
-    pub fn new(store: Store, feedback: Feedback, config: &Config) -> CrawlJobs {
+    /// Jobs of `store`, each crawling as a client of `pool` (the daemon's
+    /// one pool), within `config.crawls`.
+    pub fn new(store: Store, pool: Pool, config: &Config) -> CrawlJobs {
         CrawlJobs {
             inner: Arc::new(Inner {
                 store,
-                feedback,
+                pool,
                 limits: config.crawls.clone(),
                 default_age: config.api.max_age,
                 dir: jobs_dir(&config.database.path),
@@ -493,7 +494,7 @@ impl CrawlJobs {
             let error = format!("cannot create {}: {e}", dir.display());
             return Some(("failed", None, Some(error)));
         }
-        let pool = match Pool::new(self.inner.feedback.clone(), v.pool) {
+        let pool = match self.inner.pool.client(v.pool) {
             Ok(p) => p,
             Err(e) => return Some(("failed", None, Some(e.to_string()))),
         };

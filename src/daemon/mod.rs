@@ -73,7 +73,7 @@ pub async fn run(
     let mut state = AppState::new(store.clone(), feedback.clone(), config.clone());
     let gateway = match gateway {
         Some(listener) => {
-            let gw = Gateway::new(feedback, &config.gateway, config.api.max_age)
+            let gw = Gateway::new(&state.pool, &config.gateway, config.api.max_age)
                 .context("setting up the gateway")?;
             state = state.with_gateway(gw.metrics());
             tracing::info!(addr = %listener.local_addr()?, "gateway listening");

@@ -23,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::config::{GatewayConfig, Secret};
-use crate::health::{Feedback, ProxyQuery};
+use crate::health::ProxyQuery;
 use crate::pool::{NoProxy, Pool, PoolError, PoolOptions, StrategyKind};
 
 /// How long connections may take to finish after shutdown begins.
@@ -100,10 +100,11 @@ impl std::fmt::Debug for Gateway {
 }
 
 impl Gateway {
-    /// A gateway picking from the index behind `feedback` (the daemon's
-    /// live one) and reporting there, configured by `[gateway]`.
+    /// A gateway that is a client of `pool` (the daemon's one pool, whose
+    /// caps, cooldowns and bans it shares with crawl jobs), configured by
+    /// `[gateway]`.
     pub fn new(
-        feedback: Feedback,
+        pool: &Pool,
         config: &GatewayConfig,
         max_age: Duration,
     ) -> Result<Gateway, PoolError> {
@@ -117,7 +118,6 @@ impl Gateway {
         let opts = PoolOptions {
             query: settings.base.clone(),
             strategy,
-            max_in_flight: config.max_per_proxy,
             connect_timeout: config.connect_timeout,
             first_byte_timeout: config.timeout,
             total_timeout: config.timeout,
@@ -131,7 +131,7 @@ impl Gateway {
             session_age: config.session_ttl,
             ..PoolOptions::default()
         };
-        let pool = Pool::new(feedback, opts)?;
+        let pool = pool.client(opts)?;
         Ok(Gateway {
             inner: Arc::new(Inner {
                 pool,

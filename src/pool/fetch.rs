@@ -33,13 +33,15 @@ const IDLE_TOTAL: usize = 1024;
 /// after a few seconds and a request on a closing one fails.
 const IDLE_FOR: Duration = Duration::from_secs(15);
 
-/// Limits of one request.
+/// Limits of one request, and the user agent it is sent with (the
+/// client's: one pool carries clients with their own).
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct Limits {
+pub(crate) struct Limits<'a> {
     pub connect: Duration,
     pub first_byte: Duration,
     pub total: Duration,
     pub max_body: usize,
+    pub user_agent: &'a HeaderValue,
 }
 
 /// An answer, its body decoded.
@@ -85,15 +87,13 @@ struct Idle {
 /// Sends requests; holds the TLS configuration and idle connections.
 pub(crate) struct Client {
     tls: Arc<rustls::ClientConfig>,
-    user_agent: HeaderValue,
     idle: Mutex<IdleConns>,
 }
 
 impl Client {
-    pub fn new(tls: Arc<rustls::ClientConfig>, user_agent: HeaderValue) -> Client {
+    pub fn new(tls: Arc<rustls::ClientConfig>) -> Client {
         Client {
             tls,
-            user_agent,
             idle: Mutex::default(),
         }
     }
@@ -107,7 +107,7 @@ impl Client {
         &self,
         proxy: Option<(i64, &Proxy)>,
         url: &Url,
-        limits: Limits,
+        limits: Limits<'_>,
         pacer: Option<&dyn Pacer>,
     ) -> Result<Answer, Failure> {
         let https = url.scheme() == "https";
@@ -172,10 +172,16 @@ impl Client {
         url: &Url,
         target: &net::Target,
         proxy: Option<(i64, &Proxy)>,
-        limits: Limits,
+        limits: Limits<'_>,
     ) -> Result<Answer, Option<Failure>> {
         let (mut sender, tls, forward, fresh) = conn;
-        let req = self.request(url, target, forward, proxy.map(|(_, p)| p))?;
+        let req = self.request(
+            url,
+            target,
+            forward,
+            proxy.map(|(_, p)| p),
+            limits.user_agent,
+        )?;
         let sent = tokio::time::timeout(limits.first_byte, sender.send_request(req)).await;
         let resp = match sent {
             Err(_) => return Err(Some(Failure::Proxy(Reason::Timeout))),
@@ -219,7 +225,7 @@ impl Client {
         proxy: Option<&Proxy>,
         target: &net::Target,
         https: bool,
-        limits: Limits,
+        limits: Limits<'_>,
     ) -> Result<(SendRequest<Empty<Bytes>>, bool, bool), Failure> {
         let opts = DialOptions {
             connect_timeout: limits.connect,
@@ -259,6 +265,7 @@ impl Client {
         target: &net::Target,
         forward: bool,
         proxy: Option<&Proxy>,
+        user_agent: &HeaderValue,
     ) -> Result<http::Request<Empty<Bytes>>, Failure> {
         let mut path = url.path().to_owned();
         if let Some(q) = url.query() {
@@ -276,7 +283,7 @@ impl Client {
         };
         let mut req = http::Request::get(uri)
             .header(header::HOST, host)
-            .header(header::USER_AGENT, self.user_agent.clone())
+            .header(header::USER_AGENT, user_agent.clone())
             .header(
                 header::ACCEPT,
                 "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8",

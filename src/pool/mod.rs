@@ -76,12 +76,14 @@ pub struct PoolOptions {
     pub query: ProxyQuery,
     /// How one is chosen among those usable.
     pub strategy: StrategyKind,
-    /// Requests through one proxy at once.
+    /// Requests through one proxy at once, for every client of the pool
+    /// together (taken from the options the pool was built with, not from
+    /// those of a [`Pool::client`]).
     pub max_in_flight: u32,
     /// How long a proxy that failed rests; doubled for each failure in a
-    /// row, up to `max_cooldown`.
+    /// row, up to `max_cooldown` (as `max_in_flight`, the pool's).
     pub cooldown: Duration,
-    /// The longest rest.
+    /// The longest rest (the pool's).
     pub max_cooldown: Duration,
     /// TCP connect to the proxy.
     pub connect_timeout: Duration,
@@ -113,10 +115,11 @@ pub struct PoolOptions {
     pub user_agent: String,
     /// Which answers are blocks or proxy lies.
     pub classifier: Classifier,
-    /// PEM roots trusted besides the built-in ones (private sites, tests).
+    /// PEM roots trusted besides the built-in ones (private sites, tests;
+    /// the pool's).
     pub extra_ca: Option<PathBuf>,
     /// How often a pool made by [`Pool::from_store`] reloads the alive
-    /// proxies from the store.
+    /// proxies from the store (the pool's).
     pub refresh_every: Duration,
 }
 
@@ -508,9 +511,12 @@ struct Counters {
     rate_limits: AtomicU64,
 }
 
-struct Inner {
+/// What every handle of one pool shares: the proxies' use (in-flight
+/// counts, cooldowns, sessions, who carried a site's last requests), the
+/// line of requests waiting for a slot, the connections kept to proxies and
+/// the limits that hold for all clients together.
+struct Shared {
     feedback: Feedback,
-    opts: PoolOptions,
     client: Client,
     state: Mutex<State>,
     /// Wakes every waiter: a proxy indexed.
@@ -525,20 +531,33 @@ struct Inner {
     /// Counts slots freed, so that a waiter woken for a slot it cannot
     /// use passes the turn on once, not back and forth.
     releases: AtomicU64,
-    counters: Counters,
     /// True once a store-backed pool loaded the store (always for live
     /// pools).
     loaded: watch::Sender<bool>,
     load_error: Mutex<Option<String>>,
     refresher: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// Requests and tunnels through one proxy at once, for every client of
+    /// the pool together.
+    max_in_flight: u32,
+    /// A failed proxy's first rest, and its longest.
+    cooldown: Duration,
+    max_cooldown: Duration,
 }
 
-impl Drop for Inner {
+impl Drop for Shared {
     fn drop(&mut self) {
         if let Some(task) = lock(&self.refresher).take() {
             task.abort();
         }
     }
+}
+
+/// One client's handle on the shared pool: its own options and counters.
+struct Inner {
+    shared: Arc<Shared>,
+    opts: PoolOptions,
+    user_agent: http::HeaderValue,
+    counters: Counters,
 }
 
 /// A cheap, cloneable handle to a rotating fetch pool. See the [module
@@ -551,7 +570,7 @@ pub struct Pool {
 impl fmt::Debug for Pool {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Pool")
-            .field("index", self.inner.feedback.index())
+            .field("index", self.inner.shared.feedback.index())
             .field("strategy", &self.inner.opts.strategy)
             .finish()
     }
@@ -560,7 +579,7 @@ impl fmt::Debug for Pool {
 /// A proxy handed to one request (or one tunnel); its in-flight slot
 /// frees on drop.
 pub struct Lease {
-    inner: Arc<Inner>,
+    shared: Arc<Shared>,
     entry: Arc<Entry>,
     /// When it was handed out.
     taken: Instant,
@@ -586,13 +605,13 @@ impl fmt::Debug for Lease {
 
 impl Drop for Lease {
     fn drop(&mut self) {
-        let mut st = lock(&self.inner.state);
+        let mut st = lock(&self.shared.state);
         if let Some(u) = st.usage.get_mut(&self.entry.id) {
             u.in_flight = u.in_flight.saturating_sub(1);
         }
         drop(st);
-        self.inner.releases.fetch_add(1, Ordering::Relaxed);
-        self.inner.slot_freed.notify_one();
+        self.shared.releases.fetch_add(1, Ordering::Relaxed);
+        self.shared.slot_freed.notify_one();
     }
 }
 
@@ -658,6 +677,22 @@ impl Pool {
         Pool::build(feedback, opts, true)
     }
 
+    /// The daemon's one pool on the live index behind `feedback`, with the
+    /// caps `[pool]` sets for every client together; clients (the gateway,
+    /// crawl jobs) take a [`Pool::client`] of it with their own options.
+    pub fn shared(
+        feedback: Feedback,
+        config: &crate::config::PoolConfig,
+    ) -> Result<Pool, PoolError> {
+        Pool::new(
+            feedback,
+            PoolOptions {
+                max_in_flight: config.max_per_proxy,
+                ..PoolOptions::default()
+            },
+        )
+    }
+
     /// A pool on the alive proxies of `store`, reloaded every
     /// [`PoolOptions::refresh_every`], so that a daemon checking the same
     /// store keeps it fresh. Must be called inside a tokio runtime; the
@@ -667,7 +702,7 @@ impl Pool {
         let feedback = Feedback::new(HealthIndex::new(), store.clone());
         let every = opts.refresh_every.max(Duration::from_millis(10));
         let pool = Pool::build(feedback, opts, false)?;
-        let weak = Arc::downgrade(&pool.inner);
+        let weak = Arc::downgrade(&pool.inner.shared);
         let store = store.clone();
         let task = handle.spawn(async move {
             loop {
@@ -683,31 +718,53 @@ impl Pool {
                 tokio::time::sleep(every).await;
             }
         });
-        *lock(&pool.inner.refresher) = Some(task);
+        *lock(&pool.inner.shared.refresher) = Some(task);
         Ok(pool)
     }
 
     fn build(feedback: Feedback, opts: PoolOptions, loaded: bool) -> Result<Pool, PoolError> {
         let tls =
             crate::net::tls::client_config(opts.extra_ca.as_deref(), crate::net::tls::ALPN_H1)?;
-        let ua = http::HeaderValue::from_str(&opts.user_agent)
+        let shared = Arc::new(Shared {
+            feedback,
+            client: Client::new(tls),
+            state: Mutex::default(),
+            changed: Notify::new(),
+            slot_freed: Notify::new(),
+            slot_waiters: AtomicU64::new(0),
+            releases: AtomicU64::new(0),
+            loaded: watch::Sender::new(loaded),
+            load_error: Mutex::new(None),
+            refresher: Mutex::new(None),
+            max_in_flight: opts.max_in_flight,
+            cooldown: opts.cooldown,
+            max_cooldown: opts.max_cooldown,
+        });
+        Pool::handle(shared, opts)
+    }
+
+    fn handle(shared: Arc<Shared>, opts: PoolOptions) -> Result<Pool, PoolError> {
+        let user_agent = http::HeaderValue::from_str(&opts.user_agent)
             .map_err(|_| PoolError::UserAgent(opts.user_agent.clone()))?;
         Ok(Pool {
             inner: Arc::new(Inner {
-                feedback,
-                client: Client::new(tls, ua),
+                shared,
                 opts,
-                state: Mutex::default(),
-                changed: Notify::new(),
-                slot_freed: Notify::new(),
-                slot_waiters: AtomicU64::new(0),
-                releases: AtomicU64::new(0),
+                user_agent,
                 counters: Counters::default(),
-                loaded: watch::Sender::new(loaded),
-                load_error: Mutex::new(None),
-                refresher: Mutex::new(None),
             }),
         })
+    }
+
+    /// Another client of the same pool, with options of its own (filters,
+    /// strategy, timeouts, budgets, sessions, user agent, what to do
+    /// without a proxy) and counters of its own. What holds for every
+    /// client together comes from this pool and is not taken from `opts`:
+    /// the proxies' in-flight cap (`max_in_flight`), cooldowns, sessions,
+    /// the line of waiting requests, the extra TLS roots and the store
+    /// refresh.
+    pub fn client(&self, opts: PoolOptions) -> Result<Pool, PoolError> {
+        Pool::handle(self.inner.shared.clone(), opts)
     }
 
     /// The options it runs with.
@@ -717,12 +774,12 @@ impl Pool {
 
     /// The index it picks from.
     pub fn index(&self) -> &HealthIndex {
-        self.inner.feedback.index()
+        self.inner.shared.feedback.index()
     }
 
     /// The feedback path it reports to.
     pub fn feedback(&self) -> &Feedback {
-        &self.inner.feedback
+        &self.inner.shared.feedback
     }
 
     /// GETs `url`, retried on other proxies as the options allow.
@@ -820,8 +877,11 @@ impl Pool {
                         if limited {
                             c.rate_limits.fetch_add(1, Ordering::Relaxed);
                             let rest = wait.unwrap_or(RATE_LIMIT_REST).max(Duration::from_secs(1));
-                            self.inner.feedback.rest(id, &site, rest);
-                            self.inner.feedback.rate_limited(&site, t0.into_std());
+                            self.inner.shared.feedback.rest(id, &site, rest);
+                            self.inner
+                                .shared
+                                .feedback
+                                .rate_limited(&site, t0.into_std());
                         } else {
                             c.blocks.fetch_add(1, Ordering::Relaxed);
                             self.blocked(id, &site, page).await;
@@ -921,6 +981,7 @@ impl Pool {
             first_byte: opts.first_byte_timeout,
             total: opts.total_timeout,
             max_body: opts.max_body,
+            user_agent: &self.inner.user_agent,
         };
         let proxy = lease.map(|l| (l.entry.id, &l.entry.proxy));
         let mut url = req.url.clone();
@@ -935,7 +996,13 @@ impl Pool {
                 }
             }
             let pacer = req.pacer.as_deref();
-            let answer = match self.inner.client.get(proxy, &url, limits, pacer).await {
+            let answer = match self
+                .inner
+                .shared
+                .client
+                .get(proxy, &url, limits, pacer)
+                .await
+            {
                 Ok(a) => a,
                 Err(f) => {
                     if let Some(p) = &req.pacer {
@@ -1020,7 +1087,7 @@ impl Pool {
         policy: NoProxy,
     ) -> Result<Option<Lease>, FetchError> {
         let inner = &self.inner;
-        let mut loaded = inner.loaded.subscribe();
+        let mut loaded = inner.shared.loaded.subscribe();
         if !*loaded.borrow() {
             let _ = tokio::time::timeout(FIRST_LOAD_WAIT, loaded.wait_for(|l| *l)).await;
         }
@@ -1028,7 +1095,7 @@ impl Pool {
         let give_up = |waited| FetchError::NoProxy {
             waited,
             attempts,
-            hint: Some(match lock(&inner.load_error).clone() {
+            hint: Some(match lock(&inner.shared.load_error).clone() {
                 Some(e) => e,
                 None => self.shortage(want, tried).to_string(),
             }),
@@ -1041,28 +1108,28 @@ impl Pool {
         // line, without a look, unless more slots are free for it than
         // requests wait.
         let waits = matches!(policy, NoProxy::Wait(_) | NoProxy::Queue(_));
-        let waiters = inner.slot_waiters.load(Ordering::Relaxed);
+        let waiters = inner.shared.slot_waiters.load(Ordering::Relaxed);
         let mut skip =
             waits && waiters > 0 && self.shortage(want, tried).free_slots <= waiters as usize;
         if skip {
-            queued = Some(SlotWaiter::new(&inner.slot_waiters));
+            queued = Some(SlotWaiter::new(&inner.shared.slot_waiters));
         }
         // Slots freed as of our last look, and whether a turn came since
         // for a slot freed after that look.
         let (mut looked_at, mut handed) = (0u64, false);
         loop {
             // Registered before looking, so an event meanwhile wakes us.
-            let changed = inner.changed.notified();
+            let changed = inner.shared.changed.notified();
             tokio::pin!(changed);
             changed.as_mut().enable();
             if turn.is_none() && queued.is_some() {
-                let mut t = Box::pin(inner.slot_freed.notified());
+                let mut t = Box::pin(inner.shared.slot_freed.notified());
                 t.as_mut().enable();
                 turn = Some(t);
             }
             let mut next_free = None;
             if !std::mem::take(&mut skip) {
-                looked_at = inner.releases.load(Ordering::Relaxed);
+                looked_at = inner.shared.releases.load(Ordering::Relaxed);
                 let (lease, next) =
                     self.try_pick(want.query, want.session, want.site, want.https, tried);
                 if let Some(lease) = lease {
@@ -1074,7 +1141,7 @@ impl Pool {
                 if std::mem::take(&mut handed) {
                     // The slot we were woken for is not for us (other
                     // filters, or taken): the next in line may use it.
-                    inner.slot_freed.notify_one();
+                    inner.shared.slot_freed.notify_one();
                 }
             }
             let waited = started.elapsed();
@@ -1092,7 +1159,7 @@ impl Pool {
                 // A matching proxy at its cap frees a slot soon: wait in
                 // line for it.
                 if shortage.busy > 0 {
-                    queued = Some(SlotWaiter::new(&inner.slot_waiters));
+                    queued = Some(SlotWaiter::new(&inner.shared.slot_waiters));
                     continue;
                 }
                 // A proxy resting after a failure, or resting for this site
@@ -1125,7 +1192,7 @@ impl Pool {
                     turn = None;
                     // A slot freed before our last look was no use then
                     // either: the turn ends here rather than going round.
-                    handed = inner.releases.load(Ordering::Relaxed) > looked_at;
+                    handed = inner.shared.releases.load(Ordering::Relaxed) > looked_at;
                 }
             }
         }
@@ -1141,8 +1208,11 @@ impl Pool {
             site: want.site.to_owned(),
             ..Shortage::default()
         };
-        let matching = inner.feedback.select(want.query, crate::store::now_ms());
-        let st = lock(&inner.state);
+        let matching = inner
+            .shared
+            .feedback
+            .select(want.query, crate::store::now_ms());
+        let st = lock(&inner.shared.state);
         for e in matching {
             if !fetch::can_carry(&e.proxy, e.https, want.https) {
                 s.no_tunnel += 1;
@@ -1154,19 +1224,19 @@ impl Pool {
                 s.tried += 1;
             } else if usage.is_some_and(|u| u.cooldown_until.is_some_and(|t| t > now)) {
                 s.resting += 1;
-            } else if let Some(until) = inner.feedback.banned_until(e.id, want.site) {
+            } else if let Some(until) = inner.shared.feedback.banned_until(e.id, want.site) {
                 s.banned += 1;
                 let until = Instant::from_std(until);
                 s.rest_ends = Some(s.rest_ends.map_or(until, |t| t.min(until)));
             } else {
                 let in_flight = usage.map_or(0, |u| u.in_flight);
-                match inner.opts.max_in_flight.checked_sub(in_flight) {
+                match inner.shared.max_in_flight.checked_sub(in_flight) {
                     Some(0) | None => s.busy += 1,
                     Some(free) => s.free_slots += free as usize,
                 }
             }
         }
-        s.max_in_flight = inner.opts.max_in_flight;
+        s.max_in_flight = inner.shared.max_in_flight;
         s
     }
 
@@ -1217,8 +1287,9 @@ impl Pool {
                 if !page && matches!(status, 429 | 503) {
                     c.rate_limits.fetch_add(1, Ordering::Relaxed);
                     let rest = wait.unwrap_or(RATE_LIMIT_REST).max(Duration::from_secs(1));
-                    self.inner.feedback.rest(id, &site, rest);
+                    self.inner.shared.feedback.rest(id, &site, rest);
                     self.inner
+                        .shared
                         .feedback
                         .rate_limited(&site, lease.taken.into_std());
                 } else {
@@ -1242,17 +1313,18 @@ impl Pool {
     ) -> (Option<Lease>, Option<Instant>) {
         let inner = &self.inner;
         let opts = &inner.opts;
-        let index = inner.feedback.index();
+        let index = inner.shared.feedback.index();
         let now = Instant::now();
         let now_ms = crate::store::now_ms();
-        let mut st = lock(&inner.state);
+        let mut st = lock(&inner.shared.state);
         let usable = |st: &State, e: &Entry| {
             !tried.contains(&e.id)
                 && fetch::can_carry(&e.proxy, e.https, https)
                 && st.usage.get(&e.id).is_none_or(|u| {
-                    u.in_flight < opts.max_in_flight && u.cooldown_until.is_none_or(|t| t <= now)
+                    u.in_flight < inner.shared.max_in_flight
+                        && u.cooldown_until.is_none_or(|t| t <= now)
                 })
-                && !inner.feedback.is_banned(e.id, site)
+                && !inner.shared.feedback.is_banned(e.id, site)
         };
         let mut chosen = None;
         if let Some(key) = session
@@ -1278,11 +1350,12 @@ impl Pool {
             // Through the feedback path, so the pool never takes a proxy
             // past the freshness window or one a burst made suspect.
             let recent = st.recent.get(site);
-            chosen = inner.feedback.pick(query, now_ms, &strategy, &|e| {
+            chosen = inner.shared.feedback.pick(query, now_ms, &strategy, &|e| {
                 !usable(&st, e) || recent.is_some_and(|r| r.contains(&e.id))
             });
             if chosen.is_none() && recent.is_some() {
                 chosen = inner
+                    .shared
                     .feedback
                     .pick(query, now_ms, &strategy, &|e| !usable(&st, e));
             }
@@ -1325,16 +1398,16 @@ impl Pool {
             }
         }
         drop(st);
-        inner.feedback.served(&entry, now_ms);
+        inner.shared.feedback.served(&entry, now_ms);
         // A site that rate-limits each address gets no more through this
         // proxy than it takes.
-        let gap = inner.feedback.site_gap(site);
+        let gap = inner.shared.feedback.site_gap(site);
         if gap >= MIN_SITE_GAP {
-            inner.feedback.rest(entry.id, site, gap);
+            inner.shared.feedback.rest(entry.id, site, gap);
         }
         (
             Some(Lease {
-                inner: inner.clone(),
+                shared: inner.shared.clone(),
                 entry,
                 taken: now,
             }),
@@ -1344,7 +1417,7 @@ impl Pool {
 
     async fn worked(&self, lease: &Lease, latency: Duration) {
         {
-            let mut st = lock(&self.inner.state);
+            let mut st = lock(&self.inner.shared.state);
             let u = st.usage.entry(lease.entry.id).or_default();
             u.ok += 1;
             u.streak = 0;
@@ -1360,21 +1433,25 @@ impl Pool {
     async fn failed(&self, lease: &Lease, reason: Reason) {
         let id = lease.entry.id;
         {
-            let opts = &self.inner.opts;
-            let mut st = lock(&self.inner.state);
+            let shared = &self.inner.shared;
+            let mut st = lock(&shared.state);
             st.failed.insert(id);
             let u = st.usage.entry(id).or_default();
             u.failed += 1;
             u.streak += 1;
             let factor = 2u32.saturating_pow(u.streak.saturating_sub(1).min(16));
-            let rest = opts.cooldown.saturating_mul(factor).min(opts.max_cooldown);
+            let rest = shared
+                .cooldown
+                .saturating_mul(factor)
+                .min(shared.max_cooldown);
             u.cooldown_until = Some(Instant::now() + rest);
         }
-        self.inner.client.forget(id);
+        self.inner.shared.client.forget(id);
         tracing::debug!(id, %reason, "proxy failed in use");
         // Awaited: the proxy must leave the index before the next pick.
         if let Err(e) = self
             .inner
+            .shared
             .feedback
             .report(id, Verdict::Failed(Some(reason)), None)
             .await
@@ -1389,7 +1466,13 @@ impl Pool {
         if req.url.scheme() != "https" || lease.entry.proxy.scheme != Scheme::Http {
             return;
         }
-        if let Err(e) = self.inner.feedback.tunnel_failed(lease.entry.id).await {
+        if let Err(e) = self
+            .inner
+            .shared
+            .feedback
+            .tunnel_failed(lease.entry.id)
+            .await
+        {
             tracing::warn!(id = lease.entry.id, error = %e, "cannot ask for an https re-test");
         }
     }
@@ -1398,7 +1481,7 @@ impl Pool {
     /// the feedback path), a bare refusal rests it for a while.
     async fn blocked(&self, id: i64, site: &str, page: bool) {
         {
-            let mut st = lock(&self.inner.state);
+            let mut st = lock(&self.inner.shared.state);
             if st.bans.len() < MAX_BAN_SITES || st.bans.contains_key(site) {
                 st.bans.entry(site.to_owned()).or_default().insert(id);
             }
@@ -1406,7 +1489,7 @@ impl Pool {
         if page {
             self.report(id, Verdict::Blocked, Some(site)).await;
         } else {
-            self.inner.feedback.rest(id, site, REFUSAL_REST);
+            self.inner.shared.feedback.rest(id, site, REFUSAL_REST);
         }
     }
 
@@ -1414,7 +1497,7 @@ impl Pool {
     /// path writes such counts together, off the request path); failures,
     /// blocks and target errors take effect before this returns.
     async fn report(&self, id: i64, verdict: Verdict, site: Option<&str>) {
-        let feedback = &self.inner.feedback;
+        let feedback = &self.inner.shared.feedback;
         if verdict == Verdict::Worked {
             feedback.worked(id);
             return;
@@ -1428,7 +1511,7 @@ impl Pool {
     pub fn stats(&self) -> PoolStats {
         let c = &self.inner.counters;
         let now = Instant::now();
-        let st = lock(&self.inner.state);
+        let st = lock(&self.inner.shared.state);
         PoolStats {
             requests: c.requests.load(Ordering::Relaxed),
             pages: c.pages.load(Ordering::Relaxed),
@@ -1459,7 +1542,7 @@ impl Pool {
     /// True when proxy `id` is resting after a failure.
     pub fn is_cooling(&self, id: i64) -> bool {
         let now = Instant::now();
-        lock(&self.inner.state)
+        lock(&self.inner.shared.state)
             .usage
             .get(&id)
             .and_then(|u| u.cooldown_until)
@@ -1468,7 +1551,7 @@ impl Pool {
 
     /// Requests through proxy `id` now.
     pub fn in_flight(&self, id: i64) -> u32 {
-        lock(&self.inner.state)
+        lock(&self.inner.shared.state)
             .usage
             .get(&id)
             .map_or(0, |u| u.in_flight)
@@ -1556,13 +1639,16 @@ impl Drop for SlotWaiter<'_> {
 
 /// Replaces the index of the pool behind `weak` with `loaded`; false when
 /// the pool is gone.
-fn refresh(weak: &Weak<Inner>, loaded: Result<Vec<crate::store::ProxyRecord>, StoreError>) -> bool {
-    let Some(inner) = weak.upgrade() else {
+fn refresh(
+    weak: &Weak<Shared>,
+    loaded: Result<Vec<crate::store::ProxyRecord>, StoreError>,
+) -> bool {
+    let Some(shared) = weak.upgrade() else {
         return false;
     };
     match loaded {
         Ok(records) => {
-            let index = inner.feedback.index();
+            let index = shared.feedback.index();
             let keep: HashSet<i64> = records.iter().map(|r| r.id).collect();
             let now = crate::store::now_ms();
             for e in index.select(&ProxyQuery::default(), now) {
@@ -1571,15 +1657,15 @@ fn refresh(weak: &Weak<Inner>, loaded: Result<Vec<crate::store::ProxyRecord>, St
                 }
             }
             index.apply(records);
-            *lock(&inner.load_error) = None;
+            *lock(&shared.load_error) = None;
         }
         Err(e) => {
             tracing::warn!(error = %e, "cannot load proxies for the pool");
-            *lock(&inner.load_error) = Some(format!("cannot load proxies: {e}"));
+            *lock(&shared.load_error) = Some(format!("cannot load proxies: {e}"));
         }
     }
-    inner.loaded.send_replace(true);
-    inner.changed.notify_waiters();
+    shared.loaded.send_replace(true);
+    shared.changed.notify_waiters();
     true
 }
 
