@@ -20,3 +20,29 @@ pub(super) fn read(s: &mut Section) -> Option<PoolConfig> {
         max_per_proxy: max_per_proxy? as u32,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::config::Config;
+
+    #[test]
+    fn the_cap_per_proxy_is_the_pools_and_the_old_key_names_it() {
+        let config = Config::from_toml("[pool]\nmax_per_proxy = 2\n", "t.toml").unwrap();
+        assert_eq!(config.pool.max_per_proxy, 2);
+        assert_eq!(
+            Config::from_toml("", "t.toml").unwrap().pool.max_per_proxy,
+            32
+        );
+        let err = Config::from_toml("[gateway]\nmax_per_proxy = 2\n", "t.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("gateway.max_per_proxy") && err.contains("pool.max_per_proxy"),
+            "{err}"
+        );
+        let err = Config::from_toml("[pool]\nmax_per_proxy = 0\n", "t.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("pool.max_per_proxy"), "{err}");
+    }
+}
