@@ -999,6 +999,10 @@ pub fn progress_line(s: &SourceReport) -> String {
     let took = s.duration.as_secs_f64();
     match &s.error {
         Some(e) if !s.worked() => format!("{}: failed after {took:.1}s: {e}", s.name),
+        _ if s.private > 0 => format!(
+            "{}: {} found, {} new, {} private dropped in {took:.1}s",
+            s.name, s.found, s.new, s.private
+        ),
         _ => format!("{}: {} found, {} new in {took:.1}s", s.name, s.found, s.new),
     }
 }
@@ -1018,6 +1022,15 @@ pub fn print_harvest(report: &HarvestReport, out: &mut impl Write) -> std::io::R
                 error.push_str("; ");
             }
             error.push_str("truncated at harvest.max_per_source");
+        }
+        if s.private > 0 && s.error.is_none() {
+            if !error.is_empty() {
+                error.push_str("; ");
+            }
+            error.push_str(&format!(
+                "{} private or own addresses dropped (harvest.allow_private_addresses)",
+                s.private
+            ));
         }
         writeln!(
             out,

@@ -35,6 +35,10 @@ pub struct HarvestConfig {
     /// How soon `serve` tries the sources that failed again; doubles while
     /// they keep failing, never later than the next scheduled harvest.
     pub failed_retry: Duration,
+    /// Keep candidates on loopback, private, link-local and other
+    /// non-public addresses, and follow a source's redirects to them (labs
+    /// and test farms); off by default, as a public list is hostile.
+    pub allow_private_addresses: bool,
 }
 
 /// A cron expression with seconds (sec min hour day-of-month month
@@ -115,6 +119,7 @@ pub(super) fn read(h: &mut Section) -> Option<HarvestConfig> {
     let retries = h.int("retries", 0, 10);
     let retry_backoff = h.duration("retry_backoff");
     let failed_retry = h.duration("failed_retry");
+    let allow_private_addresses = h.boolean("allow_private_addresses");
     if let (Some(connect), Some(total)) = (connect_timeout, timeout)
         && connect > total
     {
@@ -132,6 +137,7 @@ pub(super) fn read(h: &mut Section) -> Option<HarvestConfig> {
         retries: retries? as u32,
         retry_backoff: retry_backoff?,
         failed_retry: failed_retry?,
+        allow_private_addresses: allow_private_addresses?,
     })
 }
 

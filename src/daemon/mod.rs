@@ -53,6 +53,14 @@ pub async fn run(
     gateway: Option<TcpListener>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
+    let mut config = config;
+    // The addresses actually bound (a port of 0 in the config, or a
+    // listener handed in, picks its own): what the harvest must never store
+    // as a proxy, and what `Host` may name.
+    config.api.listen = listener.local_addr()?;
+    if let Some(gateway) = &gateway {
+        config.gateway.listen = gateway.local_addr()?;
+    }
     let config = Arc::new(config);
     let store = Store::open(&config.database.path)?;
     // Read before the index, so rows changed while it loads are read again.

@@ -2,10 +2,12 @@
 //! concurrency, parsed off the async runtime, and written to the store in
 //! one transaction per source. One broken source never fails the others.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 
+use super::addresses::AddressPolicy;
 use super::fetch::{Fetched, Fetcher};
 use super::{Candidates, html, json, text};
 use crate::config::{Config, SourceConfig, SourceFormat, SourceLocation};
@@ -28,6 +30,9 @@ pub struct SourceReport {
     pub duration: Duration,
     /// True when `max_per_source` cut the list short.
     pub truncated: bool,
+    /// Entries dropped for their address: private, loopback and the like
+    /// (unless `harvest.allow_private_addresses`), or the daemon's own.
+    pub private: usize,
     /// Why the source failed, if it did.
     pub error: Option<String>,
 }
@@ -95,6 +100,18 @@ pub async fn harvest_all_reporting(
     store: &Store,
     done: &(dyn Fn(&SourceReport, Progress) + Sync),
 ) -> Result<HarvestReport, HarvestError> {
+    harvest_all_with(config, store, AddressPolicy::from_config(config), done).await
+}
+
+/// Like [`harvest_all_reporting`], keeping the addresses `policy` keeps
+/// (the daemon's names the addresses it actually listens on).
+pub async fn harvest_all_with(
+    config: &Config,
+    store: &Store,
+    policy: AddressPolicy,
+    done: &(dyn Fn(&SourceReport, Progress) + Sync),
+) -> Result<HarvestReport, HarvestError> {
+    let policy = Arc::new(policy);
     // Owned copies keep the stream's futures free of borrowed lifetimes, so
     // the round can run inside spawned tasks.
     let sources: Vec<SourceConfig> = config
@@ -106,7 +123,7 @@ pub async fn harvest_all_reporting(
     if sources.is_empty() {
         return Err(HarvestError::NoSources);
     }
-    let fetcher = Fetcher::new(&config.harvest)?;
+    let fetcher = Fetcher::new(&config.harvest, policy.allow_private)?;
     let started = Instant::now();
     let round_start = now_ms();
     let limit = config.harvest.max_per_source;
@@ -117,8 +134,10 @@ pub async fn harvest_all_reporting(
         .map(|(i, src)| {
             let fetcher = fetcher.clone();
             let store = store.clone();
+            let policy = policy.clone();
             async move {
-                let report = harvest_source(&fetcher, &store, &src, limit, parse_time).await;
+                let report =
+                    harvest_source(&fetcher, &store, &src, limit, parse_time, policy).await;
                 (i, report)
             }
         })
@@ -159,10 +178,11 @@ async fn harvest_source(
     src: &SourceConfig,
     limit: usize,
     parse_time: Duration,
+    policy: Arc<AddressPolicy>,
 ) -> SourceReport {
     let started = Instant::now();
     let started_at = now_ms();
-    let mut candidates = Candidates::new(limit);
+    let mut candidates = Candidates::with_policy(limit, policy.clone());
     let mut http_status = None;
     let mut error = None;
     let mut pages = 0;
@@ -205,7 +225,18 @@ async fn harvest_source(
         }
         // Paged APIs answer past their end with an empty page.
         if candidates.len() == before {
-            if page == 1 {
+            if page == 1 && candidates.private() > 0 {
+                error = Some(format!(
+                    "every address it lists is private or the daemon's own ({} entries \
+                     dropped{})",
+                    candidates.private(),
+                    if policy.allow_private {
+                        ""
+                    } else {
+                        "; harvest.allow_private_addresses = true keeps private ones"
+                    }
+                ));
+            } else if page == 1 {
                 error = Some(format!(
                     "no proxies found in the {} body",
                     src.format.name()
@@ -222,6 +253,14 @@ async fn harvest_source(
         );
     }
     let truncated = candidates.truncated();
+    let private = candidates.private();
+    if private > 0 {
+        tracing::info!(
+            source = %src.name,
+            private,
+            "dropped entries on private, loopback or the daemon's own addresses"
+        );
+    }
     let items = candidates.into_list();
     let run = SourceRun {
         name: src.name.clone(),
@@ -231,6 +270,7 @@ async fn harvest_source(
         http_status,
         duration_ms: started.elapsed().as_millis() as i64,
         error: error.clone(),
+        private,
     };
     let stored = store.record_source_run(run, items).await;
     let (found, new) = match stored {
@@ -252,6 +292,7 @@ async fn harvest_source(
         pages,
         duration: started.elapsed(),
         truncated,
+        private,
         error,
     }
 }
