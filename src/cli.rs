@@ -537,11 +537,7 @@ async fn crawl(config_path: Option<&Path>, args: CrawlArgs) -> anyhow::Result<Ex
     let args = resume_args(args)?;
     let mut seeds = Vec::new();
     for u in &args.urls {
-        let url = url::Url::parse(u).with_context(|| format!("{u:?} is not a URL"))?;
-        if !matches!(url.scheme(), "http" | "https") {
-            bail!("{u:?} is not an http or https URL");
-        }
-        seeds.push(url);
+        seeds.push(crate::crawl::url::parse_seed(u).map_err(anyhow::Error::msg)?);
     }
     if seeds.is_empty() && args.state.as_ref().is_none_or(|s| !s.exists()) {
         bail!("give a URL to crawl (or --state FILE of a crawl to resume)");
