@@ -414,7 +414,9 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     eprintln!("[{}/{}] {}", p.finished, p.total, progress_line(r));
                 }
             };
-            let report = harvest::harvest_all_reporting(&config, &store, &show).await?;
+            let report = harvest::harvest_all_reporting(&config, &store, &show).await;
+            checkpoint(&store).await;
+            let report = report?;
             print_harvest(&report, &mut std::io::stdout().lock())?;
             if report.any_worked() {
                 Ok(ExitCode::SUCCESS)
@@ -467,6 +469,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let purged = store
                 .purge(crate::store::now_ms(), config.check.purge_after)
                 .await?;
+            checkpoint(&store).await;
             println!("purged {purged} proxies");
             Ok(ExitCode::SUCCESS)
         }
@@ -655,6 +658,7 @@ async fn crawl(config_path: Option<&Path>, args: CrawlArgs) -> anyhow::Result<Ex
     if let Err(e) = pool.feedback().flush().await {
         tracing::warn!(error = %e, "cannot record proxies' worked uses");
     }
+    checkpoint(&store).await;
     if let Some(display) = display {
         display.abort();
         let _ = display.await;
@@ -806,6 +810,7 @@ async fn check(config_path: Option<&Path>, args: CheckArgs) -> anyhow::Result<Ex
         progress.clone(),
     )
     .await;
+    checkpoint(&store).await;
     display.abort();
     let _ = display.await;
     if std::io::stderr().is_terminal() {
@@ -983,6 +988,18 @@ fn load(explicit: Option<&Path>) -> anyhow::Result<(Config, ConfigOrigin)> {
 
 fn open_store(config: &Config) -> anyhow::Result<Store> {
     Ok(Store::open(&config.database.path)?)
+}
+
+/// Leaves every commit in the database file itself before the command
+/// exits, rather than in the write-ahead log beside it: a copy of the file
+/// alone (a backup, a move) then holds everything (see
+/// [`Store::checkpoint`]).
+async fn checkpoint(store: &Store) {
+    match store.checkpoint().await {
+        Ok(true) => {}
+        Ok(false) => tracing::debug!("another process is reading; part of the log stays"),
+        Err(e) => tracing::warn!(error = %e, "cannot copy the write-ahead log into the database"),
+    }
 }
 
 /// The width of a SOURCE column holding `names`.

@@ -172,6 +172,11 @@ pub async fn run(
         if let Err(e) = state.feedback.flush().await {
             tracing::warn!(error = %e, "cannot record proxies' worked uses");
         }
+        // The database file alone then holds everything (a copy of it is
+        // a whole backup).
+        if let Err(e) = store.checkpoint().await {
+            tracing::warn!(error = %e, "cannot copy the write-ahead log into the database");
+        }
     };
     if tokio::time::timeout(STOP_LIMIT, stopped).await.is_err() {
         tracing::warn!(
