@@ -477,6 +477,10 @@ fn write_config(
 [database]
 path = "{db}"
 
+[harvest]
+# The farm listens on loopback.
+allow_private_addresses = true
+
 [check]
 judges = ["{judge}"]
 concurrency = {concurrency}
@@ -1041,10 +1045,19 @@ struct VersusRound {
 
 impl Contender {
     fn config(&self, farm: &MixedFarm) -> String {
+        // The farm listens on loopback, which this build drops from lists
+        // unless told to keep it; older builds know no such key (and
+        // refuse unknown ones), and keep loopback anyway.
+        let harvest = if self.name == "new" {
+            "[harvest]\nallow_private_addresses = true\n"
+        } else {
+            ""
+        };
         format!(
             r#"[database]
 path = "{db}"
 
+{harvest}
 [check]
 judges = ["{judge}", "{tls}"]
 extra_ca_file = "{ca}"

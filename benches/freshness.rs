@@ -188,7 +188,8 @@ async fn measure() -> anyhow::Result<()> {
     // default's 10 a second per public judge.
     let config = Config::from_toml(
         &format!(
-            "[database]\npath = \"{}\"\n[check]\njudges = [\"{judge}\"]\n\
+            "[database]\npath = \"{}\"\n[harvest]\nallow_private_addresses = true\n\
+             [check]\njudges = [\"{judge}\"]\n\
              serve_recheck_rate = {RATE}\n\
              [[sources]]\nname = \"farm\"\nurl = \"{}\"\n",
             dir.path().join("fresh.db").display(),

@@ -102,9 +102,13 @@ fn write_list(path: &Path, n: usize) -> std::io::Result<u64> {
             break;
         }
         let ip = std::net::Ipv4Addr::from(i.wrapping_mul(0x9e37_79b1).wrapping_add(0x0101_0101));
-        // Addresses the parser refuses (private, loopback, reserved...)
-        // would not be stored: the list holds only usable ones.
-        if !proxywarden::proxy::usable_ip(ip.into()) {
+        // Addresses the parser refuses (multicast, broadcast...) or the
+        // harvest drops (private, loopback, reserved...) would not be
+        // stored: the list holds only usable, public ones, the same for an
+        // older build.
+        if !proxywarden::proxy::usable_ip(ip.into())
+            || proxywarden::harvest::addresses::special_kind(ip.into()).is_some()
+        {
             continue;
         }
         written += 1;

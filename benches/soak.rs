@@ -515,6 +515,7 @@ async fn soak(minutes: usize) -> anyhow::Result<bool> {
         &config,
         format!(
             "[database]\npath = \"{db}\"\n\n\
+             [harvest]\nallow_private_addresses = true\n\n\
              [check]\njudges = [{judges}]\nhttps = false\n\
              recheck_dead = \"1m\"\nrecheck_dead_max = \"2m\"\n\n\
              [api]\nlisten = \"{api}\"\n\n\

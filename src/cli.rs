@@ -436,7 +436,9 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     eprintln!("[{}/{}] {}", p.finished, p.total, progress_line(r));
                 }
             };
-            let report = harvest::harvest_all_reporting(&config, &store, &show).await?;
+            let report = harvest::harvest_all_reporting(&config, &store, &show).await;
+            checkpoint(&store).await;
+            let report = report?;
             print_harvest(&report, &mut std::io::stdout().lock())?;
             if let Some(e) = report.store_error() {
                 let stored: usize = report.sources.iter().map(|s| s.stored).sum();
@@ -498,6 +500,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let purged = store
                 .purge(crate::store::now_ms(), config.check.purge_after)
                 .await?;
+            checkpoint(&store).await;
             println!("purged {purged} proxies");
             Ok(ExitCode::SUCCESS)
         }
@@ -568,11 +571,7 @@ async fn crawl(config_path: Option<&Path>, args: CrawlArgs) -> anyhow::Result<Ex
     let args = resume_args(args)?;
     let mut seeds = Vec::new();
     for u in &args.urls {
-        let url = url::Url::parse(u).with_context(|| format!("{u:?} is not a URL"))?;
-        if !matches!(url.scheme(), "http" | "https") {
-            bail!("{u:?} is not an http or https URL");
-        }
-        seeds.push(url);
+        seeds.push(crate::crawl::url::parse_seed(u).map_err(anyhow::Error::msg)?);
     }
     if seeds.is_empty() && args.state.as_ref().is_none_or(|s| !s.exists()) {
         bail!("give a URL to crawl (or --state FILE of a crawl to resume)");
@@ -690,6 +689,7 @@ async fn crawl(config_path: Option<&Path>, args: CrawlArgs) -> anyhow::Result<Ex
     if let Err(e) = pool.feedback().flush().await {
         tracing::warn!(error = %e, "cannot record proxies' worked uses");
     }
+    checkpoint(&store).await;
     if let Some(display) = display {
         display.abort();
         let _ = display.await;
@@ -841,6 +841,7 @@ async fn check(config_path: Option<&Path>, args: CheckArgs) -> anyhow::Result<Ex
         progress.clone(),
     )
     .await;
+    checkpoint(&store).await;
     display.abort();
     let _ = display.await;
     if std::io::stderr().is_terminal() {
@@ -1027,6 +1028,18 @@ fn open_store(config: &Config) -> anyhow::Result<Store> {
     Ok(Store::open(&config.database.path)?)
 }
 
+/// Leaves every commit in the database file itself before the command
+/// exits, rather than in the write-ahead log beside it: a copy of the file
+/// alone (a backup, a move) then holds everything (see
+/// [`Store::checkpoint`]).
+async fn checkpoint(store: &Store) {
+    match store.checkpoint().await {
+        Ok(true) => {}
+        Ok(false) => tracing::debug!("another process is reading; part of the log stays"),
+        Err(e) => tracing::warn!(error = %e, "cannot copy the write-ahead log into the database"),
+    }
+}
+
 /// The width of a SOURCE column holding `names`.
 fn name_width<'a>(names: impl Iterator<Item = &'a str>) -> usize {
     names.map(str::len).max().unwrap_or(0).max("SOURCE".len())
@@ -1037,6 +1050,10 @@ pub fn progress_line(s: &SourceReport) -> String {
     let took = s.duration.as_secs_f64();
     let line = match &s.error {
         Some(e) if !s.worked() => format!("{}: failed after {took:.1}s: {e}", s.name),
+        _ if s.private > 0 => format!(
+            "{}: {} found, {} new, {} private dropped in {took:.1}s",
+            s.name, s.found, s.new, s.private
+        ),
         _ => format!("{}: {} found, {} new in {took:.1}s", s.name, s.found, s.new),
     };
     match &s.store_error {
@@ -1060,6 +1077,15 @@ pub fn print_harvest(report: &HarvestReport, out: &mut impl Write) -> std::io::R
                 error.push_str("; ");
             }
             error.push_str("truncated at harvest.max_per_source");
+        }
+        if s.private > 0 && s.error.is_none() {
+            if !error.is_empty() {
+                error.push_str("; ");
+            }
+            error.push_str(&format!(
+                "{} private or own addresses dropped (harvest.allow_private_addresses)",
+                s.private
+            ));
         }
         writeln!(
             out,

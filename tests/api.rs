@@ -487,27 +487,53 @@ async fn idle_and_slow_header_clients_do_not_starve_healthz_and_are_closed() {
 }
 
 /// Issue 10, Must 2: at `max_connections` a new client closes the one
-/// quiet longest, so idle clients cannot lock anyone out.
+/// quiet longest, so idle clients cannot lock anyone out. Issue 25: but
+/// not one just opened (it may be about to send its request): within its
+/// first second the newcomer is told to come back instead.
 #[tokio::test]
 async fn the_connection_cap_closes_the_quietest_to_make_room() {
+    use tokio::io::AsyncReadExt;
     let server =
         Server::start("header_timeout = \"60s\"\nidle_timeout = \"60s\"\nmax_connections = 20")
             .await;
     let mut idle = Vec::new();
-    for _ in 0..50 {
+    for _ in 0..20 {
         let c = tokio::net::TcpStream::connect(server.addr).await.unwrap();
         idle.push(c.into_split());
     }
+    // Every slot holds a connection in its first second: more are answered
+    // 503 with Retry-After, and the twenty are kept.
+    for _ in 0..10 {
+        let mut c = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+        let mut answer = Vec::new();
+        tokio::time::timeout(SECONDS_5, c.read_to_end(&mut answer))
+            .await
+            .unwrap()
+            .unwrap();
+        let answer = String::from_utf8_lossy(&answer);
+        assert!(answer.starts_with("HTTP/1.1 503 "), "{answer}");
+        assert!(answer.contains("retry-after: 1"), "{answer}");
+    }
+    // Once they have had their second and sent nothing, the oldest make
+    // room: for /healthz, then for 10 more silent clients (the first of
+    // which takes the slot /healthz left).
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
     let (_, status) = server.healthz().await;
     assert_eq!(status, "HTTP/1.1 200 OK");
-    // 51 connections came; at most 20 were ever open: the oldest 31 idle
-    // ones were closed, and the newest are still held.
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    for _ in 0..10 {
+        let c = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+        idle.push(c.into_split());
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    // At most 20 were ever open: the oldest 10 were closed, and the
+    // newest are still held.
     let mut closed = Vec::new();
     for (i, (read, _)) in idle.iter_mut().enumerate() {
-        let within = std::time::Duration::from_millis(if i < 31 { 3000 } else { 200 });
+        let within = std::time::Duration::from_millis(if i < 10 { 3000 } else { 200 });
         closed.push(closed_within(read, within).await.is_some());
     }
-    let expected: Vec<bool> = (0..50).map(|i| i < 31).collect();
+    let expected: Vec<bool> = (0..30).map(|i| i < 10).collect();
     assert_eq!(closed, expected);
     server.stop().await;
 }

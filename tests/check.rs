@@ -663,7 +663,7 @@ async fn harvested_check(
 ) -> tokio::process::Child {
     std::fs::write(dir.join("list.txt"), list).unwrap();
     let toml = format!(
-        "[database]\npath = \"test.db\"\n[check]\njudges = [\"{}\"]\nconcurrency = 10\n\
+        "[database]\npath = \"test.db\"\n[harvest]\nallow_private_addresses = true\n[check]\njudges = [\"{}\"]\nconcurrency = 10\n\
          connect_timeout = \"{connect_timeout}\"\ntimeout = \"{timeout}\"\nhttps = false\n\
          [[sources]]\nname = \"list\"\nurl = \"list.txt\"\n",
         judge.url()

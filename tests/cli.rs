@@ -400,7 +400,14 @@ async fn config_check_fails_on_files_that_would_fail_later() {
     // Once the files exist, the same config passes.
     std::fs::write(dir.path().join("missing-ca.pem"), "").unwrap();
     std::fs::remove_dir(dir.path().join("geo.mmdb")).unwrap();
-    std::fs::write(dir.path().join("geo.mmdb"), "x").unwrap();
+    // A real (MaxMind's test) country database: any readable file is not
+    // enough.
+    std::fs::copy(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/geoip/GeoLite2-Country-Test.mmdb"),
+        dir.path().join("geo.mmdb"),
+    )
+    .unwrap();
     let fixed = toml
         .replace("example.com/list.txt", "list.txt")
         .replace("/nope/list.txt", "list.txt");

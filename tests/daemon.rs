@@ -610,6 +610,7 @@ async fn overdue_sources_are_harvested_at_start_up() {
                 http_status: Some(200),
                 duration_ms: 1,
                 error: None,
+                private: 0,
             };
             let c = Candidate::new(
                 "10.7.7.9".parse().unwrap(),

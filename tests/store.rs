@@ -21,6 +21,7 @@ fn run(name: &str, at: i64) -> SourceRun {
         http_status: Some(200),
         duration_ms: 5,
         error: None,
+        private: 0,
     }
 }
 
@@ -860,10 +861,11 @@ async fn rebuilding_the_proxies_table_keeps_rows_links_and_rules() {
     let before = store.list_proxies(ProxyFilter::default()).await.unwrap();
     drop(store);
     // Back to the version before the rebuild (6), so that opening runs it
-    // and the migrations after it: without what 0008 and 0009 add.
+    // and the migrations after it: without what 0008, 0009 and 0012 add.
     let conn = rusqlite::Connection::open(&path).unwrap();
     conn.execute_batch(
-        "DROP TABLE proxy_counts;
+        "ALTER TABLE sources DROP COLUMN last_private;
+         DROP TABLE proxy_counts;
          DROP TRIGGER proxies_delete_links;
          DROP TRIGGER sources_delete_links;",
     )

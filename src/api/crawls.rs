@@ -11,7 +11,7 @@ use axum::response::{IntoResponse, Response};
 
 use super::query::Params;
 use super::{ApiError, AppState};
-use crate::crawl::jobs::JobError;
+use crate::crawl::jobs::{DEFAULT_LISTED, JobError, MAX_LISTED};
 
 /// The largest job body read: options and up to a thousand seeds.
 const MAX_JOB_BODY: usize = 1024 * 1024;
@@ -21,6 +21,10 @@ fn job_error(e: JobError) -> ApiError {
         JobError::Spec(s) => ApiError::BadRequest(s.to_string()),
         JobError::Store(e) => ApiError::from(e),
         JobError::Stopping => ApiError::NotReady("the daemon is stopping".into()),
+        e @ JobError::QueueFull(_) => ApiError::QueueFull {
+            message: e.to_string(),
+            retry_after: 60,
+        },
         JobError::Io(e) => ApiError::Internal(e.to_string()),
     }
 }
@@ -55,10 +59,26 @@ pub async fn start(
         .into_response())
 }
 
-/// `GET /crawls`: every job, newest first.
-pub async fn list(State(state): State<AppState>) -> Result<Response, ApiError> {
-    let jobs = state.crawls.list().await?;
-    Ok(Json(serde_json::json!({ "crawls": jobs })).into_response())
+/// `GET /crawls?limit=N&after=ID`: a page of jobs, newest first; `after`
+/// continues after job ID (the `next` of the previous page). The list
+/// leaves each job's seeds and patterns out.
+pub async fn list(
+    State(state): State<AppState>,
+    RawQuery(raw): RawQuery,
+) -> Result<Response, ApiError> {
+    let p = Params::parse(raw.as_deref(), &["limit", "after"])?;
+    let limit = p
+        .number("limit", 1, MAX_LISTED as i64)?
+        .map_or(DEFAULT_LISTED, |n| n as usize);
+    let after = p.number("after", 1, i64::MAX)?;
+    let jobs = state.crawls.list(limit, after).await?;
+    // A full page may have more after it.
+    let next = if jobs.len() == limit {
+        jobs.last().map(|j| j["id"].clone())
+    } else {
+        None
+    };
+    Ok(Json(serde_json::json!({ "crawls": jobs, "next": next })).into_response())
 }
 
 /// `GET /crawls/{id}`: a job's state, progress and summary.

@@ -42,6 +42,23 @@ pub enum ApiError {
     /// The request target is longer than the API reads.
     #[error("request URI longer than {0} bytes")]
     UriTooLong(usize),
+    /// A body sent as anything but `application/json`: what a web page can
+    /// send cross-site without the browser asking first.
+    #[error("{0}")]
+    UnsupportedMediaType(String),
+    /// Without a token, a `Host` this API does not answer to (DNS
+    /// rebinding); the message names `api.allowed_hosts`.
+    #[error("{0}")]
+    HostNotAllowed(String),
+    /// A queue the client would add to is full; the message names its
+    /// limit.
+    #[error("{message}")]
+    QueueFull {
+        /// What is full, and its limit.
+        message: String,
+        /// Seconds after which trying again may succeed.
+        retry_after: u64,
+    },
     /// The request's headers are larger than the API reads.
     #[error("request headers larger than {0} bytes in all, or more than {1} of them")]
     HeadersTooLarge(usize, usize),
@@ -83,8 +100,12 @@ impl ApiError {
             ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
             ApiError::NotFound(_) | ApiError::Disabled(_) => StatusCode::NOT_FOUND,
-            ApiError::TooManyRequests { .. } => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::TooManyRequests { .. } | ApiError::QueueFull { .. } => {
+                StatusCode::TOO_MANY_REQUESTS
+            }
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            ApiError::HostNotAllowed(_) => StatusCode::MISDIRECTED_REQUEST,
             ApiError::Timeout | ApiError::NotReady(_) | ApiError::Unwritable(_) => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
@@ -102,8 +123,10 @@ impl ApiError {
             ApiError::BadRequest(_) => "bad_request",
             ApiError::Unauthorized => "unauthorized",
             ApiError::NotFound(_) | ApiError::Disabled(_) => "not_found",
-            ApiError::TooManyRequests { .. } => "too_many_requests",
+            ApiError::TooManyRequests { .. } | ApiError::QueueFull { .. } => "too_many_requests",
             ApiError::PayloadTooLarge(_) => "payload_too_large",
+            ApiError::UnsupportedMediaType(_) => "unsupported_media_type",
+            ApiError::HostNotAllowed(_) => "host_not_allowed",
             ApiError::Timeout => "timeout",
             ApiError::NotReady(_) => "not_ready",
             ApiError::Unwritable(_) => "unavailable",
@@ -118,6 +141,7 @@ impl ApiError {
                 413 => "payload_too_large",
                 414 => "uri_too_long",
                 415 => "unsupported_media_type",
+                421 => "host_not_allowed",
                 429 => "too_many_requests",
                 431 => "headers_too_large",
                 503 => "unavailable",
@@ -155,7 +179,7 @@ impl IntoResponse for ApiError {
                     axum::http::HeaderValue::from_static("Bearer"),
                 );
             }
-            ApiError::TooManyRequests { retry_after } => {
+            ApiError::TooManyRequests { retry_after } | ApiError::QueueFull { retry_after, .. } => {
                 resp.headers_mut().insert(
                     axum::http::header::RETRY_AFTER,
                     axum::http::HeaderValue::from(retry_after),

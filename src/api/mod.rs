@@ -212,6 +212,7 @@ pub fn router(state: AppState) -> Router {
         .route("/judge", get(judge_route))
         .fallback(handlers::not_found)
         .method_not_allowed_fallback(handlers::method_not_allowed)
+        .route_layer(middleware::from_fn(require_json))
         // Route-level so the matched route is known; unmatched requests are
         // counted by the fallback.
         .route_layer(middleware::from_fn_with_state(
@@ -384,15 +385,20 @@ async fn limit_time(State(state): State<AppState>, req: Request, next: Next) -> 
 }
 
 /// Requires `Authorization: Bearer <token>` when a token is configured,
-/// except on `/healthz` and `/judge`.
+/// and without one a `Host` naming this machine (see [`check_host`]);
+/// `/healthz` and `/judge`, which reveal nothing (and must answer monitors
+/// and proxies by any name), are open either way.
 async fn authorize(State(state): State<AppState>, req: Request, next: Next) -> Response {
-    let Some(token) = &state.config.api.token else {
-        return next.run(req).await;
-    };
     let path = req.uri().path();
     if path == "/healthz" || path == "/judge" {
         return next.run(req).await;
     }
+    let Some(token) = &state.config.api.token else {
+        if let Err(e) = check_host(&req, &state.config.api) {
+            return e.into_response();
+        }
+        return next.run(req).await;
+    };
     let mut values = req
         .headers()
         .get_all(axum::http::header::AUTHORIZATION)
@@ -409,6 +415,115 @@ async fn authorize(State(state): State<AppState>, req: Request, next: Next) -> R
     } else {
         ApiError::Unauthorized.into_response()
     }
+}
+
+/// Without a token, the API is open to whatever can reach it, and a web
+/// page can reach loopback: after DNS rebinding (its own name re-pointed at
+/// 127.0.0.1) the browser lets it read the answers, since they look
+/// same-origin. Such requests carry the page's name in `Host`, so only
+/// names of this machine are answered: `localhost`, loopback addresses,
+/// the listen address and `api.allowed_hosts`. Clients that send no
+/// `Host` (HTTP/1.0) are not browsers and pass.
+fn check_host(req: &Request, api: &crate::config::ApiConfig) -> Result<(), ApiError> {
+    let mut values = req.headers().get_all(axum::http::header::HOST).iter();
+    let (first, second) = (values.next(), values.next());
+    if second.is_some() {
+        return Err(ApiError::BadRequest("more than one Host header".into()));
+    }
+    // An absolute-form target carries the host in the URI, which then wins.
+    let host = match (req.uri().authority(), first) {
+        (Some(authority), _) => authority.host().to_owned(),
+        (None, Some(value)) => match value.to_str() {
+            Ok(v) => host_of(v).to_owned(),
+            Err(_) => return Err(ApiError::BadRequest("the Host header is not text".into())),
+        },
+        (None, None) => return Ok(()),
+    };
+    let host = host.trim_end_matches('.').to_ascii_lowercase();
+    let ip = host
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .parse::<IpAddr>()
+        .ok()
+        .map(|ip| ip.to_canonical());
+    let allowed = host == "localhost"
+        || ip.is_some_and(|ip| ip.is_loopback() || ip == api.listen.ip().to_canonical())
+        || api.allowed_hosts.iter().any(|h| {
+            *h == host
+                || h.trim_start_matches('[')
+                    .trim_end_matches(']')
+                    .parse::<IpAddr>()
+                    .ok()
+                    .zip(ip)
+                    .is_some_and(|(a, b)| a.to_canonical() == b)
+        });
+    if allowed {
+        return Ok(());
+    }
+    let shown: String = host.chars().take(100).collect();
+    Err(ApiError::HostNotAllowed(format!(
+        "this API answers requests for {shown:?} only with api.token set: without a token it \
+         answers requests for localhost, a loopback address or {}, and the names listed in \
+         api.allowed_hosts (so that a web page cannot read it through DNS rebinding)",
+        api.listen.ip()
+    )))
+}
+
+/// The host part of a `Host` value: without its port, an IPv6 address
+/// with its brackets.
+fn host_of(value: &str) -> &str {
+    let value = value.trim();
+    if value.starts_with('[') {
+        return value.find(']').map_or(value, |end| &value[..=end]);
+    }
+    match value.rsplit_once(':') {
+        Some((host, port)) if port.bytes().all(|b| b.is_ascii_digit()) => host,
+        _ => value,
+    }
+}
+
+/// Bodies are JSON, and must say so: a web page can send a `text/plain`,
+/// form-encoded or untyped POST to any site without the browser asking the
+/// site first (a "simple" cross-site request), but not an
+/// `application/json` one. So POST, PUT and PATCH, and any other request
+/// that carries a body, must be `application/json` (415 otherwise).
+async fn require_json(req: Request, next: Next) -> Response {
+    use axum::http::{Method, header};
+    let method = req.method();
+    if matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS) {
+        return next.run(req).await;
+    }
+    let has_body = req.headers().contains_key(header::TRANSFER_ENCODING)
+        || req
+            .headers()
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.trim() != "0");
+    let takes_body = matches!(*method, Method::POST | Method::PUT | Method::PATCH);
+    if !has_body && !takes_body {
+        return next.run(req).await;
+    }
+    let found = req.headers().get(header::CONTENT_TYPE);
+    let essence = found
+        .and_then(|v| v.to_str().ok())
+        .map(|v| v.split(';').next().unwrap_or("").trim());
+    if essence.is_some_and(|e| e.eq_ignore_ascii_case("application/json")) {
+        return next.run(req).await;
+    }
+    let found = match found {
+        None => "none was given".to_owned(),
+        Some(v) => {
+            let shown: String = String::from_utf8_lossy(v.as_bytes())
+                .chars()
+                .take(100)
+                .collect();
+            format!("found {shown:?}")
+        }
+    };
+    ApiError::UnsupportedMediaType(format!(
+        "the body must be JSON sent with Content-Type: application/json ({found})"
+    ))
+    .into_response()
 }
 
 /// The credentials of a `Bearer` Authorization value, exactly as sent. The

@@ -54,11 +54,22 @@ impl Params {
         let Some(v) = self.get(name) else {
             return Ok(Vec::new());
         };
-        v.split(',')
+        let items: Vec<T> = v
+            .split(',')
             .map(str::trim)
             .filter(|s| !s.is_empty())
             .map(|item| f(item).ok_or_else(|| Params::bad(name, item, expected)))
-            .collect()
+            .collect::<Result<_, _>>()?;
+        // `country=,` names nothing; read as "any" it would widen what the
+        // client asked for.
+        if items.is_empty() {
+            return Err(Params::bad(
+                name,
+                v,
+                &format!("{expected}, separated by commas (only separators were given)"),
+            ));
+        }
+        Ok(items)
     }
 
     /// A boolean: `true`/`false`/`1`/`0`/`yes`/`no`.

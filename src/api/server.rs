@@ -1,14 +1,17 @@
 //! Serving the router over TCP with the limits a public port needs and
 //! `axum::serve` does not set: a time limit on request heads, closing
 //! connections that go quiet, and a cap on open connections that makes room
-//! by closing the quietest one, so that silent or slow clients can neither
-//! hold sockets for ever nor lock out `/healthz`.
+//! by closing the quietest idle one, so that silent or slow clients can
+//! neither hold sockets for ever nor lock out `/healthz`. A connection just
+//! opened is given time to send its request before it can be closed for
+//! room; when nothing can make room, the new one is answered 503 with
+//! `Retry-After` rather than dropped.
 
 use std::collections::HashMap;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -29,6 +32,27 @@ use crate::config::ApiConfig;
 /// hyper itself (431, no body). The API's own, smaller limits answer in the
 /// JSON envelope below this.
 const MAX_HEAD: usize = 256 * 1024;
+
+/// The most header fields hyper parses; more are refused by hyper itself
+/// (431, no body). Above the API's own limit ([`super::MAX_HEADERS`]), so
+/// that a request just over that is answered in the JSON envelope; hyper
+/// then keeps the headers on the heap, a small cost per request.
+const HYPER_MAX_HEADERS: usize = 512;
+
+/// How long a new connection is safe from being closed to make room for
+/// another: time to send its first request. A burst of clients larger than
+/// `api.max_connections` would otherwise close each other's connections
+/// before their requests were read; after it, a connection that has sent
+/// no complete request is a slow or silent one, and may go.
+const FIRST_REQUEST_GRACE: Duration = Duration::from_secs(1);
+
+/// Over-limit connections being answered 503 at once; more are closed
+/// without an answer.
+const MAX_REFUSING: usize = 64;
+
+/// How long an over-limit connection's request is read (and discarded)
+/// after its 503, so that closing it does not reset the answer away.
+const REFUSAL_LINGER: Duration = Duration::from_millis(500);
 
 /// The connection limits, from `[api]`.
 #[derive(Clone, Copy, Debug)]
@@ -55,6 +79,10 @@ impl From<&ApiConfig> for Limits {
 struct Open {
     /// Requests of it being handled now (0 or 1 for HTTP/1).
     busy: Arc<AtomicUsize>,
+    /// True until its first request's head has been read.
+    fresh: Arc<AtomicBool>,
+    /// When it was accepted, in milliseconds since the server started.
+    opened: u64,
     /// When a byte last moved, in milliseconds since the server started.
     last: Arc<AtomicU64>,
     /// Closes it.
@@ -68,23 +96,41 @@ struct Registry {
     open: HashMap<u64, Open>,
 }
 
+/// What a connection's task needs of its registry entry.
+struct Handles {
+    id: u64,
+    busy: Arc<AtomicUsize>,
+    fresh: Arc<AtomicBool>,
+    last: Arc<AtomicU64>,
+    close: CancellationToken,
+}
+
 impl Registry {
-    /// Registers a new connection, first closing the quietest idle one if
-    /// the cap is reached. `None` when every open connection is being
-    /// served: the new one is then refused.
-    fn admit(
-        &mut self,
-        max: usize,
-        now: u64,
-    ) -> Option<(u64, Arc<AtomicUsize>, Arc<AtomicU64>, CancellationToken)> {
+    /// Registers a new connection, first closing one to make room if the
+    /// cap is reached: the quietest of those idle between requests, else
+    /// the oldest of those that have sent no request within
+    /// [`FIRST_REQUEST_GRACE`]. A request being handled, or a connection
+    /// still in its grace, is never closed: `None` then, and the new one
+    /// is refused.
+    fn admit(&mut self, max: usize, now: u64) -> Option<Handles> {
         if self.open.len() >= max {
-            let quietest = self
+            let idle = |c: &Open| c.busy.load(Ordering::Relaxed) == 0;
+            let fresh = |c: &Open| c.fresh.load(Ordering::Relaxed);
+            let grace = FIRST_REQUEST_GRACE.as_millis() as u64;
+            let between_requests = self
                 .open
                 .iter()
-                .filter(|(_, c)| c.busy.load(Ordering::Relaxed) == 0)
+                .filter(|(_, c)| idle(c) && !fresh(c))
                 .min_by_key(|(id, c)| (c.last.load(Ordering::Relaxed), **id))
-                .map(|(id, _)| *id)?;
-            if let Some(c) = self.open.remove(&quietest) {
+                .map(|(id, _)| *id);
+            let victim = between_requests.or_else(|| {
+                self.open
+                    .iter()
+                    .filter(|(_, c)| idle(c) && fresh(c) && now.saturating_sub(c.opened) >= grace)
+                    .min_by_key(|(id, c)| (c.opened, **id))
+                    .map(|(id, _)| *id)
+            })?;
+            if let Some(c) = self.open.remove(&victim) {
                 c.close.cancel();
             }
         }
@@ -92,13 +138,50 @@ impl Registry {
         self.next += 1;
         let open = Open {
             busy: Arc::default(),
+            fresh: Arc::new(AtomicBool::new(true)),
+            opened: now,
             last: Arc::new(AtomicU64::new(now)),
             close: CancellationToken::new(),
         };
-        let handles = (id, open.busy.clone(), open.last.clone(), open.close.clone());
+        let handles = Handles {
+            id,
+            busy: open.busy.clone(),
+            fresh: open.fresh.clone(),
+            last: open.last.clone(),
+            close: open.close.clone(),
+        };
         self.open.insert(id, open);
         Some(handles)
     }
+}
+
+/// Answers an over-limit connection `503` with `Retry-After` and closes
+/// it: its request is read for a moment and discarded, so that the close
+/// does not reset the answer before the client has read it.
+async fn refuse(mut stream: TcpStream, max: usize) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let body = serde_json::json!({"error": {
+        "code": "busy",
+        "message": format!(
+            "the API has its api.max_connections ({max}) connections open, each serving a \
+             request or just opened; try again in a second"
+        ),
+    }})
+    .to_string();
+    let head = format!(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n\
+         retry-after: 1\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+        body.len()
+    );
+    let answered = async {
+        stream.write_all(head.as_bytes()).await?;
+        stream.write_all(body.as_bytes()).await?;
+        stream.shutdown().await?;
+        let mut sink = [0u8; 4096];
+        while stream.read(&mut sink).await? > 0 {}
+        std::io::Result::Ok(())
+    };
+    let _ = tokio::time::timeout(REFUSAL_LINGER, answered).await;
 }
 
 /// Serves `app` on `listener` with `limits` until `shutdown` is cancelled,
@@ -113,6 +196,7 @@ pub async fn run(
     let started = Instant::now();
     let registry: Arc<Mutex<Registry>> = Arc::default();
     let tasks = TaskTracker::new();
+    let refusing = Arc::new(tokio::sync::Semaphore::new(MAX_REFUSING));
     loop {
         let Some((stream, peer)) = crate::net::accept(&listener, &shutdown, "an API").await else {
             break;
@@ -122,9 +206,22 @@ pub async fn run(
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .admit(limits.max_connections, now);
-        let Some((id, busy, last, close)) = admitted else {
+        let Some(Handles {
+            id,
+            busy,
+            fresh,
+            last,
+            close,
+        }) = admitted
+        else {
             tracing::debug!(%peer, "every API connection is busy; refusing one");
-            drop(stream);
+            if let Ok(permit) = refusing.clone().try_acquire_owned() {
+                let max = limits.max_connections;
+                tasks.spawn(async move {
+                    refuse(stream, max).await;
+                    drop(permit);
+                });
+            }
             continue;
         };
         let conn = Connection {
@@ -133,6 +230,7 @@ pub async fn run(
             limits,
             started,
             busy,
+            fresh,
             last,
             close,
             shutdown: shutdown.clone(),
@@ -159,6 +257,7 @@ struct Connection {
     limits: Limits,
     started: Instant,
     busy: Arc<AtomicUsize>,
+    fresh: Arc<AtomicBool>,
     last: Arc<AtomicU64>,
     close: CancellationToken,
     shutdown: CancellationToken,
@@ -172,9 +271,11 @@ impl Connection {
             last: self.last.clone(),
         });
         let (app, peer, busy) = (self.app.clone(), self.peer, self.busy.clone());
+        let fresh = self.fresh.clone();
         let service = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
             req.extensions_mut().insert(ConnectInfo(peer));
             let busy = Busy::start(busy.clone());
+            fresh.store(false, Ordering::Relaxed);
             let app = app.clone();
             async move {
                 let resp = app.oneshot(req).await;
@@ -186,6 +287,7 @@ impl Connection {
             .timer(TokioTimer::new())
             .header_read_timeout(self.limits.header_timeout)
             .max_buf_size(MAX_HEAD)
+            .max_headers(HYPER_MAX_HEADERS)
             .serve_connection(io, service);
         tokio::pin!(conn);
         let idle = self.limits.idle_timeout;

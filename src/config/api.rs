@@ -31,6 +31,10 @@ pub struct ApiConfig {
     /// Open connections at most; at the cap the quietest one is closed to
     /// make room for a new one.
     pub max_connections: usize,
+    /// Host names (lower case, no port) accepted in the `Host` header
+    /// besides loopback names and addresses and the listen address, when
+    /// there is no token.
+    pub allowed_hosts: Vec<String>,
 }
 
 /// A string that never appears in `Debug` output or logs.
@@ -58,6 +62,7 @@ pub(super) fn read(a: &mut Section) -> Option<ApiConfig> {
     let header_timeout = a.duration("header_timeout");
     let idle_timeout = a.duration("idle_timeout");
     let max_connections = a.int("max_connections", 1, 1_000_000);
+    let allowed_hosts = allowed_hosts(a);
     guard_public(a, "api", listen, &token);
     Some(ApiConfig {
         listen: listen?,
@@ -71,7 +76,68 @@ pub(super) fn read(a: &mut Section) -> Option<ApiConfig> {
         idle_timeout: idle_timeout?,
         // The range was checked, so the cast cannot truncate.
         max_connections: max_connections? as usize,
+        allowed_hosts: allowed_hosts?,
     })
+}
+
+/// Reads `allowed_hosts`: a list of host names or IP addresses, written
+/// as they appear in a `Host` header but without the port.
+fn allowed_hosts(a: &mut Section) -> Option<Vec<String>> {
+    let value = a.required("allowed_hosts")?;
+    let toml::Value::Array(items) = value else {
+        a.problem(
+            "allowed_hosts",
+            &format!(
+                "expected a list of host names, found {}",
+                super::section::type_name(&value)
+            ),
+        );
+        return None;
+    };
+    let mut hosts = Vec::new();
+    let mut ok = true;
+    for (i, item) in items.iter().enumerate() {
+        let key = format!("allowed_hosts[{i}]");
+        let Some(text) = item.as_str() else {
+            a.problem(&key, "expected a host name as a string");
+            ok = false;
+            continue;
+        };
+        match host_name(text) {
+            Ok(h) => hosts.push(h),
+            Err(e) => {
+                a.problem(&key, &format!("{e}, found {text:?}"));
+                ok = false;
+            }
+        }
+    }
+    ok.then_some(hosts)
+}
+
+/// A host as `allowed_hosts` holds it: lower case, an IPv6 address in
+/// brackets as `Host` writes it.
+fn host_name(text: &str) -> Result<String, &'static str> {
+    let t = text.trim();
+    if t.is_empty() {
+        return Err("must not be blank");
+    }
+    if t.contains("://") || t.contains('/') {
+        return Err("expected a host name without a scheme or path (e.g. \"proxies.lan\")");
+    }
+    if let Ok(v6) = t
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .parse::<std::net::Ipv6Addr>()
+    {
+        return Ok(format!("[{v6}]"));
+    }
+    if t.contains(':') {
+        return Err("expected a host name without a port (any port is accepted)");
+    }
+    match url::Host::parse(t) {
+        Ok(host) => Ok(host.to_string()),
+        Err(_) => Err("expected a host name or an IP address"),
+    }
 }
 
 /// Reads `token`: compared exactly as written, so it must not be blank,

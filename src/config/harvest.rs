@@ -35,6 +35,10 @@ pub struct HarvestConfig {
     /// How soon `serve` tries the sources that failed again; doubles while
     /// they keep failing, never later than the next scheduled harvest.
     pub failed_retry: Duration,
+    /// Keep candidates on loopback, private, link-local and other
+    /// non-public addresses, and follow a source's redirects to them (labs
+    /// and test farms); off by default, as a public list is hostile.
+    pub allow_private_addresses: bool,
 }
 
 /// A cron expression with seconds (sec min hour day-of-month month
@@ -106,7 +110,15 @@ impl fmt::Display for Schedule {
 /// Validates `[harvest]`.
 pub(super) fn read(h: &mut Section) -> Option<HarvestConfig> {
     let schedule = h.schedule("schedule");
-    let user_agent = h.string("user_agent");
+    let user_agent = h
+        .string("user_agent")
+        .and_then(|ua| match header_text_problem(&ua) {
+            None => Some(ua),
+            Some(problem) => {
+                h.problem("user_agent", &problem);
+                None
+            }
+        });
     let connect_timeout = h.duration("connect_timeout");
     let timeout = h.duration("timeout");
     let max_body = h.size("max_body", 1024, 1 << 30);
@@ -115,6 +127,7 @@ pub(super) fn read(h: &mut Section) -> Option<HarvestConfig> {
     let retries = h.int("retries", 0, 10);
     let retry_backoff = h.duration("retry_backoff");
     let failed_retry = h.duration("failed_retry");
+    let allow_private_addresses = h.boolean("allow_private_addresses");
     if let (Some(connect), Some(total)) = (connect_timeout, timeout)
         && connect > total
     {
@@ -132,7 +145,31 @@ pub(super) fn read(h: &mut Section) -> Option<HarvestConfig> {
         retries: retries? as u32,
         retry_backoff: retry_backoff?,
         failed_retry: failed_retry?,
+        allow_private_addresses: allow_private_addresses?,
     })
+}
+
+/// Why `text` cannot be sent as a header value, or `None`: it must be
+/// printable ASCII, not blank. CR or LF would end the header (and let the
+/// text add its own), NUL is refused by every HTTP library, and other
+/// bytes are read differently by different servers.
+pub(super) fn header_text_problem(text: &str) -> Option<String> {
+    if text.trim().is_empty() {
+        return Some("must not be blank".into());
+    }
+    let bad = text
+        .chars()
+        .find(|c| !(c.is_ascii_graphic() || *c == ' '))?;
+    let name = match bad {
+        '\r' => "a carriage return (CR)".to_owned(),
+        '\n' => "a line feed (LF)".to_owned(),
+        '\0' => "a NUL byte".to_owned(),
+        c if c.is_control() => format!("the control character U+{:04X}", c as u32),
+        c => format!("{c:?}, which is not ASCII"),
+    };
+    Some(format!(
+        "must be printable ASCII text (it is sent as a header), found {name}"
+    ))
 }
 
 #[cfg(test)]

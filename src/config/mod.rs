@@ -226,8 +226,8 @@ impl Config {
     }
 
     /// The files a running `serve` or `check` reads at start-up (the extra
-    /// CA file and the GeoIP database). A missing local source only fails
-    /// that source, as at every harvest.
+    /// CA file and the GeoIP database, which must be a MaxMind database). A
+    /// missing local source only fails that source, as at every harvest.
     pub fn check_runtime_files(&self, file: &str) -> Result<(), ConfigError> {
         self.file_problems(file, false)
     }
@@ -247,6 +247,20 @@ impl Config {
         }
         if let Some(db) = &self.geoip.database {
             check("geoip.database".into(), db);
+        }
+        // A readable file that is not a country database would only fail
+        // when the first check round opens it.
+        if let Some(db) = &self.geoip.database
+            && readable_file(db).is_ok()
+            && let Err(e) = maxminddb::Reader::open_readfile(db)
+        {
+            problems.push(Problem {
+                key: "geoip.database".into(),
+                message: format!(
+                    "{} is not a MaxMind country database (.mmdb): {e}",
+                    db.display()
+                ),
+            });
         }
         if sources {
             for (i, s) in self.sources.iter().enumerate() {

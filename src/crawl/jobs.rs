@@ -32,8 +32,10 @@ const MAX_SEEDS: usize = 1000;
 /// The longest a job's request may wait for a proxy: a job waiting longer
 /// looks stuck.
 const MAX_NO_PROXY_WAIT: Duration = Duration::from_secs(3600);
-/// Jobs `GET /crawls` lists, newest first.
+/// Jobs one page of `GET /crawls` lists at most, newest first.
 pub const MAX_LISTED: usize = 1000;
+/// Jobs a page of `GET /crawls` lists when the client does not say.
+pub const DEFAULT_LISTED: usize = 100;
 /// Bytes of pages read per chunk of a `/pages` stream.
 const CHUNK: usize = 64 * 1024;
 
@@ -169,11 +171,7 @@ impl JobSpec {
         }
         let mut seeds = Vec::new();
         for (i, s) in self.seeds.iter().enumerate() {
-            let field = format!("seeds[{i}]");
-            let url = url::Url::parse(s).map_err(|e| bad(&field, format!("{s:?}: {e}")))?;
-            if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
-                return Err(bad(&field, format!("{s:?} is not an http or https URL")));
-            }
+            let url = super::url::parse_seed(s).map_err(|e| bad(format!("seeds[{i}]"), e))?;
             seeds.push(url);
         }
         let max_pages = match self.max_pages {
@@ -323,6 +321,12 @@ pub enum JobError {
     /// The daemon is stopping.
     #[error("the daemon is stopping")]
     Stopping,
+    /// `crawls.max_queued` jobs are waiting already.
+    #[error(
+        "the crawl job queue is full: crawls.max_queued ({0}) jobs are waiting for a turn \
+         already; try again once one has started, or cancel one"
+    )]
+    QueueFull(usize),
     /// A job's files could not be read.
     #[error("cannot read a crawl job's pages: {0}")]
     Io(#[from] std::io::Error),
@@ -431,7 +435,13 @@ impl CrawlJobs {
         let spec = JobSpec::from_json(body)?;
         let v = spec.validate(&self.inner.limits, self.inner.default_age)?;
         let json = serde_json::to_string(&spec).expect("options serialize");
-        let rec = self.inner.store.insert_crawl_job(json).await?;
+        let max_queued = self.inner.limits.max_queued;
+        let rec = self
+            .inner
+            .store
+            .insert_crawl_job_bounded(json, max_queued)
+            .await?
+            .ok_or(JobError::QueueFull(max_queued))?;
         self.spawn(rec.id, v);
         Ok(self.view(&rec))
     }
@@ -529,10 +539,24 @@ impl CrawlJobs {
         }
     }
 
-    /// The jobs, newest first.
-    pub async fn list(&self) -> Result<Vec<serde_json::Value>, StoreError> {
-        let recs = self.inner.store.crawl_jobs(MAX_LISTED).await?;
-        Ok(recs.iter().map(|r| self.view(r)).collect())
+    /// A page of the jobs, newest first: at most `limit` of those older
+    /// than job `before`. Their options leave out the lists a client may
+    /// make long (`seeds_total` says how many seeds); `GET /crawls/{id}`
+    /// shows them whole.
+    pub async fn list(
+        &self,
+        limit: usize,
+        before: Option<i64>,
+    ) -> Result<Vec<serde_json::Value>, StoreError> {
+        let recs = self.inner.store.crawl_job_listing(limit, before).await?;
+        Ok(recs
+            .iter()
+            .map(|(r, seeds)| {
+                let mut view = self.view(r);
+                view["seeds_total"] = (*seeds).into();
+                view
+            })
+            .collect())
     }
 
     /// Job `id`'s view, if there is such a job.
@@ -779,6 +803,7 @@ mod tests {
         CrawlsConfig {
             max_running: 2,
             max_pages: 1000,
+            max_queued: 100,
         }
     }
 

@@ -52,6 +52,59 @@ pub fn normalize(url: &Url, strip: &[String]) -> Option<Url> {
     Some(u)
 }
 
+/// The longest host name DNS can carry, and the longest label in one
+/// (RFC 1035 §2.3.4).
+const MAX_HOST: usize = 253;
+const MAX_LABEL: usize = 63;
+
+/// Parses a URL to start a crawl from: http or https with a host that is
+/// an IP address or a name DNS could resolve (at most 253 characters,
+/// labels of 1 to 63). A longer one could never be fetched, and would be
+/// carried through every retry and log line of the crawl. The error says
+/// what is wrong, without repeating a long host whole.
+pub fn parse_seed(text: &str) -> Result<Url, String> {
+    let shown = |s: &str| -> String {
+        if s.chars().count() > 80 {
+            format!(
+                "{:?}… ({} characters)",
+                s.chars().take(60).collect::<String>(),
+                s.chars().count()
+            )
+        } else {
+            format!("{s:?}")
+        }
+    };
+    let url = Url::parse(text).map_err(|e| format!("{} is not a URL: {e}", shown(text)))?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(format!("{} is not an http or https URL", shown(text)));
+    }
+    match url.host() {
+        None => Err(format!("{} has no host", shown(text))),
+        Some(url::Host::Ipv4(_) | url::Host::Ipv6(_)) => Ok(url),
+        Some(url::Host::Domain(name)) => {
+            let name = name.strip_suffix('.').unwrap_or(name);
+            if name.len() > MAX_HOST {
+                return Err(format!(
+                    "the host of {} is {} characters long; a host name has at most {MAX_HOST}",
+                    shown(text),
+                    name.len()
+                ));
+            }
+            if let Some(label) = name
+                .split('.')
+                .find(|l| l.is_empty() || l.len() > MAX_LABEL)
+            {
+                return Err(format!(
+                    "the host of {} has a label of {} characters; each part between dots has 1 to {MAX_LABEL}",
+                    shown(text),
+                    label.len()
+                ));
+            }
+            Ok(url)
+        }
+    }
+}
+
 /// `%xx` escapes of unreserved characters decoded, the others upper case.
 fn normalize_escapes(s: &str) -> String {
     let b = s.as_bytes();

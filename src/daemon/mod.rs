@@ -56,6 +56,14 @@ pub async fn run(
     gateway: Option<TcpListener>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
+    let mut config = config;
+    // The addresses actually bound (a port of 0 in the config, or a
+    // listener handed in, picks its own): what the harvest must never store
+    // as a proxy, and what `Host` may name.
+    config.api.listen = listener.local_addr()?;
+    if let Some(gateway) = &gateway {
+        config.gateway.listen = gateway.local_addr()?;
+    }
     let config = Arc::new(config);
     let store = Store::open(&config.database.path)?;
     // Read before the index, so rows changed while it loads are read again.
@@ -173,6 +181,11 @@ pub async fn run(
         // closes.
         if let Err(e) = state.feedback.flush().await {
             tracing::warn!(error = %e, "cannot record proxies' worked uses");
+        }
+        // The database file alone then holds everything (a copy of it is
+        // a whole backup).
+        if let Err(e) = store.checkpoint().await {
+            tracing::warn!(error = %e, "cannot copy the write-ahead log into the database");
         }
     };
     if tokio::time::timeout(STOP_LIMIT, stopped).await.is_err() {

@@ -4,7 +4,9 @@
 //! transient failures that honour `Retry-After`. Local files get the same
 //! size cap. Redirects are followed here rather than by reqwest, so that a
 //! source's own headers (often API keys) never reach another origin and no
-//! `Referer` tells it the original URL.
+//! `Referer` tells it the original URL, and so that a hop off the source's
+//! own origin cannot lead to a private address (loopback, the LAN, the
+//! cloud metadata service) unless `harvest.allow_private_addresses` says so.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -15,6 +17,7 @@ use reqwest::header::{HeaderName, HeaderValue, LOCATION, RETRY_AFTER};
 use tokio::io::AsyncReadExt;
 use url::Url;
 
+use super::addresses::special_kind;
 use crate::config::HarvestConfig;
 
 /// The longest `Retry-After` honoured; a source asking for more is treated
@@ -80,6 +83,10 @@ pub enum FetchErrorKind {
     /// Any other network or protocol failure.
     #[error("{0}")]
     Network(String),
+    /// A redirect to an address a source may not lead the harvest to;
+    /// not retried, as asking again would lead there again.
+    #[error("{0}")]
+    Refused(String),
     /// A local file could not be read.
     #[error("cannot read {path}: {error}")]
     File {
@@ -97,14 +104,70 @@ pub enum FetchErrorKind {
 #[derive(Clone, Debug)]
 pub struct Fetcher {
     client: reqwest::Client,
+    /// Fetches redirect hops off the source's own origin: its resolver
+    /// leaves out private addresses, unless they are allowed (then it is
+    /// `client`).
+    hops: reqwest::Client,
+    allow_private: bool,
     max_body: u64,
     retries: u32,
     retry_backoff: Duration,
 }
 
+/// Resolves names to their public addresses only: where a redirect leads
+/// a source fetch is chosen by the source, which must not point it at
+/// this host or its network. Resolving here, rather than checking a name
+/// first and connecting later, leaves no gap for a name to change its
+/// answer (DNS rebinding) in between.
+struct PublicOnly;
+
+impl reqwest::dns::Resolve for PublicOnly {
+    fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
+        let host = name.as_str().to_owned();
+        Box::pin(async move {
+            let all: Vec<std::net::SocketAddr> =
+                tokio::net::lookup_host((host.as_str(), 0)).await?.collect();
+            let public: Vec<std::net::SocketAddr> = all
+                .iter()
+                .filter(|a| special_kind(a.ip()).is_none())
+                .copied()
+                .collect();
+            match (public.is_empty(), all.first()) {
+                (true, Some(first)) => Err(format!(
+                    "redirect refused: {host} resolves to {} ({}), not a public address \
+                     (harvest.allow_private_addresses = true allows it)",
+                    first.ip(),
+                    special_kind(first.ip()).unwrap_or("private")
+                )
+                .into()),
+                _ => Ok(Box::new(public.into_iter()) as reqwest::dns::Addrs),
+            }
+        })
+    }
+}
+
 impl Fetcher {
-    /// Builds the one client every source fetch uses.
-    pub fn new(cfg: &HarvestConfig) -> Result<Fetcher, FetchError> {
+    /// Builds the client every source fetch uses (and the one for redirect
+    /// hops off a source's origin). `allow_private` is
+    /// `harvest.allow_private_addresses`: redirects may then lead anywhere.
+    pub fn new(cfg: &HarvestConfig, allow_private: bool) -> Result<Fetcher, FetchError> {
+        let client = Fetcher::client(cfg, false)?;
+        let hops = if allow_private {
+            client.clone()
+        } else {
+            Fetcher::client(cfg, true)?
+        };
+        Ok(Fetcher {
+            client,
+            hops,
+            allow_private,
+            max_body: cfg.max_body,
+            retries: cfg.retries,
+            retry_backoff: cfg.retry_backoff,
+        })
+    }
+
+    fn client(cfg: &HarvestConfig, public_only: bool) -> Result<reqwest::Client, FetchError> {
         let tls =
             crate::net::tls::client_config(None, crate::net::tls::ALPN_H2_H1).map_err(|e| {
                 FetchError {
@@ -113,7 +176,11 @@ impl Fetcher {
                     kind: FetchErrorKind::Client(e.to_string()),
                 }
             })?;
-        let client = reqwest::Client::builder()
+        let mut builder = reqwest::Client::builder();
+        if public_only {
+            builder = builder.dns_resolver(PublicOnly);
+        }
+        builder
             .tls_backend_preconfigured(Arc::unwrap_or_clone(tls))
             .user_agent(cfg.user_agent.clone())
             .connect_timeout(cfg.connect_timeout)
@@ -129,13 +196,7 @@ impl Fetcher {
                 attempts: 0,
                 status: None,
                 kind: FetchErrorKind::Client(error_chain(&e)),
-            })?;
-        Ok(Fetcher {
-            client,
-            max_body: cfg.max_body,
-            retries: cfg.retries,
-            retry_backoff: cfg.retry_backoff,
-        })
+            })
     }
 
     /// Reads a local file, refusing one larger than the body limit.
@@ -286,8 +347,13 @@ impl Fetcher {
         let mut current = first;
         let mut hops = 0;
         loop {
-            let mut req = self.client.get(current.clone());
-            if current.origin() == origin {
+            let home = current.origin() == origin;
+            let mut req = if home {
+                self.client.get(current.clone())
+            } else {
+                self.hops.get(current.clone())
+            };
+            if home {
                 for (n, v) in headers {
                     req = req.header(n.clone(), v.clone());
                 }
@@ -321,12 +387,39 @@ impl Fetcher {
                     String::from_utf8_lossy(location.as_bytes())
                 )),
             })?;
+            if !self.allow_private
+                && current.origin() != origin
+                && let Some(why) = private_host(&current)
+            {
+                return Err(FetchError {
+                    attempts: 0,
+                    status: code,
+                    kind: FetchErrorKind::Refused(format!(
+                        "redirect to {} refused: {why}, not a public address \
+                         (harvest.allow_private_addresses = true allows it)",
+                        current.host_str().unwrap_or("")
+                    )),
+                });
+            }
             hops += 1;
         }
     }
 
     fn limit_text(&self) -> String {
         crate::config::size_text(self.max_body)
+    }
+}
+
+/// Why the host of `url` is not a public address, when it is written as
+/// one (an IP literal, `localhost`); names are left to [`PublicOnly`].
+fn private_host(url: &Url) -> Option<&'static str> {
+    match url.host()? {
+        url::Host::Ipv4(ip) => special_kind(ip.into()),
+        url::Host::Ipv6(ip) => special_kind(ip.into()),
+        url::Host::Domain(d) => {
+            let d = d.trim_end_matches('.').to_ascii_lowercase();
+            (d == "localhost" || d.ends_with(".localhost")).then_some("loopback")
+        }
     }
 }
 
@@ -385,6 +478,38 @@ fn parse_retry_after(v: &str) -> Option<Duration> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn redirect_hops_resolve_names_to_public_addresses_only() {
+        use reqwest::dns::Resolve;
+        // /etc/hosts answers this one; no DNS server is asked.
+        let refused = PublicOnly
+            .resolve("localhost".parse().unwrap())
+            .await
+            .err()
+            .expect("localhost is refused");
+        let message = refused.to_string();
+        assert!(message.contains("loopback"), "{message}");
+        assert!(
+            message.contains("harvest.allow_private_addresses"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn private_hosts_written_as_such_are_known_before_any_lookup() {
+        let why = |u: &str| private_host(&Url::parse(u).unwrap());
+        assert_eq!(why("http://127.0.0.1:8080/"), Some("loopback"));
+        assert_eq!(why("http://[::1]/"), Some("loopback"));
+        assert_eq!(why("http://169.254.169.254/latest"), Some("link-local"));
+        // The URL parser reads every spelling of an address.
+        assert_eq!(why("http://2130706433/"), Some("loopback"));
+        assert_eq!(why("http://0x7f.1/"), Some("loopback"));
+        assert_eq!(why("http://LocalHost./"), Some("loopback"));
+        assert_eq!(why("http://api.localhost/"), Some("loopback"));
+        assert_eq!(why("http://example.com/"), None);
+        assert_eq!(why("http://8.8.8.8/"), None);
+    }
 
     #[test]
     fn retry_after_forms() {

@@ -2,6 +2,7 @@
 //! publishes (plain text, HTML table or JSON) into de-duplicated candidates,
 //! and hand them to the store in one transaction per source.
 
+pub mod addresses;
 pub mod fetch;
 pub mod html;
 pub mod json;
@@ -9,12 +10,15 @@ pub mod text;
 
 mod run;
 
+pub use addresses::AddressPolicy;
 pub use run::{
     HarvestError, HarvestReport, Progress, SourceReport, harvest_all, harvest_all_reporting,
+    harvest_all_with,
 };
 
 use std::collections::HashSet;
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use crate::model::{Candidate, CandidateList, Hints, SourceScheme};
 use crate::proxy::{Country, Scheme};
@@ -59,6 +63,11 @@ pub struct Candidates {
     other: HashSet<(Scheme, IpAddr, u16, String)>,
     limit: usize,
     truncated: bool,
+    /// Which addresses are kept; `None` keeps every one (parser tests,
+    /// lists given by hand).
+    policy: Option<Arc<AddressPolicy>>,
+    /// Entries dropped by `policy`.
+    private: usize,
 }
 
 impl Candidates {
@@ -70,13 +79,37 @@ impl Candidates {
             other: HashSet::new(),
             limit,
             truncated: false,
+            policy: None,
+            private: 0,
         }
+    }
+
+    /// An empty set that accepts at most `limit` distinct candidates whose
+    /// address `policy` keeps; the others are counted (see
+    /// [`Candidates::private`]) and take no room.
+    pub fn with_policy(limit: usize, policy: Arc<AddressPolicy>) -> Candidates {
+        Candidates {
+            policy: Some(policy),
+            ..Candidates::new(limit)
+        }
+    }
+
+    /// Entries dropped because their address is private or the daemon's
+    /// own (each entry as often as the source lists it).
+    pub fn private(&self) -> usize {
+        self.private
     }
 
     /// Adds a candidate unless it is a duplicate. Returns `false` once the
     /// limit is reached (the candidate is dropped and the set marked
     /// truncated), telling the parser to stop.
     pub fn push(&mut self, c: Candidate) -> bool {
+        if let Some(policy) = &self.policy
+            && policy.refuses(c.proxy.host, c.proxy.port).is_some()
+        {
+            self.private += 1;
+            return true;
+        }
         let packed = CandidateList::packed_key(&c);
         let p = &c.proxy;
         // One probe per candidate in the common case: check for a

@@ -2,10 +2,12 @@
 //! concurrency, parsed off the async runtime, and written to the store in
 //! one transaction per source. One broken source never fails the others.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 
+use super::addresses::AddressPolicy;
 use super::fetch::{Fetched, Fetcher};
 use super::{Candidates, html, json, text};
 use crate::config::{Config, SourceConfig, SourceFormat, SourceLocation};
@@ -31,6 +33,9 @@ pub struct SourceReport {
     pub duration: Duration,
     /// True when `max_per_source` cut the list short.
     pub truncated: bool,
+    /// Entries dropped for their address: private, loopback and the like
+    /// (unless `harvest.allow_private_addresses`), or the daemon's own.
+    pub private: usize,
     /// Why the source failed, if it did (fetching or parsing it).
     pub error: Option<String>,
     /// Why the store could not take all it listed (a full disk, say): not
@@ -114,6 +119,18 @@ pub async fn harvest_all_reporting(
     store: &Store,
     done: &(dyn Fn(&SourceReport, Progress) + Sync),
 ) -> Result<HarvestReport, HarvestError> {
+    harvest_all_with(config, store, AddressPolicy::from_config(config), done).await
+}
+
+/// Like [`harvest_all_reporting`], keeping the addresses `policy` keeps
+/// (the daemon's names the addresses it actually listens on).
+pub async fn harvest_all_with(
+    config: &Config,
+    store: &Store,
+    policy: AddressPolicy,
+    done: &(dyn Fn(&SourceReport, Progress) + Sync),
+) -> Result<HarvestReport, HarvestError> {
+    let policy = Arc::new(policy);
     // Owned copies keep the stream's futures free of borrowed lifetimes, so
     // the round can run inside spawned tasks.
     let sources: Vec<SourceConfig> = config
@@ -125,7 +142,7 @@ pub async fn harvest_all_reporting(
     if sources.is_empty() {
         return Err(HarvestError::NoSources);
     }
-    let fetcher = Fetcher::new(&config.harvest)?;
+    let fetcher = Fetcher::new(&config.harvest, policy.allow_private)?;
     let started = Instant::now();
     let round_start = now_ms();
     let limit = config.harvest.max_per_source;
@@ -136,8 +153,10 @@ pub async fn harvest_all_reporting(
         .map(|(i, src)| {
             let fetcher = fetcher.clone();
             let store = store.clone();
+            let policy = policy.clone();
             async move {
-                let report = harvest_source(&fetcher, &store, &src, limit, parse_time).await;
+                let report =
+                    harvest_source(&fetcher, &store, &src, limit, parse_time, policy).await;
                 (i, report)
             }
         })
@@ -180,10 +199,11 @@ async fn harvest_source(
     src: &SourceConfig,
     limit: usize,
     parse_time: Duration,
+    policy: Arc<AddressPolicy>,
 ) -> SourceReport {
     let started = Instant::now();
     let started_at = now_ms();
-    let mut candidates = Candidates::new(limit);
+    let mut candidates = Candidates::with_policy(limit, policy.clone());
     let mut http_status = None;
     let mut error = None;
     let mut pages = 0;
@@ -226,7 +246,18 @@ async fn harvest_source(
         }
         // Paged APIs answer past their end with an empty page.
         if candidates.len() == before {
-            if page == 1 {
+            if page == 1 && candidates.private() > 0 {
+                error = Some(format!(
+                    "every address it lists is private or the daemon's own ({} entries \
+                     dropped{})",
+                    candidates.private(),
+                    if policy.allow_private {
+                        ""
+                    } else {
+                        "; harvest.allow_private_addresses = true keeps private ones"
+                    }
+                ));
+            } else if page == 1 {
                 error = Some(format!(
                     "no proxies found in the {} body",
                     src.format.name()
@@ -243,6 +274,14 @@ async fn harvest_source(
         );
     }
     let truncated = candidates.truncated();
+    let private = candidates.private();
+    if private > 0 {
+        tracing::info!(
+            source = %src.name,
+            private,
+            "dropped entries on private, loopback or the daemon's own addresses"
+        );
+    }
     let items = candidates.into_list();
     let listed = items.len();
     let run = SourceRun {
@@ -253,6 +292,7 @@ async fn harvest_source(
         http_status,
         duration_ms: started.elapsed().as_millis() as i64,
         error: error.clone(),
+        private,
     };
     let mut counts = UpsertCounts::default();
     let stored = store.record_source_run_into(run, items, &mut counts).await;
@@ -287,6 +327,7 @@ async fn harvest_source(
         pages,
         duration: started.elapsed(),
         truncated,
+        private,
         error,
         store_error,
         unwritable,

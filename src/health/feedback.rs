@@ -755,6 +755,7 @@ mod tests {
             http_status: None,
             duration_ms: 0,
             error: None,
+            private: 0,
         };
         let candidates: Vec<Candidate> = (1..=n)
             .map(|port| {

@@ -51,7 +51,40 @@ fn by_id(c: &Connection, id: i64) -> rusqlite::Result<Option<CrawlJobRecord>> {
     .optional()
 }
 
+/// The options a job listing leaves out: lists a client may make long
+/// (up to the 1 MiB a job's body may hold), shown by the job's own view.
+const LISTING_DROPS: &str =
+    "'$.seeds', '$.include', '$.exclude', '$.strip_params', '$.select', '$.user_agent'";
+
 impl Store {
+    /// Records a new job, queued, unless `max_queued` jobs are queued
+    /// already (`Ok(None)` then); returns it. Counted and inserted in one
+    /// transaction, so concurrent submissions cannot pass the limit
+    /// together.
+    pub async fn insert_crawl_job_bounded(
+        &self,
+        spec: String,
+        max_queued: usize,
+    ) -> Result<Option<CrawlJobRecord>, StoreError> {
+        self.write(move |c| {
+            let queued: i64 = c.query_row(
+                "SELECT count(*) FROM crawl_jobs WHERE state = 'queued'",
+                [],
+                |r| r.get(0),
+            )?;
+            if queued as u64 >= max_queued as u64 {
+                return Ok(None);
+            }
+            c.execute(
+                "INSERT INTO crawl_jobs (spec, state, created_at) VALUES (?1, 'queued', ?2)",
+                params![spec, now_ms()],
+            )?;
+            let id = c.last_insert_rowid();
+            Ok(by_id(c, id)?)
+        })
+        .await
+    }
+
     /// Records a new job, queued; returns it.
     pub async fn insert_crawl_job(&self, spec: String) -> Result<CrawlJobRecord, StoreError> {
         self.write(move |c| {
@@ -122,6 +155,30 @@ impl Store {
                 "SELECT {COLUMNS} FROM crawl_jobs ORDER BY id DESC LIMIT ?1"
             ))?;
             let rows = st.query_map([limit as i64], record)?;
+            Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
+        })
+        .await
+    }
+
+    /// A page of jobs for a listing, newest first: at most `limit` of those
+    /// older than job `before` (all, when `None`). Each record's `spec` is
+    /// its options without the lists a client may make long (seeds,
+    /// patterns, selectors), and the number of seeds comes alongside, so a
+    /// listing stays small however large the jobs' bodies were.
+    pub async fn crawl_job_listing(
+        &self,
+        limit: usize,
+        before: Option<i64>,
+    ) -> Result<Vec<(CrawlJobRecord, i64)>, StoreError> {
+        self.read(move |c| {
+            let mut st = c.prepare_cached(&format!(
+                "SELECT id, json_remove(spec, {LISTING_DROPS}), state, created_at, started_at,
+                        finished_at, summary, error, coalesce(json_array_length(spec, '$.seeds'), 0)
+                 FROM crawl_jobs WHERE id < ?2 ORDER BY id DESC LIMIT ?1"
+            ))?;
+            let rows = st.query_map(params![limit as i64, before.unwrap_or(i64::MAX)], |r| {
+                Ok((record(r)?, r.get(8)?))
+            })?;
             Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
         })
         .await

@@ -21,6 +21,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/0009_lean_new_rows.sql"),
     include_str!("../../migrations/0010_partial_status_index.sql"),
     include_str!("../../migrations/0011_links_by_source.sql"),
+    include_str!("../../migrations/0012_source_private.sql"),
 ];
 
 /// Every table the migrations create: a database holding any other is

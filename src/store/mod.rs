@@ -345,6 +345,30 @@ impl Store {
         &self.inner.path
     }
 
+    /// Copies the write-ahead log into the database file and empties it,
+    /// so that the file alone holds every commit: a command that exits
+    /// leaves a database one can copy as it is. Waits briefly for other
+    /// processes' readers; true when the whole log was copied (another
+    /// process reading, a running daemon say, may keep part of it, which
+    /// that process copies later). A store opened read-only does nothing.
+    pub async fn checkpoint(&self) -> Result<bool, StoreError> {
+        if self.inner.writer.is_none() {
+            return Ok(false);
+        }
+        let path = self.inner.path.clone();
+        let joined = tokio::task::spawn_blocking(move || {
+            let conn = Connection::open(&path)?;
+            conn.busy_timeout(Duration::from_secs(1))?;
+            let busy: i64 = conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| r.get(0))?;
+            Ok::<bool, rusqlite::Error>(busy == 0)
+        })
+        .await;
+        match joined {
+            Ok(r) => Ok(r?),
+            Err(e) => std::panic::resume_unwind(e.into_panic()),
+        }
+    }
+
     /// The schema version of the open database.
     pub async fn schema_version(&self) -> Result<i64, StoreError> {
         self.read(|c| Ok(c.query_row("PRAGMA user_version", [], |r| r.get(0))?))

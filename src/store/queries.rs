@@ -39,6 +39,8 @@ pub struct SourceRun {
     pub duration_ms: i64,
     /// Why the source failed, if it did.
     pub error: Option<String>,
+    /// Entries dropped for their address (private, or the daemon's own).
+    pub private: usize,
 }
 
 /// How a batch of candidates landed.
@@ -246,6 +248,9 @@ pub struct SourceRecord {
     pub last_found: Option<i64>,
     /// Of those, new to the store.
     pub last_new: Option<i64>,
+    /// Entries the last fetch dropped for their address (private, or the
+    /// daemon's own).
+    pub last_private: Option<i64>,
     /// Error of the last fetch.
     pub last_error: Option<String>,
     /// Fetches recorded.
@@ -1255,6 +1260,7 @@ fn finish_source_run(
                  last_new = ?6,
                  last_error = ?7,
                  listed_at = CASE WHEN ?5 > 0 THEN ?8 ELSE listed_at END,
+                 last_private = ?9,
                  fetches_total = fetches_total + 1,
                  fetches_failed = fetches_failed + (?7 IS NOT NULL)
              WHERE id = ?1",
@@ -1266,7 +1272,8 @@ fn finish_source_run(
             counts.found as i64,
             counts.new as i64,
             run.error,
-            run.started_at
+            run.started_at,
+            run.private as i64
         ],
     )?;
     Ok(())
@@ -1350,7 +1357,8 @@ fn list_sources(conn: &Connection) -> Result<Vec<SourceRecord>, StoreError> {
                     s.fetches_total, s.fetches_failed,
                     (SELECT count(*) FROM proxy_sources ps WHERE ps.source_id = s.id),
                     (SELECT count(*) FROM proxy_sources ps JOIN proxies p ON p.id = ps.proxy_id
-                      WHERE ps.source_id = s.id AND p.status = 'alive')
+                      WHERE ps.source_id = s.id AND p.status = 'alive'),
+                    s.last_private
              FROM sources s ORDER BY s.name",
     )?;
     let rows = stmt.query_map([], |r| {
@@ -1369,6 +1377,7 @@ fn list_sources(conn: &Connection) -> Result<Vec<SourceRecord>, StoreError> {
             fetches_failed: r.get(11)?,
             proxies: r.get(12)?,
             alive: r.get(13)?,
+            last_private: r.get(14)?,
         })
     })?;
     Ok(rows.collect::<Result<Vec<_>, _>>()?)

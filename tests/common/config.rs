@@ -16,7 +16,8 @@ pub struct TestConfig {
 
 impl TestConfig {
     /// `dir/test.db`, harvests with 1 s/2 s timeouts, one retry after
-    /// 10 ms and a 1 MiB body cap, checks with 1 s/2 s timeouts at
+    /// 10 ms and a 1 MiB body cap, keeping loopback addresses (the fake
+    /// proxies all listen on 127.0.0.1), checks with 1 s/2 s timeouts at
     /// concurrency 64; no sources yet.
     pub fn new(dir: &Path) -> TestConfig {
         TestConfig {
@@ -30,6 +31,7 @@ impl TestConfig {
         .set("harvest", "max_body", "\"1MiB\"")
         .set("harvest", "retries", "1")
         .set("harvest", "retry_backoff", "\"10ms\"")
+        .set("harvest", "allow_private_addresses", "true")
         .set("check", "concurrency", "64")
         .set("check", "connect_timeout", "\"1s\"")
         .set("check", "timeout", "\"2s\"")

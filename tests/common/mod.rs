@@ -342,6 +342,7 @@ pub fn source_run(name: &str, url: &str, started_at: i64) -> proxywarden::store:
         http_status: None,
         duration_ms: 0,
         error: None,
+        private: 0,
     }
 }
 
