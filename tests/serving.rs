@@ -150,6 +150,74 @@ impl Tally {
     }
 }
 
+/// `n` gateway clients at `gw` at once for `secs` seconds, client k asking
+/// for `url(k)`: back to back, or each once every `every` (their starts
+/// spread over it). What they got, together.
+async fn crowd(
+    gw: SocketAddr,
+    n: u64,
+    secs: u64,
+    every: Option<Duration>,
+    url: impl Fn(u64) -> String,
+) -> Tally {
+    let start = Instant::now();
+    let end = start + Duration::from_secs(secs);
+    let clients: Vec<_> = (0..n)
+        .map(|k| {
+            let client = gateway_client(gw);
+            let url = url(k);
+            tokio::spawn(async move {
+                let mut tally = Tally::default();
+                let mut tick = every.map(|every| {
+                    tokio::time::interval_at(start + every * k as u32 / n as u32, every)
+                });
+                while Instant::now() < end {
+                    if let Some(t) = tick.as_mut() {
+                        t.tick().await;
+                    }
+                    tally.add(client.get(&url).send().await).await;
+                }
+                tally
+            })
+        })
+        .collect();
+    let mut all = Tally::default();
+    for c in clients {
+        all.merge(c.await.unwrap());
+    }
+    all
+}
+
+/// One gateway client at `gw` sending a request every 250 ms, as a steady
+/// scraper does, for `secs` seconds: the n-th for `url(n)`.
+async fn steady(gw: SocketAddr, secs: u64, url: impl Fn(u64) -> String) -> Tally {
+    crowd(gw, 1, secs, Some(Duration::from_millis(250)), url).await
+}
+
+/// Posts a crawl job of `site` from `/` with `options` (JSON members) and
+/// returns its id.
+async fn start_crawl(daemon: &Daemon, site: &Site, options: &str) -> i64 {
+    let resp = daemon
+        .req(reqwest::Method::POST, "/crawls")
+        .header("content-type", "application/json")
+        .body(format!(
+            r#"{{"seeds": ["{}"], "max_pages": 5000, {options}}}"#,
+            site.url("/")
+        ))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 201);
+    let job: serde_json::Value = resp.json().await.unwrap();
+    job["id"].as_i64().unwrap()
+}
+
+/// The pages crawl job `id` has fetched so far, and its view.
+async fn crawled(daemon: &Daemon, id: i64) -> (u64, serde_json::Value) {
+    let (_, job) = daemon.json(&format!("/crawls/{id}")).await;
+    (job["progress"]["pages"].as_u64().unwrap_or(0), job)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_gateway_keeps_serving_after_a_start_on_a_cli_filled_database() {
     const SECS: u64 = 20;
@@ -161,48 +229,14 @@ async fn the_gateway_keeps_serving_after_a_start_on_a_cli_filled_database() {
         cli_filled(dir.path(), &proxies).await;
         let (daemon, gw) =
             Daemon::start_with_gateway(dir.path(), "", |c| short_cycles(c.db("test.db"))).await;
-        let client = gateway_client(gw);
-        let mut tally = Tally::default();
-        // One request every 250 ms, as a steady scraper sends them.
-        let mut tick = tokio::time::interval(Duration::from_millis(250));
-        let end = Instant::now() + Duration::from_secs(SECS);
-        let mut n = 0;
-        while Instant::now() < end {
-            tick.tick().await;
-            n += 1;
-            tally
-                .add(client.get(site.url(&format!("/p/{n}"))).send().await)
-                .await;
-        }
+        let tally = steady(gw, SECS, |n| site.url(&format!("/p/{n}"))).await;
         assert!(tally.share_ok() >= 0.99, "{}", tally.summary());
         // Then sixteen clients at once, each a request every two seconds,
         // their starts spread: 8 requests a second, more than one address
         // may send (the site's limit), well within what the thirteen
         // addresses it does not ban may send together.
-        let start = Instant::now();
-        let end = start + Duration::from_secs(SECS / 2);
-        let clients: Vec<_> = (0..16u64)
-            .map(|k| {
-                let client = gateway_client(gw);
-                let url = site.url(&format!("/c{k}"));
-                tokio::spawn(async move {
-                    let mut tally = Tally::default();
-                    let mut tick = tokio::time::interval_at(
-                        start + Duration::from_millis(k * 125),
-                        Duration::from_secs(2),
-                    );
-                    while Instant::now() < end {
-                        tick.tick().await;
-                        tally.add(client.get(&url).send().await).await;
-                    }
-                    tally
-                })
-            })
-            .collect();
-        let mut all = Tally::default();
-        for c in clients {
-            all.merge(c.await.unwrap());
-        }
+        let every = Some(Duration::from_secs(2));
+        let all = crowd(gw, 16, SECS / 2, every, |k| site.url(&format!("/c{k}"))).await;
         assert!(all.share_ok() >= 0.99, "{}", all.summary());
         daemon.stop().await;
     })
@@ -226,24 +260,7 @@ async fn gateway_requests_wait_their_turn_when_every_proxy_is_at_its_cap() {
             short_cycles(c.db("test.db")).set("pool", "max_per_proxy", "2")
         })
         .await;
-        let end = Instant::now() + Duration::from_secs(SECS);
-        let clients: Vec<_> = (0..16)
-            .map(|k| {
-                let client = gateway_client(gw);
-                let url = site.url(&format!("/c{k}"));
-                tokio::spawn(async move {
-                    let mut tally = Tally::default();
-                    while Instant::now() < end {
-                        tally.add(client.get(&url).send().await).await;
-                    }
-                    tally
-                })
-            })
-            .collect();
-        let mut all = Tally::default();
-        for c in clients {
-            all.merge(c.await.unwrap());
-        }
+        let all = crowd(gw, 16, SECS, None, |k| site.url(&format!("/c{k}"))).await;
         assert!(all.total() > 100, "{}", all.summary());
         assert!(all.share_ok() >= 0.99, "{}", all.summary());
         assert!(
@@ -384,18 +401,7 @@ async fn a_judge_outage_keeps_what_works_served_and_says_so() {
         // many freshness windows.
         let judge_addr = judge.addr;
         drop(judge);
-        let client = gateway_client(gw);
-        let mut tally = Tally::default();
-        let mut tick = tokio::time::interval(Duration::from_millis(250));
-        let end = Instant::now() + Duration::from_secs(SECS);
-        let mut n = 0;
-        while Instant::now() < end {
-            tick.tick().await;
-            n += 1;
-            tally
-                .add(client.get(site.url(&format!("/p/{n}"))).send().await)
-                .await;
-        }
+        let tally = steady(gw, SECS, |n| site.url(&format!("/p/{n}"))).await;
         assert!(tally.share_ok() >= 0.99, "{}", tally.summary());
         let (status, health) = daemon.json("/healthz").await;
         assert_eq!(status, 200);
@@ -470,45 +476,19 @@ async fn a_crawl_job_and_gateway_clients_on_the_same_proxies_both_make_progress(
         cli_filled(dir.path(), &proxies).await;
         let (daemon, gw) =
             Daemon::start_with_gateway(dir.path(), "", |c| short_cycles(c.db("test.db"))).await;
-        let resp = daemon
-            .req(reqwest::Method::POST, "/crawls")
-            .header("content-type", "application/json")
-            .body(format!(
-                r#"{{"seeds": ["{}"], "max_pages": 5000, "delay": "200ms", "ignore_robots": true}}"#,
-                site.url("/")
-            ))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(resp.status(), 201);
-        let job: serde_json::Value = resp.json().await.unwrap();
-        let id = job["id"].as_i64().unwrap();
-        let done = || async {
-            let (_, job) = daemon.json(&format!("/crawls/{id}")).await;
-            job["progress"]["pages"].as_u64().unwrap_or(0)
+        let id = start_crawl(&daemon, &site, r#""delay": "200ms", "ignore_robots": true"#).await;
+        // One gateway client at 4 requests a second on the same site; the
+        // crawl's pages are counted halfway and at the end.
+        let gateway = steady(gw, SECS, |n| site.url(&format!("/p/{}", 4_000 + n)));
+        let halfway = async {
+            tokio::time::sleep(Duration::from_secs(SECS / 2)).await;
+            crawled(&daemon, id).await.0
         };
-        // One gateway client at 4 requests a second on the same site.
-        let client = gateway_client(gw);
-        let mut tally = Tally::default();
-        let mut tick = tokio::time::interval(Duration::from_millis(250));
-        let start = Instant::now();
-        let mut halfway = None;
-        let mut n = 0;
-        while start.elapsed() < Duration::from_secs(SECS) {
-            tick.tick().await;
-            n += 1;
-            tally
-                .add(client.get(site.url(&format!("/p/{}", 4_000 + n))).send().await)
-                .await;
-            if halfway.is_none() && start.elapsed() >= Duration::from_secs(SECS / 2) {
-                halfway = Some(done().await);
-            }
-        }
-        let (halfway, end) = (halfway.unwrap(), done().await);
+        let (tally, halfway) = tokio::join!(gateway, halfway);
+        let (end, job) = crawled(&daemon, id).await;
         assert!(tally.share_ok() >= 0.99, "{}", tally.summary());
         // The crawl goes on through the second half too, at its pace (a
         // page every 200 ms at most).
-        let (_, job) = daemon.json(&format!("/crawls/{id}")).await;
         assert!(
             end >= halfway + 10,
             "the crawl stalled: {halfway} pages at half time, {end} at the end: {job}"
@@ -534,39 +514,13 @@ async fn the_gateway_and_a_crawl_job_share_one_cap_per_proxy() {
             short_cycles(c.db("test.db")).set("pool", "max_per_proxy", "2")
         })
         .await;
-        let resp = daemon
-            .req(reqwest::Method::POST, "/crawls")
-            .header("content-type", "application/json")
-            .body(format!(
-                r#"{{"seeds": ["{}"], "max_pages": 5000, "delay": "0s", "ignore_robots": true, "per_host_concurrency": 8}}"#,
-                site.url("/")
-            ))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(resp.status(), 201);
-        let id = resp.json::<serde_json::Value>().await.unwrap()["id"]
-            .as_i64()
-            .unwrap();
-        let end = Instant::now() + Duration::from_secs(SECS);
-        let clients: Vec<_> = (0..16)
-            .map(|k| {
-                let client = gateway_client(gw);
-                let url = site.url(&format!("/p/{}", 4_000 + k));
-                tokio::spawn(async move {
-                    let mut tally = Tally::default();
-                    while Instant::now() < end {
-                        tally.add(client.get(&url).send().await).await;
-                    }
-                    tally
-                })
-            })
-            .collect();
-        let mut all = Tally::default();
-        for c in clients {
-            all.merge(c.await.unwrap());
-        }
-        let (_, job) = daemon.json(&format!("/crawls/{id}")).await;
+        let options = r#""delay": "0s", "ignore_robots": true, "per_host_concurrency": 8"#;
+        let id = start_crawl(&daemon, &site, options).await;
+        let all = crowd(gw, 16, SECS, None, |k| {
+            site.url(&format!("/p/{}", 4_000 + k))
+        })
+        .await;
+        let (pages, job) = crawled(&daemon, id).await;
         assert!(
             site.max_in_flight_per_peer() <= 2,
             "one proxy carried {} requests at once",
@@ -575,7 +529,6 @@ async fn the_gateway_and_a_crawl_job_share_one_cap_per_proxy() {
         // Both got their turns: twelve slots, a page every 400 ms each.
         assert!(all.ok >= 20, "{}", all.summary());
         assert!(all.share_ok() >= 0.99, "{}", all.summary());
-        let pages = job["progress"]["pages"].as_u64().unwrap_or(0);
         assert!(pages >= 10, "the crawl job got {pages} pages: {job}");
         daemon.stop().await;
     })
