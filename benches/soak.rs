@@ -389,6 +389,14 @@ struct Shared {
 }
 
 impl Shared {
+    /// Notes that proxies `ids` are down now.
+    fn mark_down(&self, ids: &[usize]) {
+        let mut down = self.down.lock().unwrap();
+        for &i in ids {
+            down.insert(proxy_url(i));
+        }
+    }
+
     /// The minute now, or `None` once the soak is over.
     fn minute(&self) -> Option<&Minute> {
         self.minutes
@@ -746,10 +754,7 @@ async fn soak(minutes: usize) -> anyhow::Result<bool> {
                 if !failed.is_empty() {
                     // Still down, then: say so and go on.
                     eprintln!("warning: proxies {failed:?} could not listen again");
-                    let mut down = shared.down.lock().unwrap();
-                    for &i in &failed {
-                        down.insert(proxy_url(i));
-                    }
+                    shared.mark_down(&failed);
                 }
                 shared.minutes[m]
                     .revived
@@ -763,12 +768,7 @@ async fn soak(minutes: usize) -> anyhow::Result<bool> {
                 let listening = PROXIES - (0..PROXIES).filter(|&i| dead_at_start(i)).count();
                 up.truncate((listening as f64 * share).round() as usize);
                 farm.control("kill", &up).await?;
-                {
-                    let mut down = shared.down.lock().unwrap();
-                    for &i in &up {
-                        down.insert(proxy_url(i));
-                    }
-                }
+                shared.mark_down(&up);
                 shared.minutes[m]
                     .killed
                     .store(up.len() as u64, Ordering::Relaxed);

@@ -84,15 +84,7 @@ impl Gw {
         if let Some((u, p)) = auth {
             proxy = proxy.basic_auth(u, p);
         }
-        // The crate's TLS setup: no other crypto provider is compiled in.
-        let tls =
-            proxywarden::net::tls::client_config(None, proxywarden::net::tls::ALPN_H1).unwrap();
-        reqwest::Client::builder()
-            .tls_backend_preconfigured(Arc::unwrap_or_clone(tls))
-            .proxy(proxy)
-            .timeout(Duration::from_secs(20))
-            .build()
-            .unwrap()
+        common::daemon::proxied_client(proxy)
     }
 }
 

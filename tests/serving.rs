@@ -9,7 +9,6 @@ mod common;
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
-use std::sync::Arc;
 use std::time::Duration;
 
 use common::daemon::Daemon;
@@ -96,14 +95,7 @@ fn gateway_client_as(gw: SocketAddr, user: Option<&str>) -> reqwest::Client {
     if let Some(user) = user {
         proxy = proxy.basic_auth(user, "");
     }
-    // The crate's TLS setup: no other crypto provider is compiled in.
-    let tls = proxywarden::net::tls::client_config(None, proxywarden::net::tls::ALPN_H1).unwrap();
-    reqwest::Client::builder()
-        .tls_backend_preconfigured(Arc::unwrap_or_clone(tls))
-        .proxy(proxy)
-        .timeout(Duration::from_secs(20))
-        .build()
-        .unwrap()
+    common::daemon::proxied_client(proxy)
 }
 
 /// Statuses of the answers a client got, and what the 503s said.

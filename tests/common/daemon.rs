@@ -149,3 +149,16 @@ pub fn client(timeout: Duration) -> reqwest::Client {
         .build()
         .unwrap()
 }
+
+/// A test client that sends everything through `proxy` (the gateway, as
+/// clients use it), with the crate's TLS setup: no other crypto provider is
+/// compiled in.
+pub fn proxied_client(proxy: reqwest::Proxy) -> reqwest::Client {
+    let tls = proxywarden::net::tls::client_config(None, proxywarden::net::tls::ALPN_H1).unwrap();
+    reqwest::Client::builder()
+        .tls_backend_preconfigured(std::sync::Arc::unwrap_or_clone(tls))
+        .proxy(proxy)
+        .timeout(Duration::from_secs(20))
+        .build()
+        .unwrap()
+}
