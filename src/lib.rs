@@ -12,11 +12,11 @@
 //! - [`health`]: the in-memory index of servable proxies, selection, the one feedback path
 //! - [`harvest`]: fetch sources with limits; parse text, HTML and JSON lists
 //! - [`check`]: probes per scheme over the dialer, judges, anonymity, the batched check round
-//! - [`pool`]: fetch through proxies: strategies, sticky sessions, cooldowns, bans, retries
+//! - [`pool`]: fetch through proxies, one pool per process with a client per user: strategies, sticky sessions, caps with a line, cooldowns, bans, per-site pacing, retries
 //! - [`crawl`]: the polite crawler: frontier in SQLite, per-host politeness, robots.txt, extraction, output
 //! - [`gateway`]: the local rotating forward proxy: HTTP (absolute-form, CONNECT) and SOCKS5 on one port, through the pool
 //! - [`export`]: proxies as txt, json or csv, files written atomically
-//! - [`api`]: the axum router: serving, listings, reports, metrics, the judge; bounded connections
+//! - [`api`]: the axum router: serving, listings, reports, metrics, health and what is degraded, the judge; bounded connections
 //! - [`daemon`]: `serve`: the API, check loop, harvests, purge, the watch on store writes and watchdog as components on one task tracker
 //! - [`cli`]: the clap command tree and each command's output
 

@@ -145,6 +145,9 @@ pub fn client(timeout: Duration) -> reqwest::Client {
     reqwest::Client::builder()
         .tls_backend_preconfigured(std::sync::Arc::unwrap_or_clone(tls))
         .no_proxy()
+        // The API closes a connection quiet for api.header_timeout (10 s):
+        // one kept longer could be reused just as the server closes it.
+        .pool_idle_timeout(Duration::from_secs(5))
         .timeout(timeout)
         .build()
         .unwrap()
