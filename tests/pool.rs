@@ -770,6 +770,47 @@ async fn a_pool_from_the_store_follows_it() {
 }
 
 #[tokio::test]
+async fn a_proxy_that_failed_in_use_is_not_put_back_by_the_next_refresh() {
+    within(async {
+        let dir = tempfile::tempdir().unwrap();
+        let site = Site::start(SiteOpts::new(|_, _| Reply::html("ok"))).await;
+        let dead = common::fakes::closed_port();
+        let path = dir.path().join("p.db");
+        // The store says it is alive: a CLI check found it so a while ago.
+        let (store, ids) =
+            store_with_alive(&path, &[AliveProxy::new(format!("http://{}", dead.addr()))]).await;
+        let pool = Pool::from_store(
+            &store,
+            PoolOptions {
+                refresh_every: Duration::from_millis(20),
+                rotations: 0,
+                ..quick()
+            },
+        )
+        .unwrap();
+        let failed = pool.get(&site.url("/")).await;
+        assert!(
+            matches!(failed, Err(FetchError::Exhausted { .. })),
+            "{failed:?}"
+        );
+        assert!(pool.index().get(ids[0]).is_none(), "out at once");
+        // A proxy found alive after the failure shows a refresh came since.
+        let b = http_proxy(3).await;
+        let (_, later) = store_with_alive(&path, &[AliveProxy::new(b.url())]).await;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while pool.index().get(later[0]).is_none() {
+            assert!(Instant::now() < deadline, "the refresh never came");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(
+            pool.index().get(ids[0]).is_none(),
+            "the refresh put back a proxy that failed in use"
+        );
+    })
+    .await;
+}
+
+#[tokio::test]
 async fn a_page_refused_to_every_proxy_is_the_sites_answer() {
     within(async {
         let dir = tempfile::tempdir().unwrap();

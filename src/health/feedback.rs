@@ -604,6 +604,21 @@ impl Feedback {
         self.inner.index.apply(records);
     }
 
+    /// Makes the index hold what `records` (every alive proxy in the
+    /// store) say, for a pool that follows the store rather than a check
+    /// loop: proxies not among them leave, the rest are (re)indexed as
+    /// [`Feedback::apply`] does, so one hidden by a failure in use since its
+    /// last check stays out until a newer check finds it alive.
+    pub fn reload(&self, records: Vec<ProxyRecord>) {
+        let keep: HashSet<i64> = records.iter().map(|r| r.id).collect();
+        for id in self.inner.index.ids() {
+            if !keep.contains(&id) {
+                self.inner.index.remove(id);
+            }
+        }
+        self.apply(records);
+    }
+
     /// Takes proxy `id` out of the index because of a verdict at `at`
     /// (unix ms) that its stored record does not know yet. True if it was
     /// being served.

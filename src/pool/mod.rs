@@ -1648,15 +1648,9 @@ fn refresh(
     };
     match loaded {
         Ok(records) => {
-            let index = shared.feedback.index();
-            let keep: HashSet<i64> = records.iter().map(|r| r.id).collect();
-            let now = crate::store::now_ms();
-            for e in index.select(&ProxyQuery::default(), now) {
-                if !keep.contains(&e.id) {
-                    index.remove(e.id);
-                }
-            }
-            index.apply(records);
+            // Through the feedback path: a proxy that failed in use since
+            // its last check is not put back on the strength of it.
+            shared.feedback.reload(records);
             *lock(&shared.load_error) = None;
         }
         Err(e) => {
