@@ -33,31 +33,27 @@ impl ProxyQuery {
     /// True when `r` is alive, fresh enough at `now` (unix ms) and
     /// satisfies every other filter.
     pub fn matches(&self, r: &ProxyRecord, now: i64) -> bool {
-        if r.status != Status::Alive {
-            return false;
-        }
-        if let Some(age) = self.max_age {
-            let fresh_since = now - i64::try_from(age.as_millis()).unwrap_or(i64::MAX);
-            if r.last_alive.is_none_or(|t| t < fresh_since) {
-                return false;
-            }
-        }
-        self.matches_fields(r)
+        self.matches_proven(r, r.last_alive, now)
     }
 
     /// [`matches`](Self::matches) for an indexed proxy, whose uses that
     /// worked count as passed checks for the freshness bound.
     pub fn matches_entry(&self, e: &super::Entry, now: i64) -> bool {
-        if e.status != Status::Alive {
+        self.matches_proven(e, e.proven_at(), now)
+    }
+
+    /// The filters, with `proven` (unix ms) as when `r` last proved to work.
+    fn matches_proven(&self, r: &ProxyRecord, proven: Option<i64>, now: i64) -> bool {
+        if r.status != Status::Alive {
             return false;
         }
         if let Some(age) = self.max_age {
             let fresh_since = now - i64::try_from(age.as_millis()).unwrap_or(i64::MAX);
-            if e.proven_at().is_none_or(|t| t < fresh_since) {
+            if proven.is_none_or(|t| t < fresh_since) {
                 return false;
             }
         }
-        self.matches_fields(e)
+        self.matches_fields(r)
     }
 
     /// The same filters for a store listing of proxies of `status` (any
