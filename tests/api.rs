@@ -701,3 +701,34 @@ async fn a_hundred_concurrent_stats_on_200k_proxies_all_answer() {
         }
     }
 }
+
+#[tokio::test]
+async fn healthz_says_why_it_is_degraded_only_to_those_who_may_read_stats() {
+    let dir = tempfile::tempdir().unwrap();
+    let why = "no judge answered: http://user:secret@judge.example/";
+    let open = state(dir.path(), "").await;
+    open.conditions.set("judges", why.into(), 1_000);
+    let (status, _, body) = call(&open, get("/healthz", "127.0.0.1:1", &[])).await;
+    assert_eq!(status, StatusCode::OK);
+    let health = json(&body);
+    assert_eq!(health["status"], "degraded");
+    assert_eq!(health["reasons"][0]["message"], why);
+
+    let dir = tempfile::tempdir().unwrap();
+    let guarded = state(dir.path(), &format!("token = {TOKEN:?}")).await;
+    guarded.conditions.set("judges", why.into(), 1_000);
+    let (status, _, body) = call(&guarded, get("/healthz", "127.0.0.1:1", &[])).await;
+    assert_eq!(status, StatusCode::OK);
+    let health = json(&body);
+    assert_eq!(health["status"], "degraded");
+    assert_eq!(health["reasons"][0]["component"], "judges");
+    assert!(health["reasons"][0]["since"].is_string());
+    assert!(!body.windows(6).any(|w| w == b"secret"), "{health}");
+    let bearer = format!("Bearer {TOKEN}");
+    let (_, _, body) = call(
+        &guarded,
+        get("/stats", "127.0.0.1:1", &[("authorization", &bearer)]),
+    )
+    .await;
+    assert_eq!(json(&body)["degraded"][0]["message"], why);
+}

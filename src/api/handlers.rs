@@ -451,10 +451,19 @@ pub async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError
 
 /// `GET /healthz`: the process answers; `degraded`, with each reason and
 /// since when, while part of its work cannot be done (serving goes on).
+///
+/// `/healthz` needs no token, so with one configured the reasons name only
+/// the part and since when: their messages (judge URLs, file errors) are in
+/// `/stats`, behind the token.
 pub async fn healthz(State(state): State<AppState>) -> Response {
-    let conditions = state.conditions.all();
+    let mut conditions = state.conditions.all();
     if conditions.is_empty() {
         return Json(serde_json::json!({"status": "ok"})).into_response();
+    }
+    if state.config.api.token.is_some() {
+        for c in &mut conditions {
+            c.message = "see /stats (with the token) for why".into();
+        }
     }
     Json(serde_json::json!({"status": "degraded", "reasons": conditions})).into_response()
 }
