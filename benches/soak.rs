@@ -812,14 +812,7 @@ async fn soak(minutes: usize) -> anyhow::Result<bool> {
         let cpu = common::cpu_seconds(pid);
         let cpu_share = (cpu - cpu_before) / 60.0;
         cpu_before = cpu;
-        let job: serde_json::Value = match http
-            .get(format!("http://{api}/crawls/{job_id}"))
-            .send()
-            .await
-        {
-            Ok(r) => r.json().await.unwrap_or_default(),
-            Err(_) => serde_json::Value::Null,
-        };
+        let job = get_json(&http, &format!("http://{api}/crawls/{job_id}")).await;
         let pages = job["progress"]["pages"].as_u64().unwrap_or(0);
         let failed = job["progress"]["failed"].as_u64().unwrap_or(0);
         // Pages fetched so far (failed ones are not), never going back.
@@ -883,19 +876,9 @@ async fn soak(minutes: usize) -> anyhow::Result<bool> {
     shared.answers.lock().unwrap().flush()?;
     let farm = churn.await??;
 
-    let stats: serde_json::Value = match http.get(format!("http://{api}/stats")).send().await {
-        Ok(r) => r.json().await.unwrap_or_default(),
-        Err(_) => serde_json::Value::Null,
-    };
+    let stats = get_json(&http, &format!("http://{api}/stats")).await;
     println!("\n/stats gateway at the end: {}", stats["gateway"]);
-    let job: serde_json::Value = match http
-        .get(format!("http://{api}/crawls/{job_id}"))
-        .send()
-        .await
-    {
-        Ok(r) => r.json().await.unwrap_or_default(),
-        Err(_) => serde_json::Value::Null,
-    };
+    let job = get_json(&http, &format!("http://{api}/crawls/{job_id}")).await;
     println!(
         "crawl job {job_id}: state {}, progress {}",
         job["state"], job["progress"]
@@ -1116,4 +1099,13 @@ fn verdict(minutes: &[Minute], crawl: &[(u64, serde_json::Value)]) -> bool {
     );
     println!("result: {}", if all { "PASS" } else { "FAIL" });
     all
+}
+
+/// `GET url` as JSON; `null` when there is no answer (the daemon may be
+/// stopping), an empty value when it is not JSON.
+async fn get_json(http: &reqwest::Client, url: &str) -> serde_json::Value {
+    match http.get(url).send().await {
+        Ok(r) => r.json().await.unwrap_or_default(),
+        Err(_) => serde_json::Value::Null,
+    }
 }

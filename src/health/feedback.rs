@@ -132,6 +132,8 @@ struct Inner {
     /// Per site that rate-limited proxies: the gap kept between two
     /// requests through one proxy (see [`Feedback::site_gap`]).
     gaps: Mutex<HashMap<String, SiteGap>>,
+    /// True once any site has a gap: until then every pick skips the lock.
+    any_gap: AtomicBool,
     /// Verdicts and uses that took effect in memory but could not be
     /// written because the disk refused the write.
     unrecorded: AtomicU64,
@@ -209,6 +211,7 @@ impl Feedback {
                 flush_scheduled: AtomicBool::new(false),
                 applied: Mutex::default(),
                 gaps: Mutex::default(),
+                any_gap: AtomicBool::new(false),
                 unrecorded: AtomicU64::new(0),
             }),
         }
@@ -676,6 +679,7 @@ impl Feedback {
                 raised: Instant::now(),
             },
         );
+        self.inner.any_gap.store(true, Ordering::Relaxed);
     }
 
     /// The gap to keep between two requests through one proxy to `site`:
@@ -685,6 +689,10 @@ impl Feedback {
     /// address is sent no more than it takes by any of them, by the
     /// gateway, crawl jobs and the pool together.
     pub fn site_gap(&self, site: &str) -> Duration {
+        // Asked at every pick: no lock while no site ever rate-limited.
+        if !self.inner.any_gap.load(Ordering::Relaxed) {
+            return Duration::ZERO;
+        }
         let gaps = lock(&self.inner.gaps);
         match gaps.get(site) {
             Some(g) => Duration::from_secs_f64(g.now() / 1000.0),

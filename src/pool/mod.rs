@@ -875,13 +875,7 @@ impl Pool {
                     let limited = !page && matches!(status.as_u16(), 429 | 503);
                     if let Some(id) = id {
                         if limited {
-                            c.rate_limits.fetch_add(1, Ordering::Relaxed);
-                            let rest = wait.unwrap_or(RATE_LIMIT_REST).max(Duration::from_secs(1));
-                            self.inner.shared.feedback.rest(id, &site, rest);
-                            self.inner
-                                .shared
-                                .feedback
-                                .rate_limited(&site, t0.into_std());
+                            self.rate_limited(id, &site, wait, t0);
                         } else {
                             c.blocks.fetch_add(1, Ordering::Relaxed);
                             self.blocked(id, &site, page).await;
@@ -1285,13 +1279,7 @@ impl Pool {
                 wait,
             } => {
                 if !page && matches!(status, 429 | 503) {
-                    c.rate_limits.fetch_add(1, Ordering::Relaxed);
-                    let rest = wait.unwrap_or(RATE_LIMIT_REST).max(Duration::from_secs(1));
-                    self.inner.shared.feedback.rest(id, &site, rest);
-                    self.inner
-                        .shared
-                        .feedback
-                        .rate_limited(&site, lease.taken.into_std());
+                    self.rate_limited(id, &site, wait, lease.taken);
                 } else {
                     c.blocks.fetch_add(1, Ordering::Relaxed);
                     self.blocked(id, &site, page).await;
@@ -1458,6 +1446,23 @@ impl Pool {
         {
             tracing::warn!(id, error = %e, "cannot record a proxy failure");
         }
+    }
+
+    /// `site` rate-limited proxy `id` (a request sent at `sent`): the pair
+    /// rests for the Retry-After `wait` (or [`RATE_LIMIT_REST`]), and the
+    /// site's gap between requests through one proxy widens.
+    fn rate_limited(&self, id: i64, site: &str, wait: Option<Duration>, sent: Instant) {
+        self.inner
+            .counters
+            .rate_limits
+            .fetch_add(1, Ordering::Relaxed);
+        let feedback = &self.inner.shared.feedback;
+        feedback.rest(
+            id,
+            site,
+            wait.unwrap_or(RATE_LIMIT_REST).max(Duration::from_secs(1)),
+        );
+        feedback.rate_limited(site, sent.into_std());
     }
 
     /// An https fetch through an HTTP proxy failed: the CONNECT tunnel may
