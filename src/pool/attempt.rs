@@ -241,7 +241,7 @@ impl Pool {
                 answer.tls,
             );
             if let Some(p) = &req.pacer {
-                let wait = classify::retry_after(&answer.headers, std::time::SystemTime::now());
+                let wait = crate::net::retry_after(&answer.headers, std::time::SystemTime::now());
                 p.answered(&url, Some(answer.status), wait);
             }
             match class {
