@@ -534,8 +534,33 @@ impl Feedback {
     }
 
     /// Takes the proxies queued for an early re-check.
-    pub fn take_rechecks(&self) -> Vec<i64> {
+    fn take_rechecks(&self) -> Vec<i64> {
         lock(&self.inner.recheck).drain().collect()
+    }
+
+    /// Makes the proxies queued for an early re-check due at `now` in the
+    /// store; how many there were (an error loses them: each is queued
+    /// again by its next failure).
+    pub async fn queue_rechecks(&self, now: i64) -> Result<usize, StoreError> {
+        let ids = self.take_rechecks();
+        let n = ids.len();
+        if n > 0 {
+            self.inner.store.mark_due_many(ids, now).await?;
+        }
+        Ok(n)
+    }
+
+    /// Brings the next check of each `(proxy id, time)` forward to that
+    /// time (unix ms): adopted proxies put on the served cycle.
+    pub async fn schedule_checks(&self, due: Vec<(i64, i64)>) -> Result<(), StoreError> {
+        self.inner.store.pull_checks_in(due).await
+    }
+
+    /// Puts off the next check of proxies whose check reached no verdict
+    /// (every judge was unreachable) to `at` (unix ms), recording nothing
+    /// about them.
+    pub async fn defer_checks(&self, ids: Vec<i64>, at: i64) -> Result<(), StoreError> {
+        self.inner.store.defer_checks(ids, at).await
     }
 
     /// Resolves when a verdict asked for an early re-check.
