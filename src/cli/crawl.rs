@@ -7,6 +7,8 @@ use std::process::ExitCode;
 use anyhow::{Context, bail};
 use clap::{Args, Parser};
 
+use crate::model::{ScopeKind, StrategyKind};
+
 use super::{Cli, Command, ProxyFilterArgs, checkpoint, load, open_store, parse_duration};
 
 /// `crawl` options.
@@ -38,7 +40,7 @@ pub struct CrawlArgs {
     pub select_all: bool,
     /// Which hosts links may lead to.
     #[arg(long, value_enum, default_value = "same-host")]
-    pub scope: ScopeArg,
+    pub scope: ScopeKind,
     /// Only URLs matching this regex (repeatable: any of them).
     #[arg(long, value_name = "REGEX", value_parser = parse_regex)]
     pub include: Vec<regex::Regex>,
@@ -76,7 +78,7 @@ pub struct CrawlArgs {
     pub filter: ProxyFilterArgs,
     /// How a proxy is chosen for each request.
     #[arg(long, value_enum, default_value = "fastest-of-two")]
-    pub strategy: StrategyArg,
+    pub strategy: StrategyKind,
     /// What a request does when no proxy can take it.
     #[arg(long, value_enum, default_value = "wait")]
     pub on_no_proxy: NoProxyArg,
@@ -110,30 +112,6 @@ pub struct CrawlArgs {
     /// After Ctrl-C, how long pages in flight may take to finish.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "30s")]
     pub grace: std::time::Duration,
-}
-
-/// `crawl --scope`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum ScopeArg {
-    /// The start URLs' hosts.
-    SameHost,
-    /// The start URLs' registrable domains (public suffix list).
-    SameSite,
-    /// Anywhere.
-    Any,
-}
-
-/// `crawl --strategy`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum StrategyArg {
-    /// Every proxy in turn.
-    RoundRobin,
-    /// Any proxy at random.
-    Random,
-    /// The least busy proxy.
-    LeastUsed,
-    /// The better of two random proxies by success and latency.
-    FastestOfTwo,
 }
 
 /// `crawl --on-no-proxy`.
@@ -177,8 +155,8 @@ pub(super) async fn run(config_path: Option<&Path>, args: CrawlArgs) -> anyhow::
     use std::io::IsTerminal;
     use std::sync::Arc;
 
-    use crate::crawl::{CrawlOptions, Progress, ScopeKind};
-    use crate::pool::{NoProxy, Pool, PoolOptions, StrategyKind};
+    use crate::crawl::{CrawlOptions, Progress};
+    use crate::pool::{NoProxy, Pool, PoolOptions};
 
     let args = resume_args(args)?;
     let mut seeds = Vec::new();
@@ -192,12 +170,7 @@ pub(super) async fn run(config_path: Option<&Path>, args: CrawlArgs) -> anyhow::
     let store = open_store(&config)?;
     let mut opts = PoolOptions {
         query: args.filter.query(config.api.max_age),
-        strategy: match args.strategy {
-            StrategyArg::RoundRobin => StrategyKind::RoundRobin,
-            StrategyArg::Random => StrategyKind::Random,
-            StrategyArg::LeastUsed => StrategyKind::LeastUsed,
-            StrategyArg::FastestOfTwo => StrategyKind::FastestOfTwo,
-        },
+        strategy: args.strategy,
         no_proxy: match (args.direct, args.on_no_proxy) {
             (true, _) | (_, NoProxyArg::Direct) => NoProxy::Direct,
             (_, NoProxyArg::Fail) => NoProxy::Fail,
@@ -250,11 +223,7 @@ pub(super) async fn run(config_path: Option<&Path>, args: CrawlArgs) -> anyhow::
         seeds,
         max_depth: args.max_depth,
         max_pages: args.max_pages,
-        scope: match args.scope {
-            ScopeArg::SameHost => ScopeKind::SameHost,
-            ScopeArg::SameSite => ScopeKind::SameSite,
-            ScopeArg::Any => ScopeKind::Any,
-        },
+        scope: args.scope,
         include: args.include.clone(),
         exclude: args.exclude.clone(),
         strip_params: args.strip_params.clone(),

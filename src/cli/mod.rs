@@ -20,7 +20,7 @@ use clap::{Args, Parser, Subcommand};
 
 pub use check::{CheckArgs, print_check_summary, rate_text};
 pub use config::ConfigCommand;
-pub use crawl::{CrawlArgs, NoProxyArg, ScopeArg, StrategyArg};
+pub use crawl::{CrawlArgs, NoProxyArg};
 pub use export::{ExportArgs, ExportFormat, StatusFilter};
 pub use harvest::{HarvestArgs, print_harvest, progress_line};
 pub use stats::{StatsArgs, print_stats};

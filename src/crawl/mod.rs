@@ -27,9 +27,10 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-pub use self::url::{Scope, ScopeKind, normalize};
+pub use self::url::{Scope, normalize};
 use crate::health::ProxyQuery;
 use crate::lock;
+pub use crate::model::ScopeKind;
 use crate::pool::{FetchError, Page, Pool, RedirectRule, Request, site_of};
 pub use extract::Select;
 use frontier::{Frontier, FrontierError, NewUrl, Queued, UrlState};

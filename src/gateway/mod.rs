@@ -24,7 +24,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::config::{GatewayConfig, Secret};
 use crate::health::ProxyQuery;
-use crate::pool::{NoProxy, Pool, PoolError, PoolOptions, StrategyKind};
+use crate::pool::{NoProxy, Pool, PoolError, PoolOptions};
 
 /// How long connections may take to finish after shutdown begins.
 const DRAIN: Duration = Duration::from_secs(3);
@@ -109,15 +109,9 @@ impl Gateway {
         max_age: Duration,
     ) -> Result<Gateway, PoolError> {
         let settings = Settings::new(config, max_age);
-        let strategy = match config.strategy.as_str() {
-            "random" => StrategyKind::Random,
-            "least-used" => StrategyKind::LeastUsed,
-            "fastest-of-two" => StrategyKind::FastestOfTwo,
-            _ => StrategyKind::RoundRobin,
-        };
         let opts = PoolOptions {
             query: settings.base.clone(),
-            strategy,
+            strategy: config.strategy,
             connect_timeout: config.connect_timeout,
             first_byte_timeout: config.timeout,
             total_timeout: config.timeout,
