@@ -885,10 +885,13 @@ impl Crawler {
     fn no_proxy_matches(&self, e: &FetchError) -> Option<String> {
         let now = crate::store::now_ms();
         let feedback = self.pool.feedback();
-        if !feedback.select(&self.pool.options().query, now).is_empty() {
+        if !feedback
+            .select(&self.pool.options().query, None, now)
+            .is_empty()
+        {
             return None;
         }
-        let servable = feedback.select(&ProxyQuery::default(), now).len();
+        let servable = feedback.select(&ProxyQuery::default(), None, now).len();
         let mut why = match servable {
             0 => "no proxy is servable".to_owned(),
             n => format!("0 of {n} servable proxies match"),

@@ -89,7 +89,11 @@ impl Pool {
                 None => ms,
             });
         }
-        self.report(lease.entry.id, Verdict::Worked, None).await;
+        // Counted off the request path; what the site took is learnt too.
+        self.inner
+            .shared
+            .feedback
+            .worked_at(lease.entry.id, &lease.site, latency);
     }
 
     pub(super) async fn failed(&self, lease: &Lease, reason: Reason) {
@@ -168,7 +172,7 @@ impl Pool {
         if page {
             self.report(id, Verdict::Blocked, Some(site)).await;
         } else {
-            self.inner.shared.feedback.rest(id, site, REFUSAL_REST);
+            self.inner.shared.feedback.refused(id, site, REFUSAL_REST);
         }
     }
 

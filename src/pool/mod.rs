@@ -589,6 +589,8 @@ impl fmt::Debug for Pool {
 pub struct Lease {
     shared: Arc<Shared>,
     entry: Arc<Entry>,
+    /// The site it was taken for (see [`site_of`]).
+    site: String,
     /// When it was handed out.
     taken: Instant,
 }

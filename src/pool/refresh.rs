@@ -17,6 +17,13 @@ impl Pool {
         let weak = Arc::downgrade(&pool.inner.shared);
         let store = store.clone();
         let task = handle.spawn(async move {
+            // What sites taught earlier runs first: a crawl does not go back
+            // to proxies its site banned.
+            if let Some(shared) = weak.upgrade()
+                && let Err(e) = shared.feedback.load_sites().await
+            {
+                tracing::warn!(error = %e, "cannot load what sites taught about proxies");
+            }
             loop {
                 let loaded = store
                     .list_proxies(ProxyFilter {

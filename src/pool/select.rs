@@ -157,7 +157,7 @@ impl Pool {
         let matching = inner
             .shared
             .feedback
-            .select(want.query, crate::store::now_ms());
+            .select(want.query, None, crate::store::now_ms());
         let st = lock(&inner.shared.state);
         for e in matching {
             if !fetch::can_carry(&e.proxy, e.https, want.https) {
@@ -224,6 +224,9 @@ impl Pool {
         let now = Instant::now();
         let now_ms = crate::store::now_ms();
         let mut st = lock(&inner.shared.state);
+        // What the site bans or rests is left out by the feedback path's
+        // pick (for a sticky session, below): a pick's filter must not
+        // call back into it.
         let usable = |st: &State, e: &Entry| {
             !tried.contains(&e.id)
                 && fetch::can_carry(&e.proxy, e.https, https)
@@ -231,16 +234,18 @@ impl Pool {
                     u.in_flight < inner.shared.max_in_flight
                         && u.cooldown_until.is_none_or(|t| t <= now)
                 })
-                && !inner.shared.feedback.is_banned(e.id, site)
         };
         let mut chosen = None;
         if let Some(key) = session
             && let Some(s) = st.sessions.get(key)
         {
             let fresh = s.uses < opts.session_uses && now - s.since < opts.session_age;
-            let entry = index
-                .get(s.id)
-                .filter(|e| fresh && query.matches_entry(e, now_ms) && usable(&st, e));
+            let entry = index.get(s.id).filter(|e| {
+                fresh
+                    && query.matches_entry(e, now_ms)
+                    && usable(&st, e)
+                    && !inner.shared.feedback.is_banned(e.id, site)
+            });
             match entry {
                 Some(e) => chosen = Some(e),
                 None => {
@@ -257,14 +262,17 @@ impl Pool {
             // Through the feedback path, so the pool never takes a proxy
             // past the freshness window or one a burst made suspect.
             let recent = st.recent.get(site);
-            chosen = inner.shared.feedback.pick(query, now_ms, &strategy, &|e| {
-                !usable(&st, e) || recent.is_some_and(|r| r.contains(&e.id))
-            });
+            chosen = inner
+                .shared
+                .feedback
+                .pick(query, Some(site), now_ms, &strategy, &|e| {
+                    !usable(&st, e) || recent.is_some_and(|r| r.contains(&e.id))
+                });
             if chosen.is_none() && recent.is_some() {
                 chosen = inner
                     .shared
                     .feedback
-                    .pick(query, now_ms, &strategy, &|e| !usable(&st, e));
+                    .pick(query, Some(site), now_ms, &strategy, &|e| !usable(&st, e));
             }
             if let Some(e) = &chosen {
                 st.last_rr = e.id;
@@ -316,6 +324,7 @@ impl Pool {
             Some(Lease {
                 shared: inner.shared.clone(),
                 entry,
+                site: site.to_owned(),
                 taken: now,
             }),
             None,

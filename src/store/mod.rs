@@ -9,6 +9,7 @@ mod ingest;
 mod listing;
 mod migrate;
 mod rows;
+mod sites;
 mod unwritable;
 mod writer;
 
@@ -17,6 +18,7 @@ pub use crawls::CrawlJobRecord;
 pub use ingest::{SourceRun, UpsertCounts};
 pub use listing::{Page, ProxyFilter, ProxySort};
 pub use rows::{Presence, ProxyRecord, SourceRecord, Stats};
+pub use sites::SiteRecord;
 pub use unwritable::{RETRY_FIRST, RETRY_MAX, WriteFailure, WriteTrouble};
 
 use std::path::{Path, PathBuf};
