@@ -4,8 +4,10 @@
 //! connects to a client's target itself and never looks inside TLS.
 
 mod controls;
+mod head;
 mod http;
 mod metrics;
+mod slots;
 mod socks;
 mod tunnel;
 mod upstream;
@@ -18,13 +20,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::config::{GatewayConfig, Secret};
 use crate::health::ProxyQuery;
 use crate::pool::{NoProxy, Pool, PoolError, PoolOptions, StrategyKind};
+use slots::{Full, Slot, Slots};
 
 /// How long connections may take to finish after shutdown begins.
 const DRAIN: Duration = Duration::from_secs(3);
@@ -48,6 +50,8 @@ pub struct Settings {
     pub idle_timeout: Duration,
     /// Open client connections at most.
     pub max_connections: usize,
+    /// Open client connections from one address at most.
+    pub max_connections_per_ip: usize,
     /// The largest request head.
     pub max_header_size: usize,
     /// The filters every pick starts from (freshness).
@@ -67,6 +71,7 @@ impl Settings {
             header_timeout: g.header_timeout,
             idle_timeout: g.idle_timeout,
             max_connections: g.max_connections,
+            max_connections_per_ip: g.max_connections_per_ip,
             max_header_size: g.max_header_size,
             base: ProxyQuery {
                 max_age: Some(max_age),
@@ -165,17 +170,35 @@ pub async fn serve(
     gateway: Gateway,
     shutdown: CancellationToken,
 ) -> io::Result<()> {
-    let slots = Arc::new(Semaphore::new(gateway.settings().max_connections));
+    let s = gateway.settings();
+    let slots = Slots::new(
+        s.max_connections,
+        s.max_connections_per_ip,
+        s.token.is_some(),
+    );
     let tasks = TaskTracker::new();
     loop {
         let Some((stream, peer)) = crate::net::accept(&listener, &shutdown, "a gateway").await
         else {
             break;
         };
-        let Ok(slot) = slots.clone().try_acquire_owned() else {
-            tracing::debug!(%peer, "gateway connection cap reached; refusing one");
-            gateway.inner.metrics.refused();
-            continue;
+        let slot = match slots.admit(peer.ip()) {
+            Ok((slot, evicted)) => {
+                if evicted {
+                    tracing::debug!(%peer, "closed the oldest connection waiting for a head to make room");
+                    gateway.inner.metrics.evicted();
+                }
+                slot
+            }
+            Err(full) => {
+                let cap = match full {
+                    Full::Total => "gateway.max_connections",
+                    Full::PerIp => "gateway.max_connections_per_ip",
+                };
+                tracing::debug!(%peer, cap, "every gateway connection is busy; refusing one");
+                gateway.inner.metrics.refused();
+                continue;
+            }
         };
         let gw = gateway.clone();
         let stop = shutdown.clone();
@@ -183,8 +206,25 @@ pub async fn serve(
         let tunnels = tasks.clone();
         tasks.spawn(async move {
             gw.inner.metrics.connection(1);
+            let close = slot.close.clone();
+            let conn = slot.conn.clone();
+            let header_timeout = gw.settings().header_timeout;
+            // With a token, a connection that has not given it within the
+            // header timeout goes, however busy it keeps itself: a client
+            // without the token cannot hold a slot.
+            let unauthenticated = async {
+                tokio::time::sleep(header_timeout).await;
+                if conn.is_authed() {
+                    std::future::pending::<()>().await;
+                }
+            };
             tokio::select! {
                 _ = connection(&gw, stream, &stop, slot, &tunnels) => {}
+                // Closed to make room for a new connection.
+                _ = close.cancelled() => {}
+                _ = unauthenticated => {
+                    tracing::debug!(%peer, "closing a gateway connection that gave no token");
+                }
                 // Slow clients end with the gateway.
                 _ = async { stop.cancelled().await; tokio::time::sleep(DRAIN).await } => {}
             }
@@ -203,7 +243,7 @@ async fn connection(
     gw: &Gateway,
     stream: TcpStream,
     shutdown: &CancellationToken,
-    slot: Arc<OwnedSemaphorePermit>,
+    slot: Arc<Slot>,
     tasks: &TaskTracker,
 ) {
     let _ = stream.set_nodelay(true);
