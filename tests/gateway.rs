@@ -1467,3 +1467,48 @@ async fn with_a_token_an_unauthenticated_connection_is_closed_at_the_header_time
     })
     .await;
 }
+
+#[tokio::test]
+async fn a_tunnel_every_proxy_fails_on_alike_is_not_charged_to_them() {
+    within(async {
+        let dir = tempfile::tempdir().unwrap();
+        let site = Site::start(SiteOpts::routes(vec![("/a", Reply::text("page a"))])).await;
+        let resetting = |_| {
+            FakeHttpProxy::start(HttpProxyOpts {
+                connect: true,
+                behavior: common::fakes::Behavior::ResetTunnels,
+                ..HttpProxyOpts::default()
+            })
+        };
+        let (a, b) = (resetting(0).await, resetting(1).await);
+        let gw = Gw::start(
+            dir.path(),
+            &[AliveProxy::new(a.url()), AliveProxy::new(b.url())],
+        )
+        .await;
+        let (code, _, _) = curl(&["-f", "-p", "-x", &gw.url(), &site.url("/a")]).await;
+        assert_ne!(code, 0);
+        assert_eq!((a.requests(), b.requests()), (1, 1));
+        none_charged(&gw);
+        // Where another proxy opens the tunnel, the one that reset is
+        // charged.
+        let c = FakeHttpProxy::start(HttpProxyOpts {
+            connect: true,
+            ..HttpProxyOpts::default()
+        })
+        .await;
+        let dir2 = tempfile::tempdir().unwrap();
+        let gw2 = Gw::start(
+            dir2.path(),
+            &[AliveProxy::new(a.url()), AliveProxy::new(c.url())],
+        )
+        .await;
+        for _ in 0..2 {
+            let (code, body, err) = curl(&["-p", "-x", &gw2.url(), &site.url("/a")]).await;
+            assert_eq!((code, body.as_str()), (0, "page a"), "{err}");
+        }
+        assert!(gw2.gateway.pool().is_cooling(gw2.ids[0]));
+        assert!(!gw2.gateway.pool().is_cooling(gw2.ids[1]));
+    })
+    .await;
+}

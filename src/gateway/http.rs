@@ -359,7 +359,7 @@ async fn plain(gw: Gateway, req: Request<Incoming>, controls: Controls) -> Respo
                 continue;
             }
             Err(Failure::Proxy(reason)) => {
-                charge(&gw, &lease, reason).await;
+                tunnel::charge(&gw, &lease, reason).await;
                 last = Some(upstream_failed(reason, tried.len()));
                 if !retry(&mut retries, s.retries, &metrics) {
                     break;
@@ -384,7 +384,7 @@ async fn plain(gw: Gateway, req: Request<Incoming>, controls: Controls) -> Respo
         // The request went through another proxy: those that failed on
         // it failed on their own.
         for (failed, reason) in alike.drain(..) {
-            charge(&gw, &failed, reason).await;
+            tunnel::charge(&gw, &failed, reason).await;
         }
         match class {
             Class::Page | Class::SiteError => {
@@ -400,7 +400,7 @@ async fn plain(gw: Gateway, req: Request<Incoming>, controls: Controls) -> Respo
             }
             // A login wall or a portal is the proxy's, whatever was asked.
             Class::ProxyFailure(reason @ (Reason::ProxyAuthRequired | Reason::ContentMismatch)) => {
-                charge(&gw, &lease, reason).await;
+                tunnel::charge(&gw, &lease, reason).await;
                 last = Some(upstream_failed(reason, tried.len()));
             }
             // A proxy's own 502/504, or its answer cut short.
@@ -463,18 +463,23 @@ async fn plain(gw: Gateway, req: Request<Incoming>, controls: Controls) -> Respo
     {
         let (n, reason) = (alike.len(), *first);
         tracing::debug!(%target, proxies = n, %reason, "proxies failed alike on one request; none charged");
+        let cause = if reason == Reason::Timeout {
+            "the site is the likely cause (slow or silent)"
+        } else {
+            "the request itself is the likely cause (too large or malformed for them)"
+        };
         last = Some(error(
             StatusCode::BAD_GATEWAY,
             "upstream_failed",
             &format!(
-                "{n} proxies failed alike ({reason}) on this request, so the request itself is the \
-                 likely cause (too large or malformed for them); none of them was charged"
+                "{n} proxies failed alike ({reason}) on this request, so {cause}; none of them was \
+                 charged"
             ),
         ));
         alike.clear();
     }
     for (failed, reason) in alike.drain(..) {
-        charge(&gw, &failed, reason).await;
+        tunnel::charge(&gw, &failed, reason).await;
     }
     match last {
         Some(resp) => {
@@ -486,14 +491,6 @@ async fn plain(gw: Gateway, req: Request<Incoming>, controls: Controls) -> Respo
             no_proxy(&controls, why.as_deref())
         }
     }
-}
-
-/// Charges a failure to the lease's proxy: it rests, stops being served
-/// and loses its kept connections.
-async fn charge(gw: &Gateway, lease: &Lease, reason: Reason) {
-    gw.metrics().upstream_failed(reason);
-    gw.inner.upstreams.forget(lease.id());
-    gw.pool().settle(lease, Used::ProxyFailed(reason)).await;
 }
 
 /// Counts a retry if the budget allows one.
