@@ -1035,6 +1035,9 @@ async fn a_head_over_max_header_size_is_a_json_431_and_costs_no_proxy() {
         let rest = String::from_utf8_lossy(&rest);
         assert!(rest.starts_with("HTTP/1.1 431"), "{rest:?}");
         assert_eq!(json_body(&rest)["error"]["code"], "headers_too_large");
+        // A malformed head is a 400, and reaches no proxy either.
+        let answer = raw(&gw, b"GET http://a.example/ HTTP/1.1\r\nBad Header\r\n\r\n").await;
+        assert!(answer.starts_with("HTTP/1.1 400"), "{answer:?}");
         // Only the two heads that fit reached a proxy.
         let carried: usize = proxies.iter().map(|p| p.requests()).sum();
         assert_eq!(carried, 2);
@@ -1042,6 +1045,7 @@ async fn a_head_over_max_header_size_is_a_json_431_and_costs_no_proxy() {
         none_charged(&gw);
         let stats = gw.gateway.metrics().snapshot();
         assert_eq!(stats.requests.get("too_large"), Some(&3), "{stats:?}");
+        assert_eq!(stats.requests.get("bad_request"), Some(&1), "{stats:?}");
     })
     .await;
 }

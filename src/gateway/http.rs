@@ -90,7 +90,16 @@ pub(super) async fn serve(
         .with_upgrades();
     tokio::pin!(conn);
     tokio::select! {
-        _ = conn.as_mut() => {}
+        result = conn.as_mut() => {
+            // A head hyper could not parse got its 400 (or 431, 414) from
+            // hyper, before any proxy was chosen.
+            if let Err(e) = result
+                && (e.is_parse() || e.is_parse_too_large())
+            {
+                tracing::debug!(error = %e, "malformed gateway request head");
+                gw.metrics().finished(Kind::Plain, "bad_request");
+            }
+        }
         _ = shutdown.cancelled() => {
             conn.as_mut().graceful_shutdown();
             let _ = conn.await;
