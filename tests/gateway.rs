@@ -1357,8 +1357,19 @@ async fn waiting_connections_make_room_oldest_first_and_busy_ones_never() {
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
         }
-        let mut late = TcpStream::connect(gw.addr).await.unwrap();
-        assert!(closed(&mut late).await);
+        let request = format!("GET {url} HTTP/1.1\r\nHost: x\r\n\r\n");
+        let answer = raw(&gw, request.as_bytes()).await;
+        assert!(answer.starts_with("HTTP/1.1 503"), "{answer:?}");
+        assert!(answer.contains("retry-after: 1"), "{answer:?}");
+        let json = json_body(&answer);
+        assert_eq!(json["error"]["code"], "busy");
+        assert!(
+            json["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("gateway.max_connections"),
+            "{json}"
+        );
         assert!(gw.gateway.metrics().snapshot().refused >= 1);
         assert_eq!(hanging.requests(), 3);
         assert!(

@@ -19,7 +19,9 @@ use std::io;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -30,6 +32,14 @@ use slots::{Full, Slot, Slots};
 
 /// How long connections may take to finish after shutdown begins.
 const DRAIN: Duration = Duration::from_secs(3);
+
+/// Connections over a cap being answered at once; more are closed
+/// without an answer.
+const MAX_REFUSING: usize = 64;
+
+/// How long a refused connection is given to say which protocol it
+/// speaks, and then to read its answer.
+const REFUSAL_LINGER: Duration = Duration::from_millis(500);
 
 /// The gateway's settings, from `[gateway]`.
 #[derive(Clone, Debug)]
@@ -177,6 +187,7 @@ pub async fn serve(
         s.token.is_some(),
     );
     let tasks = TaskTracker::new();
+    let refusing = Arc::new(Semaphore::new(MAX_REFUSING));
     loop {
         let Some((stream, peer)) = crate::net::accept(&listener, &shutdown, "a gateway").await
         else {
@@ -197,6 +208,14 @@ pub async fn serve(
                 };
                 tracing::debug!(%peer, cap, "every gateway connection is busy; refusing one");
                 gateway.inner.metrics.refused();
+                // Told why when a refusal is free to answer; closed
+                // otherwise, so a flood cannot pile up answers.
+                if let Ok(permit) = refusing.clone().try_acquire_owned() {
+                    tasks.spawn(async move {
+                        refuse(stream, cap).await;
+                        drop(permit);
+                    });
+                }
                 continue;
             }
         };
@@ -260,4 +279,39 @@ async fn connection(
         4 => socks::refuse_v4(stream).await,
         _ => http::serve(gw, stream, shutdown, slot, tasks).await,
     }
+}
+
+/// Answers a connection refused at `cap` in its own protocol and closes
+/// it: SOCKS5 "no acceptable method", or HTTP `503` with `Retry-After` and
+/// the JSON error naming the cap. What it sends is read for a moment and
+/// discarded, so that the close does not reset the answer away.
+async fn refuse(mut stream: TcpStream, cap: &str) {
+    let mut first = [0u8; 1];
+    let answered = async {
+        stream.peek(&mut first).await?;
+        if first[0] == socks::VERSION {
+            stream.write_all(&[socks::VERSION, 0xFF]).await?;
+        } else {
+            let body = serde_json::json!({"error": {
+                "code": "busy",
+                "message": format!(
+                    "the gateway has every connection {cap} allows open, each carrying a \
+                     request or a tunnel; try again in a second"
+                ),
+            }})
+            .to_string();
+            let head = format!(
+                "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n\
+                 retry-after: 1\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                body.len()
+            );
+            stream.write_all(head.as_bytes()).await?;
+            stream.write_all(body.as_bytes()).await?;
+        }
+        stream.shutdown().await?;
+        let mut sink = [0u8; 4096];
+        while stream.read(&mut sink).await? > 0 {}
+        std::io::Result::Ok(())
+    };
+    let _ = tokio::time::timeout(REFUSAL_LINGER, answered).await;
 }
