@@ -166,7 +166,7 @@ async fn handle(
         let mut resp = error(
             StatusCode::PROXY_AUTHENTICATION_REQUIRED,
             "auth_required",
-            "this gateway needs its token as the proxy password (http://CONTROLS:TOKEN@host:port)",
+            "this gateway needs its token as the proxy password (http://user:TOKEN@host:port, or country-de:TOKEN@ with controls)",
         );
         resp.headers_mut().insert(
             header::PROXY_AUTHENTICATE,
