@@ -1080,6 +1080,35 @@ async fn a_request_every_proxy_fails_on_alike_is_not_charged_to_them() {
         );
         assert!(resetting.iter().all(|p| p.requests() == 1));
         none_charged(&gw);
+        // Proxies answering their own 502 alike (a name none can resolve,
+        // say) are not charged either.
+        let mut failing = Vec::new();
+        for _ in 0..2 {
+            failing.push(
+                FakeHttpProxy::start(HttpProxyOpts {
+                    behavior: common::fakes::Behavior::AlwaysStatus(502),
+                    ..HttpProxyOpts::default()
+                })
+                .await,
+            );
+        }
+        let alive: Vec<AliveProxy> = failing.iter().map(|p| AliveProxy::new(p.url())).collect();
+        let dir2 = tempfile::tempdir().unwrap();
+        let gw2 = Gw::start(dir2.path(), &alive).await;
+        let resp = gw2
+            .client(None)
+            .get("http://no-such-name.invalid/")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 502);
+        let json: serde_json::Value = resp.json().await.unwrap();
+        let message = json["error"]["message"].as_str().unwrap();
+        assert!(
+            message.contains("2 proxies failed alike (bad_status)"),
+            "{message}"
+        );
+        none_charged(&gw2);
     })
     .await;
 }

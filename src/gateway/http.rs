@@ -390,10 +390,12 @@ async fn plain(gw: Gateway, req: Request<Incoming>, controls: Controls) -> Respo
         let kept = keeps_alive(&rparts).then_some(kept);
         let (class, rbody) = classify(&gw, &rparts, rbody, forward).await;
         let upstream = t0.elapsed();
-        // The request went through another proxy: those that failed on
-        // it failed on their own.
-        for (failed, reason) in alike.drain(..) {
-            tunnel::charge(&gw, &failed, reason).await;
+        // The request went through this proxy to the site: those that
+        // failed on it failed on their own.
+        if !matches!(class, Class::ProxyFailure(_)) {
+            for (failed, reason) in alike.drain(..) {
+                tunnel::charge(&gw, &failed, reason).await;
+            }
         }
         match class {
             Class::Page | Class::SiteError => {
