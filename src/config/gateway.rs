@@ -37,6 +37,8 @@ pub struct GatewayConfig {
     pub idle_timeout: Duration,
     /// Open client connections at most; more are refused.
     pub max_connections: usize,
+    /// Open client connections from one address at most.
+    pub max_connections_per_ip: usize,
     /// The largest request head accepted.
     pub max_header_size: usize,
     /// How long a request or tunnel waits, in line, for a proxy while
@@ -67,6 +69,7 @@ pub(super) fn read(g: &mut Section) -> Option<GatewayConfig> {
     let header_timeout = g.duration("header_timeout");
     let idle_timeout = g.duration("idle_timeout");
     let max_connections = g.int("max_connections", 1, 1_000_000);
+    let max_connections_per_ip = g.int("max_connections_per_ip", 1, 1_000_000);
     // hyper needs at least 8 KiB to buffer a head.
     let max_header_size = g.size("max_header_size", 8 * 1024, 1024 * 1024);
     // Moved: one cap holds for the gateway and crawl jobs together.
@@ -93,6 +96,7 @@ pub(super) fn read(g: &mut Section) -> Option<GatewayConfig> {
         header_timeout: header_timeout?,
         idle_timeout: idle_timeout?,
         max_connections: max_connections? as usize,
+        max_connections_per_ip: max_connections_per_ip? as usize,
         max_header_size: max_header_size? as usize,
         queue_wait: queue_wait?,
         session_ttl: session_ttl?,
