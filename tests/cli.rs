@@ -283,7 +283,13 @@ async fn harvest_prints_a_line_per_source_and_export_round_trips() {
 
     let out = proxywarden(dir.path(), &["export", "--country", "Germany"]).await;
     assert!(!out.status.success());
-    assert!(stderr(&out).contains("not a two-letter country code"));
+    assert!(
+        stderr(&out).contains(
+            "invalid value 'Germany' for '--country <COUNTRY>': expected two-letter country codes"
+        ),
+        "{}",
+        stderr(&out)
+    );
 }
 
 #[tokio::test]

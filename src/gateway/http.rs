@@ -225,7 +225,7 @@ fn controls(user: &str, headers: &HeaderMap, plain: bool) -> Result<Controls, Co
                 let value = value.to_str().map_err(|_| ControlError::Value {
                     key: "header",
                     value: name.as_str().to_owned(),
-                    expected: "a value in plain ASCII",
+                    expected: "a value in plain ASCII".to_owned(),
                 })?;
                 c.set(key, value)?;
             }
