@@ -13,7 +13,6 @@ use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::request::Parts;
 use http::{Method, Request, Response, StatusCode};
-use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::{Body as HttpBody, Frame, Incoming, SizeHint};
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -28,13 +27,11 @@ use super::head::Guarded;
 use super::metrics::{GatewayMetrics, Kind};
 use super::slots::{ConnState, Slot};
 use super::tunnel::{self, TunnelError};
-use super::upstream::{Kept, Key, keeps_alive};
+use super::upstream::{Body, Kept, Key, keeps_alive};
 use crate::model::Reason;
 use crate::net::{self, DialOptions, Target, hyper_reason, proxy_authorization};
 use crate::pool::{Class, Lease, Used, Want};
 use crate::proxy::Proxy;
-
-pub(super) type Body = BoxBody<Bytes, hyper::Error>;
 
 /// Names the upstream proxy (by id) on every forwarded answer.
 pub const PROXY_HEADER: &str = "x-proxywarden-proxy";
