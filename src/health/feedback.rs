@@ -799,7 +799,7 @@ impl Feedback {
 
     /// A use of proxy `id` at `site` worked in `latency`: counted as
     /// [`Feedback::worked`] does, and the pair is kept as one the site takes
-    /// (see [`ProxyQuery::site`]).
+    /// (see [`Feedback::pick`]).
     pub fn worked_at(&self, id: i64, site: &str, latency: Duration) {
         self.note(id, site, Event::Worked(Some(latency)));
         self.worked(id);
