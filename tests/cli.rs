@@ -1081,3 +1081,314 @@ async fn completions_and_the_manual_page_are_printed() {
         );
     }
 }
+
+/// Runs the binary with `input` on stdin.
+async fn proxywarden_stdin(dir: &Path, args: &[&str], input: &str) -> Output {
+    use tokio::io::AsyncWriteExt;
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_proxywarden"))
+        .args(args)
+        .current_dir(dir)
+        .env_remove("PROXYWARDEN_CONFIG")
+        .env_remove("RUST_LOG")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(input.as_bytes()).await.unwrap();
+    drop(stdin);
+    child.wait_with_output().await.unwrap()
+}
+
+/// Issue 24, Must 6: `check --list FILE` with no config checks a list
+/// given by hand (loopback addresses included, as the user gave them)
+/// against the judge named on the command line and prints the working
+/// proxies with the daemon's verdicts; bad lines are counted, not fatal;
+/// nothing is stored without `--store`.
+#[tokio::test]
+async fn check_list_prints_the_working_proxies_with_their_verdicts() {
+    use common::fakes::{self, FakeHttpProxy, FakeSocks5, HttpProxyOpts, ProxyKind, SocksOpts};
+    let dir = tempfile::tempdir().unwrap();
+    let judge = common::judges::Judge::plain().await;
+    let elite = fakes::http_proxy(2).await;
+    let transparent = FakeHttpProxy::start(HttpProxyOpts {
+        kind: ProxyKind::Transparent,
+        upstream_bind: Some(fakes::ip(3)),
+        ..HttpProxyOpts::default()
+    })
+    .await;
+    let socks = FakeSocks5::start(SocksOpts {
+        upstream_bind: Some(fakes::ip(4)),
+        ..SocksOpts::default()
+    })
+    .await;
+    let closed = fakes::closed_port();
+    let list = format!(
+        "# from a forum\nhttp://{}\n{}\n\nhttp://{}\nnot a proxy at all\n{} \n",
+        elite.addr(),
+        socks.addr(),
+        transparent.addr(),
+        closed.addr(),
+    );
+    std::fs::write(dir.path().join("list.txt"), &list).unwrap();
+    let out = proxywarden(
+        dir.path(),
+        &[
+            "check",
+            "--list",
+            "list.txt",
+            "--judge",
+            &judge.url(),
+            "--format",
+            "json",
+            "--timeout",
+            "2s",
+            "--connect-timeout",
+            "1s",
+        ],
+    )
+    .await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let rows: serde_json::Value = serde_json::from_str(&stdout(&out)).expect("JSON on stdout");
+    let rows = rows.as_array().unwrap();
+    let by_url = |url: &str| {
+        rows.iter()
+            .find(|r| r["url"] == url)
+            .unwrap_or_else(|| panic!("{url} not in {rows:?}"))
+    };
+    let e = by_url(&format!("http://{}", elite.addr()));
+    assert_eq!(e["anonymity"], "elite");
+    assert_eq!(e["exit_ip"], "127.0.0.2");
+    assert!(e["latency_ms"].is_u64());
+    assert_eq!(
+        by_url(&format!("http://{}", transparent.addr()))["anonymity"],
+        "transparent"
+    );
+    // No scheme in the list and no --scheme: detected.
+    let s = by_url(&format!("socks5://{}", socks.addr()));
+    assert_eq!(s["scheme"], "socks5");
+    assert_eq!(rows.len(), 3, "{rows:?}");
+    let err = stderr(&out);
+    assert!(
+        err.contains("checked 4 proxies in") && err.contains("3 working, 1 dead"),
+        "{err}"
+    );
+    assert!(
+        err.contains("1 line without a proxy skipped: line 6: \"not a proxy at all\""),
+        "{err}"
+    );
+    // Piped: no progress lines.
+    assert!(!err.contains("alive,"), "{err}");
+    assert!(!dir.path().join("proxywarden.db").exists());
+
+    // From stdin, as txt, with --scheme for entries without one.
+    let out = proxywarden_stdin(
+        dir.path(),
+        &[
+            "check",
+            "--list",
+            "-",
+            "--scheme",
+            "http",
+            "--judge",
+            &judge.url(),
+        ],
+        &format!("{}\n{}\n", elite.addr(), transparent.addr()),
+    )
+    .await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let mut lines: Vec<String> = stdout(&out).lines().map(str::to_owned).collect();
+    lines.sort();
+    let mut want = vec![
+        format!("http://{}", elite.addr()),
+        format!("http://{}", transparent.addr()),
+    ];
+    want.sort();
+    assert_eq!(lines, want);
+
+    // A list with nothing in it is an error that says so.
+    std::fs::write(dir.path().join("empty.txt"), "hello\nworld\n").unwrap();
+    let out = proxywarden(
+        dir.path(),
+        &["check", "--list", "empty.txt", "--judge", &judge.url()],
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("no proxy found in empty.txt (2 lines without a proxy skipped"),
+        "{}",
+        stderr(&out)
+    );
+    let out = proxywarden(
+        dir.path(),
+        &["check", "--list", "missing.txt", "--judge", &judge.url()],
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("cannot open the list missing.txt"),
+        "{}",
+        stderr(&out)
+    );
+    let out = proxywarden(
+        dir.path(),
+        &["check", "--list", "list.txt", "--judge", "ftp://x/"],
+    )
+    .await;
+    assert!(
+        stderr(&out).contains("--judge \"ftp://x/\": expected an http(s) URL"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+/// Issue 24, Must 6: `check --list --store` adds the working proxies, with
+/// their verdicts, to the database; CSV has a header and the verdicts.
+#[tokio::test]
+async fn check_list_store_adds_the_working_proxies_to_the_database() {
+    use common::fakes;
+    let dir = tempfile::tempdir().unwrap();
+    let judge = common::judges::Judge::plain().await;
+    let elite = fakes::http_proxy(2).await;
+    let closed = fakes::closed_port();
+    let list = format!("{}\n{}\n", elite.addr(), closed.addr());
+    std::fs::write(dir.path().join("mine.txt"), &list).unwrap();
+    let out = proxywarden(
+        dir.path(),
+        &[
+            "check",
+            "--list",
+            "mine.txt",
+            "--scheme",
+            "http",
+            "--judge",
+            &judge.url(),
+            "--format",
+            "csv",
+            "--store",
+        ],
+    )
+    .await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let csv = stdout(&out);
+    let mut lines = csv.lines();
+    assert_eq!(
+        lines.next(),
+        Some("url,scheme,host,port,anonymity,https,latency_ms,country,exit_ip")
+    );
+    let row = lines.next().unwrap();
+    assert!(
+        row.starts_with(&format!(
+            "http://{},http,127.0.0.1,{},elite,",
+            elite.addr(),
+            elite.addr().port()
+        )),
+        "{row}"
+    );
+    assert_eq!(lines.next(), None);
+    assert!(
+        stderr(&out).contains("stored 1 working proxies (1 new)"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(stderr(&out).contains("as source list:mine.txt"));
+
+    let out = proxywarden(dir.path(), &["export", "--format", "json"]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let rows: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    let rows = rows.as_array().unwrap();
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0]["url"], format!("http://{}", elite.addr()));
+    assert_eq!(rows[0]["status"], "alive");
+    assert_eq!(rows[0]["anonymity"], "elite");
+    assert_eq!(rows[0]["sources"][0], "list:mine.txt");
+}
+
+/// SIGTERM to a running `proxywarden` child.
+fn sigterm(child: &tokio::process::Child) {
+    let pid = child.id().unwrap();
+    let kill = std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+}
+
+/// Waits until `proxy` has received a request: the checks are in flight.
+async fn until_asked(proxy: &common::fakes::FakeHttpProxy) {
+    tokio::time::timeout(std::time::Duration::from_secs(20), async {
+        while proxy.requests() == 0 {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the proxy was not asked within 20 s");
+}
+
+/// Issue 24, Must 7: `check --list` and `check` end with status 130 and say
+/// "(interrupted)" on SIGTERM, even when every check was already in flight.
+#[tokio::test]
+async fn check_exits_130_on_sigterm_with_every_check_in_flight() {
+    use common::fakes::{Behavior as ProxyBehavior, FakeHttpProxy, HttpProxyOpts};
+    let dir = tempfile::tempdir().unwrap();
+    let judge = common::judges::Judge::plain().await;
+    let hang = FakeHttpProxy::start(HttpProxyOpts {
+        behavior: ProxyBehavior::Hang,
+        ..HttpProxyOpts::default()
+    })
+    .await;
+    std::fs::write(
+        dir.path().join("l.txt"),
+        format!("http://{}\n", hang.addr()),
+    )
+    .unwrap();
+    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_proxywarden"))
+        .args([
+            "check",
+            "--list",
+            "l.txt",
+            "--judge",
+            &judge.url(),
+            "--timeout",
+            "3s",
+        ])
+        .current_dir(dir.path())
+        .env_remove("PROXYWARDEN_CONFIG")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    until_asked(&hang).await;
+    sigterm(&child);
+    let out = child.wait_with_output().await.unwrap();
+    assert_eq!(out.status.code(), Some(130), "{}", stderr(&out));
+    assert!(stderr(&out).contains("(interrupted)"), "{}", stderr(&out));
+
+    // The stored proxies' check, concurrency far above what is due.
+    let hang2 = FakeHttpProxy::start(HttpProxyOpts {
+        behavior: ProxyBehavior::Hang,
+        ..HttpProxyOpts::default()
+    })
+    .await;
+    common::TestConfig::new(dir.path())
+        .judges(&format!("[\"{}\"]", judge.url()))
+        .set("check", "timeout", "\"3s\"")
+        .write();
+    store_with(dir.path(), &[&hang2.addr().to_string()]).await;
+    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_proxywarden"))
+        .args(["check", "--concurrency", "64"])
+        .current_dir(dir.path())
+        .env_remove("PROXYWARDEN_CONFIG")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    until_asked(&hang2).await;
+    sigterm(&child);
+    let out = child.wait_with_output().await.unwrap();
+    assert_eq!(out.status.code(), Some(130), "{}", stderr(&out));
+    assert!(stdout(&out).contains("(interrupted)"), "{}", stdout(&out));
+}

@@ -3,6 +3,7 @@
 //! and are printed by `main`.
 
 mod check;
+mod check_list;
 mod config;
 mod crawl;
 mod export;
@@ -19,6 +20,7 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 
 pub use check::{CheckArgs, print_check_summary, rate_text};
+pub use check_list::{ListArgs, ListFormat, ListScheme};
 pub use config::ConfigCommand;
 pub use crawl::{CrawlArgs, NoProxyArg};
 pub use export::{ExportArgs, ExportFormat, StatusFilter};
