@@ -1392,3 +1392,55 @@ async fn check_exits_130_on_sigterm_with_every_check_in_flight() {
     assert_eq!(out.status.code(), Some(130), "{}", stderr(&out));
     assert!(stdout(&out).contains("(interrupted)"), "{}", stdout(&out));
 }
+
+/// Issue 24, Must 7: the package states its licence (MIT OR Apache-2.0, with
+/// both texts beside it) and what it is; the installed binary carries no
+/// full debug information while benchmarks keep line tables.
+#[test]
+fn the_package_states_its_licence_and_installs_lean() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let manifest: toml::Table = std::fs::read_to_string(root.join("Cargo.toml"))
+        .unwrap()
+        .parse()
+        .unwrap();
+    let package = manifest["package"].as_table().unwrap();
+    assert_eq!(package["license"].as_str(), Some("MIT OR Apache-2.0"));
+    assert!(!package["description"].as_str().unwrap().is_empty());
+    let mit = std::fs::read_to_string(root.join("LICENSE-MIT")).unwrap();
+    assert!(mit.contains("Permission is hereby granted, free of charge"));
+    let apache = std::fs::read_to_string(root.join("LICENSE-APACHE")).unwrap();
+    assert!(apache.contains("Apache License") && apache.contains("Version 2.0"));
+    let profiles = manifest["profile"].as_table().unwrap();
+    let release = profiles["release"].as_table().unwrap();
+    assert_eq!(release["debug"].as_bool(), Some(false));
+    assert_eq!(release["strip"].as_str(), Some("debuginfo"));
+    assert_eq!(
+        profiles["bench"]["debug"].as_str(),
+        Some("line-tables-only")
+    );
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    assert!(readme.contains("cargo install --path ."));
+}
+
+/// Issue 24, Must 7: the crawler's User-Agent names no address that is not
+/// the project's (it named a GitHub page that does not exist).
+#[tokio::test]
+async fn the_crawler_user_agent_names_no_made_up_address() {
+    let dir = tempfile::tempdir().unwrap();
+    let site = FakeSite::start(vec![("/", Behavior::ok("<html>hi</html>"))]).await;
+    let out = proxywarden(
+        dir.path(),
+        &[
+            "crawl",
+            &site.url("/"),
+            "--direct",
+            "--ignore-robots",
+            "--max-pages",
+            "1",
+        ],
+    )
+    .await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let ua = site.last_header("/", "user-agent").unwrap();
+    assert_eq!(ua, format!("proxywarden/{}", env!("CARGO_PKG_VERSION")));
+}
