@@ -57,10 +57,10 @@ async fn config_example_is_valid_and_config_check_names_every_problem() {
     let err = stderr(&out);
     for needle in [
         "bad.toml: 4 problems",
-        "harvest.timeout: expected a string, found integer",
+        "harvest.timeout: 5 has no unit: write \"5s\" for seconds or \"5m\" for minutes",
         "harvest.max_per_source: must be between 1 and 10000000, found -1",
         "api.listen: expected an address",
-        "api.tokn: unknown key",
+        "api.tokn: unknown key (did you mean `token`?)",
     ] {
         assert!(err.contains(needle), "{needle:?} not in {err}");
     }
@@ -1443,4 +1443,60 @@ async fn the_crawler_user_agent_names_no_made_up_address() {
     assert!(out.status.success(), "{}", stderr(&out));
     let ua = site.last_header("/", "user-agent").unwrap();
     assert_eq!(ua, format!("proxywarden/{}", env!("CARGO_PKG_VERSION")));
+}
+
+/// Issue 24, Must 7: `config check` reports the files a config names
+/// together with the mistakes in its text, suggests the nearest key for an
+/// unknown one and words duration errors plainly; `[[extra_sources]]` adds
+/// to the built-in sources instead of replacing them.
+#[tokio::test]
+async fn config_check_reports_everything_at_once_in_plain_words() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("bad.toml"),
+        "[check]\njudge = [\"http://127.0.0.1:9/\"]\nextra_ca_file = \"missing-ca.pem\"\n\
+         timeout = \"5 minuts\"\nconnect_timeout = \"2\"\n\
+         [[extra_sources]]\nname = \"mine\"\nurl = \"./nope.txt\"\n",
+    )
+    .unwrap();
+    let out = proxywarden(dir.path(), &["config", "check", "-c", "bad.toml"]).await;
+    assert_eq!(out.status.code(), Some(2));
+    let err = stderr(&out);
+    for needle in [
+        "bad.toml: 5 problems",
+        "check.judge: unknown key (did you mean `judges`?)",
+        "check.timeout: \"5 minuts\" has an unknown unit \"minuts\": use ms, s, m, h or d",
+        "check.connect_timeout: \"2\" has no unit: write \"2s\" for seconds",
+        "check.extra_ca_file: cannot read missing-ca.pem",
+        "extra_sources[0].url: cannot read ./nope.txt",
+    ] {
+        assert!(err.contains(needle), "{needle:?} not in {err}");
+    }
+    assert!(!err.contains(" at "), "parser jargon: {err}");
+
+    std::fs::write(dir.path().join("list.txt"), "1.2.3.4:80\n").unwrap();
+    std::fs::write(
+        dir.path().join("add.toml"),
+        "[[extra_sources]]\nname = \"mine\"\nurl = \"./list.txt\"\n",
+    )
+    .unwrap();
+    let out = proxywarden(dir.path(), &["config", "check", "-c", "add.toml"]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("add.toml: ok (17 sources, 17 enabled;"),
+        "{}",
+        stdout(&out)
+    );
+    // A name already taken by a built-in source is refused.
+    std::fs::write(
+        dir.path().join("dup.toml"),
+        "[[extra_sources]]\nname = \"proxifly\"\nurl = \"./list.txt\"\n",
+    )
+    .unwrap();
+    let out = proxywarden(dir.path(), &["config", "check", "-c", "dup.toml"]).await;
+    assert!(
+        stderr(&out).contains("extra_sources[0].name: duplicate source name \"proxifly\""),
+        "{}",
+        stderr(&out)
+    );
 }

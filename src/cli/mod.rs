@@ -83,11 +83,7 @@ pub enum Command {
     Man,
 }
 fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
-    match humantime::parse_duration(s) {
-        Ok(d) if !d.is_zero() => Ok(d),
-        Ok(_) => Err("must be longer than zero".into()),
-        Err(e) => Err(format!("expected a duration like 4s or 500ms ({e})")),
-    }
+    crate::config::parse_duration(s)
 }
 /// The proxy filters `export` and `crawl` share, as the API's.
 #[derive(Debug, Args)]
