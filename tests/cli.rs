@@ -720,6 +720,15 @@ async fn harvest_shows_each_source_as_it_finishes_on_a_terminal() {
         rest.contains("[2/2] hang: failed after") && rest.contains("timed out after 2 attempts"),
         "{rest}"
     );
+    // While it hangs, the source is named (issue 24, Must 7), and its
+    // failure is printed once: in the table, not also as a log line.
+    assert!(rest.contains("still waiting after 2s for: hang"), "{rest}");
+    assert_eq!(
+        rest.matches("timed out after 2 attempts").count(),
+        1,
+        "{rest}"
+    );
+    assert!(!rest.contains("WARN"), "{rest}");
     assert!(child.wait().await.unwrap().success());
 }
 
@@ -1308,8 +1317,9 @@ async fn check_list_store_adds_the_working_proxies_to_the_database() {
 /// SIGTERM to a running `proxywarden` child.
 fn sigterm(child: &tokio::process::Child) {
     let pid = child.id().unwrap();
-    let kill = std::process::Command::new("kill")
-        .args(["-TERM", &pid.to_string()])
+    // The shell's built-in kill: a /bin/kill may not be installed.
+    let kill = std::process::Command::new("sh")
+        .args(["-c", &format!("kill -TERM {pid}")])
         .status()
         .unwrap();
     assert!(kill.success());
