@@ -1510,3 +1510,51 @@ async fn config_check_reports_everything_at_once_in_plain_words() {
         stderr(&out)
     );
 }
+
+/// Issue 24, Must 7: an HTML source whose page has no proxy table says what
+/// was looked for, and a page with an unclosed `<title>` still yields its
+/// rows.
+#[tokio::test]
+async fn html_sources_say_what_they_looked_for() {
+    let dir = tempfile::tempdir().unwrap();
+    let table = "<table><tr><th>IP Address</th><th>Port</th></tr>\
+                 <tr><td>10.1.2.3</td><td>8080</td></tr></table>";
+    let site = FakeSite::start(vec![
+        (
+            "/other.html",
+            Behavior::ok("<table><tr><th>Name</th><th>Speed</th></tr></table>"),
+        ),
+        (
+            "/title.html",
+            Behavior::ok(format!("<html><head><title>Proxies</head><body>{table}")),
+        ),
+    ])
+    .await;
+    let sources = format!(
+        "[[sources]]\nname = \"other\"\nurl = \"{}\"\nformat = \"html\"\n\
+         [[sources]]\nname = \"title\"\nurl = \"{}\"\nformat = \"html\"\n",
+        site.url("/other.html"),
+        site.url("/title.html")
+    );
+    write_config(dir.path(), &config_toml(dir.path(), &sources));
+    let out = proxywarden(dir.path(), &["harvest"]).await;
+    let table_out = stdout(&out);
+    let other = table_out
+        .lines()
+        .find(|l| l.starts_with("other"))
+        .unwrap_or_else(|| panic!("{table_out}"));
+    assert!(
+        other.contains("no table with IP and Port columns")
+            && other.contains("\"Name\", \"Speed\"")
+            && other.contains("try format = \"text\""),
+        "{other}"
+    );
+    let title = table_out
+        .lines()
+        .find(|l| l.starts_with("title"))
+        .unwrap_or_else(|| panic!("{table_out}"));
+    assert!(
+        title.split_whitespace().nth(1) == Some("1"),
+        "one proxy found: {title}"
+    );
+}
