@@ -94,10 +94,12 @@ pub(super) async fn run(config_path: Option<&Path>, args: CheckArgs) -> anyhow::
     }
     let opts = options(&config, &args)?;
 
-    let geoip = check::open_geoip(&config)?;
-    let checker = Arc::new(Checker::prepare(&config, &opts, geoip).await?);
+    // Listened to before the judges are asked: a signal then still ends
+    // the command as interrupted.
     let cancel = tokio_util::sync::CancellationToken::new();
     on_signals(cancel.clone())?;
+    let geoip = check::open_geoip(&config)?;
+    let checker = Arc::new(Checker::prepare(&config, &opts, geoip).await?);
     let progress = Arc::new(RoundProgress::default());
     let display = {
         let progress = progress.clone();

@@ -57,7 +57,8 @@ pub enum Command {
     Serve,
     /// Fetch every enabled source once and store what they list.
     Harvest(HarvestArgs),
-    /// Check the due proxies once (or all of them) against the judges.
+    /// Check the due proxies once (or all of them, or a list given by hand
+    /// with --list) against the judges.
     Check(CheckArgs),
     /// Delete proxies dead for longer than check.purge_after that no source lists any more.
     Purge,

@@ -133,12 +133,7 @@ impl CheckLoop {
                         .is_none_or(|(c, _)| !Arc::ptr_eq(c, &checker));
                     if new_checker && let Some(since) = lost_mid_round.take() {
                         // A judge answered a direct request again.
-                        tracing::info!(
-                            after = %humantime::format_duration(Duration::from_secs(
-                                since.elapsed().as_secs().max(1)
-                            )),
-                            "judges answer again"
-                        );
+                        judges_back(since);
                     }
                     if new_checker {
                         // verify=true works from the first second: the first
@@ -155,13 +150,9 @@ impl CheckLoop {
                                 lost_mid_round.get_or_insert_with(std::time::Instant::now);
                             }
                             Ended::Done { passed: true } => {
+                                // A pass proves a judge answered.
                                 if let Some(since) = lost_mid_round.take() {
-                                    tracing::info!(
-                                        after = %humantime::format_duration(Duration::from_secs(
-                                            since.elapsed().as_secs().max(1)
-                                        )),
-                                        "judges answer again"
-                                    );
+                                    judges_back(since);
                                 }
                             }
                             _ => {}
@@ -354,6 +345,13 @@ impl CheckLoop {
             }
         }
     }
+}
+
+/// Says that the judges, lost in the middle of a round `since`, answer
+/// again.
+fn judges_back(since: std::time::Instant) {
+    let after = Duration::from_secs(since.elapsed().as_secs().max(1));
+    tracing::info!(after = %humantime::format_duration(after), "judges answer again");
 }
 
 /// How a round ended, for what the loop does next.
