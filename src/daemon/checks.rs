@@ -102,6 +102,9 @@ impl CheckLoop {
                 .as_ref()
                 .filter(|(_, at)| at.elapsed() < ROUND_DISPATCH)
                 .map(|(c, _)| c.clone());
+            // Set when the loop found something due before asking the
+            // judges: the round starts at once after they answer.
+            let mut due_now = false;
             let checker = match fresh {
                 Some(c) => Ok(c),
                 None => {
@@ -110,8 +113,11 @@ impl CheckLoop {
                     // need them): an idle daemon neither asks them nor
                     // warns about them.
                     let at_start = prepared.is_none() && !self.state.index().is_empty();
-                    if !at_start && !self.until_due(&stop, last_round).await {
-                        continue;
+                    if !at_start {
+                        if !self.until_due(&stop, last_round).await {
+                            continue;
+                        }
+                        due_now = true;
                     }
                     Checker::prepare(&self.config, &opts, geoip.clone())
                         .await
@@ -142,7 +148,7 @@ impl CheckLoop {
                         self.state.set_checker(checker.clone());
                         prepared = Some((checker.clone(), std::time::Instant::now()));
                     }
-                    if self.until_due(&stop, last_round).await {
+                    if due_now || self.until_due(&stop, last_round).await {
                         last_round = Some(std::time::Instant::now());
                         let ended = self.round(checker, &opts, &stop, &mut rounds).await;
                         match ended {
