@@ -1558,3 +1558,78 @@ async fn html_sources_say_what_they_looked_for() {
         "one proxy found: {title}"
     );
 }
+
+/// Issue 24, Must 6: `check --list` gives the verdicts the daemon records:
+/// the exit country from the configured GeoIP database and HTTPS support
+/// from a TLS judge (one proxy tunnels, one refuses CONNECT).
+#[tokio::test]
+async fn check_list_gives_country_and_https_as_the_daemon_does() {
+    use common::fakes::{self, FakeHttpProxy, HttpProxyOpts};
+    use std::collections::HashMap;
+    let dir = tempfile::tempdir().unwrap();
+    // The judge reports the proxies' exit (127.0.0.2) as a GB test address.
+    let judge = common::judges::Judge::httpbin(HashMap::from([(
+        fakes::ip(2),
+        "81.2.69.160".parse().unwrap(),
+    )]))
+    .await;
+    let tls_judge = common::judges::Judge::tls(dir.path()).await;
+    let tunnels = fakes::http_proxy(2).await;
+    let plain_only = FakeHttpProxy::start(HttpProxyOpts {
+        connect: false,
+        upstream_bind: Some(fakes::ip(2)),
+        ..HttpProxyOpts::default()
+    })
+    .await;
+    let geoip = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/geoip/GeoLite2-Country-Test.mmdb");
+    std::fs::write(
+        dir.path().join("c.toml"),
+        format!(
+            "[check]\nextra_ca_file = \"{}\"\n[geoip]\ndatabase = \"{}\"\n",
+            tls_judge.ca_file().display(),
+            geoip.display()
+        ),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("l.txt"),
+        format!("{}\n{}\n", tunnels.addr(), plain_only.addr()),
+    )
+    .unwrap();
+    let out = proxywarden(
+        dir.path(),
+        &[
+            "check",
+            "-c",
+            "c.toml",
+            "--list",
+            "l.txt",
+            "--scheme",
+            "http",
+            "--judge",
+            &judge.url(),
+            "--judge",
+            &tls_judge.url(),
+            "--format",
+            "json",
+        ],
+    )
+    .await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let rows: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    let row = |addr: std::net::SocketAddr| {
+        rows.as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["url"] == format!("http://{addr}"))
+            .unwrap_or_else(|| panic!("{addr} not in {rows}"))
+            .clone()
+    };
+    let t = row(tunnels.addr());
+    assert_eq!(t["country"], "GB", "{t}");
+    assert_eq!(t["exit_ip"], "81.2.69.160", "{t}");
+    assert_eq!(t["anonymity"], "elite", "{t}");
+    assert_eq!(t["https"], true, "{t}");
+    assert_eq!(row(plain_only.addr())["https"], false);
+}
