@@ -3,6 +3,7 @@
 //! and are printed by `main`.
 
 mod check;
+mod check_list;
 mod config;
 mod crawl;
 mod export;
@@ -19,6 +20,7 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 
 pub use check::{CheckArgs, print_check_summary, rate_text};
+pub use check_list::{ListArgs, ListFormat, ListScheme};
 pub use config::ConfigCommand;
 pub use crawl::{CrawlArgs, NoProxyArg};
 pub use export::{ExportArgs, ExportFormat, StatusFilter};
@@ -55,7 +57,8 @@ pub enum Command {
     Serve,
     /// Fetch every enabled source once and store what they list.
     Harvest(HarvestArgs),
-    /// Check the due proxies once (or all of them) against the judges.
+    /// Check the due proxies once (or all of them, or a list given by hand
+    /// with --list) against the judges.
     Check(CheckArgs),
     /// Delete proxies dead for longer than check.purge_after that no source lists any more.
     Purge,
@@ -81,11 +84,7 @@ pub enum Command {
     Man,
 }
 fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
-    match humantime::parse_duration(s) {
-        Ok(d) if !d.is_zero() => Ok(d),
-        Ok(_) => Err("must be longer than zero".into()),
-        Err(e) => Err(format!("expected a duration like 4s or 500ms ({e})")),
-    }
+    crate::config::parse_duration(s)
 }
 /// The proxy filters `export` and `crawl` share, as the API's.
 #[derive(Debug, Args)]

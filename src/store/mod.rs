@@ -10,6 +10,7 @@ mod checks;
 mod crawls;
 mod ingest;
 mod listing;
+mod lookup;
 mod migrate;
 mod rows;
 mod sites;
