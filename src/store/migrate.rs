@@ -22,6 +22,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/0010_partial_status_index.sql"),
     include_str!("../../migrations/0011_links_by_source.sql"),
     include_str!("../../migrations/0012_source_private.sql"),
+    include_str!("../../migrations/0013_snapshots.sql"),
 ];
 
 /// Every table the migrations create: a database holding any other is
@@ -32,6 +33,7 @@ pub const TABLES: &[&str] = &[
     "proxies",
     "proxy_counts",
     "proxy_sources",
+    "snapshots",
     "sources",
 ];
 

@@ -7,6 +7,7 @@ mod checks;
 mod crawls;
 mod migrate;
 mod queries;
+mod snapshots;
 mod unwritable;
 mod writer;
 
@@ -16,6 +17,7 @@ pub use queries::{
     Page, Presence, ProxyFilter, ProxyRecord, ProxySort, SourceRecord, SourceRun, Stats,
     UpsertCounts,
 };
+pub use snapshots::Snapshot;
 pub use unwritable::{RETRY_FIRST, RETRY_MAX, WriteFailure, WriteTrouble};
 
 use std::path::{Path, PathBuf};
