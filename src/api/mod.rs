@@ -11,6 +11,7 @@ mod error;
 mod handlers;
 pub mod judge;
 pub mod metrics;
+pub mod openapi;
 mod query;
 pub mod server;
 
@@ -43,7 +44,7 @@ use crate::store::Store;
 use metrics::Metrics;
 
 /// What the daemon's rounds last did, for `/stats`.
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, utoipa::ToSchema)]
 pub struct Rounds {
     /// The last harvest.
     pub last_harvest: Option<HarvestInfo>,
@@ -52,7 +53,7 @@ pub struct Rounds {
 }
 
 /// A harvest round in `/stats`.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
 pub struct HarvestInfo {
     /// When it finished (RFC 3339).
     pub finished_at: String,
@@ -69,7 +70,7 @@ pub struct HarvestInfo {
 }
 
 /// A check round in `/stats`.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
 pub struct CheckInfo {
     /// When it finished (RFC 3339).
     pub finished_at: String,
@@ -229,6 +230,7 @@ pub fn router(state: AppState) -> Router {
         .route("/metrics", get(handlers::metrics))
         .route("/healthz", get(handlers::healthz))
         .route("/judge", get(judge_route))
+        .route("/openapi.json", get(openapi::openapi_json))
         .route_layer(middleware::from_fn(require_json))
         // The dashboard's forms are form-encoded, guarded by their own
         // check of origin and CSRF token instead.
@@ -357,6 +359,9 @@ pub async fn serve(
 }
 
 /// `/judge`, unless switched off; rate-limited per client address.
+#[utoipa::path(get, path = "/judge", tag = "meta", security(()),
+    responses((status = 200, description = "The request as this daemon saw it", body = judge::JudgeAnswer),
+        openapi::Errors))]
 async fn judge_route(
     State(state): State<AppState>,
     info: axum::extract::ConnectInfo<SocketAddr>,

@@ -96,7 +96,10 @@ fn refused(message: String) -> Response {
 
 /// `GET /`: the dashboard, or the login form when a token is set and the
 /// browser has not logged in.
-async fn dashboard(
+#[utoipa::path(get, path = "/", tag = "dashboard",
+    responses((status = 200, description = "The dashboard, or its login form", content_type = "text/html", body = String),
+        super::openapi::Errors))]
+pub(super) async fn dashboard(
     State(state): State<AppState>,
     Extension(access): Extension<Access>,
 ) -> Result<Response, ApiError> {
@@ -182,7 +185,11 @@ async fn gather(state: &AppState, access: &Access) -> Result<page::View, ApiErro
 
 /// `GET /dashboard/login`: the form, or the dashboard when there is
 /// nothing to log in to (or the browser already is).
-async fn login_page(Extension(access): Extension<Access>) -> Response {
+#[utoipa::path(get, path = "/dashboard/login", tag = "dashboard",
+    responses((status = 200, description = "The login form", content_type = "text/html", body = String),
+        (status = 303, description = "Nothing to log in to, or logged in already: to the dashboard"),
+        super::openapi::Errors))]
+pub(super) async fn login_page(Extension(access): Extension<Access>) -> Response {
     match access {
         Access::Anonymous => html(StatusCode::OK, page::login(None)),
         _ => Redirect::to("/").into_response(),
@@ -207,7 +214,13 @@ fn field<'a>(fields: &'a [(String, String)], name: &str) -> Option<&'a str> {
 
 /// `POST /dashboard/login` (`token=...`): a session cookie and back to the
 /// dashboard, or the form again with 401 for a wrong token.
-async fn login(
+#[utoipa::path(post, path = "/dashboard/login", tag = "dashboard",
+    request_body(content = super::openapi::LoginForm, content_type = "application/x-www-form-urlencoded"),
+    responses((status = 303, description = "Logged in (a session cookie), or no token to log in with: to the dashboard"),
+        (status = 401, description = "A wrong token: the form again", content_type = "text/html", body = String),
+        (status = 403, description = "Posted from another site", content_type = "text/html", body = String),
+        super::openapi::Errors))]
+pub(super) async fn login(
     State(state): State<AppState>,
     headers: HeaderMap,
     body: axum::body::Body,
@@ -271,7 +284,13 @@ async fn guarded(
 }
 
 /// `POST /dashboard/logout`: forgets the session cookie.
-async fn logout(
+#[utoipa::path(post, path = "/dashboard/logout", tag = "dashboard",
+    request_body(content = super::openapi::CsrfForm, content_type = "application/x-www-form-urlencoded"),
+    responses((status = 303, description = "Logged out: to the dashboard"),
+        (status = 403, description = "Posted from another site, or without the page's CSRF token",
+            content_type = "text/html", body = String),
+        super::openapi::Errors))]
+pub(super) async fn logout(
     State(state): State<AppState>,
     Extension(access): Extension<Access>,
     headers: HeaderMap,
@@ -288,7 +307,14 @@ async fn logout(
 
 /// `POST /dashboard/crawls/{id}/cancel`: cancels a crawl job, then back to
 /// the dashboard's job list.
-async fn cancel(
+#[utoipa::path(post, path = "/dashboard/crawls/{id}/cancel", tag = "dashboard",
+    params(("id" = i64, Path, description = "The job's id")),
+    request_body(content = super::openapi::CsrfForm, content_type = "application/x-www-form-urlencoded"),
+    responses((status = 303, description = "Cancelled: to the dashboard's job list"),
+        (status = 403, description = "Posted from another site, or without the page's CSRF token",
+            content_type = "text/html", body = String),
+        super::openapi::Errors))]
+pub(super) async fn cancel(
     State(state): State<AppState>,
     Extension(access): Extension<Access>,
     id: Result<Path<String>, PathRejection>,
