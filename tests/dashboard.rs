@@ -579,6 +579,19 @@ async fn a_session_cookie_reads_but_does_not_write_the_json_api() {
             .await
             .unwrap();
         assert!(page.contains("name=\"token\"") && !page.contains("data-stat"));
+
+        // Guessing is bounded: a few wrong tries a minute per network, then 429.
+        let mut limited = None;
+        for _ in 0..12 {
+            let resp = login("guess", &own).await.unwrap();
+            if resp.status() == 429 {
+                limited = Some(resp);
+                break;
+            }
+            assert_eq!(resp.status(), 401);
+        }
+        let limited = limited.expect("a dozen wrong logins in a row were all answered");
+        assert!(limited.headers().contains_key("retry-after"));
         daemon.stop().await;
     })
     .await;

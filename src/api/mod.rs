@@ -121,6 +121,8 @@ pub struct AppState {
     check_history: Arc<Mutex<dashboard::Rounds>>,
     /// What signs the dashboard's sessions and forms.
     dashboard_keys: dashboard::Keys,
+    /// Dashboard login attempts per client network.
+    login_limiter: Arc<DefaultKeyedRateLimiter<IpAddr>>,
 }
 
 impl std::fmt::Debug for AppState {
@@ -152,6 +154,9 @@ impl AppState {
             gateway: None,
             conditions: Arc::default(),
             check_history: Arc::default(),
+            login_limiter: Arc::new(RateLimiter::keyed(Quota::per_minute(
+                dashboard::LOGINS_PER_MINUTE,
+            ))),
             dashboard_keys: dashboard::Keys::new(config.api.token.as_ref().map(|t| t.0.as_str())),
             config,
         }

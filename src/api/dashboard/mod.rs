@@ -10,10 +10,11 @@ mod page;
 pub mod session;
 
 use std::collections::VecDeque;
+use std::net::SocketAddr;
 
 use axum::Router;
 use axum::extract::rejection::PathRejection;
-use axum::extract::{Extension, Path, State};
+use axum::extract::{ConnectInfo, Extension, Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
@@ -25,6 +26,13 @@ pub use session::{Access, Keys};
 
 /// Check rounds kept for the round-duration chart.
 pub const ROUNDS_KEPT: usize = 60;
+
+/// Login attempts a client network (see [`super::client_network`]) may
+/// make a minute: plenty for people mistyping, too few to guess a token.
+pub const LOGINS_PER_MINUTE: std::num::NonZeroU32 = std::num::NonZeroU32::new(10).unwrap();
+
+/// Client networks the login limiter remembers before it forgets idle ones.
+const LOGIN_NETWORKS: usize = 4096;
 
 /// Crawl jobs shown, newest first.
 const CRAWLS_SHOWN: usize = 20;
@@ -222,6 +230,7 @@ fn field<'a>(fields: &'a [(String, String)], name: &str) -> Option<&'a str> {
         super::openapi::Errors))]
 pub(super) async fn login(
     State(state): State<AppState>,
+    peer: Option<Extension<ConnectInfo<SocketAddr>>>,
     headers: HeaderMap,
     body: axum::body::Body,
 ) -> Result<Response, ApiError> {
@@ -233,6 +242,18 @@ pub(super) async fn login(
     let Some(token) = &state.config.api.token else {
         return Ok(Redirect::to("/").into_response());
     };
+    if let Some(Extension(ConnectInfo(peer))) = peer {
+        let limiter = &state.login_limiter;
+        if limiter.len() > LOGIN_NETWORKS {
+            limiter.retain_recent();
+        }
+        if let Err(not_until) = limiter.check_key(&super::client_network(peer.ip())) {
+            let wait = not_until.wait_time_from(governor::clock::Clock::now(limiter.clock()));
+            return Err(ApiError::TooManyRequests {
+                retry_after: wait.as_secs() + u64::from(wait.subsec_nanos() > 0),
+            });
+        }
+    }
     let fields = form(body).await?;
     let presented = field(&fields, "token").unwrap_or("");
     let right = {
