@@ -66,6 +66,30 @@ async fn every_route_is_in_the_document_and_every_documented_one_answers() {
         assert_eq!(status, 200);
         assert!(doc["openapi"].as_str().unwrap().starts_with("3."), "{doc}");
 
+        // Tools read it before they are given a token.
+        std::fs::create_dir(dir.path().join("guarded")).unwrap();
+        let open = Daemon::start(&dir.path().join("guarded"), "", |c| {
+            c.set("api", "token", "\"openapi-test-token-0123456789\"")
+        })
+        .await;
+        let resp = open
+            .http
+            .get(open.url("/openapi.json"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        assert_eq!(
+            open.http
+                .get(open.url("/stats"))
+                .send()
+                .await
+                .unwrap()
+                .status(),
+            401
+        );
+        open.stop().await;
+
         let source = routes_in_source();
         assert!(
             source.len() >= 17,

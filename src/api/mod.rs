@@ -419,7 +419,9 @@ async fn limit_time(State(state): State<AppState>, req: Request, next: Next) -> 
 /// Requires `Authorization: Bearer <token>` when a token is configured,
 /// and without one a `Host` naming this machine (see [`check_host`]);
 /// `/healthz` and `/judge`, which reveal nothing (and must answer monitors
-/// and proxies by any name), are open either way. With a token, a browser
+/// and proxies by any name), and `/openapi.json` (what the README says
+/// too, for tools that read it before they are given the token) are open
+/// either way. With a token, a browser
 /// logged in to the dashboard may instead show its session cookie: for
 /// reading (GET and HEAD) and for the dashboard's own forms, which check a
 /// CSRF token; the dashboard's page and login form answer without either
@@ -428,7 +430,7 @@ async fn limit_time(State(state): State<AppState>, req: Request, next: Next) -> 
 async fn authorize(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
     use dashboard::Access;
     let path = req.uri().path();
-    if path == "/healthz" || path == "/judge" {
+    if path == "/healthz" || path == "/judge" || path == "/openapi.json" {
         return next.run(req).await;
     }
     let Some(token) = &state.config.api.token else {

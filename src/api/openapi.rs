@@ -15,7 +15,7 @@ use super::{crawls, dashboard, handlers};
     info(
         title = "proxywarden",
         description = "Serves working proxies from a pool that is harvested and checked continuously. \
-            With api.token set, every route but /healthz and /judge needs `Authorization: Bearer <token>` \
+            With api.token set, every route but /healthz, /judge and /openapi.json needs `Authorization: Bearer <token>` \
             (or, for reading and the dashboard's forms, the dashboard's session cookie)."
     ),
     paths(
@@ -66,7 +66,7 @@ pub fn document() -> utoipa::openapi::OpenApi {
 }
 
 /// `GET /openapi.json`: this document.
-#[utoipa::path(get, path = "/openapi.json", tag = "meta",
+#[utoipa::path(get, path = "/openapi.json", tag = "meta", security(()),
     responses((status = 200, description = "The OpenAPI 3 document of this API", body = Object), Errors))]
 pub async fn openapi_json() -> Json<utoipa::openapi::OpenApi> {
     Json(document())
