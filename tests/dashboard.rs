@@ -237,11 +237,26 @@ async fn the_dashboard_renders_without_script_shows_what_stats_says_and_cancels_
     let dir = tempfile::tempdir().unwrap();
     let (_three, _dead) = pool(dir.path()).await;
     let slow = Site::tree(400, 4, Duration::from_millis(200)).await;
-    let daemon = Daemon::start(dir.path(), "", |c| c).await;
+    let (daemon, _gateway) = Daemon::start_with_gateway(dir.path(), "", |c| c).await;
     let browser = common::within(Browser::start()).await;
     let b = &browser;
     common::within(async {
         let job = slow_job(&daemon, &slow).await;
+
+        // The history charts show the snapshot taken at start.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            b.client.goto(&daemon.url("/")).await.unwrap();
+            let points =
+                b.count("#history svg polyline").await + b.count("#history svg circle").await;
+            if points > 0 {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no snapshot in the history charts"
+            );
+        }
 
         // What the page shows equals what /stats says at the same moment:
         // read /stats before and after the page until nothing moved between.
@@ -287,13 +302,17 @@ async fn the_dashboard_renders_without_script_shows_what_stats_says_and_cancels_
         assert_eq!(stat(&stats, "by_status.dead"), Some(1), "{stats}");
         assert_eq!(stat(&stats, "by_reason.refused"), Some(1), "{stats}");
         // Charts are inline SVG, each with a title; nothing is fetched.
-        assert!(b.count("svg.chart").await >= 5);
+        assert!(b.count("svg.chart").await >= 6);
+        assert!(
+            figures.iter().any(|(k, _)| k == "gateway.connections"),
+            "{figures:?}"
+        );
         let source = b.client.source().await.unwrap();
         assert!(source.contains("<title>Servable and alive proxies, last 24 hours</title>"));
         assert!(!source.contains("<script"), "the page has a script");
         assert!(source.contains(r#"http-equiv="refresh""#));
         for section in [
-            "#pool", "#history", "#latency", "#checks", "#sources", "#judges",
+            "#pool", "#history", "#latency", "#checks", "#sources", "#judges", "#gateway",
         ] {
             assert_eq!(b.count(section).await, 1, "no {section} section");
         }

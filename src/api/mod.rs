@@ -1,7 +1,9 @@
 //! The HTTP API (axum): serving proxies from the health index, listings and
-//! exports, client reports, stats, sources, metrics, health and the judge.
-//! Every error is JSON; a bearer token guards everything but `/healthz` and
-//! `/judge` when configured.
+//! exports, client reports, stats, sources, metrics, health and the judge,
+//! the operator's dashboard at `/` and the OpenAPI document. Every error is
+//! JSON (the dashboard's pages excepted); a bearer token (or the dashboard's
+//! session) guards everything but `/healthz`, `/judge` and `/openapi.json`
+//! when configured.
 
 mod answers;
 pub mod conditions;
@@ -118,7 +120,7 @@ pub struct AppState {
     /// What is degraded now, for `/healthz`.
     pub conditions: Arc<conditions::Conditions>,
     /// The latest check rounds, for the dashboard.
-    check_history: Arc<Mutex<dashboard::Rounds>>,
+    check_history: Arc<Mutex<dashboard::RoundHistory>>,
     /// What signs the dashboard's sessions and forms.
     dashboard_keys: dashboard::Keys,
     /// Dashboard login attempts per client network.

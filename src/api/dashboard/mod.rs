@@ -58,9 +58,9 @@ pub fn routes() -> Router<AppState> {
 
 /// Recent check rounds, newest last, at most [`ROUNDS_KEPT`].
 #[derive(Debug, Default)]
-pub struct Rounds(VecDeque<CheckInfo>);
+pub struct RoundHistory(VecDeque<CheckInfo>);
 
-impl Rounds {
+impl RoundHistory {
     /// Adds a round that finished.
     pub fn push(&mut self, round: CheckInfo) {
         if self.0.len() == ROUNDS_KEPT {
