@@ -23,7 +23,7 @@ pub enum Format {
 
 /// One exported proxy: every field a user filters or sorts on, times as
 /// RFC 3339, `null` where unknown.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
 pub struct ExportRow {
     /// Store id.
     pub id: i64,

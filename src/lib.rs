@@ -16,7 +16,7 @@
 //! - [`crawl`]: the polite crawler: frontier in SQLite, per-host politeness, robots.txt, extraction, output
 //! - [`gateway`]: the local rotating forward proxy: HTTP (absolute-form, CONNECT) and SOCKS5 on one port, through the pool
 //! - [`export`]: proxies as txt, json or csv, files written atomically
-//! - [`api`]: the axum router: serving, listings, reports, metrics, health and what is degraded, the judge; bounded connections
+//! - [`api`]: the axum router: serving, listings, reports, metrics, health and what is degraded, the judge, the dashboard, the OpenAPI document; bounded connections
 //! - [`daemon`]: `serve`: the API, check loop, harvests, purge, the watch on store writes and watchdog as components on one task tracker
 //! - [`cli`]: the clap command tree, a file per command with its options and output
 

@@ -10,7 +10,7 @@ use serde::Serialize;
 use crate::lock;
 
 /// One condition in force.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct Condition {
     /// The part affected (`judges`).
     pub component: &'static str,

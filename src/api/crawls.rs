@@ -41,6 +41,10 @@ fn no_job(id: i64) -> ApiError {
 }
 
 /// `POST /crawls`: starts a job; `201` with its view.
+#[utoipa::path(post, path = "/crawls", tag = "crawls",
+    request_body = super::openapi::CrawlSpec,
+    responses((status = 201, description = "The job, queued", body = super::openapi::CrawlJob),
+        super::openapi::Errors))]
 pub async fn start(
     State(state): State<AppState>,
     body: axum::body::Body,
@@ -62,6 +66,10 @@ pub async fn start(
 /// `GET /crawls?limit=N&after=ID`: a page of jobs, newest first; `after`
 /// continues after job ID (the `next` of the previous page). The list
 /// leaves each job's seeds and patterns out.
+#[utoipa::path(get, path = "/crawls", tag = "crawls",
+    params(super::openapi::CrawlListParams),
+    responses((status = 200, description = "A page of jobs", body = super::openapi::CrawlList),
+        super::openapi::Errors))]
 pub async fn list(
     State(state): State<AppState>,
     RawQuery(raw): RawQuery,
@@ -82,6 +90,10 @@ pub async fn list(
 }
 
 /// `GET /crawls/{id}`: a job's state, progress and summary.
+#[utoipa::path(get, path = "/crawls/{id}", tag = "crawls",
+    params(("id" = i64, Path, description = "The job's id")),
+    responses((status = 200, description = "The job", body = super::openapi::CrawlJob),
+        super::openapi::Errors))]
 pub async fn show(
     State(state): State<AppState>,
     id: Result<Path<String>, PathRejection>,
@@ -92,6 +104,10 @@ pub async fn show(
 }
 
 /// `DELETE /crawls/{id}`: cancels a job; its view once it stopped.
+#[utoipa::path(delete, path = "/crawls/{id}", tag = "crawls",
+    params(("id" = i64, Path, description = "The job's id")),
+    responses((status = 200, description = "The job, once it stopped", body = super::openapi::CrawlJob),
+        super::openapi::Errors))]
 pub async fn cancel(
     State(state): State<AppState>,
     id: Result<Path<String>, PathRejection>,
@@ -104,6 +120,11 @@ pub async fn cancel(
 /// `GET /crawls/{id}/pages?after=N`: the job's page lines (JSON Lines)
 /// after the first N; `X-Crawl-Lines` says how many there are in all, the
 /// `after` of the next call.
+#[utoipa::path(get, path = "/crawls/{id}/pages", tag = "crawls",
+    params(("id" = i64, Path, description = "The job's id"), super::openapi::PagesParams),
+    responses((status = 200, description = "The job's pages as JSON Lines; X-Crawl-Lines counts them all",
+        content((String = "application/x-ndjson"))),
+        super::openapi::Errors))]
 pub async fn pages(
     State(state): State<AppState>,
     id: Result<Path<String>, PathRejection>,

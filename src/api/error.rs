@@ -157,6 +157,19 @@ impl ApiError {
 #[derive(Clone, Debug)]
 pub(super) struct Enveloped(pub(super) String);
 
+/// Marks `resp` (a page of the dashboard, say) as answered in its own form:
+/// the outer layer then leaves it out of the JSON envelope whatever its
+/// status.
+pub(super) fn keep_as_is(mut resp: Response) -> Response {
+    let message = resp
+        .status()
+        .canonical_reason()
+        .unwrap_or("")
+        .to_lowercase();
+    resp.extensions_mut().insert(Enveloped(message));
+    resp
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         match &self {

@@ -1,6 +1,7 @@
 //! The route handlers. Serving routes read the health index; only listings
 //! of non-alive proxies, reports and stats touch the store.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -39,6 +40,12 @@ fn with(extra: &[&'static str]) -> Vec<&'static str> {
 }
 
 /// `GET /proxy`: one alive, fresh proxy matching the filters.
+#[utoipa::path(get, path = "/proxy", tag = "serving",
+    params(super::openapi::Filters, super::openapi::ProxyParams),
+    responses(
+        (status = 200, description = "One alive proxy checked within max_age",
+            content((ExportRow = "application/json"), (String = "text/plain"))),
+        super::openapi::ProxyErrors))]
 pub async fn proxy(
     State(state): State<AppState>,
     RawQuery(raw): RawQuery,
@@ -166,8 +173,9 @@ async fn empty_pool(state: &AppState) -> Option<ApiError> {
     Some(ApiError::NotFound(message))
 }
 
-#[derive(Serialize)]
-struct Listing {
+/// A page of `/proxies`.
+#[derive(Serialize, utoipa::ToSchema)]
+pub(super) struct Listing {
     total: i64,
     limit: usize,
     offset: usize,
@@ -175,10 +183,14 @@ struct Listing {
 }
 
 /// `GET /proxies`: a page of proxies of any status, filtered and sorted.
+#[utoipa::path(get, path = "/proxies", tag = "serving",
+    params(super::openapi::Filters, super::openapi::ListParams),
+    responses((status = 200, description = "A page of proxies", body = Listing),
+        super::openapi::Errors))]
 pub async fn proxies(
     State(state): State<AppState>,
     RawQuery(raw): RawQuery,
-) -> Result<Json<impl Serialize>, ApiError> {
+) -> Result<Json<Listing>, ApiError> {
     let p = Params::parse(
         raw.as_deref(),
         &with(&["status", "sort", "limit", "offset"]),
@@ -262,6 +274,12 @@ fn uptime(r: &ProxyRecord) -> f64 {
 }
 
 /// `GET /export?format=txt|json|csv`: the healthy list.
+#[utoipa::path(get, path = "/export", tag = "serving",
+    params(super::openapi::Filters, super::openapi::ExportParams),
+    responses(
+        (status = 200, description = "Every servable proxy matching the filters",
+            content((String = "text/plain"), (Vec<ExportRow> = "application/json"), (String = "text/csv"))),
+        super::openapi::Errors))]
 pub async fn export(
     State(state): State<AppState>,
     RawQuery(raw): RawQuery,
@@ -288,10 +306,13 @@ pub async fn export(
     Ok(([(header::CONTENT_TYPE, format.content_type())], body).into_response())
 }
 
-#[derive(serde::Deserialize)]
+/// A client's verdict on a proxy.
+#[derive(serde::Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct Report {
+pub(super) struct Report {
+    /// Whether the proxy worked.
     ok: bool,
+    /// Why it failed, for the log.
     #[serde(default)]
     reason: Option<String>,
     /// The site the proxy was used for: a failure then means the site
@@ -304,7 +325,28 @@ struct Report {
 /// The largest report body read; a report is a few dozen bytes.
 const MAX_REPORT_BODY: usize = 64 * 1024;
 
+/// What a report did.
+#[derive(Serialize, utoipa::ToSchema)]
+pub(super) struct Reported {
+    /// The proxy.
+    id: i64,
+    /// The verdict reported.
+    ok: bool,
+    /// Whether it is no longer served.
+    hidden: bool,
+    /// Whether it is checked again soon.
+    recheck: bool,
+    /// The site the verdict was about, when one was named.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    site: Option<String>,
+}
+
 /// `POST /proxies/{id}/report` with `{"ok": false, "reason": "..."}`.
+#[utoipa::path(post, path = "/proxies/{id}/report", tag = "serving",
+    params(("id" = i64, Path, description = "The proxy's id")),
+    request_body = Report,
+    responses((status = 200, description = "The verdict was taken", body = Reported),
+        super::openapi::Errors))]
 pub async fn report(
     State(state): State<AppState>,
     id: Result<Path<String>, PathRejection>,
@@ -342,13 +384,13 @@ pub async fn report(
             .feedback
             .report(id, Verdict::Blocked, Some(site))
             .await?;
-        return Ok(Json(serde_json::json!({
-            "id": id,
-            "ok": false,
-            "site": site,
-            "hidden": false,
-            "recheck": false,
-        }))
+        return Ok(Json(Reported {
+            id,
+            ok: false,
+            hidden: false,
+            recheck: false,
+            site: Some(site.clone()),
+        })
         .into_response());
     }
     let verdict = if ok {
@@ -365,17 +407,82 @@ pub async fn report(
     if !reported.found {
         return Err(ApiError::NotFound(format!("no proxy with id {id}")));
     }
-    Ok(Json(serde_json::json!({
-        "id": id,
-        "ok": ok,
-        "hidden": reported.hidden,
-        "recheck": !ok,
-    }))
+    Ok(Json(Reported {
+        id,
+        ok,
+        hidden: reported.hidden,
+        recheck: !ok,
+        site,
+    })
     .into_response())
 }
 
+/// `/stats`: what is stored, what is servable, what is degraded and what
+/// the last rounds did.
+#[derive(Serialize, utoipa::ToSchema)]
+pub(super) struct StatsView {
+    /// Stored proxies.
+    total: i64,
+    /// Proxies that can be served now (see [`AppState::servable`]).
+    servable: usize,
+    /// What keeps the daemon from doing its whole job now.
+    degraded: Vec<super::conditions::Condition>,
+    /// The store's writes.
+    store: StoreView,
+    /// Stored proxies by status (`unknown`, `alive`, `dead`).
+    by_status: BTreeMap<String, i64>,
+    /// By scheme.
+    by_scheme: BTreeMap<String, i64>,
+    /// By country code (`unknown` when none).
+    by_country: BTreeMap<String, i64>,
+    /// Alive proxies by anonymity.
+    by_anonymity: BTreeMap<String, i64>,
+    /// Dead proxies by the reason of their last failure.
+    by_reason: BTreeMap<String, i64>,
+    /// The last harvest.
+    last_harvest: Option<super::HarvestInfo>,
+    /// The last check round.
+    last_check: Option<super::CheckInfo>,
+    /// The gateway's counters, when it runs.
+    gateway: Option<crate::gateway::GatewayStats>,
+}
+
+/// The store's writes in `/stats`: whether they work, the trouble in force,
+/// failures by kind since start, and verdicts dropped for them.
+#[derive(Serialize, utoipa::ToSchema)]
+pub(super) struct StoreView {
+    /// False while the disk refuses writes.
+    writable: bool,
+    /// The trouble in force, if any.
+    write_trouble: Option<WriteTroubleView>,
+    /// Transactions the disk refused since start, by kind.
+    write_failures: BTreeMap<String, u64>,
+    /// Verdicts that took effect in memory but could not be written.
+    unrecorded_verdicts: u64,
+}
+
+/// Why the disk refuses writes, in `/stats`.
+#[derive(Serialize, utoipa::ToSchema)]
+pub(super) struct WriteTroubleView {
+    /// `disk_full`, `read_only` or `io_error`.
+    kind: &'static str,
+    /// What SQLite said.
+    reason: String,
+    /// Since when (RFC 3339).
+    since: String,
+    /// Failed transactions since then.
+    failures: u64,
+    /// Seconds between attempts now.
+    retry_every_s: u64,
+    /// Milliseconds until the next attempt.
+    retry_in_ms: u64,
+}
+
 /// `GET /stats`.
-pub async fn stats(State(state): State<AppState>) -> Result<Response, ApiError> {
+#[utoipa::path(get, path = "/stats", tag = "stats",
+    responses((status = 200, description = "Counts, rounds and what is degraded", body = StatsView),
+        super::openapi::Errors))]
+pub async fn stats(State(state): State<AppState>) -> Result<Json<StatsView>, ApiError> {
     // The counts, not the per-source table (`/sources` has that).
     let stats = state.store.counts().await?;
     let rounds = state
@@ -383,52 +490,47 @@ pub async fn stats(State(state): State<AppState>) -> Result<Response, ApiError> 
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .clone();
-    Ok(Json(serde_json::json!({
-        "total": stats.total,
-        "servable": state.servable(),
-        "degraded": state.conditions.all(),
-        "store": store_view(&state),
-        "by_status": stats.by_status,
-        "by_scheme": stats.by_scheme,
-        "by_country": stats.by_country,
-        "by_anonymity": stats.by_anonymity,
-        "by_reason": stats.by_reason,
-        "last_harvest": rounds.last_harvest,
-        "last_check": rounds.last_check,
-        "gateway": state.gateway.as_ref().map(|g| g.snapshot()),
+    Ok(Json(StatsView {
+        total: stats.total,
+        servable: state.servable(),
+        degraded: state.conditions.all(),
+        store: store_view(&state),
+        by_status: stats.by_status,
+        by_scheme: stats.by_scheme,
+        by_country: stats.by_country,
+        by_anonymity: stats.by_anonymity,
+        by_reason: stats.by_reason,
+        last_harvest: rounds.last_harvest,
+        last_check: rounds.last_check,
+        gateway: state.gateway.as_ref().map(|g| g.snapshot()),
     }))
-    .into_response())
 }
 
-/// The store's writes in `/stats`: whether they work, the trouble in force,
-/// failures by kind since start, and verdicts dropped for them.
-fn store_view(state: &AppState) -> serde_json::Value {
-    let trouble = state.store.write_trouble().map(|t| {
-        serde_json::json!({
-            "kind": t.kind.as_str(),
-            "reason": t.reason,
-            "since": rfc3339(t.since_ms),
-            "failures": t.failures,
-            "retry_every_s": t.retry_every.as_secs(),
-            "retry_in_ms": t.retry_in().as_millis() as u64,
-        })
+fn store_view(state: &AppState) -> StoreView {
+    let trouble = state.store.write_trouble().map(|t| WriteTroubleView {
+        kind: t.kind.as_str(),
+        since: rfc3339(t.since_ms),
+        failures: t.failures,
+        retry_every_s: t.retry_every.as_secs(),
+        retry_in_ms: t.retry_in().as_millis() as u64,
+        reason: t.reason,
     });
-    let failures: serde_json::Map<String, serde_json::Value> = state
-        .store
-        .write_failures()
-        .into_iter()
-        .map(|(k, n)| (k.as_str().to_owned(), n.into()))
-        .collect();
-    serde_json::json!({
-        "writable": trouble.is_none(),
-        "write_trouble": trouble,
-        "write_failures": failures,
-        "unrecorded_verdicts": state.feedback.unrecorded(),
-    })
+    StoreView {
+        writable: trouble.is_none(),
+        write_trouble: trouble,
+        write_failures: state
+            .store
+            .write_failures()
+            .into_iter()
+            .map(|(k, n)| (k.as_str().to_owned(), n))
+            .collect(),
+        unrecorded_verdicts: state.feedback.unrecorded(),
+    }
 }
 
-#[derive(Serialize)]
-struct SourceView {
+/// A source's last fetch in `/sources`.
+#[derive(Serialize, utoipa::ToSchema)]
+pub(super) struct SourceView {
     name: String,
     url: String,
     format: String,
@@ -469,6 +571,9 @@ impl From<SourceRecord> for SourceView {
 }
 
 /// `GET /sources`: each source's last fetch.
+#[utoipa::path(get, path = "/sources", tag = "stats",
+    responses((status = 200, description = "Each source's last fetch", body = Vec<SourceView>),
+        super::openapi::Errors))]
 pub async fn sources(State(state): State<AppState>) -> Result<Response, ApiError> {
     let sources = state.store.list_sources().await?;
     let view: Vec<SourceView> = sources.into_iter().map(SourceView::from).collect();
@@ -476,6 +581,10 @@ pub async fn sources(State(state): State<AppState>) -> Result<Response, ApiError
 }
 
 /// `GET /metrics`: Prometheus text.
+#[utoipa::path(get, path = "/metrics", tag = "stats",
+    responses((status = 200, description = "Prometheus metrics (OpenMetrics text)",
+        content((String = "application/openmetrics-text"))),
+        super::openapi::Errors))]
 pub async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError> {
     let metrics = state.metrics.clone();
     let len = state.servable();
@@ -498,17 +607,36 @@ pub async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError
 /// `/healthz` needs no token, so with one configured the reasons name only
 /// the part and since when: their messages (judge URLs, file errors) are in
 /// `/stats`, behind the token.
-pub async fn healthz(State(state): State<AppState>) -> Response {
+#[utoipa::path(get, path = "/healthz", tag = "meta", security(()),
+    responses((status = 200, description = "The process answers", body = Health),
+        super::openapi::Errors))]
+pub async fn healthz(State(state): State<AppState>) -> Json<Health> {
     let mut conditions = state.conditions.all();
     if conditions.is_empty() {
-        return Json(serde_json::json!({"status": "ok"})).into_response();
+        return Json(Health {
+            status: "ok",
+            reasons: None,
+        });
     }
     if state.config.api.token.is_some() {
         for c in &mut conditions {
             c.message = "see /stats (with the token) for why".into();
         }
     }
-    Json(serde_json::json!({"status": "degraded", "reasons": conditions})).into_response()
+    Json(Health {
+        status: "degraded",
+        reasons: Some(conditions),
+    })
+}
+
+/// `/healthz`'s answer.
+#[derive(Serialize, utoipa::ToSchema)]
+pub(super) struct Health {
+    /// `ok`, or `degraded` while part of the daemon's work cannot be done.
+    status: &'static str,
+    /// What is degraded, when anything is.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reasons: Option<Vec<super::conditions::Condition>>,
 }
 
 /// Unknown routes.

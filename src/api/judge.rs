@@ -17,7 +17,7 @@ use serde::Serialize;
 pub use crate::check::judge::JUDGE_MARKER;
 
 /// The judge's answer.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct JudgeAnswer {
     /// Always [`JUDGE_MARKER`].
     pub marker: &'static str,

@@ -4,8 +4,9 @@
 //! disk refused and the verdicts that cost, and the gateway's own
 //! (registered by [`Metrics::register_gateway`]).
 
+use std::collections::BTreeMap;
 use std::sync::Mutex;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
@@ -41,6 +42,27 @@ pub struct Metrics {
     judge_failures: Family<Labels, Counter>,
     store_write_failures: Family<Labels, Counter>,
     unrecorded: Counter,
+    /// Checks counted so far, and of those alive, for the dashboard's
+    /// checks per minute (the family keeps no readable total).
+    checks_total: AtomicU64,
+    checks_alive: AtomicU64,
+    /// Each judge's last direct answer, for the dashboard.
+    judges: Mutex<BTreeMap<String, JudgeView>>,
+}
+
+/// What the dashboard shows of a judge: how its direct requests went.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct JudgeView {
+    /// Whether its last direct answer was genuine.
+    pub up: bool,
+    /// How long its last genuine direct answer took.
+    pub latency: Option<std::time::Duration>,
+    /// Direct requests that got no genuine answer, since start.
+    pub failures: u64,
+    /// Why the last one failed, when it did.
+    pub last_error: Option<String>,
+    /// When it was last asked (unix ms).
+    pub last_asked_ms: i64,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -73,6 +95,9 @@ impl Metrics {
             judge_failures: Family::default(),
             store_write_failures: Family::default(),
             unrecorded: Counter::default(),
+            checks_total: AtomicU64::new(0),
+            checks_alive: AtomicU64::new(0),
+            judges: Mutex::default(),
         };
         registry.register(
             "proxies",
@@ -158,6 +183,23 @@ impl Metrics {
                 self.check_latency.observe(l.as_secs_f64());
             }
         }
+        let alive = batch.iter().filter(|r| r.outcome.failure.is_none()).count();
+        self.checks_total
+            .fetch_add(batch.len() as u64, Ordering::Relaxed);
+        self.checks_alive.fetch_add(alive as u64, Ordering::Relaxed);
+    }
+
+    /// Checks counted since start, and of those alive.
+    pub fn check_totals(&self) -> (u64, u64) {
+        (
+            self.checks_total.load(Ordering::Relaxed),
+            self.checks_alive.load(Ordering::Relaxed),
+        )
+    }
+
+    /// Every judge asked directly so far, by URL.
+    pub fn judges(&self) -> BTreeMap<String, JudgeView> {
+        crate::lock(&self.judges).clone()
     }
 
     /// Records a harvest round.
@@ -181,6 +223,23 @@ impl Metrics {
     /// its absence.
     pub fn observe_judge(&self, url: &str, answer: Result<std::time::Duration, &str>) {
         let l = labels(&[("judge", url)]);
+        {
+            let mut judges = crate::lock(&self.judges);
+            // Bounded by the configured judges (and any a test adds).
+            let view = judges.entry(url.to_owned()).or_default();
+            view.up = answer.is_ok();
+            view.last_asked_ms = crate::store::now_ms();
+            match answer {
+                Ok(took) => {
+                    view.latency = Some(took);
+                    view.last_error = None;
+                }
+                Err(e) => {
+                    view.failures += 1;
+                    view.last_error = Some(e.to_owned());
+                }
+            }
+        }
         match answer {
             Ok(took) => {
                 self.judge_up.get_or_create(&l).set(1);

@@ -1,15 +1,19 @@
 //! The HTTP API (axum): serving proxies from the health index, listings and
-//! exports, client reports, stats, sources, metrics, health and the judge.
-//! Every error is JSON; a bearer token guards everything but `/healthz` and
-//! `/judge` when configured.
+//! exports, client reports, stats, sources, metrics, health and the judge,
+//! the operator's dashboard at `/` and the OpenAPI document. Every error is
+//! JSON (the dashboard's pages excepted); a bearer token (or the dashboard's
+//! session) guards everything but `/healthz`, `/judge` and `/openapi.json`
+//! when configured.
 
 mod answers;
 pub mod conditions;
 mod crawls;
+pub mod dashboard;
 mod error;
 mod handlers;
 pub mod judge;
 pub mod metrics;
+pub mod openapi;
 mod query;
 pub mod server;
 
@@ -42,7 +46,7 @@ use crate::store::Store;
 use metrics::Metrics;
 
 /// What the daemon's rounds last did, for `/stats`.
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, utoipa::ToSchema)]
 pub struct Rounds {
     /// The last harvest.
     pub last_harvest: Option<HarvestInfo>,
@@ -51,7 +55,7 @@ pub struct Rounds {
 }
 
 /// A harvest round in `/stats`.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
 pub struct HarvestInfo {
     /// When it finished (RFC 3339).
     pub finished_at: String,
@@ -68,7 +72,7 @@ pub struct HarvestInfo {
 }
 
 /// A check round in `/stats`.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
 pub struct CheckInfo {
     /// When it finished (RFC 3339).
     pub finished_at: String,
@@ -115,6 +119,12 @@ pub struct AppState {
     pub gateway: Option<Arc<GatewayMetrics>>,
     /// What is degraded now, for `/healthz`.
     pub conditions: Arc<conditions::Conditions>,
+    /// The latest check rounds, for the dashboard.
+    check_history: Arc<Mutex<dashboard::RoundHistory>>,
+    /// What signs the dashboard's sessions and forms.
+    dashboard_keys: dashboard::Keys,
+    /// Dashboard login attempts per client network.
+    login_limiter: Arc<DefaultKeyedRateLimiter<IpAddr>>,
 }
 
 impl std::fmt::Debug for AppState {
@@ -145,6 +155,11 @@ impl AppState {
             judge_calls: Arc::default(),
             gateway: None,
             conditions: Arc::default(),
+            check_history: Arc::default(),
+            login_limiter: Arc::new(RateLimiter::keyed(Quota::per_minute(
+                dashboard::LOGINS_PER_MINUTE,
+            ))),
+            dashboard_keys: dashboard::Keys::new(config.api.token.as_ref().map(|t| t.0.as_str())),
             config,
         }
     }
@@ -175,7 +190,19 @@ impl AppState {
 
     /// Records what a round did, for `/stats`.
     pub fn record_round(&self, update: impl FnOnce(&mut Rounds)) {
-        update(&mut self.rounds.lock().unwrap_or_else(|e| e.into_inner()));
+        let finished = {
+            let mut rounds = self.rounds.lock().unwrap_or_else(|e| e.into_inner());
+            let before = rounds.last_check.as_ref().map(|c| c.finished_at.clone());
+            update(&mut rounds);
+            // A check round that finished is kept for the dashboard's chart.
+            rounds
+                .last_check
+                .clone()
+                .filter(|c| Some(&c.finished_at) != before.as_ref())
+        };
+        if let Some(round) = finished {
+            crate::lock(&self.check_history).push(round);
+        }
     }
 
     /// The index of alive proxies.
@@ -210,9 +237,13 @@ pub fn router(state: AppState) -> Router {
         .route("/metrics", get(handlers::metrics))
         .route("/healthz", get(handlers::healthz))
         .route("/judge", get(judge_route))
+        .route("/openapi.json", get(openapi::openapi_json))
+        .route_layer(middleware::from_fn(require_json))
+        // The dashboard's forms are form-encoded, guarded by their own
+        // check of origin and CSRF token instead.
+        .merge(dashboard::routes())
         .fallback(handlers::not_found)
         .method_not_allowed_fallback(handlers::method_not_allowed)
-        .route_layer(middleware::from_fn(require_json))
         // Route-level so the matched route is known; unmatched requests are
         // counted by the fallback.
         .route_layer(middleware::from_fn_with_state(
@@ -335,6 +366,9 @@ pub async fn serve(
 }
 
 /// `/judge`, unless switched off; rate-limited per client address.
+#[utoipa::path(get, path = "/judge", tag = "meta", security(()),
+    responses((status = 200, description = "The request as this daemon saw it", body = judge::JudgeAnswer),
+        openapi::Errors))]
 async fn judge_route(
     State(state): State<AppState>,
     info: axum::extract::ConnectInfo<SocketAddr>,
@@ -387,18 +421,28 @@ async fn limit_time(State(state): State<AppState>, req: Request, next: Next) -> 
 /// Requires `Authorization: Bearer <token>` when a token is configured,
 /// and without one a `Host` naming this machine (see [`check_host`]);
 /// `/healthz` and `/judge`, which reveal nothing (and must answer monitors
-/// and proxies by any name), are open either way.
-async fn authorize(State(state): State<AppState>, req: Request, next: Next) -> Response {
+/// and proxies by any name), and `/openapi.json` (what the README says
+/// too, for tools that read it before they are given the token) are open
+/// either way. With a token, a browser
+/// logged in to the dashboard may instead show its session cookie: for
+/// reading (GET and HEAD) and for the dashboard's own forms, which check a
+/// CSRF token; the dashboard's page and login form answer without either
+/// (the page then shows only the login form). How a request was let in
+/// goes to the handlers as a [`dashboard::Access`].
+async fn authorize(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
+    use dashboard::Access;
     let path = req.uri().path();
-    if path == "/healthz" || path == "/judge" {
+    if path == "/healthz" || path == "/judge" || path == "/openapi.json" {
         return next.run(req).await;
     }
     let Some(token) = &state.config.api.token else {
         if let Err(e) = check_host(&req, &state.config.api) {
             return e.into_response();
         }
+        req.extensions_mut().insert(Access::Open);
         return next.run(req).await;
     };
+    let dashboard = path == "/" || path.starts_with("/dashboard/");
     let mut values = req
         .headers()
         .get_all(axum::http::header::AUTHORIZATION)
@@ -407,14 +451,37 @@ async fn authorize(State(state): State<AppState>, req: Request, next: Next) -> R
     if second.is_some() {
         return ApiError::BadRequest("more than one Authorization header".into()).into_response();
     }
-    let presented = first
-        .and_then(|v| bearer_token(v.as_bytes()))
-        .unwrap_or(b"");
-    if bool::from(presented.ct_eq(token.0.as_bytes())) {
-        next.run(req).await
-    } else {
-        ApiError::Unauthorized.into_response()
+    let access = match first {
+        Some(value) => {
+            let presented = bearer_token(value.as_bytes()).unwrap_or(b"");
+            if !bool::from(presented.ct_eq(token.0.as_bytes())) {
+                return ApiError::Unauthorized.into_response();
+            }
+            Access::Bearer
+        }
+        None => match dashboard::session::session_cookie(req.headers()).filter(|c| {
+            state
+                .dashboard_keys
+                .valid_session(c, crate::store::now_ms())
+        }) {
+            Some(cookie) => Access::Session(cookie),
+            None => Access::Anonymous,
+        },
+    };
+    let reading = matches!(
+        *req.method(),
+        axum::http::Method::GET | axum::http::Method::HEAD
+    );
+    let allowed = match access {
+        Access::Session(_) => reading || dashboard,
+        Access::Anonymous => dashboard,
+        Access::Open | Access::Bearer => true,
+    };
+    if !allowed {
+        return ApiError::Unauthorized.into_response();
     }
+    req.extensions_mut().insert(access);
+    next.run(req).await
 }
 
 /// Without a token, the API is open to whatever can reach it, and a web

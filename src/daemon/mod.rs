@@ -1,12 +1,13 @@
 //! `serve`: the daemon's components (the API, the gateway, the check loop,
 //! harvests on the cron schedule, the daily purge, crawl jobs, the watch on
-//! the store's writes, the systemd watchdog), each a task
+//! the store's writes, the dashboard's snapshots, the systemd watchdog), each a task
 //! on one tracker, started together and stopped together.
 
 mod checks;
 mod harvest;
 mod outage;
 mod purge;
+mod snapshots;
 mod sync;
 mod systemd;
 mod writes;
@@ -162,6 +163,12 @@ pub async fn run(
         .run(stop.clone()),
     );
     tasks.spawn(state.crawls.clone().run(stop.clone()));
+    tasks.spawn(
+        snapshots::Snapshots {
+            state: state.clone(),
+        }
+        .run(stop.clone()),
+    );
     tasks.spawn(systemd::watchdog(stop.clone()));
     tasks.spawn(systemd::status(index.clone(), stop.clone()));
     tasks.close();

@@ -93,7 +93,7 @@ impl Default for GatewayMetrics {
 }
 
 /// A snapshot for `/stats`.
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, utoipa::ToSchema)]
 pub struct GatewayStats {
     /// Plain requests answered, by result.
     pub requests: BTreeMap<String, u64>,

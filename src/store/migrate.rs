@@ -23,6 +23,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/0011_links_by_source.sql"),
     include_str!("../../migrations/0012_source_private.sql"),
     include_str!("../../migrations/0013_proxy_sites.sql"),
+    include_str!("../../migrations/0014_snapshots.sql"),
 ];
 
 /// Every table the migrations create: a database holding any other is
@@ -34,6 +35,7 @@ pub const TABLES: &[&str] = &[
     "proxy_counts",
     "proxy_sites",
     "proxy_sources",
+    "snapshots",
     "sources",
 ];
 

@@ -14,6 +14,7 @@ mod lookup;
 mod migrate;
 mod rows;
 mod sites;
+mod snapshots;
 mod unwritable;
 mod writer;
 
@@ -23,6 +24,7 @@ pub use ingest::{SourceRun, UpsertCounts};
 pub use listing::{Page, ProxyFilter, ProxySort};
 pub use rows::{Presence, ProxyRecord, SourceRecord, Stats};
 pub use sites::SiteRecord;
+pub use snapshots::Snapshot;
 pub use unwritable::{RETRY_FIRST, RETRY_MAX, WriteFailure, WriteTrouble};
 
 use std::path::{Path, PathBuf};
