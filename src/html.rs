@@ -27,39 +27,68 @@ pub const MAX_DEPTH: usize = 1024;
 /// a millisecond, so a deadline is kept to that precision.
 const CHUNK: usize = 4 * 1024;
 
-/// Why a page was not parsed.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+/// Why parsing stopped before the end of a page.
+#[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
 pub enum HtmlError {
     /// The markup nests elements deeper than [`MAX_DEPTH`].
     #[error("HTML nested deeper than {MAX_DEPTH} elements; not parsed")]
     TooDeep,
     /// Parsing did not finish within the time allowed.
-    #[error("parsing the HTML took longer than {} (harvest.timeout); stopped", humantime::format_duration(*.0))]
-    TooSlow(Duration),
+    #[error("parsing the HTML took longer than {} ({}); stopped", humantime::format_duration(*.0), .1)]
+    TooSlow(Duration, &'static str),
+}
+
+/// The time a parse may take: counted from `started` (so that a wait for a
+/// blocking thread counts too), `allowed` long, and the setting that says
+/// so, named in the error.
+#[derive(Clone, Copy, Debug)]
+pub struct Deadline {
+    /// When the time started.
+    pub started: Instant,
+    /// How long from then.
+    pub allowed: Duration,
+    /// The setting behind `allowed`, e.g. `harvest.timeout`.
+    pub setting: &'static str,
+}
+
+/// A document, whole or as far as the parser got.
+#[derive(Debug)]
+pub struct Parsed {
+    /// The tree: every element read before parsing stopped, closed as a
+    /// browser closes a page cut off there.
+    pub doc: Html,
+    /// Why parsing stopped before the end, if it did.
+    pub stopped: Option<HtmlError>,
 }
 
 /// Runs html5ever over `body` in chunks, stopping when the tree gets too
-/// deep or `limit` is over.
-pub fn parse_document(body: &str, limit: Option<(Instant, Duration)>) -> Result<Html, HtmlError> {
+/// deep or `deadline` passes; what was read up to there is kept.
+/// Synchronous and CPU-bound: call it off the async runtime.
+pub fn parse_document(body: &str, deadline: Option<Deadline>) -> Parsed {
     let too_deep = Rc::new(Cell::new(false));
     let sink = DepthCap {
         inner: HtmlTreeSink::new(Html::new_document()),
         too_deep: too_deep.clone(),
     };
     let mut parser = html5ever::driver::parse_document(sink, Default::default()).from_utf8();
+    let mut stopped = None;
     for chunk in body.as_bytes().chunks(CHUNK) {
         parser.process(chunk.into());
         if too_deep.get() {
-            return Err(HtmlError::TooDeep);
+            stopped = Some(HtmlError::TooDeep);
+            break;
         }
-        if let Some((started, allowed)) = limit
-            && started.elapsed() > allowed
+        if let Some(d) = deadline
+            && d.started.elapsed() > d.allowed
         {
-            return Err(HtmlError::TooSlow(allowed));
+            stopped = Some(HtmlError::TooSlow(d.allowed, d.setting));
+            break;
         }
     }
+    // Closing what is open costs one step per open element: at most a
+    // chunk's worth beyond the cap.
     let doc = parser.finish();
-    Ok(doc)
+    Parsed { doc, stopped }
 }
 
 /// scraper's tree sink, noting when an element is appended deeper than
@@ -200,5 +229,61 @@ impl TreeSink for DepthCap {
     fn maybe_clone_an_option_into_selectedcontent(&self, option: &Handle) {
         self.inner
             .maybe_clone_an_option_into_selectedcontent(option)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use scraper::Selector;
+
+    fn links(doc: &Html) -> Vec<String> {
+        let a = Selector::parse("a[href]").unwrap();
+        doc.select(&a)
+            .filter_map(|e| e.value().attr("href"))
+            .map(str::to_owned)
+            .collect()
+    }
+
+    #[test]
+    fn a_page_too_deep_keeps_what_was_read_before_the_cap() {
+        let page = format!(
+            "<a href=\"/before\">b</a>{}<a href=\"/after\">a</a>",
+            "<div>".repeat(100_000)
+        );
+        let started = Instant::now();
+        let parsed = parse_document(&page, None);
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            started.elapsed()
+        );
+        assert_eq!(parsed.stopped, Some(HtmlError::TooDeep));
+        assert_eq!(links(&parsed.doc), ["/before"]);
+
+        let flat = "<p><a href=\"/x\">x</a></p>".repeat(1000);
+        let whole = parse_document(&flat, None);
+        assert_eq!(whole.stopped, None);
+        assert_eq!(links(&whole.doc).len(), 1000);
+    }
+
+    #[test]
+    fn a_deadline_stops_the_parse_and_names_its_setting() {
+        let page = "<p><a href=\"/x\">x</a></p>".repeat(10_000);
+        let spent = Deadline {
+            started: Instant::now(),
+            allowed: Duration::ZERO,
+            setting: "crawl.parse",
+        };
+        let parsed = parse_document(&page, Some(spent));
+        let err = parsed.stopped.expect("stopped");
+        assert_eq!(err, HtmlError::TooSlow(Duration::ZERO, "crawl.parse"));
+        // The first chunk was read.
+        assert!(!links(&parsed.doc).is_empty());
+        assert!(links(&parsed.doc).len() < 10_000);
+        assert_eq!(
+            HtmlError::TooSlow(Duration::from_secs(30), "harvest.timeout").to_string(),
+            "parsing the HTML took longer than 30s (harvest.timeout); stopped"
+        );
     }
 }

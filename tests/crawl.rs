@@ -909,3 +909,51 @@ async fn a_crawl_whose_filters_match_no_proxy_ends_saying_so() {
     })
     .await;
 }
+
+// ---------------------------------------------------------------------------
+// What a site can do to the crawler
+
+#[tokio::test]
+async fn a_page_nested_too_deep_is_parsed_up_to_the_cap_and_its_links_kept() {
+    within(async {
+        let dir = tempfile::tempdir().unwrap();
+        // 100,000 nested elements (500 KB): unbounded, a parse of minutes.
+        let deep = format!(
+            "<html><head><title>Deep</title></head><body><a href=\"/before\">b</a>{}\
+             <a href=\"/after\">a</a></body></html>",
+            "<div>".repeat(100_000)
+        );
+        let site = Site::start(SiteOpts::routes(vec![
+            ("/", Reply::html(deep)),
+            ("/before", Reply::html("<title>Before</title>")),
+            ("/after", Reply::html("<title>After</title>")),
+        ]))
+        .await;
+        let (_proxies, alive) = working_proxies(1).await;
+        let pool = pool_of(dir.path(), &alive, quick()).await;
+        let started = Instant::now();
+        let summary = run(&pool, options(dir.path(), &site.url("/"))).await;
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{:?}",
+            started.elapsed()
+        );
+        assert_eq!((summary.ok(), summary.failed()), (2, 0), "{summary}");
+        assert_eq!(site.hits("/before"), 1, "a link read before the cap");
+        assert_eq!(site.hits("/after"), 0, "a link past the cap");
+        let out = lines(&dir.path().join("pages.jsonl"));
+        let root = out.iter().find(|l| l["url"] == site.url("/")).unwrap();
+        assert_eq!(root["title"], "Deep");
+        assert_eq!(root["links"], 1);
+        assert_eq!(
+            root["parse_stopped"],
+            "nested deeper than 1024 elements: links and fields read up to there"
+        );
+        let before = out
+            .iter()
+            .find(|l| l["url"] == site.url("/before"))
+            .unwrap();
+        assert_eq!(before["parse_stopped"], serde_json::Value::Null);
+    })
+    .await;
+}

@@ -154,6 +154,10 @@ const HOST_BATCH: usize = 256;
 const SEEN_CACHE: usize = 200_000;
 /// Tries at a host's robots.txt before its pages fail.
 const ROBOTS_TRIES: u32 = 3;
+/// The longest a page may take to parse (the parser also stops at its
+/// nesting cap): links and fields read until then are kept. A flat 10 MiB
+/// page parses in about a second.
+const PARSE_TIME: Duration = Duration::from_secs(10);
 /// URLs that need no request settled in one look for work, so that a
 /// frontier of disallowed links is worked through in committed batches
 /// between looks at the pages that finished.
@@ -205,6 +209,8 @@ struct Fetched {
     title: Option<String>,
     links: Vec<::url::Url>,
     fields: std::collections::BTreeMap<String, serde_json::Value>,
+    /// Why parsing stopped before the end of the page, if it did.
+    parse_stopped: Option<crate::html::HtmlError>,
 }
 
 enum Job {
@@ -446,7 +452,7 @@ impl Crawler {
                         Err(e) => Err(e),
                     };
                     let result = match result {
-                        Ok(page) => Ok(digest(page, &selects, all, bodies.as_deref()).await),
+                        Ok(page) => Ok(digest(page, selects, all, bodies.as_deref()).await),
                         Err(e) => Err(e),
                     };
                     Done::Page(q, Box::new(result), t0.elapsed())
@@ -808,6 +814,7 @@ impl Crawler {
             "title": f.title,
             "links": f.links.len(),
             "fields": f.fields,
+            "parse_stopped": f.parse_stopped.as_ref().map(stopped_note),
             "error": failed.then(|| format!("http {status}")),
         });
         let state = if failed {
@@ -926,26 +933,44 @@ fn first_sight(seen: &Mutex<HashSet<u64>>, url: &str) -> bool {
     seen.insert(hash(url))
 }
 
-/// Hashes, parses and stores a page in its own task.
+/// Hashes, parses and stores a page in its own task; hashing and parsing
+/// (CPU work that grows with the page) run on the blocking pool, bounded
+/// by [`PARSE_TIME`] and the parser's depth cap.
 async fn digest(
     page: Page,
-    selects: &[Select],
+    selects: Vec<Select>,
     all: bool,
     bodies: Option<&std::path::Path>,
 ) -> Fetched {
-    let sha256: String = sha2::Sha256::digest(page.body())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
     let html = page.status().is_success()
         && page
             .content_type()
             .is_none_or(|t| t.to_ascii_lowercase().contains("html"));
-    let (title, links, fields) = if html {
-        let e = extract::extract(&page.text(), page.final_url(), selects, all);
-        (e.title, e.links, e.fields)
-    } else {
-        (None, Vec::new(), Default::default())
+    let deadline = crate::html::Deadline {
+        started: std::time::Instant::now(),
+        allowed: PARSE_TIME,
+        setting: "the crawl's parse time",
+    };
+    let body = page.body().clone();
+    let base = page.final_url().clone();
+    let joined = tokio::task::spawn_blocking(move || {
+        let e = if html {
+            let text = String::from_utf8_lossy(&body);
+            extract::extract(&text, &base, &selects, all, Some(deadline))
+        } else {
+            extract::Extracted::default()
+        };
+        (sha256_hex(&body), e)
+    })
+    .await;
+    let (sha256, e) = match joined {
+        Ok(done) => done,
+        // A parser panic is a bug; it costs the page its extraction, not
+        // the crawl.
+        Err(error) => {
+            tracing::warn!(url = %page.final_url(), %error, "parsing a page failed unexpectedly");
+            (sha256_hex(page.body()), extract::Extracted::default())
+        }
     };
     if let Some(dir) = bodies
         && let Err(e) = output::store_body(dir, &sha256, page.body()).await
@@ -955,9 +980,31 @@ async fn digest(
     Fetched {
         page,
         sha256,
-        title,
-        links,
-        fields,
+        title: e.title,
+        links: e.links,
+        fields: e.fields,
+        parse_stopped: e.stopped,
+    }
+}
+
+fn sha256_hex(body: &[u8]) -> String {
+    sha2::Sha256::digest(body)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// What the output says of a page whose parse stopped early.
+fn stopped_note(e: &crate::html::HtmlError) -> String {
+    use crate::html::{HtmlError, MAX_DEPTH};
+    match e {
+        HtmlError::TooDeep => {
+            format!("nested deeper than {MAX_DEPTH} elements: links and fields read up to there")
+        }
+        HtmlError::TooSlow(allowed, _) => format!(
+            "took longer than {} to parse: links and fields read up to there",
+            humantime::format_duration(*allowed)
+        ),
     }
 }
 

@@ -16,7 +16,7 @@ use scraper::{ElementRef, Selector};
 use super::text::{Token, first_token};
 use super::{Candidates, country_hint, parse_https_word, protocol_words, push_schemes};
 use crate::config::{HtmlColumns, HtmlOptions};
-use crate::html::parse_document;
+use crate::html::{Deadline, parse_document};
 pub use crate::html::{HtmlError, MAX_DEPTH};
 use crate::model::{Hints, SourceScheme};
 use crate::proxy::{Anonymity, parse_host, parse_port};
@@ -39,7 +39,18 @@ pub fn parse_bounded(
     out: &mut Candidates,
     limit: Option<(Instant, Duration)>,
 ) -> Result<(), HtmlError> {
-    let doc = parse_document(body, limit)?;
+    let deadline = limit.map(|(started, allowed)| Deadline {
+        started,
+        allowed,
+        setting: "harvest.timeout",
+    });
+    // A proxy table cut off anywhere may hold cut rows: a page not read to
+    // its end yields nothing.
+    let parsed = parse_document(body, deadline);
+    if let Some(e) = parsed.stopped {
+        return Err(e);
+    }
+    let doc = parsed.doc;
     let Ok(table_sel) = Selector::parse("table") else {
         return Ok(());
     };
@@ -616,9 +627,9 @@ mod tests {
         );
         let spent = (Instant::now(), Duration::ZERO);
         let err = bounded(&page, Some(spent)).unwrap_err();
-        assert_eq!(err, HtmlError::TooSlow(Duration::ZERO));
+        assert_eq!(err, HtmlError::TooSlow(Duration::ZERO, "harvest.timeout"));
         assert_eq!(
-            HtmlError::TooSlow(Duration::from_secs(30)).to_string(),
+            HtmlError::TooSlow(Duration::from_secs(30), "harvest.timeout").to_string(),
             "parsing the HTML took longer than 30s (harvest.timeout); stopped"
         );
     }
