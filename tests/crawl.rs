@@ -752,53 +752,66 @@ async fn a_killed_crawl_resumes_without_fetching_pages_again() {
     .await;
 }
 
+/// Sends `signal` to a crawl once it wrote a few pages: the pages in flight
+/// finish and are written, the summary is printed, the exit status is 130,
+/// and `resume` (the arguments of a second run) picks up from there.
+async fn stop_and_resume(signal: &str, resume_with_the_same_line: bool) {
+    let dir = tempfile::tempdir().unwrap();
+    let site = Site::tree(120, 4, Duration::from_millis(50)).await;
+    let a = http_proxy(2).await;
+    let config = binary_setup(dir.path(), &[AliveProxy::new(a.url())]).await;
+    let out = dir.path().join("pages.jsonl");
+    let state = dir.path().join("crawl.db");
+    let url = site.url("/");
+    let args = [
+        url.as_str(),
+        "--state",
+        state.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+    ];
+    let child = crawl_cmd(&config, &args).spawn().unwrap();
+    wait_lines(&out, 5).await;
+    let pid = child.id().unwrap().to_string();
+    let kill = std::process::Command::new("kill")
+        .args([signal, &pid])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    let done = child.wait_with_output().await.unwrap();
+    let stderr = String::from_utf8_lossy(&done.stderr);
+    assert_eq!(done.status.code(), Some(130), "{signal}: {stderr}");
+    assert!(stderr.contains("crawl interrupted"), "{signal}: {stderr}");
+    let pages = lines(&out);
+    let fetched: usize = page_hits(&site).values().sum();
+    // Everything started was finished and written.
+    assert_eq!(pages.len(), fetched, "{stderr}");
+    assert!(pages.len() < 120);
+
+    let state_only = ["--state", state.to_str().unwrap()];
+    let again: &[&str] = if resume_with_the_same_line {
+        &args
+    } else {
+        &state_only
+    };
+    let rest = crawl_cmd(&config, again).output().await.unwrap();
+    assert!(
+        rest.status.success(),
+        "{}",
+        String::from_utf8_lossy(&rest.stderr)
+    );
+    assert_eq!(urls_once(&lines(&out)).len(), 120);
+    assert!(page_hits(&site).values().all(|&n| n == 1));
+}
+
 #[tokio::test]
 async fn ctrl_c_finishes_the_pages_in_flight_and_exits_130() {
-    within(async {
-        let dir = tempfile::tempdir().unwrap();
-        let site = Site::tree(120, 4, Duration::from_millis(50)).await;
-        let a = http_proxy(2).await;
-        let config = binary_setup(dir.path(), &[AliveProxy::new(a.url())]).await;
-        let out = dir.path().join("pages.jsonl");
-        let state = dir.path().join("crawl.db");
-        let url = site.url("/");
-        let args = [
-            url.as_str(),
-            "--state",
-            state.to_str().unwrap(),
-            "-o",
-            out.to_str().unwrap(),
-        ];
-        let child = crawl_cmd(&config, &args).spawn().unwrap();
-        wait_lines(&out, 5).await;
-        let pid = child.id().unwrap().to_string();
-        let kill = std::process::Command::new("kill")
-            .args(["-INT", &pid])
-            .status()
-            .unwrap();
-        assert!(kill.success());
-        let done = child.wait_with_output().await.unwrap();
-        let stderr = String::from_utf8_lossy(&done.stderr);
-        assert_eq!(done.status.code(), Some(130), "{stderr}");
-        assert!(stderr.contains("crawl interrupted"), "{stderr}");
-        let pages = lines(&out);
-        let fetched: usize = page_hits(&site).values().sum();
-        // Everything started was finished and written.
-        assert_eq!(pages.len(), fetched, "{stderr}");
-        assert!(pages.len() < 120);
+    within(stop_and_resume("-INT", false)).await;
+}
 
-        // The same line again picks up from there.
-        let args = ["--state", state.to_str().unwrap()];
-        let rest = crawl_cmd(&config, &args).output().await.unwrap();
-        assert!(
-            rest.status.success(),
-            "{}",
-            String::from_utf8_lossy(&rest.stderr)
-        );
-        assert_eq!(urls_once(&lines(&out)).len(), 120);
-        assert!(page_hits(&site).values().all(|&n| n == 1));
-    })
-    .await;
+#[tokio::test]
+async fn sigterm_stops_a_crawl_as_ctrl_c_does_and_the_same_line_resumes_it() {
+    within(stop_and_resume("-TERM", true)).await;
 }
 
 #[tokio::test]

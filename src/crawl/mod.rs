@@ -129,6 +129,9 @@ pub enum CrawlError {
     /// page could ever be fetched. What was not fetched stays queued.
     #[error("no proxy matches the crawl's filters: {0}")]
     NoProxy(String),
+    /// The runtime shut down under the crawl; what was committed stays.
+    #[error("the crawl was stopped by a shutdown")]
+    RuntimeGone,
 }
 
 /// Live counters for a progress display.
@@ -235,10 +238,39 @@ enum RobotsOutcome {
 /// Runs a crawl on `pool` until the frontier is empty, a limit is reached
 /// or `cancel` fires (then the pages in flight finish within the grace
 /// time). Returns the summary.
+///
+/// The crawl's own loop writes its state (SQLite) and outputs (files,
+/// stdout) synchronously, so it runs on a blocking thread of its own; the
+/// fetches it starts run on the runtime, and pages are parsed on the
+/// blocking pool. Dropping the returned future stops the crawl at once,
+/// as a second Ctrl-C does: what was committed stays.
 pub async fn crawl(
     pool: &Pool,
     opts: CrawlOptions,
     cancel: CancellationToken,
+    progress: Arc<Progress>,
+) -> Result<Summary, CrawlError> {
+    let handle = tokio::runtime::Handle::current();
+    let pool = pool.clone();
+    let dropped = CancellationToken::new();
+    let _stop_when_dropped = dropped.clone().drop_guard();
+    let task = tokio::task::spawn_blocking(move || {
+        handle.block_on(crawl_here(&pool, opts, cancel, dropped, progress))
+    });
+    match task.await {
+        Ok(r) => r,
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        Err(_) => Err(CrawlError::RuntimeGone),
+    }
+}
+
+/// [`crawl`] on the thread it is called on (one that may block); `dropped`
+/// ends it at once.
+async fn crawl_here(
+    pool: &Pool,
+    opts: CrawlOptions,
+    cancel: CancellationToken,
+    dropped: CancellationToken,
     progress: Arc<Progress>,
 ) -> Result<Summary, CrawlError> {
     let started = Instant::now();
@@ -324,7 +356,7 @@ pub async fn crawl(
     c.progress
         .queued
         .store(c.frontier.count(UrlState::Queued)?, Ordering::Relaxed);
-    c.run(&mut sink, cancel).await?;
+    c.run(&mut sink, cancel, dropped).await?;
     c.summary.elapsed = started.elapsed();
     c.summary.queued = c.frontier.count(UrlState::Queued)?;
     c.summary.discovered = c.frontier.total()?;
@@ -361,7 +393,12 @@ struct Crawler {
 }
 
 impl Crawler {
-    async fn run(&mut self, sink: &mut Sink, cancel: CancellationToken) -> Result<(), CrawlError> {
+    async fn run(
+        &mut self,
+        sink: &mut Sink,
+        cancel: CancellationToken,
+        dropped: CancellationToken,
+    ) -> Result<(), CrawlError> {
         let mut running: JoinSet<Done> = JoinSet::new();
         let mut stop_at: Option<Instant> = None;
         loop {
@@ -406,6 +443,13 @@ impl Crawler {
                 _ = cancel.cancelled(), if stop_at.is_none() => {
                     stop_at = Some(Instant::now() + self.opts.grace);
                     self.summary.interrupted = true;
+                }
+                _ = dropped.cancelled() => {
+                    // No one waits for the end any more: stop now, as a
+                    // second Ctrl-C does.
+                    running.abort_all();
+                    self.summary.interrupted = true;
+                    return self.commit(sink);
                 }
                 _ = sleep_until(stop_at), if stop_at.is_some() => {
                     // Out of grace: what is still in flight stays queued in
