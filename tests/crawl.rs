@@ -970,3 +970,85 @@ async fn a_page_nested_too_deep_is_parsed_up_to_the_cap_and_its_links_kept() {
     })
     .await;
 }
+
+/// A 3-hop redirect chain on an HTTP/1.1 keep-alive site.
+fn redirect_chain() -> SiteOpts {
+    SiteOpts::routes(vec![
+        ("/r/0", Reply::redirect(302, "/r/1")),
+        ("/r/1", Reply::redirect(302, "/r/2")),
+        ("/r/2", Reply::redirect(302, "/r/3")),
+        ("/r/3", Reply::html("<title>End</title>")),
+    ])
+}
+
+#[tokio::test]
+async fn proxied_crawls_follow_redirects_as_direct_ones_do() {
+    within(async {
+        // Direct: the chain is followed to its end in one attempt.
+        let dir = tempfile::tempdir().unwrap();
+        let site = Site::start(redirect_chain()).await;
+        let direct = pool_of(
+            dir.path(),
+            &[],
+            PoolOptions {
+                no_proxy: NoProxy::Direct,
+                ..quick()
+            },
+        )
+        .await;
+        run(&direct, options(dir.path(), &site.url("/r/0"))).await;
+        let want = lines(&dir.path().join("pages.jsonl"));
+        assert_eq!(want.len(), 1);
+        assert_eq!(
+            (
+                &want[0]["final_url"],
+                &want[0]["status"],
+                &want[0]["attempts"]
+            ),
+            (&site.url("/r/3").into(), &200.into(), &1.into())
+        );
+
+        // Through proxies that relay the site's keep-alive answers and hang
+        // up after each request: the same, every time, and no proxy blamed.
+        for round in 0..5 {
+            let dir = tempfile::tempdir().unwrap();
+            let site = Site::start(redirect_chain()).await;
+            let mut fakes = Vec::new();
+            let mut alive = Vec::new();
+            for _ in 0..3 {
+                let p = FakeHttpProxy::start(HttpProxyOpts {
+                    keep_alive: true,
+                    close_after: Some(1),
+                    ..HttpProxyOpts::default()
+                })
+                .await;
+                alive.push(AliveProxy::new(p.url()));
+                fakes.push(p);
+            }
+            let pool = pool_of(dir.path(), &alive, quick()).await;
+            let summary = run(&pool, options(dir.path(), &site.url("/r/0"))).await;
+            let got = lines(&dir.path().join("pages.jsonl"));
+            assert_eq!(got.len(), 1, "round {round}: {got:?}");
+            assert_eq!(
+                (&got[0]["final_url"], &got[0]["status"], &got[0]["attempts"]),
+                (
+                    &site.url("/r/3").into(),
+                    &want[0]["status"],
+                    &want[0]["attempts"]
+                ),
+                "round {round}: {}",
+                got[0]
+            );
+            for hop in ["/r/0", "/r/1", "/r/2", "/r/3"] {
+                assert_eq!(
+                    site.hits(hop),
+                    1,
+                    "round {round}: {hop} {:?}",
+                    site.per_path()
+                );
+            }
+            assert_eq!(summary.pool.proxies_failed, 0, "round {round}: {summary}");
+        }
+    })
+    .await;
+}

@@ -507,13 +507,17 @@ impl Crawler {
 
     /// Redirects are followed within the host (so its politeness and
     /// robots.txt hold), in scope and allowed; others end the page, and
-    /// the target is queued as a link.
+    /// the target is queued as a link. One rule per page: a hop it agreed
+    /// to is agreed to again when the page is tried on another proxy, so a
+    /// proxied page follows the chain a direct one does.
     fn follow_rule(&self) -> RedirectRule {
         let scope = self.scope.clone();
         let robots = self.robots.clone();
         let strip = self.opts.strip_params.clone();
         let ignore = self.opts.ignore_robots;
         let seen = self.seen.clone();
+        // At most the redirects of each attempt.
+        let agreed: Mutex<HashSet<String>> = Mutex::default();
         Arc::new(move |from, to| {
             let Some(to) = normalize(to, &strip) else {
                 return false;
@@ -525,7 +529,14 @@ impl Crawler {
                 || lock(&robots)
                     .get(&site_of(&to))
                     .is_some_and(|r| r.as_ref().is_none_or(|r| r.allowed(to.as_str())));
-            allowed && first_sight(&seen, to.as_str())
+            if lock(&agreed).contains(to.as_str()) {
+                return true;
+            }
+            let follow = allowed && first_sight(&seen, to.as_str());
+            if follow {
+                lock(&agreed).insert(to.to_string());
+            }
+            follow
         })
     }
 
