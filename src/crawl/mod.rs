@@ -62,8 +62,9 @@ pub struct CrawlOptions {
     pub delay: Duration,
     /// Skip robots.txt (explicit only).
     pub ignore_robots: bool,
-    /// How long a host whose robots.txt could not be fetched waits before
-    /// the next try (doubled each time; three tries).
+    /// How long a host that gave no answer waits before the next try
+    /// (doubled each time; three tries): its robots.txt could not be
+    /// fetched, or a page timed out on two proxies in a row.
     pub robots_retry: Duration,
     /// Pages to this file, failed ones also to `failed.jsonl` beside it;
     /// stdout when `None`.
@@ -187,6 +188,9 @@ struct HostQueue {
     last_id: i64,
     in_flight: usize,
     robots: RobotsState,
+    /// Pages in a row that timed out on two proxies each: the site is slow
+    /// or silent, and backs off instead of costing more proxies.
+    silent: u32,
 }
 
 impl HostQueue {
@@ -196,6 +200,7 @@ impl HostQueue {
             more,
             last_id: 0,
             in_flight: 0,
+            silent: 0,
             robots: if ignore_robots {
                 RobotsState::Ready(None)
             } else {
@@ -767,7 +772,15 @@ impl Crawler {
             Done::Page(q, result, elapsed) => {
                 if let Some(h) = self.hosts.get_mut(&q.host) {
                     h.in_flight = h.in_flight.saturating_sub(1);
+                    h.silent = match &*result {
+                        Err(FetchError::SiteTimeout { .. }) => h.silent + 1,
+                        _ => 0,
+                    };
                 }
+                let q = match self.site_silent(q, &result) {
+                    Some(q) => q,
+                    None => return Ok(()),
+                };
                 match *result {
                     Ok(f) => self.fetched(sink, q, f, elapsed)?,
                     Err(e) => {
@@ -938,6 +951,30 @@ impl Crawler {
         })?;
         self.frontier.commit(&sink.offsets())?;
         Ok(())
+    }
+
+    /// When page `q` timed out on two proxies in a row and its host has not
+    /// done so [`ROBOTS_TRIES`] times in a row: the host backs off (as for
+    /// robots.txt, doubled each time) and the page waits its turn again,
+    /// neither fetched nor failed. Otherwise hands `q` back to be written.
+    fn site_silent(&mut self, q: Queued, result: &Result<Fetched, FetchError>) -> Option<Queued> {
+        if !matches!(result, Err(FetchError::SiteTimeout { .. })) {
+            return Some(q);
+        }
+        let Some(h) = self.hosts.get_mut(&q.host) else {
+            return Some(q);
+        };
+        if h.silent >= ROBOTS_TRIES {
+            return Some(q);
+        }
+        let wait = self.opts.robots_retry * 2u32.pow(h.silent - 1);
+        tracing::info!(host = %q.host, ?wait, "the site gave no answer in time; backing off");
+        self.polite.note(&q.host, None, Some(wait));
+        h.buf.push_front(q);
+        self.buffered += 1;
+        self.taken = self.taken.saturating_sub(1);
+        self.progress.queued.fetch_add(1, Ordering::Relaxed);
+        None
     }
 
     /// When request `e` found no proxy: why none can be found at all

@@ -222,6 +222,13 @@ pub enum FetchError {
     /// The site asked to wait longer than the pool may.
     #[error("the site asked to retry after {0:?}")]
     RetryAfterTooLong(Duration),
+    /// Proxies in a row got through to the site and no answer came in
+    /// time: the site is slow or silent, not they.
+    #[error("no answer in time through {attempts} proxies in a row: the site is slow or silent")]
+    SiteTimeout {
+        /// Attempts made.
+        attempts: u32,
+    },
 }
 
 impl FetchError {
@@ -234,6 +241,7 @@ impl FetchError {
             FetchError::Unreachable { .. } => "unreachable",
             FetchError::TooLarge { .. } => "too_large",
             FetchError::RetryAfterTooLong(_) => "retry_after_too_long",
+            FetchError::SiteTimeout { .. } => "site_timeout",
         }
     }
 
@@ -243,6 +251,7 @@ impl FetchError {
             FetchError::NoProxy { attempts, .. }
             | FetchError::Exhausted { attempts, .. }
             | FetchError::Unreachable { attempts }
+            | FetchError::SiteTimeout { attempts }
             | FetchError::TooLarge { attempts, .. } => *attempts,
             _ => 0,
         }
@@ -472,6 +481,9 @@ const RECENT_PER_SITE: usize = 4;
 const MAX_RECENT_SITES: usize = 4096;
 /// Proxies saying a target cannot be reached before the pool believes it.
 const UNREACHED_QUORUM: u32 = 3;
+/// Proxies in a row timing out on one URL before the site is taken to be
+/// slow or silent: the request ends, and none of them is blamed.
+const TIMEOUT_QUORUM: usize = 2;
 /// How long a first pick waits for a store-backed pool's first load.
 const FIRST_LOAD_WAIT: Duration = Duration::from_secs(30);
 /// Longest sleep between looks for a usable proxy while waiting.
@@ -812,13 +824,22 @@ impl Pool {
         let mut tried: HashSet<i64> = HashSet::new();
         let (mut attempts, mut rotations, mut retries, mut unreached) = (0u32, 0u32, 0u32, 0u32);
         let mut refusals = 0u32;
+        // Proxies that timed out on this URL: slow themselves, or the site
+        // is; the next proxy tells which.
+        let mut timed_out: Vec<Lease> = Vec::new();
         let exhausted = |attempts, last: String, status| FetchError::Exhausted {
             attempts,
             last,
             status,
         };
         loop {
-            let lease = self.acquire(req, &tried, attempts).await?;
+            let lease = match self.acquire(req, &tried, attempts).await {
+                Ok(l) => l,
+                Err(e) => {
+                    self.timed_out(&mut timed_out, req).await;
+                    return Err(e);
+                }
+            };
             attempts += 1;
             c.attempts.fetch_add(1, Ordering::Relaxed);
             if lease.is_none() {
@@ -827,6 +848,13 @@ impl Pool {
             let t0 = Instant::now();
             let outcome = self.attempt(lease.as_ref(), req).await;
             let id = lease.as_ref().map(|l| l.entry.id);
+            if matches!(
+                outcome,
+                Outcome::Page(..) | Outcome::SiteError(..) | Outcome::Blocked { .. }
+            ) {
+                // The site answered this proxy: those that timed out were slow.
+                self.timed_out(&mut timed_out, req).await;
+            }
             match outcome {
                 Outcome::Page(answer, final_url) => {
                     if let Some(l) = &lease {
@@ -847,14 +875,26 @@ impl Pool {
                     tokio::time::sleep(backoff(opts.retry_backoff, retries)).await;
                 }
                 Outcome::ProxyFailure(reason) => {
-                    c.proxy_failures.fetch_add(1, Ordering::Relaxed);
                     let Some(l) = lease else {
+                        c.proxy_failures.fetch_add(1, Ordering::Relaxed);
                         return Err(exhausted(attempts, reason.to_string(), None));
                     };
-                    self.failed(&l, reason).await;
-                    self.tunnel_failed(&l, req).await;
                     tried.insert(l.entry.id);
+                    if reason == Reason::Timeout {
+                        timed_out.push(l);
+                        if timed_out.len() >= TIMEOUT_QUORUM {
+                            for l in timed_out.drain(..) {
+                                self.report(l.entry.id, Verdict::TargetError, None).await;
+                            }
+                            return Err(FetchError::SiteTimeout { attempts });
+                        }
+                    } else {
+                        c.proxy_failures.fetch_add(1, Ordering::Relaxed);
+                        self.failed(&l, reason).await;
+                        self.tunnel_failed(&l, req).await;
+                    }
                     if rotations >= opts.rotations {
+                        self.timed_out(&mut timed_out, req).await;
                         return Err(exhausted(attempts, reason.to_string(), None));
                     }
                     rotations += 1;
@@ -1416,6 +1456,20 @@ impl Pool {
             });
         }
         self.report(lease.entry.id, Verdict::Worked, None).await;
+    }
+
+    /// The proxies of `timed_out` were slow themselves (another reached
+    /// the site, or the request ended otherwise): each is charged the
+    /// timeout.
+    async fn timed_out(&self, timed_out: &mut Vec<Lease>, req: &Request) {
+        for l in timed_out.drain(..) {
+            self.inner
+                .counters
+                .proxy_failures
+                .fetch_add(1, Ordering::Relaxed);
+            self.failed(&l, Reason::Timeout).await;
+            self.tunnel_failed(&l, req).await;
+        }
     }
 
     async fn failed(&self, lease: &Lease, reason: Reason) {
