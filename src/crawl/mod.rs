@@ -9,6 +9,7 @@ pub mod frontier;
 pub mod jobs;
 pub mod output;
 pub mod polite;
+pub mod robots;
 pub mod summary;
 pub mod url;
 
@@ -35,6 +36,7 @@ pub use extract::Select;
 use frontier::{Frontier, FrontierError, NewUrl, Queued, UrlState};
 use output::Sink;
 pub use polite::Politeness;
+use robots::{RobotsCache, Rules};
 pub use summary::Summary;
 
 /// What to crawl and how.
@@ -194,18 +196,14 @@ struct HostQueue {
 }
 
 impl HostQueue {
-    fn new(more: bool, ignore_robots: bool) -> HostQueue {
+    fn new(more: bool, robots: RobotsState) -> HostQueue {
         HostQueue {
             buf: VecDeque::new(),
             more,
             last_id: 0,
             in_flight: 0,
             silent: 0,
-            robots: if ignore_robots {
-                RobotsState::Ready(None)
-            } else {
-                RobotsState::Unknown
-            },
+            robots,
         }
     }
 }
@@ -337,7 +335,7 @@ async fn crawl_here(
     let mut c = Crawler {
         pool: pool.clone(),
         polite: Arc::new(Politeness::new(opts.delay)),
-        robots: Arc::new(Mutex::new(HashMap::new())),
+        robots: RobotsCache::default(),
         scope: Arc::new(scope),
         agent: robots_agent(&pool.options().user_agent),
         hosts: HashMap::new(),
@@ -353,9 +351,7 @@ async fn crawl_here(
         opts,
     };
     for h in hosts {
-        c.hosts
-            .insert(h.clone(), HostQueue::new(true, c.opts.ignore_robots));
-        c.order.push_back(h);
+        c.add_host(&h, true);
     }
     c.summary.disallowed = c.frontier.count(UrlState::Disallowed)?;
     c.progress
@@ -372,8 +368,8 @@ async fn crawl_here(
 struct Crawler {
     pool: Pool,
     polite: Arc<Politeness>,
-    /// Parsed robots.txt per host, for the redirect rule.
-    robots: Arc<Mutex<HashMap<String, Option<Arc<Robot>>>>>,
+    /// The robots.txt rules read, bounded in hosts and age.
+    robots: RobotsCache,
     scope: Arc<Scope>,
     agent: String,
     hosts: HashMap<String, HostQueue>,
@@ -484,7 +480,7 @@ impl Crawler {
             Job::Page(q) => {
                 self.taken += 1;
                 self.unqueue();
-                let follow = self.follow_rule();
+                let follow = self.follow_rule(&q.host);
                 let selects = self.opts.selects.clone();
                 let all = self.opts.select_all;
                 let bodies = self.opts.bodies.clone();
@@ -515,9 +511,13 @@ impl Crawler {
     /// the target is queued as a link. One rule per page: a hop it agreed
     /// to is agreed to again when the page is tried on another proxy, so a
     /// proxied page follows the chain a direct one does.
-    fn follow_rule(&self) -> RedirectRule {
+    fn follow_rule(&self, host: &str) -> RedirectRule {
         let scope = self.scope.clone();
-        let robots = self.robots.clone();
+        // Redirects stay on the page's host: its rules are the ones.
+        let robots: Option<Rules> = self.hosts.get(host).and_then(|h| match &h.robots {
+            RobotsState::Ready(r) => Some(r.clone()),
+            _ => None,
+        });
         let strip = self.opts.strip_params.clone();
         let ignore = self.opts.ignore_robots;
         let seen = self.seen.clone();
@@ -531,8 +531,8 @@ impl Crawler {
                 return false;
             }
             let allowed = ignore
-                || lock(&robots)
-                    .get(&site_of(&to))
+                || robots
+                    .as_ref()
                     .is_some_and(|r| r.as_ref().is_none_or(|r| r.allowed(to.as_str())));
             if lock(&agreed).contains(to.as_str()) {
                 return true;
@@ -592,6 +592,13 @@ impl Crawler {
                 self.order.push_back(key);
                 continue;
             }
+            if !self.opts.ignore_robots
+                && matches!(h.robots, RobotsState::Ready(_))
+                && self.robots.get(&key).is_none()
+            {
+                // Its rules are a day old (or were crowded out): read again.
+                h.robots = RobotsState::Unknown;
+            }
             match h.robots {
                 RobotsState::Unknown => {
                     h.robots = RobotsState::Pending(0);
@@ -606,6 +613,7 @@ impl Crawler {
                         None => {
                             h.in_flight -= 1;
                             h.robots = RobotsState::Ready(None);
+                            self.robots.insert(&key, None);
                             self.order.push_front(key);
                             left += 1;
                             continue;
@@ -628,6 +636,7 @@ impl Crawler {
                     }
                     h.in_flight -= 1;
                     h.robots = RobotsState::Ready(None);
+                    self.robots.insert(&key, None);
                     self.order.push_front(key);
                     left += 1;
                     continue;
@@ -726,10 +735,7 @@ impl Crawler {
                 };
                 let ready: Result<Option<Arc<Robot>>, String> = match outcome {
                     RobotsOutcome::Parsed(robot) => {
-                        if let Some(secs) = robot.delay.filter(|d| d.is_finite() && *d > 0.0) {
-                            self.polite
-                                .set_crawl_delay(&host, Duration::from_secs_f32(secs.min(3600.0)));
-                        }
+                        self.crawl_delay(&host, Some(&robot));
                         Ok(Some(Arc::new(robot)))
                     }
                     RobotsOutcome::AllowAll => Ok(None),
@@ -747,7 +753,7 @@ impl Crawler {
                 };
                 match ready {
                     Ok(r) => {
-                        lock(&self.robots).insert(host.clone(), r.clone());
+                        self.robots.insert(&host, r.clone());
                         h.robots = RobotsState::Ready(r);
                     }
                     Err(error) if tries + 1 >= ROBOTS_TRIES => {
@@ -917,14 +923,12 @@ impl Crawler {
         }
         for a in added {
             self.progress.queued.fetch_add(1, Ordering::Relaxed);
-            let ignore = self.opts.ignore_robots;
             if !self.hosts.contains_key(&a.host) {
-                self.order.push_back(a.host.clone());
+                self.add_host(&a.host, false);
             }
-            let h = self
-                .hosts
-                .entry(a.host.clone())
-                .or_insert_with(|| HostQueue::new(false, ignore));
+            let Some(h) = self.hosts.get_mut(&a.host) else {
+                continue;
+            };
             if !h.more && self.buffered < MAX_BUFFERED {
                 h.last_id = a.id;
                 h.buf.push_back(a);
@@ -937,6 +941,36 @@ impl Crawler {
             .queued
             .store(self.buffered as u64, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// Takes host `host` in turn (`more`: it has work in the frontier not
+    /// yet loaded), with the robots.txt rules already read for it.
+    fn add_host(&mut self, host: &str, more: bool) {
+        let robots = if self.opts.ignore_robots {
+            RobotsState::Ready(None)
+        } else {
+            match self.robots.get(host) {
+                Some(rules) => {
+                    self.crawl_delay(host, rules.as_deref());
+                    RobotsState::Ready(rules)
+                }
+                None => RobotsState::Unknown,
+            }
+        };
+        self.hosts
+            .insert(host.to_owned(), HostQueue::new(more, robots));
+        self.order.push_back(host.to_owned());
+    }
+
+    /// Spaces host `host`'s requests by its robots.txt's Crawl-delay.
+    fn crawl_delay(&self, host: &str, robot: Option<&Robot>) {
+        if let Some(secs) = robot
+            .and_then(|r| r.delay)
+            .filter(|d| d.is_finite() && *d > 0.0)
+        {
+            self.polite
+                .set_crawl_delay(host, Duration::from_secs_f32(secs.min(3600.0)));
+        }
     }
 
     /// Writes the lines of the pages finished since the last commit, then
