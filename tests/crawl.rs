@@ -1198,3 +1198,51 @@ async fn a_page_that_never_answers_backs_the_site_off_and_blames_no_proxy() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn a_crawl_of_more_hosts_than_it_holds_takes_them_in_turn_and_misses_none() {
+    within(async {
+        let dir = tempfile::tempdir().unwrap();
+        // Six sites (hosts), each a tree of 4 pages; the first links to
+        // the others' roots.
+        let mut sites = Vec::new();
+        for _ in 0..5 {
+            sites.push(Site::tree(4, 2, Duration::ZERO).await);
+        }
+        let links: String = sites
+            .iter()
+            .map(|s| format!("<a href=\"{}\">x</a>", s.url("/")))
+            .collect();
+        let hub = Site::start(SiteOpts::new(move |p, _| {
+            let mut r = tree_page(p, 4, 2);
+            if p == "/" {
+                let body = String::from_utf8(r.body)
+                    .unwrap()
+                    .replace("</body>", &format!("{links}</body>"));
+                r.body = body.into_bytes();
+            }
+            r
+        }))
+        .await;
+        let (_proxies, alive) = working_proxies(2).await;
+        let pool = pool_of(dir.path(), &alive, quick()).await;
+        let summary = run(
+            &pool,
+            CrawlOptions {
+                scope: proxywarden::crawl::ScopeKind::Any,
+                max_hosts: 2,
+                ..options(dir.path(), &hub.url("/"))
+            },
+        )
+        .await;
+        assert_eq!((summary.ok(), summary.failed()), (24, 0), "{summary}");
+        for s in sites.iter().chain([&hub]) {
+            let hits = page_hits(s);
+            assert_eq!(hits.len(), 4, "{hits:?}");
+            assert!(hits.values().all(|&n| n == 1), "{hits:?}");
+            assert_eq!(s.hits("/robots.txt"), 1);
+        }
+        assert_eq!(urls_once(&lines(&dir.path().join("pages.jsonl"))).len(), 24);
+    })
+    .await;
+}

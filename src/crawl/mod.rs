@@ -83,6 +83,9 @@ pub struct CrawlOptions {
     pub retry_failed: bool,
     /// After Ctrl-C, how long the pages in flight may take to finish.
     pub grace: Duration,
+    /// Hosts with work held in memory at once; the others wait in the
+    /// frontier and are taken in as these run out of work.
+    pub max_hosts: usize,
 }
 
 impl Default for CrawlOptions {
@@ -107,6 +110,7 @@ impl Default for CrawlOptions {
             state: None,
             retry_failed: false,
             grace: Duration::from_secs(30),
+            max_hosts: MAX_HOSTS,
         }
     }
 }
@@ -153,6 +157,8 @@ pub struct Progress {
 /// URLs buffered in memory across all host queues; the rest wait in the
 /// frontier file.
 const MAX_BUFFERED: usize = 50_000;
+/// Hosts with work held in memory at once, by default.
+pub const MAX_HOSTS: usize = 10_000;
 /// Loaded from the frontier per host at a time.
 const HOST_BATCH: usize = 256;
 /// Hashes of recently seen links kept to spare the frontier most
@@ -321,8 +327,7 @@ async fn crawl_here(
     }
     let joined: Vec<String> = seed_urls.iter().map(|u| u.to_string()).collect();
     frontier.set_meta("seeds", &joined.join("\n"))?;
-    let hosts = frontier.hosts_with_work()?;
-    if hosts.is_empty() && seed_urls.is_empty() {
+    if frontier.hosts_with_work_after("", 1)?.is_empty() && seed_urls.is_empty() {
         return Err(CrawlError::NothingToCrawl);
     }
     let scope = Scope::new(
@@ -339,6 +344,8 @@ async fn crawl_here(
         scope: Arc::new(scope),
         agent: robots_agent(&pool.options().user_agent),
         hosts: HashMap::new(),
+        hosts_left: true,
+        host_cursor: String::new(),
         order: VecDeque::new(),
         buffered: 0,
         seen: Arc::new(Mutex::new(seeds.iter().map(|s| hash(&s.url)).collect())),
@@ -350,9 +357,7 @@ async fn crawl_here(
         frontier,
         opts,
     };
-    for h in hosts {
-        c.add_host(&h, true);
-    }
+    c.take_in_hosts()?;
     c.summary.disallowed = c.frontier.count(UrlState::Disallowed)?;
     c.progress
         .queued
@@ -373,6 +378,11 @@ struct Crawler {
     scope: Arc<Scope>,
     agent: String,
     hosts: HashMap<String, HostQueue>,
+    /// The frontier may hold work of hosts not in `hosts` (it was full).
+    hosts_left: bool,
+    /// The last host taken in from the frontier, by name: the next are
+    /// looked for after it.
+    host_cursor: String,
     /// Hosts with work, in turn.
     order: VecDeque<String>,
     buffered: usize,
@@ -557,6 +567,9 @@ impl Crawler {
         let now = Instant::now();
         let mut wake: Option<Instant> = None;
         let limit_reached = self.opts.max_pages.is_some_and(|m| self.taken >= m);
+        if self.hosts_left && self.hosts.len() <= self.opts.max_hosts * 9 / 10 {
+            self.take_in_hosts()?;
+        }
         // Hosts to look at in this pass; a host put back at the front to
         // be looked at again counts once more.
         let mut left = self.order.len();
@@ -924,6 +937,11 @@ impl Crawler {
         for a in added {
             self.progress.queued.fetch_add(1, Ordering::Relaxed);
             if !self.hosts.contains_key(&a.host) {
+                if self.hosts.len() >= self.opts.max_hosts.max(1) {
+                    // Waits in the frontier for a place.
+                    self.hosts_left = true;
+                    continue;
+                }
                 self.add_host(&a.host, false);
             }
             let Some(h) = self.hosts.get_mut(&a.host) else {
@@ -940,6 +958,36 @@ impl Crawler {
         self.progress
             .queued
             .store(self.buffered as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Takes in hosts with waiting URLs from the frontier until
+    /// [`CrawlOptions::max_hosts`] are held, going round the frontier's
+    /// hosts by name from where the last call stopped; when a round finds
+    /// room for every one, none is left out.
+    fn take_in_hosts(&mut self) -> Result<(), CrawlError> {
+        let max = self.opts.max_hosts.max(1);
+        let mut from_start = self.host_cursor.is_empty();
+        while self.hosts_left && self.hosts.len() < max {
+            let want = (max - self.hosts.len()).min(1000);
+            let batch = self
+                .frontier
+                .hosts_with_work_after(&self.host_cursor, want)?;
+            let end = batch.len() < want;
+            for h in batch {
+                if !self.hosts.contains_key(&h) {
+                    self.add_host(&h, true);
+                }
+                self.host_cursor = h;
+            }
+            if end {
+                self.host_cursor.clear();
+                if from_start {
+                    self.hosts_left = false;
+                }
+                from_start = true;
+            }
+        }
         Ok(())
     }
 
