@@ -19,7 +19,7 @@
 //! - [`export`]: proxies as txt, json or csv, files written atomically
 //! - [`api`]: the axum router: serving, listings, reports, metrics, health and what is degraded, the judge; bounded connections
 //! - [`daemon`]: `serve`: the API, check loop, harvests, purge, the watch on store writes and watchdog as components on one task tracker
-//! - [`cli`]: the clap command tree and each command's output
+//! - [`cli`]: the clap command tree, a file per command with its options and output
 
 pub mod api;
 pub mod check;

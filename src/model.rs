@@ -401,6 +401,125 @@ pub struct RecheckPolicy {
     pub dead_max: Duration,
 }
 
+/// How a proxy is picked for a request, by the pool and everything built on
+/// it (the gateway's `strategy`, a crawl's `--strategy`).
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    serde::Serialize,
+    serde::Deserialize,
+    clap::ValueEnum,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum StrategyKind {
+    /// Every usable proxy in turn, by id.
+    RoundRobin,
+    /// Any usable proxy, uniformly.
+    Random,
+    /// The usable proxy with the fewest requests in flight, then the
+    /// fewest uses.
+    LeastUsed,
+    /// Two usable proxies at random, the better of them by recent success
+    /// and latency: load spreads while good proxies are favoured.
+    #[default]
+    FastestOfTwo,
+}
+
+impl StrategyKind {
+    /// Every strategy, in the order help texts name them.
+    pub const ALL: [StrategyKind; 4] = [
+        StrategyKind::RoundRobin,
+        StrategyKind::Random,
+        StrategyKind::LeastUsed,
+        StrategyKind::FastestOfTwo,
+    ];
+
+    /// The spelling configs, the API and the command line use.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StrategyKind::RoundRobin => "round-robin",
+            StrategyKind::Random => "random",
+            StrategyKind::LeastUsed => "least-used",
+            StrategyKind::FastestOfTwo => "fastest-of-two",
+        }
+    }
+}
+
+impl std::str::FromStr for StrategyKind {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<StrategyKind, String> {
+        StrategyKind::ALL
+            .into_iter()
+            .find(|k| k.as_str() == s)
+            .ok_or_else(|| one_of(&StrategyKind::ALL.map(StrategyKind::as_str), s))
+    }
+}
+
+/// Which hosts a crawl may leave its seeds for.
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    serde::Serialize,
+    serde::Deserialize,
+    clap::ValueEnum,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum ScopeKind {
+    /// The seeds' hosts (and ports) only.
+    #[default]
+    SameHost,
+    /// The seeds' registrable domains (`shop.example.co.uk` and
+    /// `www.example.co.uk` are one site), by the public suffix list.
+    SameSite,
+    /// Any http(s) URL.
+    Any,
+}
+
+impl ScopeKind {
+    /// Every scope, narrowest first.
+    pub const ALL: [ScopeKind; 3] = [ScopeKind::SameHost, ScopeKind::SameSite, ScopeKind::Any];
+
+    /// The spelling the API and the command line use.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ScopeKind::SameHost => "same-host",
+            ScopeKind::SameSite => "same-site",
+            ScopeKind::Any => "any",
+        }
+    }
+}
+
+impl std::str::FromStr for ScopeKind {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<ScopeKind, String> {
+        ScopeKind::ALL
+            .into_iter()
+            .find(|k| k.as_str() == s)
+            .ok_or_else(|| one_of(&ScopeKind::ALL.map(ScopeKind::as_str), s))
+    }
+}
+
+/// "expected a, b or c, found \"x\"".
+fn one_of(names: &[&str], found: &str) -> String {
+    let (last, rest) = names.split_last().unwrap_or((&"", &[]));
+    let list = if rest.is_empty() {
+        (*last).to_owned()
+    } else {
+        format!("{} or {last}", rest.join(", "))
+    };
+    format!("expected {list}, found {found:?}")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -504,5 +623,26 @@ mod tests {
         want.sort();
         assert_eq!(got, want);
         assert_eq!(list.len(), items.len());
+    }
+
+    #[test]
+    fn kinds_read_back_as_written_and_name_the_choices() {
+        for k in StrategyKind::ALL {
+            assert_eq!(k.as_str().parse::<StrategyKind>(), Ok(k));
+        }
+        for k in ScopeKind::ALL {
+            assert_eq!(k.as_str().parse::<ScopeKind>(), Ok(k));
+        }
+        assert_eq!(
+            "fastest".parse::<StrategyKind>(),
+            Err(
+                "expected round-robin, random, least-used or fastest-of-two, found \"fastest\""
+                    .into()
+            )
+        );
+        assert_eq!(
+            "site".parse::<ScopeKind>(),
+            Err("expected same-host, same-site or any, found \"site\"".into())
+        );
     }
 }

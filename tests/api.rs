@@ -318,7 +318,7 @@ async fn proxy_as_text_answers_errors_as_text() {
         (
             "/proxy?format=text&colour=red",
             400,
-            "unknown parameter \"colour\" (expected one of: country, scheme, anonymity, https, max_latency_ms, max_age, exclude, format, verify)\n",
+            "unknown parameter \"colour\" (expected one of: country, scheme, anonymity, https, max_latency_ms, max_age, exclude, site, format, verify)\n",
         ),
     ] {
         let (got, headers, body) = call(&s, get(path, "127.0.0.1:1", &[])).await;

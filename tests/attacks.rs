@@ -474,6 +474,18 @@ async fn a_source_cannot_redirect_the_harvest_to_a_private_address() {
     assert_eq!(stored(&store).await, ["8.8.8.8:3128"]);
 }
 
+// Items 3 and 7, the gateway's own clients, are tested in tests/gateway.rs
+// beside its other tests (its fake proxies and client helpers live there):
+// `a_head_over_max_header_size_is_a_json_431_and_costs_no_proxy`,
+// `a_request_every_proxy_fails_on_alike_is_not_charged_to_them`,
+// `a_tunnel_every_proxy_fails_on_alike_is_not_charged_to_them`,
+// `absolute_form_requests_carry_the_targets_host`,
+// `port_zero_is_a_bad_target_and_never_reaches_a_proxy`,
+// `a_control_given_twice_is_a_400_and_other_username_words_are_ignored`,
+// `waiting_connections_make_room_oldest_first_and_busy_ones_never`,
+// `one_address_cannot_take_every_slot` and
+// `with_a_token_an_unauthenticated_connection_is_closed_at_the_header_timeout`.
+
 // Item 4: crawl jobs bounded.
 
 #[tokio::test]

@@ -1154,8 +1154,12 @@ async fn a_robots_txt_that_never_answers_backs_the_site_off_and_blames_no_proxy(
         assert_eq!(summary.pool.proxies_failed, 0, "{summary}");
         assert_eq!(summary.pool.proxy_failures, 0, "{summary}");
         let now = proxywarden::store::now_ms();
-        let servable = pool.feedback().select(&Default::default(), now).len();
-        assert_eq!(servable, 6, "every proxy still served");
+        let site_key = site.addr.to_string();
+        let servable = pool
+            .feedback()
+            .select(&Default::default(), Some(&site_key), now)
+            .len();
+        assert_eq!(servable, 6, "every proxy still served, for the site too");
     })
     .await;
 }
@@ -1193,8 +1197,12 @@ async fn a_page_that_never_answers_backs_the_site_off_and_blames_no_proxy() {
         );
         assert_eq!(summary.pool.proxies_failed, 0, "{summary}");
         let now = proxywarden::store::now_ms();
-        let servable = pool.feedback().select(&Default::default(), now).len();
-        assert_eq!(servable, 6, "every proxy still served");
+        let site_key = site.addr.to_string();
+        let servable = pool
+            .feedback()
+            .select(&Default::default(), Some(&site_key), now)
+            .len();
+        assert_eq!(servable, 6, "every proxy still served, for the site too");
     })
     .await;
 }

@@ -709,19 +709,6 @@ async fn until_checked(d: &Daemon, n: u64) {
     }
 }
 
-/// Waits until the daemon serves `n` proxies.
-async fn until_servable(d: &Daemon, n: u64) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let (_, stats) = d.json("/stats").await;
-        if stats["servable"].as_u64() == Some(n) {
-            return;
-        }
-        assert!(Instant::now() < deadline, "never {n} servable: {stats}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 /// When 30% of the served proxies die at once, plain `/proxy` answers
 /// (no verify) hardly ever name a dead one afterwards: served proxies are
 /// re-checked on a short cycle, and a burst of failures among them makes
@@ -748,7 +735,7 @@ async fn after_a_mass_death_plain_proxy_answers_are_alive() {
         c.set("check", "serve_recheck_min", "\"1s\"")
     })
     .await;
-    until_servable(&d, 100).await;
+    d.until_servable(100).await;
 
     let killed: BTreeSet<String> = proxies
         .drain(..30)
@@ -798,7 +785,7 @@ async fn verify_works_from_the_first_second_and_hides_what_it_finds_dead() {
         &[(good.addr(), "http", "US"), (doomed.addr(), "http", "DE")],
     );
     let d = start(dir.path(), &sources, "").await;
-    until_servable(&d, 2).await;
+    d.until_servable(2).await;
     d.stop().await;
 
     // Restarted: nothing is due for minutes, yet verify answers at once.
@@ -838,7 +825,7 @@ async fn verify_skips_but_keeps_a_proxy_it_cannot_confirm_dead() {
     .await;
     let sources = json_source(dir.path(), &[(proxy.addr(), "http", "DE")]);
     let d = start(dir.path(), &sources, "").await;
-    until_servable(&d, 1).await;
+    d.until_servable(1).await;
 
     lying.store(true, Ordering::SeqCst);
     let (status, e) = d.json("/proxy?verify=true&country=DE").await;

@@ -747,16 +747,19 @@ async fn slow_silent_and_oversized_clients_are_cut_off() {
             closed.is_ok(),
             "a slow client was held past the header timeout"
         );
-        // At the cap, a further connection is refused.
-        let held = hold(&gw, 3).await;
-        let mut extra = TcpStream::connect(gw.addr).await.unwrap();
-        let n = tokio::time::timeout(Duration::from_secs(10), extra.read(&mut [0u8; 16]))
+        // At the cap, a further connection closes the oldest one that is
+        // still waiting for its head, and is served.
+        let site = Site::start(SiteOpts::routes(vec![("/a", Reply::html("page a"))])).await;
+        let mut held = hold(&gw, 3).await;
+        let resp = gw.client(None).get(site.url("/a")).send().await.unwrap();
+        assert_eq!(resp.status(), 200);
+        let n = tokio::time::timeout(Duration::from_secs(10), held[0].read(&mut [0u8; 16]))
             .await
-            .expect("the extra connection was closed")
+            .expect("the oldest waiting connection was closed")
             .unwrap_or(0);
         assert_eq!(n, 0);
         drop(held);
-        assert!(gw.gateway.metrics().snapshot().refused >= 1);
+        assert!(gw.gateway.metrics().snapshot().evicted >= 1);
     })
     .await;
 }
@@ -937,6 +940,619 @@ async fn a_page_that_refuses_everyone_is_passed_on_after_two_proxies() {
         // not spent on it.
         assert_eq!(site.log().len(), 2);
         assert_eq!(gw.gateway.metrics().snapshot().retries, 1);
+    })
+    .await;
+}
+
+// ---------------------------------------------------------------------------
+// Issue 25: the gateway against its own clients. What a client sees, and
+// that nothing a client's own request causes is charged to a proxy.
+
+/// Sends `bytes` on a new connection to the gateway and reads everything
+/// it answers until it closes the connection.
+async fn raw(gw: &Gw, bytes: &[u8]) -> String {
+    let mut c = TcpStream::connect(gw.addr).await.unwrap();
+    // The gateway may answer (and close) before it has read everything.
+    let _ = c.write_all(bytes).await;
+    let mut out = Vec::new();
+    let _ = c.read_to_end(&mut out).await;
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The JSON body of a raw answer.
+fn json_body(answer: &str) -> serde_json::Value {
+    let body = answer.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {answer:?}"))
+}
+
+/// A request head for `url` of exactly `size` bytes, padded with one
+/// header, asking the gateway to close the connection after answering.
+fn head_of(url: &str, size: usize) -> Vec<u8> {
+    let start = format!("GET {url} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nX-Pad: ");
+    let pad = size - start.len() - 4;
+    let mut head = start.into_bytes();
+    head.extend(std::iter::repeat_n(b'p', pad));
+    head.extend_from_slice(b"\r\n\r\n");
+    assert_eq!(head.len(), size);
+    head
+}
+
+/// Asserts that no proxy was charged: each still served, none resting,
+/// no upstream failure counted.
+fn none_charged(gw: &Gw) {
+    for id in &gw.ids {
+        assert!(
+            gw.feedback.index().get(*id).is_some(),
+            "proxy {id} was taken out"
+        );
+        assert!(!gw.gateway.pool().is_cooling(*id), "proxy {id} rests");
+    }
+    let stats = gw.gateway.metrics().snapshot();
+    assert!(stats.upstream_failures.is_empty(), "{stats:?}");
+}
+
+#[tokio::test]
+async fn a_head_over_max_header_size_is_a_json_431_and_costs_no_proxy() {
+    within(async {
+        let dir = tempfile::tempdir().unwrap();
+        let site = Site::start(SiteOpts::routes(vec![("/a", Reply::text("page a"))])).await;
+        let (proxies, alive) = working_proxies(2).await;
+        let gw = Gw::start_with(dir.path(), &alive, |c| {
+            c.set("gateway", "max_header_size", "\"8 KiB\"")
+        })
+        .await;
+        // Exactly the limit goes through.
+        let answer = raw(&gw, &head_of(&site.url("/a"), 8192)).await;
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer:?}");
+        assert!(answer.ends_with("page a"), "{answer:?}");
+        // One byte more, and ten times more (sent whole, as one write): a
+        // 431 in the JSON envelope, no proxy chosen.
+        for size in [8193, 80 * 1024] {
+            let answer = raw(&gw, &head_of(&site.url("/a"), size)).await;
+            assert!(answer.starts_with("HTTP/1.1 431"), "{size}: {answer:?}");
+            let json = json_body(&answer);
+            assert_eq!(json["error"]["code"], "headers_too_large", "{json}");
+            let message = json["error"]["message"].as_str().unwrap();
+            assert!(
+                message.contains("gateway.max_header_size (8192 bytes)"),
+                "{message}"
+            );
+        }
+        // The same on a kept-alive connection, after a request that fit.
+        let mut c = TcpStream::connect(gw.addr).await.unwrap();
+        let first = format!("GET {} HTTP/1.1\r\nHost: x\r\n\r\n", site.url("/a"));
+        c.write_all(first.as_bytes()).await.unwrap();
+        let mut buf = vec![0u8; 4096];
+        let mut got = String::new();
+        while !got.ends_with("page a") {
+            let n = c.read(&mut buf).await.unwrap();
+            assert!(n > 0, "closed early: {got:?}");
+            got.push_str(&String::from_utf8_lossy(&buf[..n]));
+        }
+        let _ = c.write_all(&head_of(&site.url("/a"), 9000)).await;
+        let mut rest = Vec::new();
+        let _ = c.read_to_end(&mut rest).await;
+        let rest = String::from_utf8_lossy(&rest);
+        assert!(rest.starts_with("HTTP/1.1 431"), "{rest:?}");
+        assert_eq!(json_body(&rest)["error"]["code"], "headers_too_large");
+        // A malformed head is a 400, and reaches no proxy either.
+        let answer = raw(&gw, b"GET http://a.example/ HTTP/1.1\r\nBad Header\r\n\r\n").await;
+        assert!(answer.starts_with("HTTP/1.1 400"), "{answer:?}");
+        // Only the two heads that fit reached a proxy.
+        let carried: usize = proxies.iter().map(|p| p.requests()).sum();
+        assert_eq!(carried, 2);
+        assert_eq!(site.log().len(), 2);
+        none_charged(&gw);
+        let stats = gw.gateway.metrics().snapshot();
+        assert_eq!(stats.requests.get("too_large"), Some(&3), "{stats:?}");
+        assert_eq!(stats.requests.get("bad_request"), Some(&1), "{stats:?}");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_request_every_proxy_fails_on_alike_is_not_charged_to_them() {
+    within(async {
+        let dir = tempfile::tempdir().unwrap();
+        let site = Site::start(SiteOpts::routes(vec![("/a", Reply::text("page a"))])).await;
+        // Proxies that close on this request (as proxies do on a head too
+        // large or too odd for them).
+        let mut resetting = Vec::new();
+        for _ in 0..3 {
+            resetting.push(
+                FakeHttpProxy::start(HttpProxyOpts {
+                    behavior: common::fakes::Behavior::Reset,
+                    ..HttpProxyOpts::default()
+                })
+                .await,
+            );
+        }
+        let alive: Vec<AliveProxy> = resetting.iter().map(|p| AliveProxy::new(p.url())).collect();
+        let gw = Gw::start(dir.path(), &alive).await;
+        let resp = gw.client(None).get(site.url("/a")).send().await.unwrap();
+        assert_eq!(resp.status(), 502);
+        let json: serde_json::Value = resp.json().await.unwrap();
+        let message = json["error"]["message"].as_str().unwrap();
+        assert!(
+            message.contains("3 proxies failed alike (reset)")
+                && message.contains("none of them was charged"),
+            "{message}"
+        );
+        assert!(resetting.iter().all(|p| p.requests() == 1));
+        none_charged(&gw);
+        // Proxies answering their own 502 alike (a name none can resolve,
+        // say) are not charged either.
+        let mut failing = Vec::new();
+        for _ in 0..2 {
+            failing.push(
+                FakeHttpProxy::start(HttpProxyOpts {
+                    behavior: common::fakes::Behavior::AlwaysStatus(502),
+                    ..HttpProxyOpts::default()
+                })
+                .await,
+            );
+        }
+        let alive: Vec<AliveProxy> = failing.iter().map(|p| AliveProxy::new(p.url())).collect();
+        let dir2 = tempfile::tempdir().unwrap();
+        let gw2 = Gw::start(dir2.path(), &alive).await;
+        let resp = gw2
+            .client(None)
+            .get("http://no-such-name.invalid/")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 502);
+        let json: serde_json::Value = resp.json().await.unwrap();
+        let message = json["error"]["message"].as_str().unwrap();
+        assert!(
+            message.contains("2 proxies failed alike (bad_status)"),
+            "{message}"
+        );
+        none_charged(&gw2);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_proxy_that_failed_where_another_carried_the_request_is_charged() {
+    within(async {
+        let dir = tempfile::tempdir().unwrap();
+        let site = Site::start(SiteOpts::routes(vec![("/a", Reply::text("page a"))])).await;
+        let broken = FakeHttpProxy::start(HttpProxyOpts {
+            behavior: common::fakes::Behavior::Reset,
+            ..HttpProxyOpts::default()
+        })
+        .await;
+        let good = http_proxy(3).await;
+        let gw = Gw::start(
+            dir.path(),
+            &[AliveProxy::new(broken.url()), AliveProxy::new(good.url())],
+        )
+        .await;
+        // Round robin: one of the two requests tries the broken proxy
+        // first, and the good one carries it.
+        for _ in 0..2 {
+            let resp = gw.client(None).get(site.url("/a")).send().await.unwrap();
+            assert_eq!(resp.status(), 200);
+            assert_eq!(proxy_id(&resp), gw.ids[1]);
+        }
+        assert_eq!(broken.requests(), 1);
+        assert!(gw.gateway.pool().is_cooling(gw.ids[0]));
+        assert!(gw.feedback.index().get(gw.ids[0]).is_none());
+        let stats = gw.gateway.metrics().snapshot();
+        assert_eq!(stats.upstream_failures.get("reset"), Some(&1), "{stats:?}");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn absolute_form_requests_carry_the_targets_host() {
+    within(async {
+        let dir = tempfile::tempdir().unwrap();
+        let judge = EchoJudge::start().await;
+        let p = http_proxy(2).await;
+        let gw = Gw::start(dir.path(), &[AliveProxy::new(p.url())]).await;
+        let url = judge.url("/echo");
+        let request =
+            format!("GET {url} HTTP/1.1\r\nHost: client-said.example\r\nConnection: close\r\n\r\n");
+        let answer = raw(&gw, request.as_bytes()).await;
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer:?}");
+        let body = answer.split_once("\r\n\r\n").unwrap().1;
+        let echo = JudgeEcho::parse(body).expect("the judge's echo");
+        let authority = judge.addr().to_string();
+        assert_eq!(echo.header("host"), Some(authority.as_str()), "{echo:?}");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn port_zero_is_a_bad_target_and_never_reaches_a_proxy() {
+    within(async {
+        let dir = tempfile::tempdir().unwrap();
+        let p = FakeHttpProxy::start(HttpProxyOpts {
+            connect: true,
+            ..HttpProxyOpts::default()
+        })
+        .await;
+        let gw = Gw::start(dir.path(), &[AliveProxy::new(p.url())]).await;
+        for request in [
+            "CONNECT 127.0.0.1:0 HTTP/1.1\r\nHost: 127.0.0.1:0\r\n\r\n",
+            "CONNECT example.com:0 HTTP/1.1\r\nHost: example.com:0\r\n\r\n",
+            "GET http://example.com:0/ HTTP/1.1\r\nHost: example.com:0\r\nConnection: close\r\n\r\n",
+        ] {
+            let mut c = TcpStream::connect(gw.addr).await.unwrap();
+            c.write_all(request.as_bytes()).await.unwrap();
+            let mut buf = vec![0u8; 4096];
+            let n = c.read(&mut buf).await.unwrap();
+            let answer = String::from_utf8_lossy(&buf[..n]).into_owned();
+            assert!(answer.starts_with("HTTP/1.1 400"), "{request}: {answer:?}");
+            let json = json_body(&answer);
+            assert_eq!(json["error"]["code"], "bad_target", "{json}");
+            assert!(json["error"]["message"].as_str().unwrap().contains("port 0"));
+        }
+        assert_eq!(p.requests(), 0);
+        none_charged(&gw);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_control_given_twice_is_a_400_and_other_username_words_are_ignored() {
+    within(async {
+        let dir = tempfile::tempdir().unwrap();
+        let site = Site::start(SiteOpts::routes(vec![("/a", Reply::html("page a"))])).await;
+        let p = http_proxy(2).await;
+        let token = "gateway-token-0123456789";
+        let gw = Gw::start_with(dir.path(), &[AliveProxy::new(p.url())], |c| {
+            c.set("gateway", "token", &format!("\"{token}\""))
+        })
+        .await;
+        let resp = gw
+            .client(Some(("country-de+country-us", token)))
+            .get(site.url("/a"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 400);
+        let json: serde_json::Value = resp.json().await.unwrap();
+        assert_eq!(json["error"]["code"], "bad_control");
+        assert!(
+            json["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("\"country\" given twice"),
+            "{json}"
+        );
+        let resp = gw
+            .client(Some(("", token)))
+            .get(site.url("/a"))
+            .header("X-Proxywarden-Country", "de")
+            .header("X-Proxywarden-Country", "us")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 400);
+        assert_eq!(p.requests(), 0);
+        // Any username with the token: a word that is no control is
+        // ignored, as clients that must send a user do (curl, requests).
+        for user in ["user", "x", "alice+session-s1"] {
+            let gw_url = format!("http://{user}:{token}@{}", gw.addr);
+            let (code, body, err) = curl(&["-x", &gw_url, &site.url("/a")]).await;
+            assert_eq!((code, body.as_str()), (0, "page a"), "{user}: {err}");
+        }
+        let socks = format!("socks5h://user:{token}@{}", gw.addr);
+        let (code, body, err) = curl(&["-x", &socks, &site.url("/a")]).await;
+        assert_eq!((code, body.as_str()), (0, "page a"), "{err}");
+        // A misspelt control is still an error, never silently no filter.
+        let typo = format!("http://contry-de:{token}@{}", gw.addr);
+        let (code, _, _) = curl(&["-f", "-x", &typo, &site.url("/a")]).await;
+        assert_ne!(code, 0);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_kept_upstream_connection_found_closed_is_retried_fresh_and_not_charged() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    within(async {
+        let dir = tempfile::tempdir().unwrap();
+        // A proxy that keeps connections open (HTTP/1.1, no close) yet
+        // drops each after its first answer, the moment the next request
+        // comes: as many free proxies do.
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (conns, heads) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let (c2, h2) = (conns.clone(), heads.clone());
+        let server = tokio::spawn(async move {
+            loop {
+                let (mut s, _) = listener.accept().await.unwrap();
+                c2.fetch_add(1, Ordering::SeqCst);
+                let heads = h2.clone();
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 8192];
+                    let mut seen = Vec::new();
+                    let mut answered = false;
+                    loop {
+                        let Ok(n) = s.read(&mut buf).await else { return };
+                        if n == 0 {
+                            return;
+                        }
+                        seen.extend_from_slice(&buf[..n]);
+                        while let Some(end) = seen.windows(4).position(|w| w == b"\r\n\r\n") {
+                            seen.drain(..end + 4);
+                            heads.fetch_add(1, Ordering::SeqCst);
+                            if answered {
+                                return;
+                            }
+                            answered = true;
+                            let _ = s
+                                .write_all(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 2\r\n\r\nok")
+                                .await;
+                        }
+                    }
+                });
+            }
+        });
+        let gw = Gw::start_with(
+            dir.path(),
+            &[AliveProxy::new(format!("http://{addr}"))],
+            |c| c.set("gateway", "retries", "0"),
+        )
+        .await;
+        let client = gw.client(None);
+        for _ in 0..3 {
+            let resp = client.get("http://site.example/a").send().await.unwrap();
+            assert_eq!(resp.status(), 200);
+            assert_eq!(resp.text().await.unwrap(), "ok");
+        }
+        // Requests 2 and 3 each went on a kept connection first, found it
+        // closed, and went again on a new one.
+        assert_eq!(heads.load(Ordering::SeqCst), 5);
+        assert_eq!(conns.load(Ordering::SeqCst), 3);
+        none_charged(&gw);
+        server.abort();
+    })
+    .await;
+}
+
+/// A connection to the gateway from 127.0.0.`last`, that has sent one
+/// byte of a request head.
+async fn waiting_from(gw: &Gw, last: u8) -> TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(SocketAddr::new(ip(last), 0)).unwrap();
+    let mut s = socket.connect(gw.addr).await.unwrap();
+    s.write_all(b"G").await.unwrap();
+    s
+}
+
+/// Waits until the gateway counts `n` open connections.
+async fn open_connections(gw: &Gw, n: i64) {
+    while gw.gateway.metrics().snapshot().connections != n {
+        tokio::task::yield_now().await;
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// True once the gateway has closed `s` (it reads end of stream).
+async fn closed(s: &mut TcpStream) -> bool {
+    let mut buf = [0u8; 256];
+    loop {
+        match s.read(&mut buf).await {
+            Ok(0) | Err(_) => return true,
+            Ok(_) => {}
+        }
+    }
+}
+
+#[tokio::test]
+async fn waiting_connections_make_room_oldest_first_and_busy_ones_never() {
+    within(async {
+        let dir = tempfile::tempdir().unwrap();
+        let site = Site::start(SiteOpts::routes(vec![("/a", Reply::text("page a"))])).await;
+        let hanging = FakeHttpProxy::start(HttpProxyOpts {
+            behavior: common::fakes::Behavior::Hang,
+            ..HttpProxyOpts::default()
+        })
+        .await;
+        let gw = Gw::start_with(dir.path(), &[AliveProxy::new(hanging.url())], |c| {
+            c.set("gateway", "max_connections", "3")
+                .set("gateway", "timeout", "\"30s\"")
+                .set("gateway", "header_timeout", "\"30s\"")
+        })
+        .await;
+        // Three slow clients hold every slot; each new client closes the
+        // oldest of them, in the order they came.
+        let mut a = waiting_from(&gw, 1).await;
+        open_connections(&gw, 1).await;
+        let mut b = waiting_from(&gw, 1).await;
+        open_connections(&gw, 2).await;
+        let _c = waiting_from(&gw, 1).await;
+        open_connections(&gw, 3).await;
+        let _d = waiting_from(&gw, 1).await;
+        assert!(closed(&mut a).await);
+        let _e = waiting_from(&gw, 1).await;
+        assert!(closed(&mut b).await);
+        assert_eq!(gw.gateway.metrics().snapshot().evicted, 2);
+        // Requests being carried are never closed for room: with every slot
+        // carrying one, a new connection is refused.
+        let url = site.url("/a");
+        let mut busy = Vec::new();
+        for _ in 0..3 {
+            let client = gw.client(None);
+            let url = url.clone();
+            busy.push(tokio::spawn(async move { client.get(url).send().await }));
+            while hanging.requests() < busy.len() {
+                tokio::task::yield_now().await;
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+        let request = format!("GET {url} HTTP/1.1\r\nHost: x\r\n\r\n");
+        let answer = raw(&gw, request.as_bytes()).await;
+        assert!(answer.starts_with("HTTP/1.1 503"), "{answer:?}");
+        assert!(answer.contains("retry-after: 1"), "{answer:?}");
+        let json = json_body(&answer);
+        assert_eq!(json["error"]["code"], "busy");
+        assert!(
+            json["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("gateway.max_connections"),
+            "{json}"
+        );
+        assert!(gw.gateway.metrics().snapshot().refused >= 1);
+        assert_eq!(hanging.requests(), 3);
+        assert!(
+            busy.iter().all(|t| !t.is_finished()),
+            "a busy request was cut"
+        );
+        for t in busy {
+            t.abort();
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn one_address_cannot_take_every_slot() {
+    within(async {
+        let dir = tempfile::tempdir().unwrap();
+        let site = Site::start(SiteOpts::routes(vec![("/a", Reply::text("page a"))])).await;
+        let p = http_proxy(2).await;
+        let gw = Gw::start_with(dir.path(), &[AliveProxy::new(p.url())], |c| {
+            c.set("gateway", "max_connections", "100")
+                .set("gateway", "max_connections_per_ip", "2")
+                .set("gateway", "header_timeout", "\"30s\"")
+        })
+        .await;
+        // A flood from 127.0.0.5 keeps at most two connections open: each
+        // new one closes its own oldest.
+        let mut flood = Vec::new();
+        for n in 1..=6 {
+            flood.push(waiting_from(&gw, 5).await);
+            open_connections(&gw, n.min(2)).await;
+        }
+        for s in flood.iter_mut().take(4) {
+            assert!(closed(s).await);
+        }
+        assert_eq!(gw.gateway.metrics().snapshot().evicted, 4);
+        // Another address is not touched by it, and is served.
+        let _other = waiting_from(&gw, 6).await;
+        open_connections(&gw, 3).await;
+        let resp = gw.client(None).get(site.url("/a")).send().await.unwrap();
+        assert_eq!(resp.status(), 200);
+        assert_eq!(gw.gateway.metrics().snapshot().evicted, 4);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn with_a_token_an_unauthenticated_connection_is_closed_at_the_header_timeout() {
+    within(async {
+        let dir = tempfile::tempdir().unwrap();
+        let site = Site::start(SiteOpts::routes(vec![("/a", Reply::text("page a"))])).await;
+        let p = http_proxy(2).await;
+        let token = "gateway-token-0123456789";
+        let gw = Gw::start_with(dir.path(), &[AliveProxy::new(p.url())], |c| {
+            c.set("gateway", "token", &format!("\"{token}\"")).set(
+                "gateway",
+                "header_timeout",
+                "\"1s\"",
+            )
+        })
+        .await;
+        // A 407 ends the connection: no second try on it.
+        let request = format!("GET {} HTTP/1.1\r\nHost: x\r\n\r\n", site.url("/a"));
+        let answer = raw(&gw, request.as_bytes()).await;
+        assert!(answer.starts_with("HTTP/1.1 407"), "{answer:?}");
+        assert!(
+            answer.to_ascii_lowercase().contains("connection: close"),
+            "{answer:?}"
+        );
+        // A client that keeps sending, a line at a time, never a whole
+        // head, still loses its slot at the header timeout.
+        let started = tokio::time::Instant::now();
+        let mut c = TcpStream::connect(gw.addr).await.unwrap();
+        c.write_all(b"GET http://127.0.0.1:9/ HTTP/1.1\r\n")
+            .await
+            .unwrap();
+        let mut tick = tokio::time::interval(Duration::from_millis(100));
+        let mut sent = 0;
+        loop {
+            tick.tick().await;
+            if c.write_all(format!("X-{sent}: 1\r\n").as_bytes())
+                .await
+                .is_err()
+            {
+                break;
+            }
+            sent += 1;
+            let mut buf = [0u8; 64];
+            match tokio::time::timeout(Duration::from_millis(1), c.read(&mut buf)).await {
+                Ok(Ok(0)) | Ok(Err(_)) => break,
+                _ => {}
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "held past the header timeout"
+            );
+        }
+        open_connections(&gw, 0).await;
+        assert!(started.elapsed() >= Duration::from_secs(1));
+        assert_eq!(p.requests(), 0);
+        // With the token, a connection is the client's for as long as its
+        // requests take: a page slower than the header timeout arrives.
+        let mut opts = SiteOpts::routes(vec![("/slow", Reply::text("slow page"))]);
+        opts.latency = Duration::from_millis(1500);
+        let slow = Site::start(opts).await;
+        let client = gw.client(Some(("user", token)));
+        let resp = client.get(slow.url("/slow")).send().await.unwrap();
+        assert_eq!(resp.status(), 200);
+        assert_eq!(resp.text().await.unwrap(), "slow page");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_tunnel_every_proxy_fails_on_alike_is_not_charged_to_them() {
+    within(async {
+        let dir = tempfile::tempdir().unwrap();
+        let site = Site::start(SiteOpts::routes(vec![("/a", Reply::text("page a"))])).await;
+        let resetting = |_| {
+            FakeHttpProxy::start(HttpProxyOpts {
+                connect: true,
+                behavior: common::fakes::Behavior::ResetTunnels,
+                ..HttpProxyOpts::default()
+            })
+        };
+        let (a, b) = (resetting(0).await, resetting(1).await);
+        let gw = Gw::start(
+            dir.path(),
+            &[AliveProxy::new(a.url()), AliveProxy::new(b.url())],
+        )
+        .await;
+        let (code, _, _) = curl(&["-f", "-p", "-x", &gw.url(), &site.url("/a")]).await;
+        assert_ne!(code, 0);
+        assert_eq!((a.requests(), b.requests()), (1, 1));
+        none_charged(&gw);
+        // Where another proxy opens the tunnel, the one that reset is
+        // charged.
+        let c = FakeHttpProxy::start(HttpProxyOpts {
+            connect: true,
+            ..HttpProxyOpts::default()
+        })
+        .await;
+        let dir2 = tempfile::tempdir().unwrap();
+        let gw2 = Gw::start(
+            dir2.path(),
+            &[AliveProxy::new(a.url()), AliveProxy::new(c.url())],
+        )
+        .await;
+        for _ in 0..2 {
+            let (code, body, err) = curl(&["-p", "-x", &gw2.url(), &site.url("/a")]).await;
+            assert_eq!((code, body.as_str()), (0, "page a"), "{err}");
+        }
+        assert!(gw2.gateway.pool().is_cooling(gw2.ids[0]));
+        assert!(!gw2.gateway.pool().is_cooling(gw2.ids[1]));
     })
     .await;
 }

@@ -563,7 +563,7 @@ async fn without_a_proxy_the_caller_chooses_wait_fail_or_direct() {
         let (other, _) =
             store_with_alive(&dir.path().join("q.db"), &[AliveProxy::new(a.url())]).await;
         let records = other.list_proxies(Default::default()).await.unwrap();
-        pool.index().apply(records);
+        pool.feedback().apply(records);
         assert_eq!(get.await.unwrap().unwrap().status(), 200);
         assert_eq!(peers(&site), [ip(2)]);
         drop(store);

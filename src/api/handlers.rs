@@ -12,7 +12,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
 use super::answers::Form;
-use super::query::{FILTERS, Params, proxy_query};
+use super::query::{FILTERS, Params, proxy_query, site};
 use super::{ApiError, AppState};
 use crate::check::{Prior, Verdict as CheckVerdict};
 use crate::export::{self, ExportRow, Format};
@@ -45,6 +45,7 @@ pub async fn proxy(
 ) -> Result<Response, ApiError> {
     let p = Params::parse(raw.as_deref(), &with(&["format", "verify"]))?;
     let mut q = proxy_query(&p, state.config.api.max_age)?;
+    let site = site(&p)?;
     let text = p.choice("format", &["json", "text"])? == Some("text");
     let verify = p.boolean("verify")?.unwrap_or(false);
     let none = || ApiError::NotFound("no alive proxy matches the filters".into());
@@ -59,7 +60,10 @@ pub async fn proxy(
         let mut chosen = None;
         let (mut tried, mut unsure) = (0, 0);
         while tried < VERIFY_TRIES && started.elapsed() < VERIFY_BUDGET {
-            let Some(e) = state.feedback.pick(&q, now_ms(), &BestOfTwo, &|_| false) else {
+            let Some(e) = state
+                .feedback
+                .pick(&q, site.as_deref(), now_ms(), &BestOfTwo, &|_| false)
+            else {
                 break;
             };
             tried += 1;
@@ -110,7 +114,10 @@ pub async fn proxy(
             )),
         })?
     } else {
-        match state.feedback.pick(&q, now_ms(), &BestOfTwo, &|_| false) {
+        match state
+            .feedback
+            .pick(&q, site.as_deref(), now_ms(), &BestOfTwo, &|_| false)
+        {
             Some(e) => e,
             None => return Err(empty_pool(&state).await.unwrap_or_else(none)),
         }
@@ -178,6 +185,7 @@ pub async fn proxies(
     )?;
     // A listing shows whatever is alive unless a freshness bound is asked.
     let mut q = proxy_query(&p, Duration::ZERO)?;
+    let site = site(&p)?;
     if p.get("max_age").is_none() {
         q.max_age = None;
     }
@@ -207,6 +215,11 @@ pub async fn proxies(
             ProxySort::LastChecked => rows.sort_by_key(|r| std::cmp::Reverse(r.last_checked)),
             ProxySort::Uptime => rows.sort_by(|a, b| uptime(b).total_cmp(&uptime(a))),
             _ => rows.sort_by_key(|r| (r.latency_ms.is_none(), r.latency_ms, r.id)),
+        }
+        if let Some(site) = &site {
+            // Those the site bans or rests leave; those that worked there
+            // come first, each part in the order asked for.
+            state.feedback.for_site(site, &mut rows, |r| r.id);
         }
         let page = rows
             .iter()
@@ -255,6 +268,7 @@ pub async fn export(
 ) -> Result<Response, ApiError> {
     let p = Params::parse(raw.as_deref(), &with(&["format"]))?;
     let q = proxy_query(&p, state.config.api.max_age)?;
+    let site = site(&p)?;
     let format = match p
         .choice("format", &["txt", "json", "csv"])?
         .unwrap_or("txt")
@@ -265,7 +279,7 @@ pub async fn export(
     };
     let rows: Vec<Arc<ProxyRecord>> = state
         .feedback
-        .select(&q, now_ms())
+        .select(&q, site.as_deref(), now_ms())
         .into_iter()
         .map(|e| e.record.clone())
         .collect();
@@ -280,6 +294,11 @@ struct Report {
     ok: bool,
     #[serde(default)]
     reason: Option<String>,
+    /// The site the proxy was used for: a failure then means the site
+    /// refused it (the pair is banned, the proxy stays served elsewhere),
+    /// a success that the site takes it.
+    #[serde(default)]
+    site: Option<String>,
 }
 
 /// The largest report body read; a report is a few dozen bytes.
@@ -308,6 +327,30 @@ pub async fn report(
         ))
     })?;
     let ok = report.ok;
+    let site = match report.site.as_deref() {
+        Some(s) => Some(super::query::parse_site(s).map_err(|expected| {
+            ApiError::BadRequest(format!("\"site\" must be {expected}, found {s:?}"))
+        })?),
+        None => None,
+    };
+    if !ok && let Some(site) = &site {
+        if state.store.proxies_by_ids(vec![id]).await?.is_empty() {
+            return Err(ApiError::NotFound(format!("no proxy with id {id}")));
+        }
+        tracing::debug!(id, site, "client reported a proxy blocked by a site");
+        state
+            .feedback
+            .report(id, Verdict::Blocked, Some(site))
+            .await?;
+        return Ok(Json(serde_json::json!({
+            "id": id,
+            "ok": false,
+            "site": site,
+            "hidden": false,
+            "recheck": false,
+        }))
+        .into_response());
+    }
     let verdict = if ok {
         Verdict::Worked
     } else {
@@ -318,7 +361,7 @@ pub async fn report(
         );
         Verdict::Failed(None)
     };
-    let reported = state.feedback.report(id, verdict, None).await?;
+    let reported = state.feedback.report(id, verdict, site.as_deref()).await?;
     if !reported.found {
         return Err(ApiError::NotFound(format!("no proxy with id {id}")));
     }

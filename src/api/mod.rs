@@ -158,7 +158,7 @@ impl AppState {
             max_age: Some(self.config.api.max_age),
             ..crate::health::ProxyQuery::default()
         };
-        self.feedback.select(&q, crate::store::now_ms()).len()
+        self.feedback.select(&q, None, crate::store::now_ms()).len()
     }
 
     /// Shows the gateway's counters in `/stats` and `/metrics`.

@@ -130,7 +130,42 @@ pub const FILTERS: &[&str] = &[
     "max_latency_ms",
     "max_age",
     "exclude",
+    "site",
 ];
+
+/// `site=`: the site a client will fetch (see [`parse_site`]).
+pub fn site(p: &Params) -> Result<Option<String>, ApiError> {
+    p.get("site")
+        .map(|v| parse_site(v).map_err(|expected| Params::bad("site", v, expected)))
+        .transpose()
+}
+
+/// A site as the pool names it, from `shop.example`, `shop.example:8080`
+/// or a URL; otherwise what was expected.
+pub fn parse_site(text: &str) -> Result<String, &'static str> {
+    const EXPECTED: &str =
+        "a host name such as shop.example (with :port when not 80 or 443), or a URL";
+    let text = text.trim();
+    let full = text.contains("://");
+    let url = if full {
+        url::Url::parse(text)
+    } else {
+        url::Url::parse(&format!("http://{text}/"))
+    };
+    match url {
+        Ok(u)
+            if matches!(u.scheme(), "http" | "https")
+                && u.host_str()
+                    .is_some_and(|h| !h.is_empty() && h.len() <= 253)
+                && u.username().is_empty()
+                && u.password().is_none()
+                && (full || (u.path() == "/" && u.query().is_none())) =>
+        {
+            Ok(crate::pool::site_of(&u))
+        }
+        _ => Err(EXPECTED),
+    }
+}
 
 /// Builds a query from the filter parameters; `max_age` defaults to
 /// `default_max_age`.

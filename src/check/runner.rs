@@ -239,7 +239,6 @@ pub async fn check_round(
     let writer = tokio::spawn(write_results(
         Writer {
             feedback: feedback.clone(),
-            store: store.clone(),
             policy,
             on_commit: opts.on_commit.clone(),
             checker: checker.clone(),
@@ -491,7 +490,6 @@ enum Done {
 /// What the writer needs besides its inputs.
 struct Writer {
     feedback: Feedback,
-    store: Store,
     policy: RecheckPolicy,
     on_commit: Option<CommitHook>,
     /// For one last direct question to the judges when failures are left
@@ -618,7 +616,7 @@ async fn write_results(
         if flush && !out.deferred.is_empty() {
             let at = now_ms() + retry_after.as_millis() as i64;
             if let Err(e) = w
-                .store
+                .feedback
                 .defer_checks(std::mem::take(&mut out.deferred), at)
                 .await
             {

@@ -6,9 +6,7 @@ use std::time::Duration;
 
 use super::api::{Secret, guard_public, token};
 use super::section::Section;
-
-/// The strategy names `strategy` accepts.
-pub const STRATEGIES: [&str; 4] = ["round-robin", "random", "least-used", "fastest-of-two"];
+use crate::model::StrategyKind;
 
 /// `[gateway]`
 #[derive(Clone, Debug, PartialEq)]
@@ -20,9 +18,8 @@ pub struct GatewayConfig {
     /// The password clients must give (Proxy-Authorization Basic or SOCKS5
     /// username/password), if any.
     pub token: Option<Secret>,
-    /// How a proxy is chosen for a request or tunnel: one of
-    /// [`STRATEGIES`] (the pool's names; config sits below the pool).
-    pub strategy: String,
+    /// How a proxy is chosen for a request or tunnel.
+    pub strategy: StrategyKind,
     /// Other proxies a failed request or tunnel set-up moves on to.
     pub retries: u32,
     /// Request bodies up to this size are kept so the request can be
@@ -40,6 +37,8 @@ pub struct GatewayConfig {
     pub idle_timeout: Duration,
     /// Open client connections at most; more are refused.
     pub max_connections: usize,
+    /// Open client connections from one address at most.
+    pub max_connections_per_ip: usize,
     /// The largest request head accepted.
     pub max_header_size: usize,
     /// How long a request or tunnel waits, in line, for a proxy while
@@ -54,17 +53,15 @@ pub(super) fn read(g: &mut Section) -> Option<GatewayConfig> {
     let enabled = g.boolean("enabled");
     let listen = g.parsed::<SocketAddr>("listen", "an address like \"127.0.0.1:8081\"");
     let token = token(g);
-    let strategy = g.string("strategy").and_then(|s| {
-        if STRATEGIES.contains(&s.as_str()) {
-            Some(s)
-        } else {
-            g.problem(
-                "strategy",
-                &format!("expected one of {}, found {s:?}", STRATEGIES.join(", ")),
-            );
-            None
-        }
-    });
+    let strategy = g
+        .string("strategy")
+        .and_then(|s| match s.parse::<StrategyKind>() {
+            Ok(kind) => Some(kind),
+            Err(e) => {
+                g.problem("strategy", &e);
+                None
+            }
+        });
     let retries = g.int("retries", 0, 20);
     let retry_body_max = g.size("retry_body_max", 0, 16 * 1024 * 1024);
     let connect_timeout = g.duration("connect_timeout");
@@ -72,6 +69,7 @@ pub(super) fn read(g: &mut Section) -> Option<GatewayConfig> {
     let header_timeout = g.duration("header_timeout");
     let idle_timeout = g.duration("idle_timeout");
     let max_connections = g.int("max_connections", 1, 1_000_000);
+    let max_connections_per_ip = g.int("max_connections_per_ip", 1, 1_000_000);
     // hyper needs at least 8 KiB to buffer a head.
     let max_header_size = g.size("max_header_size", 8 * 1024, 1024 * 1024);
     // Moved: one cap holds for the gateway and crawl jobs together.
@@ -98,6 +96,7 @@ pub(super) fn read(g: &mut Section) -> Option<GatewayConfig> {
         header_timeout: header_timeout?,
         idle_timeout: idle_timeout?,
         max_connections: max_connections? as usize,
+        max_connections_per_ip: max_connections_per_ip? as usize,
         max_header_size: max_header_size? as usize,
         queue_wait: queue_wait?,
         session_ttl: session_ttl?,

@@ -1,14 +1,8 @@
-//! `[harvest]`: when and how sources are fetched, and [`Schedule`], the
-//! cron expression parsed once at load.
+//! `[harvest]`: when and how sources are fetched.
 
-use std::fmt;
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
-use croner::Cron;
-use croner::errors::CronError;
-use croner::parser::{CronParser, Seconds};
-
+use super::schedule::Schedule;
 use super::section::Section;
 
 /// `[harvest]`
@@ -39,72 +33,6 @@ pub struct HarvestConfig {
     /// non-public addresses, and follow a source's redirects to them (labs
     /// and test farms); off by default, as a public list is hostile.
     pub allow_private_addresses: bool,
-}
-
-/// A cron expression with seconds (sec min hour day-of-month month
-/// day-of-week), validated and parsed once. The text is kept because
-/// tokio-cron-scheduler takes the expression as text; times are UTC, as there.
-#[derive(Clone)]
-pub struct Schedule {
-    text: String,
-    cron: Cron,
-}
-
-impl Schedule {
-    /// Parses an expression the way tokio-cron-scheduler does (seconds
-    /// required), so that what passes here also schedules there.
-    pub fn parse(text: &str) -> Result<Schedule, CronError> {
-        let cron = CronParser::builder()
-            .seconds(Seconds::Required)
-            .build()
-            .parse(text)?;
-        Ok(Schedule {
-            text: text.to_owned(),
-            cron,
-        })
-    }
-
-    /// The expression as written.
-    pub fn as_str(&self) -> &str {
-        &self.text
-    }
-
-    /// The first run strictly after `after`; `None` if the expression never
-    /// matches again (e.g. February 30th).
-    pub fn next_after(&self, after: DateTime<Utc>) -> Option<DateTime<Utc>> {
-        self.cron.find_next_occurrence(&after, false).ok()
-    }
-
-    /// The time between the first two runs after `after`: how long a source
-    /// may go without a harvest before it is overdue. Irregular schedules
-    /// (`0 0 9,17 * * *`) give the gap that follows `after`.
-    pub fn interval_after(&self, after: DateTime<Utc>) -> Option<Duration> {
-        let first = self.next_after(after)?;
-        let second = self.next_after(first)?;
-        (second - first).to_std().ok()
-    }
-}
-
-/// Two schedules are equal when written the same: the parsed form follows
-/// from the text.
-impl PartialEq for Schedule {
-    fn eq(&self, other: &Schedule) -> bool {
-        self.text == other.text
-    }
-}
-
-impl Eq for Schedule {}
-
-impl fmt::Debug for Schedule {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Debug::fmt(&self.text, f)
-    }
-}
-
-impl fmt::Display for Schedule {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.text)
-    }
 }
 
 /// Validates `[harvest]`.
@@ -170,40 +98,4 @@ pub(super) fn header_text_problem(text: &str) -> Option<String> {
     Some(format!(
         "must be printable ASCII text (it is sent as a header), found {name}"
     ))
-}
-
-#[cfg(test)]
-mod tests {
-    use chrono::TimeZone;
-
-    use super::*;
-
-    fn at(h: u32, m: u32, s: u32) -> DateTime<Utc> {
-        Utc.with_ymd_and_hms(2025, 3, 10, h, m, s).unwrap()
-    }
-
-    #[test]
-    fn interval_between_consecutive_runs() {
-        let every_half_hour = Schedule::parse("0 */30 * * * *").unwrap();
-        assert_eq!(every_half_hour.as_str(), "0 */30 * * * *");
-        assert_eq!(
-            every_half_hour.next_after(at(10, 0, 0)),
-            Some(at(10, 30, 0))
-        );
-        let half_hour = Some(Duration::from_secs(30 * 60));
-        assert_eq!(every_half_hour.interval_after(at(10, 0, 0)), half_hour);
-        assert_eq!(every_half_hour.interval_after(at(10, 17, 42)), half_hour);
-
-        // Irregular: the gap that follows the given time.
-        let twice_a_day = Schedule::parse("0 0 9,17 * * *").unwrap();
-        let hours = |h: u64| Some(Duration::from_secs(h * 3600));
-        assert_eq!(twice_a_day.interval_after(at(8, 0, 0)), hours(8));
-        assert_eq!(twice_a_day.interval_after(at(12, 0, 0)), hours(16));
-    }
-
-    #[test]
-    fn seconds_are_required_as_in_the_scheduler() {
-        assert!(Schedule::parse("*/30 * * * *").is_err());
-        assert!(Schedule::parse("every day").is_err());
-    }
 }

@@ -11,6 +11,7 @@ mod gateway;
 mod geoip;
 mod harvest;
 mod pool;
+mod schedule;
 mod section;
 mod sources;
 
@@ -26,8 +27,9 @@ pub use crawls::CrawlsConfig;
 pub use database::DatabaseConfig;
 pub use gateway::GatewayConfig;
 pub use geoip::GeoipConfig;
-pub use harvest::{HarvestConfig, Schedule};
+pub use harvest::HarvestConfig;
 pub use pool::PoolConfig;
+pub use schedule::Schedule;
 pub use sources::{
     HtmlColumns, HtmlOptions, JsonOptions, SourceConfig, SourceFormat, SourceLocation,
 };

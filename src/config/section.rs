@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use toml::{Table, Value};
 
-use super::harvest::Schedule;
+use super::schedule::Schedule;
 use super::{Problem, size_text};
 
 /// The TOML type of a value, for messages.

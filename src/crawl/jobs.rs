@@ -186,15 +186,8 @@ impl JobSpec {
             Some(n) => n,
         };
         let scope = match self.scope.as_deref() {
-            None | Some("same-host") => ScopeKind::SameHost,
-            Some("same-site") => ScopeKind::SameSite,
-            Some("any") => ScopeKind::Any,
-            Some(other) => {
-                return Err(bad(
-                    "scope",
-                    format!("expected same-host, same-site or any, found {other:?}"),
-                ));
-            }
+            None => ScopeKind::default(),
+            Some(s) => s.parse().map_err(|e: String| bad("scope", e))?,
         };
         let regexes = |name: &str, list: &[String]| -> Result<Vec<regex::Regex>, SpecError> {
             list.iter()

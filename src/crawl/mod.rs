@@ -28,9 +28,10 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-pub use self::url::{Scope, ScopeKind, normalize};
+pub use self::url::{Scope, normalize};
 use crate::health::ProxyQuery;
 use crate::lock;
+pub use crate::model::ScopeKind;
 use crate::pool::{FetchError, Page, Pool, RedirectRule, Request, site_of};
 pub use extract::Select;
 use frontier::{Frontier, FrontierError, NewUrl, Queued, UrlState};
@@ -1065,10 +1066,13 @@ impl Crawler {
     fn no_proxy_matches(&self, e: &FetchError) -> Option<String> {
         let now = crate::store::now_ms();
         let feedback = self.pool.feedback();
-        if !feedback.select(&self.pool.options().query, now).is_empty() {
+        if !feedback
+            .select(&self.pool.options().query, None, now)
+            .is_empty()
+        {
             return None;
         }
-        let servable = feedback.select(&ProxyQuery::default(), now).len();
+        let servable = feedback.select(&ProxyQuery::default(), None, now).len();
         let mut why = match servable {
             0 => "no proxy is servable".to_owned(),
             n => format!("0 of {n} servable proxies match"),

@@ -7,6 +7,8 @@ use std::collections::HashSet;
 use regex::Regex;
 use url::Url;
 
+use crate::model::ScopeKind;
+
 /// Query parameters dropped by default besides every `utm_*`: click and
 /// referral trackers that never change the page.
 pub const DEFAULT_STRIP: &[&str] = &[
@@ -134,20 +136,6 @@ fn normalize_escapes(s: &str) -> String {
 
 fn hex(c: u8) -> Option<u8> {
     (c as char).to_digit(16).map(|d| d as u8)
-}
-
-/// Which hosts a crawl may leave its seeds for.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum ScopeKind {
-    /// The seeds' hosts (and ports) only.
-    #[default]
-    SameHost,
-    /// The seeds' registrable domains (`shop.example.co.uk` and
-    /// `www.example.co.uk` are one site), by the public suffix list.
-    SameSite,
-    /// Any http(s) URL.
-    Any,
 }
 
 /// The crawl's scope: a kind, the seeds it is measured from, and regexes

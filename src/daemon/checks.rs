@@ -160,11 +160,13 @@ impl CheckLoop {
         last_round: Option<std::time::Instant>,
     ) -> bool {
         self.schedule_adopted().await;
-        let rechecks = self.state.feedback.take_rechecks();
-        let urgent = !rechecks.is_empty();
-        if urgent && let Err(e) = self.store.mark_due_many(rechecks, now_ms()).await {
-            log_store_error(&e, "cannot queue proxies for an early re-check");
-        }
+        let urgent = match self.state.feedback.queue_rechecks(now_ms()).await {
+            Ok(n) => n > 0,
+            Err(e) => {
+                log_store_error(&e, "cannot queue proxies for an early re-check");
+                true
+            }
+        };
         let gap = match last_round {
             Some(at) if !urgent => {
                 let cycle = self.config.check.serve_cycle(self.state.index().len());
@@ -227,7 +229,7 @@ impl CheckLoop {
             proxies = due.len(),
             "re-checks of adopted proxies scheduled"
         );
-        if let Err(e) = self.store.pull_checks_in(due).await {
+        if let Err(e) = self.state.feedback.schedule_checks(due).await {
             log_store_error(&e, "cannot schedule re-checks of the proxies loaded");
         }
     }

@@ -78,6 +78,12 @@ pub async fn run(
     // check since the start is served first.
     feedback.set_fresh_within(config.check.fresh_window(index.len()));
     feedback.reverify_all(crate::store::now_ms());
+    // Bans sites made and the proxies they took, from earlier runs.
+    match feedback.load_sites().await {
+        Ok(0) => {}
+        Ok(pairs) => tracing::debug!(pairs, "what sites taught about proxies loaded"),
+        Err(e) => tracing::warn!(error = %e, "cannot load what sites taught about proxies"),
+    }
     let mut state = AppState::new(store.clone(), feedback.clone(), config.clone());
     let gateway = match gateway {
         Some(listener) => {

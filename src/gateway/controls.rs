@@ -12,6 +12,9 @@ use crate::proxy::{Anonymity, Country, Scheme};
 /// The request headers that carry controls, stripped before forwarding.
 pub const HEADER_PREFIX: &str = "x-proxywarden-";
 
+/// The control keys, in the username and as `X-Proxywarden-<key>`.
+pub const KEYS: [&str; 5] = ["country", "scheme", "anonymity", "latency", "session"];
+
 /// The longest session name: it is a map key held for the session's life.
 const MAX_SESSION: usize = 128;
 
@@ -38,6 +41,12 @@ pub enum ControlError {
         "unknown control {0:?} (known: country-CC, scheme-http|socks4|socks5, anonymity-transparent|anonymous|elite, latency-MS, session-NAME, joined with +)"
     )]
     Unknown(String),
+    /// A known key given twice: which one is meant cannot be told.
+    #[error("control {0:?} given twice; give each control once")]
+    Twice(String),
+    /// A known key with no value.
+    #[error("control {0:?} needs a value, as in {0}-VALUE")]
+    Bare(String),
     /// A known key with a value it cannot take.
     #[error("bad {key} {value:?}: expected {expected}")]
     Value {
@@ -51,15 +60,29 @@ pub enum ControlError {
 }
 
 impl Controls {
-    /// Reads a proxy username: `key-value` pairs joined by `+`; an empty
-    /// username asks for nothing.
+    /// Reads a proxy username: words joined by `+`. A `key-value` word is
+    /// a control and must be a known one, given once (a typo such as
+    /// `contry-de` is an error, not silently no filter). A word without a
+    /// `-` (`user`, `x`, a name) is ignored, so that clients which must
+    /// send some username can send any; an empty username asks for
+    /// nothing.
     pub fn from_username(user: &str) -> Result<Controls, ControlError> {
         let mut c = Controls::default();
+        let mut seen: Vec<String> = Vec::new();
         for part in user.split('+').filter(|p| !p.is_empty()) {
             let Some((key, value)) = part.split_once('-') else {
-                return Err(ControlError::Unknown(part.to_owned()));
+                let word = part.to_ascii_lowercase();
+                if KEYS.contains(&word.as_str()) {
+                    return Err(ControlError::Bare(word));
+                }
+                continue;
             };
-            c.set(&key.to_ascii_lowercase(), value)?;
+            let key = key.to_ascii_lowercase();
+            if seen.contains(&key) {
+                return Err(ControlError::Twice(key));
+            }
+            c.set(&key, value)?;
+            seen.push(key);
         }
         Ok(c)
     }
@@ -192,9 +215,22 @@ mod tests {
             Controls::from_username("colour-red"),
             Err(ControlError::Unknown("colour".into()))
         );
+        // A word that is not a control (the name a client must send) is
+        // ignored; a known key without a value is not.
+        assert_eq!(Controls::from_username("bob").unwrap(), Controls::default());
         assert_eq!(
-            Controls::from_username("bob"),
-            Err(ControlError::Unknown("bob".into()))
+            Controls::from_username("user+country-de")
+                .unwrap()
+                .countries,
+            vec![Country::parse("DE").unwrap()]
+        );
+        assert_eq!(
+            Controls::from_username("country"),
+            Err(ControlError::Bare("country".into()))
+        );
+        assert_eq!(
+            Controls::from_username("country-de+Country-us"),
+            Err(ControlError::Twice("country".into()))
         );
         let e = Controls::from_username("country-germany").unwrap_err();
         assert!(e.to_string().contains("bad country \"germany\""), "{e}");

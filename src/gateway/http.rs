@@ -18,14 +18,15 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::{Body as HttpBody, Frame, Incoming, SizeHint};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpStream;
-use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::Gateway;
 use super::controls::{ControlError, Controls, HEADER_PREFIX, admits, basic_credentials};
+use super::head::Guarded;
 use super::metrics::{GatewayMetrics, Kind};
+use super::slots::{ConnState, Slot};
 use super::tunnel::{self, TunnelError};
 use super::upstream::{Kept, Key, keeps_alive};
 use crate::model::Reason;
@@ -58,29 +59,47 @@ const REFUSAL_QUORUM: u32 = 2;
 const RATE_LIMITED_MAX: u32 = 6;
 
 /// Serves HTTP on one client connection until it closes, goes quiet past
-/// the header timeout, or the gateway stops.
+/// the header timeout, or the gateway stops. Request heads are held to
+/// `gateway.max_header_size` by [`Guarded`].
 pub(super) async fn serve(
     gw: &Gateway,
     stream: TcpStream,
     shutdown: &CancellationToken,
-    slot: Arc<OwnedSemaphorePermit>,
+    slot: Arc<Slot>,
     tasks: &TaskTracker,
 ) {
     let s = gw.settings();
+    let io = Guarded::new(stream, slot.conn.clone(), gw.metrics(), s.max_header_size);
     let (gw2, stop, tasks) = (gw.clone(), shutdown.clone(), tasks.clone());
     let service = hyper::service::service_fn(move |req| {
         let (gw, stop, slot, tasks) = (gw2.clone(), stop.clone(), slot.clone(), tasks.clone());
-        async move { Ok::<_, Infallible>(handle(gw, req, stop, slot, tasks).await) }
+        slot.conn.busy();
+        async move {
+            let conn = slot.conn.clone();
+            let resp = handle(gw, req, stop, slot, tasks).await;
+            Ok::<_, Infallible>(resp.map(|body| Answering { body, conn }.boxed()))
+        }
     });
     let conn = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(s.header_timeout)
         .max_buf_size(s.max_header_size)
-        .serve_connection(TokioIo::new(stream), service)
+        // The backstop for heads the guard did not count (pipelined).
+        .max_header_size(s.max_header_size)
+        .serve_connection(TokioIo::new(io), service)
         .with_upgrades();
     tokio::pin!(conn);
     tokio::select! {
-        _ = conn.as_mut() => {}
+        result = conn.as_mut() => {
+            // A head hyper could not parse got its 400 (or 431, 414) from
+            // hyper, before any proxy was chosen.
+            if let Err(e) = result
+                && (e.is_parse() || e.is_parse_too_large())
+            {
+                tracing::debug!(error = %e, "malformed gateway request head");
+                gw.metrics().finished(Kind::Plain, "bad_request");
+            }
+        }
         _ = shutdown.cancelled() => {
             conn.as_mut().graceful_shutdown();
             let _ = conn.await;
@@ -88,11 +107,44 @@ pub(super) async fn serve(
     }
 }
 
+/// An answer's body on its way to the client; once it is sent (and
+/// dropped) the connection waits for its next head.
+struct Answering {
+    body: Body,
+    conn: Arc<ConnState>,
+}
+
+impl Drop for Answering {
+    fn drop(&mut self) {
+        self.conn.waiting();
+    }
+}
+
+impl HttpBody for Answering {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        Pin::new(&mut self.get_mut().body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
 async fn handle(
     gw: Gateway,
     mut req: Request<Incoming>,
     shutdown: CancellationToken,
-    slot: Arc<OwnedSemaphorePermit>,
+    slot: Arc<Slot>,
     tasks: TaskTracker,
 ) -> Response<Body> {
     let kind = if req.method() == Method::CONNECT {
@@ -114,14 +166,19 @@ async fn handle(
         let mut resp = error(
             StatusCode::PROXY_AUTHENTICATION_REQUIRED,
             "auth_required",
-            "this gateway needs its token as the proxy password (http://CONTROLS:TOKEN@host:port)",
+            "this gateway needs its token as the proxy password (http://user:TOKEN@host:port, or country-de:TOKEN@ with controls)",
         );
         resp.headers_mut().insert(
             header::PROXY_AUTHENTICATE,
             HeaderValue::from_static("Basic realm=\"proxywarden\""),
         );
+        // A client without the token does not keep its connection: it
+        // asks again on a new one, which has the header timeout to do so.
+        resp.headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
         return resp;
     }
+    slot.conn.authenticated();
     let controls = match controls(user, req.headers(), kind == Kind::Plain) {
         Ok(c) => c,
         Err(e) => {
@@ -158,8 +215,13 @@ async fn handle(
 fn controls(user: &str, headers: &HeaderMap, plain: bool) -> Result<Controls, ControlError> {
     let mut c = Controls::from_username(user)?;
     if plain {
+        let mut seen = Vec::new();
         for (name, value) in headers {
             if let Some(key) = name.as_str().strip_prefix(HEADER_PREFIX) {
+                if seen.contains(&key) {
+                    return Err(ControlError::Twice(name.as_str().to_owned()));
+                }
+                seen.push(key);
                 let value = value.to_str().map_err(|_| ControlError::Value {
                     key: "header",
                     value: name.as_str().to_owned(),
@@ -174,8 +236,13 @@ fn controls(user: &str, headers: &HeaderMap, plain: bool) -> Result<Controls, Co
 
 /// Why one attempt of a plain request got no answer.
 enum Failure {
-    /// The proxy failed.
+    /// The proxy failed before the request went (connecting, its
+    /// handshake): the proxy's fault.
     Proxy(Reason),
+    /// The proxy failed once the request went: its fault, or the
+    /// request's (one too large or odd for proxies closes or times out on
+    /// every one of them alike).
+    Sent(Reason),
     /// The proxy said the target cannot be reached (a SOCKS failure reply).
     Unreached,
 }
@@ -188,11 +255,11 @@ async fn plain(gw: Gateway, req: Request<Incoming>, controls: Controls) -> Respo
     let (mut parts, body) = req.into_parts();
     let host = parts.uri.host().unwrap_or_default().to_owned();
     let port = parts.uri.port_u16().unwrap_or(80);
-    let target = match Target::new(&host, port) {
+    let target = match target(&host, port) {
         Ok(t) => t,
         Err(e) => {
             metrics.finished(Kind::Plain, "bad_request");
-            return error(StatusCode::BAD_REQUEST, "bad_target", &e.to_string());
+            return error(StatusCode::BAD_REQUEST, "bad_target", &e);
         }
     };
     let path = parts
@@ -200,12 +267,25 @@ async fn plain(gw: Gateway, req: Request<Incoming>, controls: Controls) -> Respo
         .path_and_query()
         .map_or("/", |p| p.as_str())
         .to_owned();
-    let authority = parts.uri.authority().map(|a| a.to_string());
     clean(&mut parts.headers);
-    if !parts.headers.contains_key(header::HOST)
-        && let Some(host) = authority.and_then(|a| HeaderValue::from_str(&a).ok())
-    {
-        parts.headers.insert(header::HOST, host);
+    // The target's authority, whatever Host the client sent (RFC 9112
+    // §3.2.2): the site must see the host the request is for.
+    let authority = match parts.uri.port() {
+        Some(p) => format!("{host}:{p}"),
+        None => host.clone(),
+    };
+    match HeaderValue::from_str(&authority) {
+        Ok(v) => {
+            parts.headers.insert(header::HOST, v);
+        }
+        Err(_) => {
+            metrics.finished(Kind::Plain, "bad_request");
+            return error(
+                StatusCode::BAD_REQUEST,
+                "bad_target",
+                "the URL's host is not valid",
+            );
+        }
     }
     // A body small enough to send again is held; a larger one goes once.
     let hint = body.size_hint();
@@ -242,6 +322,11 @@ async fn plain(gw: Gateway, req: Request<Incoming>, controls: Controls) -> Respo
     let mut rate_limited = 0u32;
     let mut last: Option<Response<Body>> = None;
     let mut why = None;
+    // Proxies that failed once the request went, charged when another
+    // proxy carries the request, or when they failed in different ways;
+    // failing alike on two or more, the request is the likely cause and
+    // none is charged. Their leases (in-flight slots) are held till then.
+    let mut alike: Vec<(Lease, Reason)> = Vec::new();
     loop {
         let lease = match gw.pool().take(&want, &tried).await {
             Ok(lease) => lease,
@@ -263,7 +348,7 @@ async fn plain(gw: Gateway, req: Request<Incoming>, controls: Controls) -> Respo
             send(&gw, &lease, &target, &parts, &path, body, held.as_ref()),
         )
         .await
-        .unwrap_or(Err(Failure::Proxy(Reason::Timeout)));
+        .unwrap_or(Err(Failure::Sent(Reason::Timeout)));
         let answer = match sent {
             Ok(a) => a,
             Err(Failure::Unreached) => {
@@ -283,9 +368,16 @@ async fn plain(gw: Gateway, req: Request<Incoming>, controls: Controls) -> Respo
                 continue;
             }
             Err(Failure::Proxy(reason)) => {
-                metrics.upstream_failed(reason);
+                tunnel::charge(&gw, &lease, reason).await;
+                last = Some(upstream_failed(reason, tried.len()));
+                if !retry(&mut retries, s.retries, &metrics) {
+                    break;
+                }
+                continue;
+            }
+            Err(Failure::Sent(reason)) => {
                 gw.inner.upstreams.forget(lease.id());
-                gw.pool().settle(&lease, Used::ProxyFailed(reason)).await;
+                alike.push((lease, reason));
                 last = Some(upstream_failed(reason, tried.len()));
                 if !retry(&mut retries, s.retries, &metrics) {
                     break;
@@ -298,6 +390,13 @@ async fn plain(gw: Gateway, req: Request<Incoming>, controls: Controls) -> Respo
         let kept = keeps_alive(&rparts).then_some(kept);
         let (class, rbody) = classify(&gw, &rparts, rbody, forward).await;
         let upstream = t0.elapsed();
+        // The request went through this proxy to the site: those that
+        // failed on it failed on their own.
+        if !matches!(class, Class::ProxyFailure(_)) {
+            for (failed, reason) in alike.drain(..) {
+                tunnel::charge(&gw, &failed, reason).await;
+            }
+        }
         match class {
             Class::Page | Class::SiteError => {
                 let used = if class == Class::Page {
@@ -310,10 +409,15 @@ async fn plain(gw: Gateway, req: Request<Incoming>, controls: Controls) -> Respo
                 metrics.finished(Kind::Plain, "ok");
                 return respond(&gw, rparts, rbody, lease, kept);
             }
+            // A login wall or a portal is the proxy's, whatever was asked.
+            Class::ProxyFailure(reason @ (Reason::ProxyAuthRequired | Reason::ContentMismatch)) => {
+                tunnel::charge(&gw, &lease, reason).await;
+                last = Some(upstream_failed(reason, tried.len()));
+            }
+            // A proxy's own 502/504, or its answer cut short.
             Class::ProxyFailure(reason) => {
-                metrics.upstream_failed(reason);
                 gw.inner.upstreams.forget(lease.id());
-                gw.pool().settle(&lease, Used::ProxyFailed(reason)).await;
+                alike.push((lease, reason));
                 last = Some(upstream_failed(reason, tried.len()));
             }
             Class::Blocked(wait, page) => {
@@ -364,6 +468,30 @@ async fn plain(gw: Gateway, req: Request<Incoming>, controls: Controls) -> Respo
         }
     }
     held.take();
+    if let Some((_, first)) = alike.first()
+        && alike.len() >= 2
+        && alike.iter().all(|(_, r)| r == first)
+    {
+        let (n, reason) = (alike.len(), *first);
+        tracing::debug!(%target, proxies = n, %reason, "proxies failed alike on one request; none charged");
+        let cause = if reason == Reason::Timeout {
+            "the site is the likely cause (slow or silent)"
+        } else {
+            "the request itself is the likely cause (too large or malformed for them)"
+        };
+        last = Some(error(
+            StatusCode::BAD_GATEWAY,
+            "upstream_failed",
+            &format!(
+                "{n} proxies failed alike ({reason}) on this request, so {cause}; none of them was \
+                 charged"
+            ),
+        ));
+        alike.clear();
+    }
+    for (failed, reason) in alike.drain(..) {
+        tunnel::charge(&gw, &failed, reason).await;
+    }
     match last {
         Some(resp) => {
             metrics.finished(Kind::Plain, "upstream_failed");
@@ -459,7 +587,7 @@ async fn send(
     let resp = sender
         .send_request(req)
         .await
-        .map_err(|e| Failure::Proxy(hyper_reason(&e)))?;
+        .map_err(|e| Failure::Sent(hyper_reason(&e)))?;
     let (rparts, rbody) = resp.into_parts();
     Ok((
         rparts,
@@ -577,26 +705,28 @@ async fn connect(
     req: &mut Request<Incoming>,
     controls: Controls,
     shutdown: CancellationToken,
-    slot: Arc<OwnedSemaphorePermit>,
+    slot: Arc<Slot>,
     tasks: TaskTracker,
 ) -> Response<Body> {
     let started = Instant::now();
     let metrics = gw.metrics();
-    let target = req
-        .uri()
-        .authority()
-        .and_then(|a| Some((a.host().to_owned(), a.port_u16()?)))
-        .and_then(|(h, p)| Target::new(&h, p).ok());
-    let Some(target) = target else {
-        metrics.finished(Kind::Connect, "bad_request");
-        return error(
-            StatusCode::BAD_REQUEST,
-            "bad_target",
-            "CONNECT needs host:port",
-        );
+    let target = match req.uri().authority() {
+        Some(a) => match a.port_u16() {
+            Some(port) => target(a.host(), port),
+            None => Err(format!("CONNECT needs host:port, not {a:?}")),
+        },
+        None => Err("CONNECT needs host:port".to_owned()),
+    };
+    let target = match target {
+        Ok(t) => t,
+        Err(e) => {
+            metrics.finished(Kind::Connect, "bad_request");
+            return error(StatusCode::BAD_REQUEST, "bad_target", &e);
+        }
     };
     match tunnel::open(&gw, &controls, &target).await {
         Ok(opened) => {
+            slot.conn.tunnel();
             metrics.added(started.elapsed().saturating_sub(opened.dial));
             metrics.finished(Kind::Connect, "ok");
             let upgrade = hyper::upgrade::on(req);
@@ -627,6 +757,17 @@ async fn connect(
             upstream_failed(reason, 0)
         }
     }
+}
+
+/// A client's target: a valid host and a port other than 0 (no server
+/// listens there; a proxy would fail on it and be blamed).
+pub(super) fn target(host: &str, port: u16) -> Result<Target, String> {
+    if port == 0 {
+        return Err(format!(
+            "port 0 of {host} cannot be reached; name a port from 1 to 65535"
+        ));
+    }
+    Target::new(host, port).map_err(|e| e.to_string())
 }
 
 /// Removes hop-by-hop headers (those `Connection` names too), every

@@ -55,6 +55,7 @@ pub struct GatewayMetrics {
     connections: Gauge,
     tunnels_open: Gauge,
     refused: Counter,
+    evicted: Counter,
     /// For `/stats`: the histogram keeps no readable sum.
     added_sum_us: AtomicU64,
     added_count: AtomicU64,
@@ -83,6 +84,7 @@ impl Default for GatewayMetrics {
             connections: Gauge::default(),
             tunnels_open: Gauge::default(),
             refused: Counter::default(),
+            evicted: Counter::default(),
             added_sum_us: AtomicU64::new(0),
             added_count: AtomicU64::new(0),
             totals: Mutex::default(),
@@ -113,6 +115,9 @@ pub struct GatewayStats {
     pub tunnels_open: i64,
     /// Connections refused at the cap.
     pub refused: u64,
+    /// Connections waiting for a request head closed to make room for a
+    /// new one.
+    pub evicted: u64,
     /// Mean latency the gateway added (picking, retries, its own work), in ms.
     pub added_latency_mean_ms: f64,
 }
@@ -154,8 +159,13 @@ impl GatewayMetrics {
         registry.register("tunnels_open", "Tunnels open", self.tunnels_open.clone());
         registry.register(
             "refused_connections",
-            "Client connections refused at gateway.max_connections",
+            "Client connections refused at gateway.max_connections or max_connections_per_ip",
             self.refused.clone(),
+        );
+        registry.register(
+            "evicted_connections",
+            "Client connections waiting for a request head closed to make room for a new one",
+            self.evicted.clone(),
         );
     }
 
@@ -209,6 +219,11 @@ impl GatewayMetrics {
         self.refused.inc();
     }
 
+    /// A waiting connection was closed to make room for a new one.
+    pub(crate) fn evicted(&self) {
+        self.evicted.inc();
+    }
+
     /// What `/stats` shows.
     pub fn snapshot(&self) -> GatewayStats {
         let mut s = GatewayStats::default();
@@ -235,6 +250,7 @@ impl GatewayMetrics {
         s.connections = self.connections.get();
         s.tunnels_open = self.tunnels_open.get();
         s.refused = self.refused.get();
+        s.evicted = self.evicted.get();
         let count = self.added_count.load(Ordering::Relaxed);
         if count > 0 {
             s.added_latency_mean_ms =

@@ -4,8 +4,10 @@
 //! connects to a client's target itself and never looks inside TLS.
 
 mod controls;
+mod head;
 mod http;
 mod metrics;
+mod slots;
 mod socks;
 mod tunnel;
 mod upstream;
@@ -17,17 +19,27 @@ use std::io;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::config::{GatewayConfig, Secret};
 use crate::health::ProxyQuery;
-use crate::pool::{NoProxy, Pool, PoolError, PoolOptions, StrategyKind};
+use crate::pool::{NoProxy, Pool, PoolError, PoolOptions};
+use slots::{Full, Slot, Slots};
 
 /// How long connections may take to finish after shutdown begins.
 const DRAIN: Duration = Duration::from_secs(3);
+
+/// Connections over a cap being answered at once; more are closed
+/// without an answer.
+const MAX_REFUSING: usize = 64;
+
+/// How long a refused connection is given to say which protocol it
+/// speaks, and then to read its answer.
+const REFUSAL_LINGER: Duration = Duration::from_millis(500);
 
 /// The gateway's settings, from `[gateway]`.
 #[derive(Clone, Debug)]
@@ -48,6 +60,8 @@ pub struct Settings {
     pub idle_timeout: Duration,
     /// Open client connections at most.
     pub max_connections: usize,
+    /// Open client connections from one address at most.
+    pub max_connections_per_ip: usize,
     /// The largest request head.
     pub max_header_size: usize,
     /// The filters every pick starts from (freshness).
@@ -67,6 +81,7 @@ impl Settings {
             header_timeout: g.header_timeout,
             idle_timeout: g.idle_timeout,
             max_connections: g.max_connections,
+            max_connections_per_ip: g.max_connections_per_ip,
             max_header_size: g.max_header_size,
             base: ProxyQuery {
                 max_age: Some(max_age),
@@ -109,15 +124,9 @@ impl Gateway {
         max_age: Duration,
     ) -> Result<Gateway, PoolError> {
         let settings = Settings::new(config, max_age);
-        let strategy = match config.strategy.as_str() {
-            "random" => StrategyKind::Random,
-            "least-used" => StrategyKind::LeastUsed,
-            "fastest-of-two" => StrategyKind::FastestOfTwo,
-            _ => StrategyKind::RoundRobin,
-        };
         let opts = PoolOptions {
             query: settings.base.clone(),
-            strategy,
+            strategy: config.strategy,
             connect_timeout: config.connect_timeout,
             first_byte_timeout: config.timeout,
             total_timeout: config.timeout,
@@ -165,17 +174,44 @@ pub async fn serve(
     gateway: Gateway,
     shutdown: CancellationToken,
 ) -> io::Result<()> {
-    let slots = Arc::new(Semaphore::new(gateway.settings().max_connections));
+    let s = gateway.settings();
+    let slots = Slots::new(
+        s.max_connections,
+        s.max_connections_per_ip,
+        s.token.is_some(),
+    );
     let tasks = TaskTracker::new();
+    let refusing = Arc::new(Semaphore::new(MAX_REFUSING));
     loop {
         let Some((stream, peer)) = crate::net::accept(&listener, &shutdown, "a gateway").await
         else {
             break;
         };
-        let Ok(slot) = slots.clone().try_acquire_owned() else {
-            tracing::debug!(%peer, "gateway connection cap reached; refusing one");
-            gateway.inner.metrics.refused();
-            continue;
+        let slot = match slots.admit(peer.ip()) {
+            Ok((slot, evicted)) => {
+                if evicted {
+                    tracing::debug!(%peer, "closed the oldest connection waiting for a head to make room");
+                    gateway.inner.metrics.evicted();
+                }
+                slot
+            }
+            Err(full) => {
+                let cap = match full {
+                    Full::Total => "gateway.max_connections",
+                    Full::PerIp => "gateway.max_connections_per_ip",
+                };
+                tracing::debug!(%peer, cap, "every gateway connection is busy; refusing one");
+                gateway.inner.metrics.refused();
+                // Told why when a refusal is free to answer; closed
+                // otherwise, so a flood cannot pile up answers.
+                if let Ok(permit) = refusing.clone().try_acquire_owned() {
+                    tasks.spawn(async move {
+                        refuse(stream, cap).await;
+                        drop(permit);
+                    });
+                }
+                continue;
+            }
         };
         let gw = gateway.clone();
         let stop = shutdown.clone();
@@ -183,8 +219,25 @@ pub async fn serve(
         let tunnels = tasks.clone();
         tasks.spawn(async move {
             gw.inner.metrics.connection(1);
+            let close = slot.close.clone();
+            let conn = slot.conn.clone();
+            let header_timeout = gw.settings().header_timeout;
+            // With a token, a connection that has not given it within the
+            // header timeout goes, however busy it keeps itself: a client
+            // without the token cannot hold a slot.
+            let unauthenticated = async {
+                tokio::time::sleep(header_timeout).await;
+                if conn.is_authed() {
+                    std::future::pending::<()>().await;
+                }
+            };
             tokio::select! {
                 _ = connection(&gw, stream, &stop, slot, &tunnels) => {}
+                // Closed to make room for a new connection.
+                _ = close.cancelled() => {}
+                _ = unauthenticated => {
+                    tracing::debug!(%peer, "closing a gateway connection that gave no token");
+                }
                 // Slow clients end with the gateway.
                 _ = async { stop.cancelled().await; tokio::time::sleep(DRAIN).await } => {}
             }
@@ -203,7 +256,7 @@ async fn connection(
     gw: &Gateway,
     stream: TcpStream,
     shutdown: &CancellationToken,
-    slot: Arc<OwnedSemaphorePermit>,
+    slot: Arc<Slot>,
     tasks: &TaskTracker,
 ) {
     let _ = stream.set_nodelay(true);
@@ -220,4 +273,39 @@ async fn connection(
         4 => socks::refuse_v4(stream).await,
         _ => http::serve(gw, stream, shutdown, slot, tasks).await,
     }
+}
+
+/// Answers a connection refused at `cap` in its own protocol and closes
+/// it: SOCKS5 "no acceptable method", or HTTP `503` with `Retry-After` and
+/// the JSON error naming the cap. What it sends is read for a moment and
+/// discarded, so that the close does not reset the answer away.
+async fn refuse(mut stream: TcpStream, cap: &str) {
+    let mut first = [0u8; 1];
+    let answered = async {
+        stream.peek(&mut first).await?;
+        if first[0] == socks::VERSION {
+            stream.write_all(&[socks::VERSION, 0xFF]).await?;
+        } else {
+            let body = serde_json::json!({"error": {
+                "code": "busy",
+                "message": format!(
+                    "the gateway has every connection {cap} allows open, each carrying a \
+                     request or a tunnel; try again in a second"
+                ),
+            }})
+            .to_string();
+            let head = format!(
+                "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n\
+                 retry-after: 1\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                body.len()
+            );
+            stream.write_all(head.as_bytes()).await?;
+            stream.write_all(body.as_bytes()).await?;
+        }
+        stream.shutdown().await?;
+        let mut sink = [0u8; 4096];
+        while stream.read(&mut sink).await? > 0 {}
+        std::io::Result::Ok(())
+    };
+    let _ = tokio::time::timeout(REFUSAL_LINGER, answered).await;
 }

@@ -8,13 +8,13 @@ use std::sync::Arc;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::Gateway;
 use super::controls::{Controls, admits};
 use super::metrics::Kind;
+use super::slots::{ConnState, Slot};
 use super::tunnel::{self, TunnelError};
 use crate::net::Target;
 
@@ -42,11 +42,12 @@ pub(super) async fn serve(
     gw: &Gateway,
     mut stream: TcpStream,
     shutdown: &CancellationToken,
-    _slot: Arc<OwnedSemaphorePermit>,
+    slot: Arc<Slot>,
 ) {
     let metrics = gw.metrics();
     let s = gw.settings();
-    let shake = tokio::time::timeout(s.header_timeout, handshake(gw, &mut stream)).await;
+    let shake =
+        tokio::time::timeout(s.header_timeout, handshake(gw, &mut stream, &slot.conn)).await;
     let (controls, target) = match shake {
         Ok(Ok(x)) => x,
         Ok(Err(Refused(result))) => {
@@ -56,9 +57,11 @@ pub(super) async fn serve(
         // Silent or slow past the header timeout.
         Err(_) => return,
     };
+    slot.conn.busy();
     let started = Instant::now();
     match tunnel::open(gw, &controls, &target).await {
         Ok(opened) => {
+            slot.conn.tunnel();
             if reply(&mut stream, SUCCEEDED).await.is_err() {
                 return;
             }
@@ -81,7 +84,11 @@ pub(super) async fn serve(
 
 /// Greeting, authentication and the request; the client's controls and
 /// target, or why not (already answered).
-async fn handshake(gw: &Gateway, stream: &mut TcpStream) -> Result<(Controls, Target), Refused> {
+async fn handshake(
+    gw: &Gateway,
+    stream: &mut TcpStream,
+    conn: &ConnState,
+) -> Result<(Controls, Target), Refused> {
     let io = |_| Refused("bad_request");
     let token = gw.settings().token.as_ref();
     let mut head = [0u8; 2];
@@ -115,6 +122,7 @@ async fn handshake(gw: &Gateway, stream: &mut TcpStream) -> Result<(Controls, Ta
                 let _ = stream.write_all(&[1, 1]).await;
                 return Err(Refused("denied"));
             }
+            conn.authenticated();
             // A username that is not controls fails the authentication:
             // SOCKS has no other way to say why.
             match Controls::from_username(&String::from_utf8_lossy(&user)) {
@@ -165,7 +173,8 @@ async fn handshake(gw: &Gateway, stream: &mut TcpStream) -> Result<(Controls, Ta
         let _ = reply(stream, COMMAND_NOT_SUPPORTED).await;
         return Err(Refused("bad_request"));
     }
-    let Ok(target) = Target::new(&host, u16::from_be_bytes(port)) else {
+    // Port 0 too: no server listens there, and no proxy is to be blamed.
+    let Ok(target) = super::http::target(&host, u16::from_be_bytes(port)) else {
         let _ = reply(stream, HOST_UNREACHABLE).await;
         return Err(Refused("bad_request"));
     };

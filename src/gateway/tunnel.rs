@@ -86,10 +86,16 @@ pub(super) async fn open(
     let mut tried = HashSet::new();
     let (mut retries, mut unreached) = (0u32, 0u32);
     let mut last = None;
-    loop {
+    // Failures once the proxy was asked for this target, charged as for
+    // plain requests: when another proxy opens the tunnel, or when they
+    // differ; alike on two or more, the target is the likely cause.
+    let mut alike: Vec<(Lease, Reason)> = Vec::new();
+    let result = loop {
         let lease = match gw.pool().take(&want, &tried).await {
             Ok(lease) => lease,
-            Err(e) => return Err(last.unwrap_or_else(|| TunnelError::NoProxy(no_proxy_why(&e)))),
+            Err(e) => {
+                break Err(last.unwrap_or_else(|| TunnelError::NoProxy(no_proxy_why(&e))));
+            }
         };
         tried.insert(lease.id());
         let t0 = Instant::now();
@@ -97,7 +103,7 @@ pub(super) async fn open(
             Ok(dialed) => {
                 let dial = t0.elapsed();
                 gw.pool().settle(&lease, Used::Worked(dial)).await;
-                return Ok(Opened {
+                break Ok(Opened {
                     stream: dialed.stream,
                     lease,
                     dial,
@@ -109,23 +115,49 @@ pub(super) async fn open(
                 gw.pool().settle(&lease, Used::TargetError).await;
                 unreached += 1;
                 if unreached >= UNREACHED_QUORUM {
-                    return Err(TunnelError::Unreachable);
+                    break Err(TunnelError::Unreachable);
                 }
                 last = Some(TunnelError::Unreachable);
             }
+            // Before the target was named: the proxy's own failure.
+            Err(
+                reason @ (Reason::Refused
+                | Reason::ConnectTimeout
+                | Reason::Unreachable
+                | Reason::ProxyAuthRequired),
+            ) => {
+                charge(gw, &lease, reason).await;
+                last = Some(TunnelError::Failed(reason));
+            }
             Err(reason) => {
-                metrics.upstream_failed(reason);
-                gw.inner.upstreams.forget(lease.id());
-                gw.pool().settle(&lease, Used::ProxyFailed(reason)).await;
+                alike.push((lease, reason));
                 last = Some(TunnelError::Failed(reason));
             }
         }
         if retries >= s.retries {
-            return Err(last.expect("set by every failed attempt"));
+            break Err(last.expect("set by every failed attempt"));
         }
         retries += 1;
         metrics.retried();
+    };
+    let excused =
+        result.is_err() && alike.len() >= 2 && alike.iter().all(|(_, r)| *r == alike[0].1);
+    if excused {
+        tracing::debug!(%target, proxies = alike.len(), "proxies failed alike on one tunnel; none charged");
+    } else {
+        for (failed, reason) in &alike {
+            charge(gw, failed, *reason).await;
+        }
     }
+    result
+}
+
+/// Charges a failure to the lease's proxy: it rests, stops being served
+/// and loses its kept connections.
+pub(super) async fn charge(gw: &Gateway, lease: &Lease, reason: Reason) {
+    gw.inner.metrics.upstream_failed(reason);
+    gw.inner.upstreams.forget(lease.id());
+    gw.pool().settle(lease, Used::ProxyFailed(reason)).await;
 }
 
 /// Relays bytes between `client` and `upstream` until either side ends,

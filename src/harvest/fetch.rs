@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use reqwest::StatusCode;
-use reqwest::header::{HeaderName, HeaderValue, LOCATION, RETRY_AFTER};
+use reqwest::header::{HeaderName, HeaderValue, LOCATION};
 use tokio::io::AsyncReadExt;
 use url::Url;
 
@@ -283,11 +283,7 @@ impl Fetcher {
         let status = resp.status();
         let code = Some(status.as_u16());
         if !status.is_success() {
-            let retry_after = resp
-                .headers()
-                .get(RETRY_AFTER)
-                .and_then(|v| v.to_str().ok())
-                .and_then(parse_retry_after);
+            let retry_after = crate::net::retry_after(resp.headers(), std::time::SystemTime::now());
             return (
                 Err(FetchError {
                     attempts: 0,
@@ -464,17 +460,6 @@ fn error_chain(e: &dyn std::error::Error) -> String {
     msg
 }
 
-/// `Retry-After` as seconds or an HTTP date.
-fn parse_retry_after(v: &str) -> Option<Duration> {
-    let v = v.trim();
-    if let Ok(secs) = v.parse::<u64>() {
-        return Some(Duration::from_secs(secs));
-    }
-    let when = chrono::DateTime::parse_from_rfc2822(v).ok()?;
-    let delta = when.with_timezone(&chrono::Utc) - chrono::Utc::now();
-    Some(delta.to_std().unwrap_or(Duration::ZERO))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -509,15 +494,5 @@ mod tests {
         assert_eq!(why("http://api.localhost/"), Some("loopback"));
         assert_eq!(why("http://example.com/"), None);
         assert_eq!(why("http://8.8.8.8/"), None);
-    }
-
-    #[test]
-    fn retry_after_forms() {
-        assert_eq!(parse_retry_after("3"), Some(Duration::from_secs(3)));
-        assert_eq!(
-            parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT"),
-            Some(Duration::ZERO)
-        );
-        assert_eq!(parse_retry_after("soon"), None);
     }
 }

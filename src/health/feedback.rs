@@ -13,6 +13,7 @@ use tokio::sync::Notify;
 
 use super::index::{Entry, HealthIndex, Strategy};
 use super::query::ProxyQuery;
+use super::sites::{Event, KEEP_FOR_MS, MAX_PAIRS, SiteBook};
 use crate::lock;
 use crate::model::{Outcome, Reason, RecheckPolicy};
 use crate::store::{CheckRecord, ProxyRecord, Store, StoreError};
@@ -40,9 +41,6 @@ const WORKED_FLUSH_CHUNK: usize = 4096;
 
 /// How long a (proxy, site) pair stays banned after the site blocked it.
 pub const BAN_FOR: Duration = Duration::from_secs(600);
-
-/// The most (proxy, site) bans kept; expired ones are dropped first.
-const MAX_BANS: usize = 100_000;
 
 /// The most proxies kept hidden awaiting the record of their verdict.
 const MAX_HIDDEN: usize = 100_000;
@@ -116,11 +114,11 @@ struct Inner {
     adopted: Mutex<Vec<i64>>,
     /// Wakes the check loop when a re-check is queued.
     wake: Notify,
-    /// site → proxy id → banned until (by site first, so a lookup needs
-    /// no key of its own).
-    bans: Mutex<HashMap<String, HashMap<i64, Instant>>>,
-    /// Bans in `bans`, to keep the map bounded.
-    ban_count: std::sync::atomic::AtomicUsize,
+    /// What each site taught about each proxy (by site first, so a lookup
+    /// needs no key of its own).
+    sites: Mutex<SiteBook>,
+    /// Pairs in `sites`: while there are none, picks skip the lock.
+    site_pairs: std::sync::atomic::AtomicUsize,
     /// Worked uses not written yet, by proxy id (at most one entry per
     /// proxy the index served): how many, and when the last (unix ms).
     worked: Mutex<HashMap<i64, (u64, i64)>>,
@@ -205,8 +203,8 @@ impl Feedback {
                 recheck: Mutex::default(),
                 adopted: Mutex::default(),
                 wake: Notify::new(),
-                bans: Mutex::default(),
-                ban_count: std::sync::atomic::AtomicUsize::new(0),
+                sites: Mutex::default(),
+                site_pairs: std::sync::atomic::AtomicUsize::new(0),
                 worked: Mutex::default(),
                 flush_scheduled: AtomicBool::new(false),
                 applied: Mutex::default(),
@@ -248,6 +246,9 @@ impl Feedback {
         let (found, hidden, recheck) = match verdict {
             Verdict::Worked => {
                 let found = self.record_report(id, true, now).await?;
+                if found && let Some(site) = site {
+                    self.note(id, site, Event::Worked(None));
+                }
                 (found, false, false)
             }
             Verdict::Failed(reason) => {
@@ -309,15 +310,19 @@ impl Feedback {
         if let Some(e) = self.inner.index.get(id) {
             e.worked(now);
         }
-        let first = {
+        {
             let mut worked = lock(&self.inner.worked);
-            let first = worked.is_empty();
             let w = worked.entry(id).or_default();
             w.0 += 1;
             w.1 = w.1.max(now);
-            first
-        };
-        if !first || self.inner.flush_scheduled.swap(true, Ordering::AcqRel) {
+        }
+        self.schedule_flush();
+    }
+
+    /// Writes what was counted within [`WORKED_FLUSH_AFTER`], unless a
+    /// write is scheduled already.
+    fn schedule_flush(&self) {
+        if self.inner.flush_scheduled.swap(true, Ordering::AcqRel) {
             return;
         }
         match tokio::runtime::Handle::try_current() {
@@ -354,6 +359,18 @@ impl Feedback {
                     let dropped = chunk.len() + chunks.map(<[_]>::len).sum::<usize>();
                     tracing::debug!(dropped, error = %e, "worked uses not recorded");
                     self.count_unrecorded(dropped);
+                    return Ok(());
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        let sites = lock(&self.inner.sites).take_dirty();
+        for chunk in sites.chunks(WORKED_FLUSH_CHUNK) {
+            match self.inner.store.save_site_records(chunk.to_vec()).await {
+                Ok(()) => {}
+                // They still count in memory; the next change writes them.
+                Err(e) if e.write_failure().is_some() => {
+                    tracing::debug!(error = %e, "what sites taught not recorded");
                     return Ok(());
                 }
                 Err(e) => return Err(e),
@@ -448,41 +465,78 @@ impl Feedback {
 
     /// One proxy to serve: matching `q` at `now`, checked within the
     /// freshness window, not refused by `exclude`, chosen by `strategy`.
-    /// During a burst, proxies re-checked since it began are preferred.
+    /// For a request to `site`, proxies it bans or rests are left out and
+    /// those that worked there come first. During a burst, proxies
+    /// re-checked since it began are preferred. `exclude` must not call
+    /// back into this `Feedback`.
     pub fn pick(
         &self,
         q: &ProxyQuery,
+        site: Option<&str>,
         now: i64,
         strategy: &dyn Strategy,
         exclude: &dyn Fn(&Entry) -> bool,
     ) -> Option<Arc<Entry>> {
         let fresh = self.inner.fresh_within.load(Ordering::Relaxed);
         let stale = |e: &Entry| fresh > 0 && e.proven_at().is_none_or(|t| t < now - fresh);
-        if self.inner.suspect_until.load(Ordering::Relaxed) > now {
-            let before = self.inner.suspect_before.load(Ordering::Relaxed);
-            let suspect = |e: &Entry| e.proven_at().is_none_or(|t| t < before);
-            let verified = self
-                .inner
-                .index
-                .pick(q, now, strategy, &|e| exclude(e) || stale(e) || suspect(e));
+        let book = site
+            .filter(|_| self.inner.site_pairs.load(Ordering::Relaxed) > 0)
+            .map(|_| lock(&self.inner.sites));
+        let at_site = book.as_deref().zip(site).and_then(|(b, s)| b.site(s));
+        let instant = Instant::now();
+        let usable = |e: &Entry| {
+            !exclude(e) && !stale(e) && at_site.is_none_or(|s| s.until(e.id, instant).is_none())
+        };
+        let suspect_until = self.inner.suspect_until.load(Ordering::Relaxed) > now;
+        let before = self.inner.suspect_before.load(Ordering::Relaxed);
+        let verified = |e: &Entry| !suspect_until || e.proven_at().is_some_and(|t| t >= before);
+        let index = &self.inner.index;
+        if let Some(at) = at_site.filter(|s| s.any_proven()) {
+            let proven = index.pick(q, now, strategy, &|e| {
+                !(usable(e) && verified(e) && at.proven(e.id, instant))
+            });
+            if proven.is_some() {
+                return proven;
+            }
+        }
+        if suspect_until {
+            let verified = index.pick(q, now, strategy, &|e| !(usable(e) && verified(e)));
             if verified.is_some() {
                 return verified;
             }
         }
-        self.inner
-            .index
-            .pick(q, now, strategy, &|e| exclude(e) || stale(e))
+        index.pick(q, now, strategy, &|e| !usable(e))
     }
 
     /// Every proxy to serve matching `q` at `now` (checked within the
-    /// freshness window), by id.
-    pub fn select(&self, q: &ProxyQuery, now: i64) -> Vec<Arc<Entry>> {
+    /// freshness window), by id; for `site`, without those it bans or
+    /// rests, and those that worked there first (fastest there first).
+    pub fn select(&self, q: &ProxyQuery, site: Option<&str>, now: i64) -> Vec<Arc<Entry>> {
         let fresh = self.inner.fresh_within.load(Ordering::Relaxed);
         let mut all = self.inner.index.select(q, now);
         if fresh > 0 {
             all.retain(|e| e.proven_at().is_some_and(|t| t >= now - fresh));
         }
+        if let Some(site) = site {
+            self.for_site(site, &mut all, |e| e.id);
+        }
         all
+    }
+
+    /// Leaves out of `items` (proxies, by `id`) those `site` bans or rests
+    /// now, and moves those that worked there to the front, fastest there
+    /// first; the others keep their order.
+    pub fn for_site<T>(&self, site: &str, items: &mut Vec<T>, id: impl Fn(&T) -> i64) {
+        if self.inner.site_pairs.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let book = lock(&self.inner.sites);
+        let Some(at) = book.site(site) else {
+            return;
+        };
+        let now = Instant::now();
+        items.retain(|x| at.until(id(x), now).is_none());
+        items.sort_by_key(|x| at.rank(id(x)));
     }
 
     /// Notes that `entry` was handed out at `now` (unix ms): one whose last
@@ -534,8 +588,33 @@ impl Feedback {
     }
 
     /// Takes the proxies queued for an early re-check.
-    pub fn take_rechecks(&self) -> Vec<i64> {
+    fn take_rechecks(&self) -> Vec<i64> {
         lock(&self.inner.recheck).drain().collect()
+    }
+
+    /// Makes the proxies queued for an early re-check due at `now` in the
+    /// store; how many there were (an error loses them: each is queued
+    /// again by its next failure).
+    pub async fn queue_rechecks(&self, now: i64) -> Result<usize, StoreError> {
+        let ids = self.take_rechecks();
+        let n = ids.len();
+        if n > 0 {
+            self.inner.store.mark_due_many(ids, now).await?;
+        }
+        Ok(n)
+    }
+
+    /// Brings the next check of each `(proxy id, time)` forward to that
+    /// time (unix ms): adopted proxies put on the served cycle.
+    pub async fn schedule_checks(&self, due: Vec<(i64, i64)>) -> Result<(), StoreError> {
+        self.inner.store.pull_checks_in(due).await
+    }
+
+    /// Puts off the next check of proxies whose check reached no verdict
+    /// (every judge was unreachable) to `at` (unix ms), recording nothing
+    /// about them.
+    pub async fn defer_checks(&self, ids: Vec<i64>, at: i64) -> Result<(), StoreError> {
+        self.inner.store.defer_checks(ids, at).await
     }
 
     /// Resolves when a verdict asked for an early re-check.
@@ -639,17 +718,9 @@ impl Feedback {
         self.inner.index.remove(id)
     }
 
-    /// True when `site` blocked proxy `id` less than [`BAN_FOR`] ago.
+    /// True when `site` bans or rests proxy `id` now.
     pub fn is_banned(&self, id: i64, site: &str) -> bool {
-        // Asked for every candidate of every pick: no lock while nothing is
-        // banned, no allocation ever.
-        if self.inner.ban_count.load(Ordering::Relaxed) == 0 {
-            return false;
-        }
-        let bans = lock(&self.inner.bans);
-        bans.get(site)
-            .and_then(|ids| ids.get(&id))
-            .is_some_and(|until| *until > Instant::now())
+        self.banned_until(id, site).is_some()
     }
 
     /// A site rate-limited a proxy (429, or 503 without a ban page): most
@@ -702,54 +773,64 @@ impl Feedback {
 
     /// Until when `site` bans or rests proxy `id`, if it does now.
     pub fn banned_until(&self, id: i64, site: &str) -> Option<Instant> {
-        if self.inner.ban_count.load(Ordering::Relaxed) == 0 {
+        // Asked for every candidate of every pick: no lock while no site
+        // taught anything, no allocation ever.
+        if self.inner.site_pairs.load(Ordering::Relaxed) == 0 {
             return None;
         }
-        let bans = lock(&self.inner.bans);
-        bans.get(site)
-            .and_then(|ids| ids.get(&id))
-            .copied()
-            .filter(|until| *until > Instant::now())
+        let book = lock(&self.inner.sites);
+        book.site(site)?.until(id, Instant::now())
     }
 
-    /// Rests the pair (`id`, `site`) for `rest` after the site rate-limited
-    /// the proxy (429 or 503, with its Retry-After): shorter than a block's
-    /// ban, since the same proxy is welcome again once the limit passes.
-    /// Nothing reaches the store; [`Feedback::is_banned`] answers for both.
+    /// Rests the pair (`id`, `site`) for `rest`: after the site
+    /// rate-limited the proxy (429 or 503, with its Retry-After), or for the
+    /// site's gap after a pick. Shorter than a block's ban, since the same
+    /// proxy is welcome again once the limit passes; kept in memory only.
     pub fn rest(&self, id: i64, site: &str, rest: Duration) {
-        self.ban_for(id, site, rest.min(BAN_FOR));
+        self.note(id, site, Event::Rest(rest.min(BAN_FOR)));
+    }
+
+    /// `site` refused proxy `id` with a bare status (no ban page): the pair
+    /// rests for `rest`, and the refusal is counted and kept.
+    pub fn refused(&self, id: i64, site: &str, rest: Duration) {
+        self.note(id, site, Event::Refused(rest.min(BAN_FOR)));
+    }
+
+    /// A use of proxy `id` at `site` worked in `latency`: counted as
+    /// [`Feedback::worked`] does, and the pair is kept as one the site takes
+    /// (see [`ProxyQuery::site`]).
+    pub fn worked_at(&self, id: i64, site: &str, latency: Duration) {
+        self.note(id, site, Event::Worked(Some(latency)));
+        self.worked(id);
     }
 
     fn ban(&self, id: i64, site: &str) {
-        self.ban_for(id, site, BAN_FOR);
+        self.note(id, site, Event::Refused(BAN_FOR));
     }
 
-    fn ban_for(&self, id: i64, site: &str, rest: Duration) {
-        let now = Instant::now();
-        let mut bans = lock(&self.inner.bans);
-        let mut count = self.inner.ban_count.load(Ordering::Relaxed);
-        if count >= MAX_BANS {
-            bans.retain(|_, ids| {
-                ids.retain(|_, until| *until > now);
-                !ids.is_empty()
-            });
-            count = bans.values().map(HashMap::len).sum();
+    fn note(&self, id: i64, site: &str, event: Event) {
+        let mut book = lock(&self.inner.sites);
+        book.note(id, site, event, Instant::now(), crate::store::now_ms());
+        self.inner.site_pairs.store(book.len(), Ordering::Relaxed);
+        drop(book);
+        if matches!(event, Event::Refused(_)) {
+            self.schedule_flush();
         }
-        let known = bans.get(site).is_some_and(|ids| ids.contains_key(&id));
-        if count < MAX_BANS || known {
-            let until = now + rest;
-            let ids = match bans.get_mut(site) {
-                Some(ids) => ids,
-                None => bans.entry(site.to_owned()).or_default(),
-            };
-            let entry = ids.entry(id).or_insert(until);
-            // A shorter rest never cuts a longer ban short.
-            *entry = (*entry).max(until);
-            if !known {
-                count += 1;
-            }
-        }
-        self.inner.ban_count.store(count, Ordering::Relaxed);
+    }
+
+    /// Brings back what sites taught in the last week (bans still running,
+    /// proxies that worked there), as the store kept it. How many pairs.
+    pub async fn load_sites(&self) -> Result<usize, StoreError> {
+        let now_ms = crate::store::now_ms();
+        let records = self
+            .inner
+            .store
+            .load_site_records(now_ms - KEEP_FOR_MS, MAX_PAIRS)
+            .await?;
+        let mut book = lock(&self.inner.sites);
+        book.restore(records, Instant::now(), now_ms);
+        self.inner.site_pairs.store(book.len(), Ordering::Relaxed);
+        Ok(book.len())
     }
 }
 

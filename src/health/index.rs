@@ -259,8 +259,9 @@ impl HealthIndex {
     }
 
     /// Applies committed records: alive ones are added or replaced, others
-    /// removed.
-    pub fn apply(&self, records: Vec<ProxyRecord>) {
+    /// removed. Only through [`Feedback`](super::Feedback), which keeps a
+    /// proxy hidden by a newer verdict out.
+    pub(super) fn apply(&self, records: Vec<ProxyRecord>) {
         let mut inner = self.write();
         for r in records {
             inner.put(r);
@@ -268,7 +269,7 @@ impl HealthIndex {
     }
 
     /// Drops a proxy. True if it was there.
-    pub fn remove(&self, id: i64) -> bool {
+    pub(super) fn remove(&self, id: i64) -> bool {
         self.write().remove(id)
     }
 

@@ -5,6 +5,7 @@
 mod feedback;
 mod index;
 mod query;
+mod sites;
 
 pub use feedback::{BAN_FOR, Feedback, Reported, SERVED_RECHECK_AFTER, Verdict};
 pub use index::{BestOfTwo, Entry, HealthIndex, Matches, Strategy, score};

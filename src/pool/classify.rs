@@ -101,27 +101,13 @@ impl Classifier {
         }
         let page = self.block_patterns.iter().any(|p| p.is_match(&head));
         if page || self.block_statuses.contains(&code) {
-            return Class::Blocked(retry_after(headers, SystemTime::now()), page);
+            return Class::Blocked(crate::net::retry_after(headers, SystemTime::now()), page);
         }
         if status.is_server_error() {
             return Class::SiteError;
         }
         Class::Page
     }
-}
-
-/// `Retry-After` as a wait from `now`: delay-seconds or an HTTP date.
-pub(crate) fn retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
-    let v = headers
-        .get(http::header::RETRY_AFTER)?
-        .to_str()
-        .ok()?
-        .trim();
-    if let Ok(secs) = v.parse::<u64>() {
-        return Some(Duration::from_secs(secs));
-    }
-    let at = httpdate::parse_http_date(v).ok()?;
-    Some(at.duration_since(now).unwrap_or(Duration::ZERO))
 }
 
 #[cfg(test)]
@@ -174,22 +160,5 @@ mod tests {
         assert_eq!(class(200, portal, false, true), Class::Page);
         let article = "<title>How captchas work</title><p>Free software.</p>";
         assert_eq!(class(200, article, true, false), Class::Page);
-    }
-
-    #[test]
-    fn retry_after_takes_seconds_or_a_date() {
-        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000_000);
-        let mut h = HeaderMap::new();
-        assert_eq!(retry_after(&h, now), None);
-        h.insert(http::header::RETRY_AFTER, "7".parse().unwrap());
-        assert_eq!(retry_after(&h, now), Some(Duration::from_secs(7)));
-        let later = httpdate::fmt_http_date(now + Duration::from_secs(30));
-        h.insert(http::header::RETRY_AFTER, later.parse().unwrap());
-        assert_eq!(retry_after(&h, now), Some(Duration::from_secs(30)));
-        let past = httpdate::fmt_http_date(now - Duration::from_secs(30));
-        h.insert(http::header::RETRY_AFTER, past.parse().unwrap());
-        assert_eq!(retry_after(&h, now), Some(Duration::ZERO));
-        h.insert(http::header::RETRY_AFTER, "soon".parse().unwrap());
-        assert_eq!(retry_after(&h, now), None);
     }
 }

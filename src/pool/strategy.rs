@@ -6,35 +6,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::health::{Entry, Matches, Strategy, score};
-
-/// How the pool picks a proxy for a request.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum StrategyKind {
-    /// Every usable proxy in turn, by id.
-    RoundRobin,
-    /// Any usable proxy, uniformly.
-    Random,
-    /// The usable proxy with the fewest requests in flight, then the
-    /// fewest uses.
-    LeastUsed,
-    /// Two usable proxies at random, the better of them by recent success
-    /// and latency: load spreads while good proxies are favoured.
-    #[default]
-    FastestOfTwo,
-}
-
-impl StrategyKind {
-    /// The command-line spelling.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            StrategyKind::RoundRobin => "round-robin",
-            StrategyKind::Random => "random",
-            StrategyKind::LeastUsed => "least-used",
-            StrategyKind::FastestOfTwo => "fastest-of-two",
-        }
-    }
-}
+pub use crate::model::StrategyKind;
 
 /// What the pool has seen of one proxy.
 #[derive(Clone, Debug, Default)]

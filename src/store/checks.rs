@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use rusqlite::{Connection, OptionalExtension, params};
 
-use super::queries::proxies_by_ids;
+use super::rows::{bump_change_seq, proxies_by_ids};
 use super::{ProxyRecord, Store, StoreError};
 use crate::model::{Outcome, RecheckPolicy};
 use crate::proxy::{Credentials, Proxy, Scheme};
@@ -519,13 +519,6 @@ fn record_checks(
         }
     }
     Ok(ids)
-}
-
-/// Starts a new change number for the rows this transaction writes (see
-/// migration 0003).
-pub(super) fn bump_change_seq(tx: &Connection) -> Result<(), StoreError> {
-    tx.execute("UPDATE meta SET change_seq = change_seq + 1", [])?;
-    Ok(())
 }
 
 /// Gives a detected proxy its real scheme. If a row with that identity

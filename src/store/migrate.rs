@@ -22,6 +22,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/0010_partial_status_index.sql"),
     include_str!("../../migrations/0011_links_by_source.sql"),
     include_str!("../../migrations/0012_source_private.sql"),
+    include_str!("../../migrations/0013_proxy_sites.sql"),
 ];
 
 /// Every table the migrations create: a database holding any other is
@@ -31,6 +32,7 @@ pub const TABLES: &[&str] = &[
     "meta",
     "proxies",
     "proxy_counts",
+    "proxy_sites",
     "proxy_sources",
     "sources",
 ];

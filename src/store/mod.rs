@@ -5,17 +5,20 @@
 
 mod checks;
 mod crawls;
+mod ingest;
+mod listing;
 mod migrate;
-mod queries;
+mod rows;
+mod sites;
 mod unwritable;
 mod writer;
 
 pub use checks::{CheckRecord, DueCursor, DueLane, DueProxy, Recorded};
 pub use crawls::CrawlJobRecord;
-pub use queries::{
-    Page, Presence, ProxyFilter, ProxyRecord, ProxySort, SourceRecord, SourceRun, Stats,
-    UpsertCounts,
-};
+pub use ingest::{SourceRun, UpsertCounts};
+pub use listing::{Page, ProxyFilter, ProxySort};
+pub use rows::{Presence, ProxyRecord, SourceRecord, Stats};
+pub use sites::SiteRecord;
 pub use unwritable::{RETRY_FIRST, RETRY_MAX, WriteFailure, WriteTrouble};
 
 use std::path::{Path, PathBuf};

@@ -97,6 +97,22 @@ impl Daemon {
         }
     }
 
+    /// Waits (up to 30 s) until `/stats` says `n` proxies are servable.
+    pub async fn until_servable(&self, n: u64) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let (_, stats) = self.json("/stats").await;
+            if stats["servable"].as_u64() == Some(n) {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "never {n} servable: {stats}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// `http://addr{path}`.
     pub fn url(&self, path: &str) -> String {
         format!("http://{}{path}", self.addr)

@@ -1,0 +1,250 @@
+//! `proxywarden check`: one check round with a progress display.
+
+use std::io::{IsTerminal, Write};
+use std::path::Path;
+use std::process::ExitCode;
+
+use anyhow::bail;
+use clap::Args;
+
+use super::{Signals, checkpoint, load, open_store, parse_duration};
+
+/// `check` options; each overrides its `[check]` key.
+#[derive(Debug, Args)]
+pub struct CheckArgs {
+    /// Check every stored proxy, not only the due ones.
+    #[arg(long)]
+    pub all: bool,
+    /// Checks in flight (check.concurrency).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub concurrency: Option<u32>,
+    /// Total time per check, e.g. 4s (check.timeout).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub timeout: Option<std::time::Duration>,
+    /// Time to connect to a proxy, e.g. 2s (check.connect_timeout).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub connect_timeout: Option<std::time::Duration>,
+    /// Skip the CONNECT + TLS test (check.https = false).
+    #[arg(long)]
+    pub no_https: bool,
+}
+
+/// `proxywarden check`: one round with a progress display, Ctrl-C stopping
+/// it gracefully (exit status 130 after committing what was checked).
+pub(super) async fn run(config_path: Option<&Path>, args: CheckArgs) -> anyhow::Result<ExitCode> {
+    use std::sync::Arc;
+
+    use crate::check::{self, CheckOptions, Checker, RoundProgress};
+
+    let (config, origin) = load(config_path)?;
+    config.check_runtime_files(&origin.to_string())?;
+    let store = open_store(&config)?;
+    if store.counts().await?.total == 0 {
+        eprintln!(
+            "error: the database {} holds no proxies yet: run `proxywarden harvest` first",
+            config.database.path.display()
+        );
+        return Ok(ExitCode::from(1));
+    }
+    let mut opts = CheckOptions::from_config(&config.check);
+    opts.all = args.all;
+    if let Some(c) = args.concurrency {
+        opts.concurrency = c as usize;
+    }
+    if let Some(t) = args.timeout {
+        opts.timeout = t;
+    }
+    if let Some(t) = args.connect_timeout {
+        opts.connect_timeout = t;
+    }
+    if opts.connect_timeout > opts.timeout {
+        bail!("--connect-timeout must not be longer than --timeout");
+    }
+    opts.https &= !args.no_https;
+    opts.concurrency = check::clamp_concurrency(opts.concurrency);
+
+    let geoip = check::open_geoip(&config)?;
+    let checker = Arc::new(Checker::prepare(&config, &opts, geoip).await?);
+    let cancel = tokio_util::sync::CancellationToken::new();
+    {
+        let cancel = cancel.clone();
+        let mut signals = Signals::new()?;
+        tokio::spawn(async move {
+            // SIGTERM (a service manager, `kill`) is handled as Ctrl-C.
+            signals.next().await;
+            eprintln!("\ninterrupted: finishing the checks in flight (Ctrl-C again to quit now)…");
+            cancel.cancel();
+            signals.next().await;
+            // Every committed result stays; those in flight are checked again.
+            std::process::exit(130);
+        });
+    }
+    let progress = Arc::new(RoundProgress::default());
+    let display = {
+        let progress = progress.clone();
+        let terminal = std::io::stderr().is_terminal();
+        tokio::spawn(async move { show_progress(&progress, terminal).await })
+    };
+    // Nothing is served from this process; the index only completes the
+    // one feedback path the results take to the store.
+    let feedback = crate::health::Feedback::new(crate::health::HealthIndex::new(), store.clone());
+    let result = check::check_round(
+        checker,
+        &store,
+        &feedback,
+        &opts,
+        config.check.recheck_policy(),
+        &cancel,
+        progress.clone(),
+    )
+    .await;
+    checkpoint(&store).await;
+    display.abort();
+    let _ = display.await;
+    if std::io::stderr().is_terminal() {
+        // Clear the progress line.
+        eprint!("\r\x1b[2K");
+    }
+    let summary = match result {
+        Err(check::CheckError::Store(e)) if e.write_failure().is_some() => bail!(
+            "{e}: the round stopped; the results committed before it are kept and the proxies \
+             not recorded stay due: free space for {} and check again",
+            config.database.path.display()
+        ),
+        other => other?,
+    };
+    print_check_summary(&summary, &mut std::io::stdout().lock())?;
+    Ok(if summary.interrupted {
+        ExitCode::from(130)
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+/// A progress bar on a terminal; otherwise a log line every few seconds.
+async fn show_progress(progress: &crate::check::RoundProgress, terminal: bool) {
+    use std::sync::atomic::Ordering;
+    let started = std::time::Instant::now();
+    let bar = terminal.then(|| {
+        let bar = indicatif::ProgressBar::new(0);
+        bar.set_style(
+            indicatif::ProgressStyle::with_template(
+                "{bar:30} {pos}/{len} checked, {msg}, {rate}, ETA {eta}",
+            )
+            .map(|style| {
+                // indicatif's {per_sec} has four decimals; a rate of checks
+                // reads as a whole number.
+                style.with_key(
+                    "rate",
+                    |s: &indicatif::ProgressState, w: &mut dyn std::fmt::Write| {
+                        let _ = w.write_str(&rate_text(s.per_sec()));
+                    },
+                )
+            })
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        bar
+    });
+    let every = if terminal {
+        std::time::Duration::from_millis(200)
+    } else {
+        std::time::Duration::from_secs(5)
+    };
+    let mut tick = tokio::time::interval(every);
+    tick.tick().await;
+    loop {
+        tick.tick().await;
+        let total = progress.total.load(Ordering::Relaxed);
+        let done = progress.done.load(Ordering::Relaxed);
+        let alive = progress.alive.load(Ordering::Relaxed);
+        match &bar {
+            Some(bar) => {
+                bar.set_length(total);
+                bar.set_position(done);
+                bar.set_message(format!("{alive} alive"));
+            }
+            None => {
+                let rate = done as f64 / started.elapsed().as_secs_f64().max(0.001);
+                eprintln!("checked {done}/{total}, {alive} alive, {}", rate_text(rate));
+            }
+        }
+    }
+}
+
+/// A rate as people read it: a whole number per second.
+pub fn rate_text(per_sec: f64) -> String {
+    let per_sec = if per_sec.is_finite() {
+        per_sec.max(0.0)
+    } else {
+        0.0
+    };
+    format!("{per_sec:.0}/s")
+}
+
+/// The end-of-round summary.
+pub fn print_check_summary(
+    s: &crate::check::RoundSummary,
+    out: &mut impl Write,
+) -> std::io::Result<()> {
+    writeln!(
+        out,
+        "checked {} proxies in {:.1}s{}: {} alive, {} dead, {} alive with HTTPS",
+        s.checked,
+        s.elapsed.as_secs_f64(),
+        if s.interrupted { " (interrupted)" } else { "" },
+        s.alive,
+        s.dead,
+        s.https
+    )?;
+    if !s.by_anonymity.is_empty() {
+        let parts: Vec<String> = s
+            .by_anonymity
+            .iter()
+            .rev()
+            .map(|(a, n)| format!("{a} {n}"))
+            .collect();
+        writeln!(out, "alive by anonymity: {}", parts.join(", "))?;
+    }
+    if s.unconfirmed > 0 {
+        writeln!(
+            out,
+            "unconfirmed: {} alive proxies failed in a way that may be the judge's and no second \
+             healthy judge could confirm it; they stay alive and are checked again within a minute",
+            s.unconfirmed
+        )?;
+    }
+    if !s.dead_by_reason.is_empty() {
+        let mut reasons: Vec<(&crate::model::Reason, &u64)> = s.dead_by_reason.iter().collect();
+        reasons.sort_by(|a, b| b.1.cmp(a.1));
+        let parts: Vec<String> = reasons.iter().map(|(r, n)| format!("{r} {n}")).collect();
+        writeln!(out, "dead by reason: {}", parts.join(", "))?;
+    }
+    Ok(())
+}
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Checks no second judge could confirm are named in the summary.
+    #[test]
+    fn the_summary_names_unconfirmed_checks() {
+        let mut s = crate::check::RoundSummary::default();
+        (s.checked, s.alive, s.dead, s.unconfirmed) = (10, 7, 3, 4);
+        let mut out = Vec::new();
+        print_check_summary(&s, &mut out).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert!(text.contains("unconfirmed: 4 alive proxies"), "{text}");
+        s.unconfirmed = 0;
+        let mut out = Vec::new();
+        print_check_summary(&s, &mut out).unwrap();
+        assert!(!String::from_utf8(out).unwrap().contains("unconfirmed"));
+    }
+
+    #[test]
+    fn rates_are_whole_numbers() {
+        assert_eq!(rate_text(1234.5678), "1235/s");
+        assert_eq!(rate_text(0.4), "0/s");
+        assert_eq!(rate_text(f64::NAN), "0/s");
+        assert_eq!(rate_text(f64::INFINITY), "0/s");
+    }
+}

@@ -1,0 +1,145 @@
+//! `proxywarden harvest`: every enabled source once, a line per source as
+//! it finishes on a terminal, and the table.
+
+use std::io::{IsTerminal, Write};
+use std::path::Path;
+use std::process::ExitCode;
+
+use anyhow::bail;
+use clap::Args;
+
+use super::{checkpoint, load, name_width, open_store};
+use crate::harvest::{self, HarvestReport, Progress, SourceReport};
+
+/// `harvest` options.
+#[derive(Debug, Args)]
+pub struct HarvestArgs {
+    /// Only these sources (by name; repeatable).
+    #[arg(long = "source", value_name = "NAME")]
+    pub sources: Vec<String>,
+}
+
+/// Runs `harvest`.
+pub(super) async fn run(config_path: Option<&Path>, args: HarvestArgs) -> anyhow::Result<ExitCode> {
+    let (mut config, origin) = load(config_path)?;
+    if !args.sources.is_empty() {
+        for name in &args.sources {
+            if !config.sources.iter().any(|s| &s.name == name) {
+                bail!("no source named {name:?} in {origin}");
+            }
+        }
+        config.sources.retain(|s| args.sources.contains(&s.name));
+        for s in &mut config.sources {
+            s.enabled = true;
+        }
+    }
+    let store = open_store(&config)?;
+    // On a terminal each source is shown as it finishes, so a slow
+    // one does not look like a hang; piped, only the table is printed.
+    let terminal = std::io::stderr().is_terminal();
+    let show = |r: &SourceReport, p: Progress| {
+        if terminal {
+            eprintln!("[{}/{}] {}", p.finished, p.total, progress_line(r));
+        }
+    };
+    let report = harvest::harvest_all_reporting(&config, &store, &show).await;
+    checkpoint(&store).await;
+    let report = report?;
+    print_harvest(&report, &mut std::io::stdout().lock())?;
+    if let Some(e) = report.store_error() {
+        let stored: usize = report.sources.iter().map(|s| s.stored).sum();
+        let found: usize = report.sources.iter().map(|s| s.found).sum();
+        eprintln!(
+            "error: {e}; {stored} of the {found} proxies found were stored, in whole \
+             transactions, and the rest were not: free space for {} and harvest again",
+            config.database.path.display()
+        );
+        Ok(ExitCode::from(1))
+    } else if report.any_worked() {
+        Ok(ExitCode::SUCCESS)
+    } else {
+        eprintln!(
+            "error: all {} sources failed; nothing was harvested",
+            report.sources.len()
+        );
+        Ok(ExitCode::from(1))
+    }
+}
+
+/// What a finished source did, in one line for progress.
+pub fn progress_line(s: &SourceReport) -> String {
+    let took = s.duration.as_secs_f64();
+    let line = match &s.error {
+        Some(e) if !s.worked() => format!("{}: failed after {took:.1}s: {e}", s.name),
+        _ if s.private > 0 => format!(
+            "{}: {} found, {} new, {} private dropped in {took:.1}s",
+            s.name, s.found, s.new, s.private
+        ),
+        _ => format!("{}: {} found, {} new in {took:.1}s", s.name, s.found, s.new),
+    };
+    match &s.store_error {
+        Some(e) => format!("{line}; only {} stored: {e}", s.stored),
+        None => line,
+    }
+}
+
+/// One line per source and a total.
+pub fn print_harvest(report: &HarvestReport, out: &mut impl Write) -> std::io::Result<()> {
+    let width = name_width(report.sources.iter().map(|s| s.name.as_str()));
+    writeln!(
+        out,
+        "{:<width$}  {:>7}  {:>7}  {:>6}  {:>7}  ERROR",
+        "SOURCE", "FOUND", "NEW", "HTTP", "TIME"
+    )?;
+    for s in &report.sources {
+        let mut error = s.error.clone().unwrap_or_default();
+        if s.truncated {
+            if !error.is_empty() {
+                error.push_str("; ");
+            }
+            error.push_str("truncated at harvest.max_per_source");
+        }
+        if s.private > 0 && s.error.is_none() {
+            if !error.is_empty() {
+                error.push_str("; ");
+            }
+            error.push_str(&format!(
+                "{} private or own addresses dropped (harvest.allow_private_addresses)",
+                s.private
+            ));
+        }
+        writeln!(
+            out,
+            "{:<width$}  {:>7}  {:>7}  {:>6}  {:>6.1}s  {}",
+            s.name,
+            s.found,
+            s.new,
+            s.http_status.map_or("-".to_string(), |c| c.to_string()),
+            s.duration.as_secs_f64(),
+            error
+        )?;
+    }
+    let failed = report.sources.iter().filter(|s| !s.worked()).count();
+    writeln!(
+        out,
+        "total: {} sources ({} ok, {failed} failed), {} distinct proxies, {} new, in {:.1}s",
+        report.sources.len(),
+        report.sources.len() - failed,
+        report.distinct,
+        report.new,
+        report.elapsed.as_secs_f64()
+    )?;
+    // The store's failure is not the sources': apart from their errors,
+    // with what each source got into the store before it.
+    if let Some(e) = report.store_error() {
+        let parts: Vec<String> = report
+            .sources
+            .iter()
+            .filter(|s| !s.stored_all())
+            .map(|s| format!("{} {} of {}", s.name, s.stored, s.found))
+            .collect();
+        writeln!(out, "not stored: {e}")?;
+        writeln!(out, "stored before it: {}", parts.join(", "))?;
+    }
+    Ok(())
+}
