@@ -19,7 +19,10 @@
 //!   close) from 64 concurrent clients: ≥ 2,000 tunnels/s and ≥ 0.5× direct.
 //! - `crowd`: 1,000 idle clients and 100 slowloris clients (a header line
 //!   trickled every 200 ms) held open while one normal client sends
-//!   sequential requests: its p99 ≤ 10 ms.
+//!   sequential requests: its p99 ≤ 10 ms. All come from 127.0.0.1, so
+//!   under the default `gateway.max_connections_per_ip` (1,024) the oldest
+//!   idle ones are closed to make room for the rest (the "still open"
+//!   count).
 //!
 //! The throughput passes also print the CPU time spent per request or
 //! tunnel, in this process (clients, plus the gateway on its path) and in

@@ -5,12 +5,12 @@
 //! Modules, lowest first; a module imports only from those above it here:
 //!
 //! - [`proxy`]: proxy identity, schemes, anonymity, statuses, countries
-//! - [`model`]: the shared vocabulary: candidates and hints, outcomes, failure reasons, re-check policy
+//! - [`model`]: the shared vocabulary: candidates and hints, outcomes, failure reasons, re-check policy, strategy and scope kinds
 //! - [`config`]: raw TOML over the example's defaults → validated [`config::Config`]
 //! - [`html`]: bounded HTML parsing (nesting depth and time caps) shared by harvest and crawl
 //! - [`net`]: the dialer: a stream to host:port directly or through any proxy; TLS setup
-//! - [`store`]: SQLite (WAL): one writer thread, read-only connections, migrations, listings
-//! - [`health`]: the in-memory index of servable proxies, selection, the one feedback path
+//! - [`store`]: SQLite (WAL): one writer thread, read-only connections, migrations, listings, what sites taught
+//! - [`health`]: the in-memory index of servable proxies, the filters' values, selection, the one feedback path with the (proxy, site) records
 //! - [`harvest`]: fetch sources with limits; parse text, HTML and JSON lists
 //! - [`check`]: probes per scheme over the dialer, judges, anonymity, the batched check round
 //! - [`pool`]: fetch through proxies, one pool per process with a client per user: strategies, sticky sessions, caps with a line, cooldowns, bans, per-site pacing, retries

@@ -453,10 +453,7 @@ impl std::str::FromStr for StrategyKind {
     type Err = String;
 
     fn from_str(s: &str) -> Result<StrategyKind, String> {
-        StrategyKind::ALL
-            .into_iter()
-            .find(|k| k.as_str() == s)
-            .ok_or_else(|| one_of(&StrategyKind::ALL.map(StrategyKind::as_str), s))
+        by_name(&StrategyKind::ALL, StrategyKind::as_str, s)
     }
 }
 
@@ -502,22 +499,23 @@ impl std::str::FromStr for ScopeKind {
     type Err = String;
 
     fn from_str(s: &str) -> Result<ScopeKind, String> {
-        ScopeKind::ALL
-            .into_iter()
-            .find(|k| k.as_str() == s)
-            .ok_or_else(|| one_of(&ScopeKind::ALL.map(ScopeKind::as_str), s))
+        by_name(&ScopeKind::ALL, ScopeKind::as_str, s)
     }
 }
 
-/// "expected a, b or c, found \"x\"".
-fn one_of(names: &[&str], found: &str) -> String {
-    let (last, rest) = names.split_last().unwrap_or((&"", &[]));
-    let list = if rest.is_empty() {
-        (*last).to_owned()
-    } else {
-        format!("{} or {last}", rest.join(", "))
+/// The one of `all` that `name` spells `s`; else "expected a, b or c,
+/// found \"s\"".
+fn by_name<K: Copy>(all: &[K], name: fn(K) -> &'static str, s: &str) -> Result<K, String> {
+    if let Some(k) = all.iter().copied().find(|k| name(*k) == s) {
+        return Ok(k);
+    }
+    let names: Vec<&str> = all.iter().map(|k| name(*k)).collect();
+    let list = match names.split_last() {
+        Some((last, rest)) if !rest.is_empty() => format!("{} or {last}", rest.join(", ")),
+        Some((last, _)) => (*last).to_owned(),
+        None => String::new(),
     };
-    format!("expected {list}, found {found:?}")
+    Err(format!("expected {list}, found {s:?}"))
 }
 
 #[cfg(test)]

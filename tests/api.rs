@@ -313,7 +313,7 @@ async fn proxy_as_text_answers_errors_as_text() {
         (
             "/proxy?country=USA&format=TEXT",
             400,
-            "parameter country=\"USA\" is invalid: expected two-letter country codes\n",
+            "parameter country=\"USA\" is invalid: expected two-letter country codes like de or us,gb\n",
         ),
         (
             "/proxy?format=text&colour=red",

@@ -57,10 +57,10 @@ async fn config_example_is_valid_and_config_check_names_every_problem() {
     let err = stderr(&out);
     for needle in [
         "bad.toml: 4 problems",
-        "harvest.timeout: expected a string, found integer",
+        "harvest.timeout: 5 has no unit: write \"5s\" for seconds or \"5m\" for minutes",
         "harvest.max_per_source: must be between 1 and 10000000, found -1",
         "api.listen: expected an address",
-        "api.tokn: unknown key",
+        "api.tokn: unknown key (did you mean `token`?)",
     ] {
         assert!(err.contains(needle), "{needle:?} not in {err}");
     }
@@ -283,7 +283,13 @@ async fn harvest_prints_a_line_per_source_and_export_round_trips() {
 
     let out = proxywarden(dir.path(), &["export", "--country", "Germany"]).await;
     assert!(!out.status.success());
-    assert!(stderr(&out).contains("not a two-letter country code"));
+    assert!(
+        stderr(&out).contains(
+            "invalid value 'Germany' for '--country <COUNTRY>': expected two-letter country codes"
+        ),
+        "{}",
+        stderr(&out)
+    );
 }
 
 #[tokio::test]
@@ -714,6 +720,15 @@ async fn harvest_shows_each_source_as_it_finishes_on_a_terminal() {
         rest.contains("[2/2] hang: failed after") && rest.contains("timed out after 2 attempts"),
         "{rest}"
     );
+    // While it hangs, the source is named (issue 24, Must 7), and its
+    // failure is printed once: in the table, not also as a log line.
+    assert!(rest.contains("still waiting after 2s for: hang"), "{rest}");
+    assert_eq!(
+        rest.matches("timed out after 2 attempts").count(),
+        1,
+        "{rest}"
+    );
+    assert!(!rest.contains("WARN"), "{rest}");
     assert!(child.wait().await.unwrap().success());
 }
 
@@ -1074,4 +1089,547 @@ async fn completions_and_the_manual_page_are_printed() {
             "{command} missing from the manual page"
         );
     }
+}
+
+/// Runs the binary with `input` on stdin.
+async fn proxywarden_stdin(dir: &Path, args: &[&str], input: &str) -> Output {
+    use tokio::io::AsyncWriteExt;
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_proxywarden"))
+        .args(args)
+        .current_dir(dir)
+        .env_remove("PROXYWARDEN_CONFIG")
+        .env_remove("RUST_LOG")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(input.as_bytes()).await.unwrap();
+    drop(stdin);
+    child.wait_with_output().await.unwrap()
+}
+
+/// Issue 24, Must 6: `check --list FILE` with no config checks a list
+/// given by hand (loopback addresses included, as the user gave them)
+/// against the judge named on the command line and prints the working
+/// proxies with the daemon's verdicts; bad lines are counted, not fatal;
+/// nothing is stored without `--store`.
+#[tokio::test]
+async fn check_list_prints_the_working_proxies_with_their_verdicts() {
+    use common::fakes::{self, FakeHttpProxy, FakeSocks5, HttpProxyOpts, ProxyKind, SocksOpts};
+    let dir = tempfile::tempdir().unwrap();
+    let judge = common::judges::Judge::plain().await;
+    let elite = fakes::http_proxy(2).await;
+    let transparent = FakeHttpProxy::start(HttpProxyOpts {
+        kind: ProxyKind::Transparent,
+        upstream_bind: Some(fakes::ip(3)),
+        ..HttpProxyOpts::default()
+    })
+    .await;
+    let socks = FakeSocks5::start(SocksOpts {
+        upstream_bind: Some(fakes::ip(4)),
+        ..SocksOpts::default()
+    })
+    .await;
+    let closed = fakes::closed_port();
+    let list = format!(
+        "# from a forum\nhttp://{}\n{}\n\nhttp://{}\nnot a proxy at all\n{} \n",
+        elite.addr(),
+        socks.addr(),
+        transparent.addr(),
+        closed.addr(),
+    );
+    std::fs::write(dir.path().join("list.txt"), &list).unwrap();
+    let out = proxywarden(
+        dir.path(),
+        &[
+            "check",
+            "--list",
+            "list.txt",
+            "--judge",
+            &judge.url(),
+            "--format",
+            "json",
+            "--timeout",
+            "2s",
+            "--connect-timeout",
+            "1s",
+        ],
+    )
+    .await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let rows: serde_json::Value = serde_json::from_str(&stdout(&out)).expect("JSON on stdout");
+    let rows = rows.as_array().unwrap();
+    let by_url = |url: &str| {
+        rows.iter()
+            .find(|r| r["url"] == url)
+            .unwrap_or_else(|| panic!("{url} not in {rows:?}"))
+    };
+    let e = by_url(&format!("http://{}", elite.addr()));
+    assert_eq!(e["anonymity"], "elite");
+    assert_eq!(e["exit_ip"], "127.0.0.2");
+    assert!(e["latency_ms"].is_u64());
+    assert_eq!(
+        by_url(&format!("http://{}", transparent.addr()))["anonymity"],
+        "transparent"
+    );
+    // No scheme in the list and no --scheme: detected.
+    let s = by_url(&format!("socks5://{}", socks.addr()));
+    assert_eq!(s["scheme"], "socks5");
+    assert_eq!(rows.len(), 3, "{rows:?}");
+    let err = stderr(&out);
+    assert!(
+        err.contains("checked 4 proxies in") && err.contains("3 working, 1 dead"),
+        "{err}"
+    );
+    assert!(
+        err.contains("1 line without a proxy skipped: line 6: \"not a proxy at all\""),
+        "{err}"
+    );
+    // Piped: no progress lines.
+    assert!(!err.contains("alive,"), "{err}");
+    assert!(!dir.path().join("proxywarden.db").exists());
+
+    // From stdin, as txt, with --scheme for entries without one.
+    let out = proxywarden_stdin(
+        dir.path(),
+        &[
+            "check",
+            "--list",
+            "-",
+            "--scheme",
+            "http",
+            "--judge",
+            &judge.url(),
+        ],
+        &format!("{}\n{}\n", elite.addr(), transparent.addr()),
+    )
+    .await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let mut lines: Vec<String> = stdout(&out).lines().map(str::to_owned).collect();
+    lines.sort();
+    let mut want = vec![
+        format!("http://{}", elite.addr()),
+        format!("http://{}", transparent.addr()),
+    ];
+    want.sort();
+    assert_eq!(lines, want);
+
+    // A list with nothing in it is an error that says so.
+    std::fs::write(dir.path().join("empty.txt"), "hello\nworld\n").unwrap();
+    let out = proxywarden(
+        dir.path(),
+        &["check", "--list", "empty.txt", "--judge", &judge.url()],
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("no proxy found in empty.txt (2 lines without a proxy skipped"),
+        "{}",
+        stderr(&out)
+    );
+    let out = proxywarden(
+        dir.path(),
+        &["check", "--list", "missing.txt", "--judge", &judge.url()],
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("cannot open the list missing.txt"),
+        "{}",
+        stderr(&out)
+    );
+    let out = proxywarden(
+        dir.path(),
+        &["check", "--list", "list.txt", "--judge", "ftp://x/"],
+    )
+    .await;
+    assert!(
+        stderr(&out).contains("--judge \"ftp://x/\": expected an http(s) URL"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+/// Issue 24, Must 6: `check --list --store` adds the working proxies, with
+/// their verdicts, to the database; CSV has a header and the verdicts.
+#[tokio::test]
+async fn check_list_store_adds_the_working_proxies_to_the_database() {
+    use common::fakes;
+    let dir = tempfile::tempdir().unwrap();
+    let judge = common::judges::Judge::plain().await;
+    let elite = fakes::http_proxy(2).await;
+    let closed = fakes::closed_port();
+    let list = format!("{}\n{}\n", elite.addr(), closed.addr());
+    std::fs::write(dir.path().join("mine.txt"), &list).unwrap();
+    let out = proxywarden(
+        dir.path(),
+        &[
+            "check",
+            "--list",
+            "mine.txt",
+            "--scheme",
+            "http",
+            "--judge",
+            &judge.url(),
+            "--format",
+            "csv",
+            "--store",
+        ],
+    )
+    .await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let csv = stdout(&out);
+    let mut lines = csv.lines();
+    assert_eq!(
+        lines.next(),
+        Some("url,scheme,host,port,anonymity,https,latency_ms,country,exit_ip")
+    );
+    let row = lines.next().unwrap();
+    assert!(
+        row.starts_with(&format!(
+            "http://{},http,127.0.0.1,{},elite,",
+            elite.addr(),
+            elite.addr().port()
+        )),
+        "{row}"
+    );
+    assert_eq!(lines.next(), None);
+    assert!(
+        stderr(&out).contains("stored 1 working proxies (1 new)"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(stderr(&out).contains("as source list:mine.txt"));
+
+    let out = proxywarden(dir.path(), &["export", "--format", "json"]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let rows: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    let rows = rows.as_array().unwrap();
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0]["url"], format!("http://{}", elite.addr()));
+    assert_eq!(rows[0]["status"], "alive");
+    assert_eq!(rows[0]["anonymity"], "elite");
+    assert_eq!(rows[0]["sources"][0], "list:mine.txt");
+}
+
+/// SIGTERM to a running `proxywarden` child.
+fn sigterm(child: &tokio::process::Child) {
+    let pid = child.id().unwrap();
+    // The shell's built-in kill: a /bin/kill may not be installed.
+    let kill = std::process::Command::new("sh")
+        .args(["-c", &format!("kill -TERM {pid}")])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+}
+
+/// Waits until `proxy` has received a request: the checks are in flight.
+async fn until_asked(proxy: &common::fakes::FakeHttpProxy) {
+    tokio::time::timeout(std::time::Duration::from_secs(20), async {
+        while proxy.requests() == 0 {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the proxy was not asked within 20 s");
+}
+
+/// Issue 24, Must 7: `check --list` and `check` end with status 130 and say
+/// "(interrupted)" on SIGTERM, even when every check was already in flight.
+#[tokio::test]
+async fn check_exits_130_on_sigterm_with_every_check_in_flight() {
+    use common::fakes::{Behavior as ProxyBehavior, FakeHttpProxy, HttpProxyOpts};
+    let dir = tempfile::tempdir().unwrap();
+    let judge = common::judges::Judge::plain().await;
+    let hang = FakeHttpProxy::start(HttpProxyOpts {
+        behavior: ProxyBehavior::Hang,
+        ..HttpProxyOpts::default()
+    })
+    .await;
+    std::fs::write(
+        dir.path().join("l.txt"),
+        format!("http://{}\n", hang.addr()),
+    )
+    .unwrap();
+    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_proxywarden"))
+        .args([
+            "check",
+            "--list",
+            "l.txt",
+            "--judge",
+            &judge.url(),
+            "--timeout",
+            "3s",
+        ])
+        .current_dir(dir.path())
+        .env_remove("PROXYWARDEN_CONFIG")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    until_asked(&hang).await;
+    sigterm(&child);
+    let out = child.wait_with_output().await.unwrap();
+    assert_eq!(out.status.code(), Some(130), "{}", stderr(&out));
+    assert!(stderr(&out).contains("(interrupted)"), "{}", stderr(&out));
+
+    // The stored proxies' check, concurrency far above what is due.
+    let hang2 = FakeHttpProxy::start(HttpProxyOpts {
+        behavior: ProxyBehavior::Hang,
+        ..HttpProxyOpts::default()
+    })
+    .await;
+    common::TestConfig::new(dir.path())
+        .judges(&format!("[\"{}\"]", judge.url()))
+        .set("check", "timeout", "\"3s\"")
+        .write();
+    store_with(dir.path(), &[&hang2.addr().to_string()]).await;
+    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_proxywarden"))
+        .args(["check", "--concurrency", "64"])
+        .current_dir(dir.path())
+        .env_remove("PROXYWARDEN_CONFIG")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    until_asked(&hang2).await;
+    sigterm(&child);
+    let out = child.wait_with_output().await.unwrap();
+    assert_eq!(out.status.code(), Some(130), "{}", stderr(&out));
+    assert!(stdout(&out).contains("(interrupted)"), "{}", stdout(&out));
+}
+
+/// Issue 24, Must 7: the package states its licence (MIT OR Apache-2.0, with
+/// both texts beside it) and what it is; the installed binary carries no
+/// full debug information while benchmarks keep line tables.
+#[test]
+fn the_package_states_its_licence_and_installs_lean() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let manifest: toml::Table = std::fs::read_to_string(root.join("Cargo.toml"))
+        .unwrap()
+        .parse()
+        .unwrap();
+    let package = manifest["package"].as_table().unwrap();
+    assert_eq!(package["license"].as_str(), Some("MIT OR Apache-2.0"));
+    assert!(!package["description"].as_str().unwrap().is_empty());
+    let mit = std::fs::read_to_string(root.join("LICENSE-MIT")).unwrap();
+    assert!(mit.contains("Permission is hereby granted, free of charge"));
+    let apache = std::fs::read_to_string(root.join("LICENSE-APACHE")).unwrap();
+    assert!(apache.contains("Apache License") && apache.contains("Version 2.0"));
+    let profiles = manifest["profile"].as_table().unwrap();
+    let release = profiles["release"].as_table().unwrap();
+    assert_eq!(release["debug"].as_bool(), Some(false));
+    assert_eq!(release["strip"].as_str(), Some("debuginfo"));
+    assert_eq!(
+        profiles["bench"]["debug"].as_str(),
+        Some("line-tables-only")
+    );
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    assert!(readme.contains("cargo install --path ."));
+}
+
+/// Issue 24, Must 7: the crawler's User-Agent names no address that is not
+/// the project's (it named a GitHub page that does not exist).
+#[tokio::test]
+async fn the_crawler_user_agent_names_no_made_up_address() {
+    let dir = tempfile::tempdir().unwrap();
+    let site = FakeSite::start(vec![("/", Behavior::ok("<html>hi</html>"))]).await;
+    let out = proxywarden(
+        dir.path(),
+        &[
+            "crawl",
+            &site.url("/"),
+            "--direct",
+            "--ignore-robots",
+            "--max-pages",
+            "1",
+        ],
+    )
+    .await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let ua = site.last_header("/", "user-agent").unwrap();
+    assert_eq!(ua, format!("proxywarden/{}", env!("CARGO_PKG_VERSION")));
+}
+
+/// Issue 24, Must 7: `config check` reports the files a config names
+/// together with the mistakes in its text, suggests the nearest key for an
+/// unknown one and words duration errors plainly; `[[extra_sources]]` adds
+/// to the built-in sources instead of replacing them.
+#[tokio::test]
+async fn config_check_reports_everything_at_once_in_plain_words() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("bad.toml"),
+        "[check]\njudge = [\"http://127.0.0.1:9/\"]\nextra_ca_file = \"missing-ca.pem\"\n\
+         timeout = \"5 minuts\"\nconnect_timeout = \"2\"\n\
+         [[extra_sources]]\nname = \"mine\"\nurl = \"./nope.txt\"\n",
+    )
+    .unwrap();
+    let out = proxywarden(dir.path(), &["config", "check", "-c", "bad.toml"]).await;
+    assert_eq!(out.status.code(), Some(2));
+    let err = stderr(&out);
+    for needle in [
+        "bad.toml: 5 problems",
+        "check.judge: unknown key (did you mean `judges`?)",
+        "check.timeout: \"5 minuts\" has an unknown unit \"minuts\": use ms, s, m, h or d",
+        "check.connect_timeout: \"2\" has no unit: write \"2s\" for seconds",
+        "check.extra_ca_file: cannot read missing-ca.pem",
+        "extra_sources[0].url: cannot read ./nope.txt",
+    ] {
+        assert!(err.contains(needle), "{needle:?} not in {err}");
+    }
+    assert!(!err.contains(" at "), "parser jargon: {err}");
+
+    std::fs::write(dir.path().join("list.txt"), "1.2.3.4:80\n").unwrap();
+    std::fs::write(
+        dir.path().join("add.toml"),
+        "[[extra_sources]]\nname = \"mine\"\nurl = \"./list.txt\"\n",
+    )
+    .unwrap();
+    let out = proxywarden(dir.path(), &["config", "check", "-c", "add.toml"]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("add.toml: ok (17 sources, 17 enabled;"),
+        "{}",
+        stdout(&out)
+    );
+    // A name already taken by a built-in source is refused.
+    std::fs::write(
+        dir.path().join("dup.toml"),
+        "[[extra_sources]]\nname = \"proxifly\"\nurl = \"./list.txt\"\n",
+    )
+    .unwrap();
+    let out = proxywarden(dir.path(), &["config", "check", "-c", "dup.toml"]).await;
+    assert!(
+        stderr(&out).contains("extra_sources[0].name: duplicate source name \"proxifly\""),
+        "{}",
+        stderr(&out)
+    );
+}
+
+/// Issue 24, Must 7: an HTML source whose page has no proxy table says what
+/// was looked for, and a page with an unclosed `<title>` still yields its
+/// rows.
+#[tokio::test]
+async fn html_sources_say_what_they_looked_for() {
+    let dir = tempfile::tempdir().unwrap();
+    let table = "<table><tr><th>IP Address</th><th>Port</th></tr>\
+                 <tr><td>10.1.2.3</td><td>8080</td></tr></table>";
+    let site = FakeSite::start(vec![
+        (
+            "/other.html",
+            Behavior::ok("<table><tr><th>Name</th><th>Speed</th></tr></table>"),
+        ),
+        (
+            "/title.html",
+            Behavior::ok(format!("<html><head><title>Proxies</head><body>{table}")),
+        ),
+    ])
+    .await;
+    let sources = format!(
+        "[[sources]]\nname = \"other\"\nurl = \"{}\"\nformat = \"html\"\n\
+         [[sources]]\nname = \"title\"\nurl = \"{}\"\nformat = \"html\"\n",
+        site.url("/other.html"),
+        site.url("/title.html")
+    );
+    write_config(dir.path(), &config_toml(dir.path(), &sources));
+    let out = proxywarden(dir.path(), &["harvest"]).await;
+    let table_out = stdout(&out);
+    let other = table_out
+        .lines()
+        .find(|l| l.starts_with("other"))
+        .unwrap_or_else(|| panic!("{table_out}"));
+    assert!(
+        other.contains("no table with IP and Port columns")
+            && other.contains("\"Name\", \"Speed\"")
+            && other.contains("try format = \"text\""),
+        "{other}"
+    );
+    let title = table_out
+        .lines()
+        .find(|l| l.starts_with("title"))
+        .unwrap_or_else(|| panic!("{table_out}"));
+    assert!(
+        title.split_whitespace().nth(1) == Some("1"),
+        "one proxy found: {title}"
+    );
+}
+
+/// Issue 24, Must 6: `check --list` gives the verdicts the daemon records:
+/// the exit country from the configured GeoIP database and HTTPS support
+/// from a TLS judge (one proxy tunnels, one refuses CONNECT).
+#[tokio::test]
+async fn check_list_gives_country_and_https_as_the_daemon_does() {
+    use common::fakes::{self, FakeHttpProxy, HttpProxyOpts};
+    use std::collections::HashMap;
+    let dir = tempfile::tempdir().unwrap();
+    // The judge reports the proxies' exit (127.0.0.2) as a GB test address.
+    let judge = common::judges::Judge::httpbin(HashMap::from([(
+        fakes::ip(2),
+        "81.2.69.160".parse().unwrap(),
+    )]))
+    .await;
+    let tls_judge = common::judges::Judge::tls(dir.path()).await;
+    let tunnels = fakes::http_proxy(2).await;
+    let plain_only = FakeHttpProxy::start(HttpProxyOpts {
+        connect: false,
+        upstream_bind: Some(fakes::ip(2)),
+        ..HttpProxyOpts::default()
+    })
+    .await;
+    let geoip = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/geoip/GeoLite2-Country-Test.mmdb");
+    std::fs::write(
+        dir.path().join("c.toml"),
+        format!(
+            "[check]\nextra_ca_file = \"{}\"\n[geoip]\ndatabase = \"{}\"\n",
+            tls_judge.ca_file().display(),
+            geoip.display()
+        ),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("l.txt"),
+        format!("{}\n{}\n", tunnels.addr(), plain_only.addr()),
+    )
+    .unwrap();
+    let out = proxywarden(
+        dir.path(),
+        &[
+            "check",
+            "-c",
+            "c.toml",
+            "--list",
+            "l.txt",
+            "--scheme",
+            "http",
+            "--judge",
+            &judge.url(),
+            "--judge",
+            &tls_judge.url(),
+            "--format",
+            "json",
+        ],
+    )
+    .await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let rows: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    let row = |addr: std::net::SocketAddr| {
+        rows.as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["url"] == format!("http://{addr}"))
+            .unwrap_or_else(|| panic!("{addr} not in {rows}"))
+            .clone()
+    };
+    let t = row(tunnels.addr());
+    assert_eq!(t["country"], "GB", "{t}");
+    assert_eq!(t["exit_ip"], "81.2.69.160", "{t}");
+    assert_eq!(t["anonymity"], "elite", "{t}");
+    assert_eq!(t["https"], true, "{t}");
+    assert_eq!(row(plain_only.addr())["https"], false);
 }

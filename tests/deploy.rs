@@ -225,6 +225,13 @@ fn the_daemon_keeps_the_promises_the_unit_relies_on() {
         Instant::now() + Duration::from_secs(30),
         &mut seen,
     );
+    // `systemctl status` shows what is served (issue 24, Must 7).
+    await_notify(
+        &notify,
+        "STATUS=serving 0 proxies",
+        Instant::now() + Duration::from_secs(10),
+        &mut seen,
+    );
     // Pings every 200 ms (half of WATCHDOG_USEC): two more within 5 s.
     for _ in 0..2 {
         seen.clear();

@@ -313,7 +313,10 @@ async fn harvest_stores_exactly_the_valid_proxies_and_records_every_source() {
     failed("endless", "larger than the 1 MiB limit");
     failed("bad-json", "invalid JSON");
     failed("cut", "");
-    failed("empty-html", "no proxies found");
+    failed(
+        "empty-html",
+        "no <table> in the page; try format = \"text\"",
+    );
     failed("missing-file", "cannot read");
     failed("redirect-loop", "redirect");
     assert_eq!(source(&report, "broken").http_status, Some(500));

@@ -861,10 +861,12 @@ async fn rebuilding_the_proxies_table_keeps_rows_links_and_rules() {
     let before = store.list_proxies(ProxyFilter::default()).await.unwrap();
     drop(store);
     // Back to the version before the rebuild (6), so that opening runs it
-    // and the migrations after it: without what 0008, 0009 and 0012 add.
+    // and the migrations after it: without what 0008, 0009, 0012 and 0013
+    // add.
     let conn = rusqlite::Connection::open(&path).unwrap();
     conn.execute_batch(
         "ALTER TABLE sources DROP COLUMN last_private;
+         DROP TABLE proxy_sites;
          DROP TABLE proxy_counts;
          DROP TRIGGER proxies_delete_links;
          DROP TRIGGER sources_delete_links;",
@@ -895,6 +897,7 @@ async fn rebuilding_the_proxies_table_keeps_rows_links_and_rules() {
             "meta",
             "proxies",
             "proxy_counts",
+            "proxy_sites",
             "proxy_sources",
             "sources"
         ]

@@ -6,8 +6,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use super::ApiError;
-use crate::health::ProxyQuery;
-use crate::proxy::{Anonymity, Country, Scheme};
+use crate::health::{ProxyQuery, filters};
 
 /// Raw parameters, each name at most once.
 #[derive(Debug, Default)]
@@ -44,32 +43,29 @@ impl Params {
         ))
     }
 
-    /// A comma-separated list, each item parsed by `f`.
+    /// A comma-separated list, each item read by `one` (see
+    /// [`filters::list`]).
     pub fn list<T>(
         &self,
         name: &str,
-        expected: &str,
-        f: impl Fn(&str) -> Option<T>,
+        one: impl Fn(&str) -> Result<T, &'static str>,
     ) -> Result<Vec<T>, ApiError> {
-        let Some(v) = self.get(name) else {
-            return Ok(Vec::new());
-        };
-        let items: Vec<T> = v
-            .split(',')
-            .map(str::trim)
-            .filter(|s| !s.is_empty())
-            .map(|item| f(item).ok_or_else(|| Params::bad(name, item, expected)))
-            .collect::<Result<_, _>>()?;
-        // `country=,` names nothing; read as "any" it would widen what the
-        // client asked for.
-        if items.is_empty() {
-            return Err(Params::bad(
-                name,
-                v,
-                &format!("{expected}, separated by commas (only separators were given)"),
-            ));
+        match self.get(name) {
+            None => Ok(Vec::new()),
+            Some(v) => filters::list(v, one)
+                .map_err(|(item, expected)| Params::bad(name, &item, &expected)),
         }
-        Ok(items)
+    }
+
+    /// One value read by `one`, if given.
+    pub fn value<T>(
+        &self,
+        name: &str,
+        one: impl Fn(&str) -> Result<T, &'static str>,
+    ) -> Result<Option<T>, ApiError> {
+        self.get(name)
+            .map(|v| one(v).map_err(|expected| Params::bad(name, v, expected)))
+            .transpose()
     }
 
     /// A boolean: `true`/`false`/`1`/`0`/`yes`/`no`.
@@ -93,16 +89,6 @@ impl Params {
                     v,
                     &format!("a whole number from {min} to {max}"),
                 )),
-            })
-            .transpose()
-    }
-
-    /// A duration such as `10m` or `90s`.
-    pub fn duration(&self, name: &str) -> Result<Option<Duration>, ApiError> {
-        self.get(name)
-            .map(|v| match humantime::parse_duration(v) {
-                Ok(d) if !d.is_zero() => Ok(d),
-                _ => Err(Params::bad(name, v, "a duration like 10m or 90s")),
             })
             .transpose()
     }
@@ -171,19 +157,23 @@ pub fn parse_site(text: &str) -> Result<String, &'static str> {
 /// `default_max_age`.
 pub fn proxy_query(p: &Params, default_max_age: Duration) -> Result<ProxyQuery, ApiError> {
     let mut q = ProxyQuery {
-        countries: p.list("country", "two-letter country codes", Country::parse)?,
-        schemes: p.list("scheme", "http, socks4 or socks5", |s| {
-            s.to_ascii_lowercase().parse::<Scheme>().ok()
-        })?,
-        min_anonymity: p
-            .choice("anonymity", &["transparent", "anonymous", "elite"])?
-            .map(|a| a.parse::<Anonymity>().expect("choices are valid")),
+        countries: p.list("country", filters::country)?,
+        schemes: p.list("scheme", filters::scheme)?,
+        min_anonymity: p.value("anonymity", filters::anonymity)?,
         https: p.boolean("https")?.unwrap_or(false),
-        max_latency_ms: p.number("max_latency_ms", 1, 3_600_000)?,
-        max_age: Some(p.duration("max_age")?.unwrap_or(default_max_age)),
+        max_latency_ms: p.value("max_latency_ms", filters::max_latency_ms)?,
+        max_age: Some(
+            p.value("max_age", filters::max_age)?
+                .unwrap_or(default_max_age),
+        ),
         ..ProxyQuery::default()
     };
-    for item in p.list("exclude", "proxy ids or host:port", |s| Some(s.to_owned()))? {
+    // Each item is read below; a blank one says what was expected.
+    let ids_or_addresses = |s: &str| match s {
+        "" => Err("proxy ids or host:port"),
+        s => Ok(s.to_owned()),
+    };
+    for item in p.list("exclude", ids_or_addresses)? {
         if let Ok(id) = item.parse::<i64>() {
             q.exclude_ids.insert(id);
         } else if let Ok(addr) = item.parse::<SocketAddr>() {

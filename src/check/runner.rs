@@ -137,6 +137,9 @@ pub struct RoundSummary {
     pub dead_by_reason: BTreeMap<Reason, u64>,
     /// Alive and tunnelling HTTPS.
     pub https: u64,
+    /// Alive but not put to the HTTPS test this round (not due, no TLS
+    /// judge, or the test proved nothing): their stored result stands.
+    pub https_untested: u64,
     /// Alive, by anonymity.
     pub by_anonymity: BTreeMap<Anonymity, u64>,
     /// Checks that ended without a verdict: a proxy that passed its last
@@ -160,8 +163,10 @@ impl RoundSummary {
         match o.failure {
             None => {
                 self.alive += 1;
-                if o.https == Some(true) {
-                    self.https += 1;
+                match o.https {
+                    Some(true) => self.https += 1,
+                    Some(false) => {}
+                    None => self.https_untested += 1,
                 }
                 if let Some(a) = o.anonymity {
                     *self.by_anonymity.entry(a).or_default() += 1;

@@ -27,26 +27,17 @@ pub struct CheckArgs {
     /// Skip the CONNECT + TLS test (check.https = false).
     #[arg(long)]
     pub no_https: bool,
+    /// Checking a list given by hand.
+    #[command(flatten)]
+    pub list: super::check_list::ListArgs,
 }
 
-/// `proxywarden check`: one round with a progress display, Ctrl-C stopping
-/// it gracefully (exit status 130 after committing what was checked).
-pub(super) async fn run(config_path: Option<&Path>, args: CheckArgs) -> anyhow::Result<ExitCode> {
-    use std::sync::Arc;
-
-    use crate::check::{self, CheckOptions, Checker, RoundProgress};
-
-    let (config, origin) = load(config_path)?;
-    config.check_runtime_files(&origin.to_string())?;
-    let store = open_store(&config)?;
-    if store.counts().await?.total == 0 {
-        eprintln!(
-            "error: the database {} holds no proxies yet: run `proxywarden harvest` first",
-            config.database.path.display()
-        );
-        return Ok(ExitCode::from(1));
-    }
-    let mut opts = CheckOptions::from_config(&config.check);
+/// The round's options: `[check]` with the command line's overrides.
+pub(super) fn options(
+    config: &crate::config::Config,
+    args: &CheckArgs,
+) -> anyhow::Result<crate::check::CheckOptions> {
+    let mut opts = crate::check::CheckOptions::from_config(&config.check);
     opts.all = args.all;
     if let Some(c) = args.concurrency {
         opts.concurrency = c as usize;
@@ -61,24 +52,54 @@ pub(super) async fn run(config_path: Option<&Path>, args: CheckArgs) -> anyhow::
         bail!("--connect-timeout must not be longer than --timeout");
     }
     opts.https &= !args.no_https;
-    opts.concurrency = check::clamp_concurrency(opts.concurrency);
+    opts.concurrency = crate::check::clamp_concurrency(opts.concurrency);
+    Ok(opts)
+}
 
+/// Cancels `cancel` on the first SIGTERM or SIGINT (a service manager,
+/// `kill` and Ctrl-C alike), letting the checks in flight finish; a second
+/// one quits at once with status 130.
+pub(super) fn on_signals(cancel: tokio_util::sync::CancellationToken) -> anyhow::Result<()> {
+    let mut signals = Signals::new()?;
+    tokio::spawn(async move {
+        signals.next().await;
+        eprintln!("\ninterrupted: finishing the checks in flight (Ctrl-C again to quit now)…");
+        cancel.cancel();
+        signals.next().await;
+        // Every committed result stays; those in flight are checked again.
+        std::process::exit(130);
+    });
+    Ok(())
+}
+
+/// `proxywarden check`: one round with a progress display, Ctrl-C stopping
+/// it gracefully (exit status 130 after committing what was checked).
+pub(super) async fn run(config_path: Option<&Path>, args: CheckArgs) -> anyhow::Result<ExitCode> {
+    use std::sync::Arc;
+
+    use crate::check::{self, Checker, RoundProgress};
+
+    if let Some(list) = args.list.list.clone() {
+        return super::check_list::run(config_path, args, &list).await;
+    }
+    let (config, origin) = load(config_path)?;
+    config.check_runtime_files(&origin.to_string())?;
+    let store = open_store(&config)?;
+    if store.counts().await?.total == 0 {
+        eprintln!(
+            "error: the database {} holds no proxies yet: run `proxywarden harvest` first",
+            config.database.path.display()
+        );
+        return Ok(ExitCode::from(1));
+    }
+    let opts = options(&config, &args)?;
+
+    // Listened to before the judges are asked: a signal then still ends
+    // the command as interrupted.
+    let cancel = tokio_util::sync::CancellationToken::new();
+    on_signals(cancel.clone())?;
     let geoip = check::open_geoip(&config)?;
     let checker = Arc::new(Checker::prepare(&config, &opts, geoip).await?);
-    let cancel = tokio_util::sync::CancellationToken::new();
-    {
-        let cancel = cancel.clone();
-        let mut signals = Signals::new()?;
-        tokio::spawn(async move {
-            // SIGTERM (a service manager, `kill`) is handled as Ctrl-C.
-            signals.next().await;
-            eprintln!("\ninterrupted: finishing the checks in flight (Ctrl-C again to quit now)…");
-            cancel.cancel();
-            signals.next().await;
-            // Every committed result stays; those in flight are checked again.
-            std::process::exit(130);
-        });
-    }
     let progress = Arc::new(RoundProgress::default());
     let display = {
         let progress = progress.clone();
@@ -113,6 +134,10 @@ pub(super) async fn run(config_path: Option<&Path>, args: CheckArgs) -> anyhow::
         ),
         other => other?,
     };
+    let mut summary = summary;
+    // Interrupted even when every due proxy had been started (all in
+    // flight): the user stopped the command, and its status says so.
+    summary.interrupted |= cancel.is_cancelled();
     print_check_summary(&summary, &mut std::io::stdout().lock())?;
     Ok(if summary.interrupted {
         ExitCode::from(130)
@@ -122,7 +147,7 @@ pub(super) async fn run(config_path: Option<&Path>, args: CheckArgs) -> anyhow::
 }
 
 /// A progress bar on a terminal; otherwise a log line every few seconds.
-async fn show_progress(progress: &crate::check::RoundProgress, terminal: bool) {
+pub(super) async fn show_progress(progress: &crate::check::RoundProgress, terminal: bool) {
     use std::sync::atomic::Ordering;
     let started = std::time::Instant::now();
     let bar = terminal.then(|| {
@@ -186,15 +211,27 @@ pub fn print_check_summary(
     s: &crate::check::RoundSummary,
     out: &mut impl Write,
 ) -> std::io::Result<()> {
+    // "with HTTPS" counts only what this round tested; the others keep
+    // what an earlier test found.
+    let tested = s.alive - s.https_untested.min(s.alive);
+    let https = match (tested, s.https_untested) {
+        (0, 0) => String::new(),
+        (0, kept) => format!(" (HTTPS not tested: {kept} alive keep their earlier result)"),
+        (t, 0) if t == s.alive => format!(", {} alive with HTTPS", s.https),
+        (t, kept) => format!(
+            ", {} of the {t} tested alive with HTTPS ({kept} alive not tested keep their earlier \
+             result)",
+            s.https
+        ),
+    };
     writeln!(
         out,
-        "checked {} proxies in {:.1}s{}: {} alive, {} dead, {} alive with HTTPS",
+        "checked {} proxies in {:.1}s{}: {} alive, {} dead{https}",
         s.checked,
         s.elapsed.as_secs_f64(),
         if s.interrupted { " (interrupted)" } else { "" },
         s.alive,
         s.dead,
-        s.https
     )?;
     if !s.by_anonymity.is_empty() {
         let parts: Vec<String> = s
@@ -238,6 +275,30 @@ mod tests {
         let mut out = Vec::new();
         print_check_summary(&s, &mut out).unwrap();
         assert!(!String::from_utf8(out).unwrap().contains("unconfirmed"));
+    }
+
+    /// "alive with HTTPS" counts only the proxies this round tested.
+    #[test]
+    fn the_summary_names_https_results_kept_from_earlier() {
+        let text = |alive, https, untested| {
+            let mut s = crate::check::RoundSummary::default();
+            (s.checked, s.alive, s.dead) = (alive + 1, alive, 1);
+            (s.https, s.https_untested) = (https, untested);
+            let mut out = Vec::new();
+            print_check_summary(&s, &mut out).unwrap();
+            String::from_utf8(out).unwrap()
+        };
+        assert!(text(7, 2, 0).contains(": 7 alive, 1 dead, 2 alive with HTTPS\n"));
+        assert!(text(7, 2, 3).contains(
+            ": 7 alive, 1 dead, 2 of the 4 tested alive with HTTPS (3 alive not tested keep \
+             their earlier result)"
+        ));
+        assert!(
+            text(7, 0, 7).contains(
+                ": 7 alive, 1 dead (HTTPS not tested: 7 alive keep their earlier result)"
+            )
+        );
+        assert!(text(0, 0, 0).contains(": 0 alive, 1 dead\n"));
     }
 
     #[test]

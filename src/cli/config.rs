@@ -29,9 +29,9 @@ pub(super) fn run(config_path: Option<&Path>, command: ConfigCommand) -> anyhow:
             Ok(ExitCode::SUCCESS)
         }
         ConfigCommand::Check => {
-            let (config, origin) = Config::discover(config_path)?;
-            // What would only fail later: files that cannot be read.
-            config.check_files(&origin.to_string())?;
+            // The text and what would only fail later, files that cannot
+            // be read, reported together.
+            let (config, origin) = Config::discover_checked(config_path)?;
             let enabled = config.sources.iter().filter(|s| s.enabled).count();
             println!(
                 "{origin}: ok ({} sources, {enabled} enabled; database {})",

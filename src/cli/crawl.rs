@@ -141,7 +141,12 @@ fn parse_size(s: &str) -> Result<u64, String> {
 }
 
 fn parse_duration_or_zero(s: &str) -> Result<std::time::Duration, String> {
-    humantime::parse_duration(s).map_err(|e| format!("expected a duration like 500ms ({e})"))
+    match crate::config::parse_duration(s) {
+        Err(_) if humantime::parse_duration(s.trim()).is_ok_and(|d| d.is_zero()) => {
+            Ok(std::time::Duration::ZERO)
+        }
+        other => other,
+    }
 }
 
 /// The meta key holding the command line a crawl state was started with.

@@ -4,6 +4,7 @@
 use std::io::{IsTerminal, Write};
 use std::path::Path;
 use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
 
 use anyhow::bail;
 use clap::Args;
@@ -37,12 +38,39 @@ pub(super) async fn run(config_path: Option<&Path>, args: HarvestArgs) -> anyhow
     // On a terminal each source is shown as it finishes, so a slow
     // one does not look like a hang; piped, only the table is printed.
     let terminal = std::io::stderr().is_terminal();
+    let pending: Arc<Mutex<Vec<String>>> = Arc::new(Mutex::new(
+        config
+            .sources
+            .iter()
+            .filter(|s| s.enabled)
+            .map(|s| s.name.clone())
+            .collect(),
+    ));
     let show = |r: &SourceReport, p: Progress| {
+        lock(&pending).retain(|name| name != &r.name);
         if terminal {
             eprintln!("[{}/{}] {}", p.finished, p.total, progress_line(r));
         }
     };
+    // A source that hangs is named while the others wait for it.
+    let waiting = terminal.then(|| {
+        let pending = pending.clone();
+        tokio::spawn(async move {
+            let started = std::time::Instant::now();
+            tokio::time::sleep(PENDING_FIRST).await;
+            loop {
+                let names = lock(&pending).clone();
+                if !names.is_empty() {
+                    eprintln!("{}", pending_line(&names, started.elapsed()));
+                }
+                tokio::time::sleep(PENDING_EVERY).await;
+            }
+        })
+    });
     let report = harvest::harvest_all_reporting(&config, &store, &show).await;
+    if let Some(waiting) = waiting {
+        waiting.abort();
+    }
     checkpoint(&store).await;
     let report = report?;
     print_harvest(&report, &mut std::io::stdout().lock())?;
@@ -66,11 +94,45 @@ pub(super) async fn run(config_path: Option<&Path>, args: HarvestArgs) -> anyhow
     }
 }
 
-/// What a finished source did, in one line for progress.
+/// When the sources still pending are first named on a terminal: most
+/// sources answer within a second or two.
+const PENDING_FIRST: std::time::Duration = std::time::Duration::from_secs(2);
+/// How often they are named again.
+const PENDING_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+/// The most pending sources named in one line; the rest are counted.
+const PENDING_NAMED: usize = 5;
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The sources still being fetched, `after` the start, in one line.
+pub fn pending_line(names: &[String], after: std::time::Duration) -> String {
+    let shown = names
+        .iter()
+        .take(PENDING_NAMED)
+        .cloned()
+        .collect::<Vec<_>>();
+    let more = names.len().saturating_sub(PENDING_NAMED);
+    let more = if more > 0 {
+        format!(" and {more} more")
+    } else {
+        String::new()
+    };
+    format!(
+        "… still waiting after {}s for: {}{more}",
+        after.as_secs(),
+        shown.join(", ")
+    )
+}
+
+/// What a finished source did, in one line for progress. A failure's
+/// reason is left to the table printed at the end, so that a terminal
+/// shows it once.
 pub fn progress_line(s: &SourceReport) -> String {
     let took = s.duration.as_secs_f64();
     let line = match &s.error {
-        Some(e) if !s.worked() => format!("{}: failed after {took:.1}s: {e}", s.name),
+        Some(_) if !s.worked() => format!("{}: failed after {took:.1}s", s.name),
         _ if s.private > 0 => format!(
             "{}: {} found, {} new, {} private dropped in {took:.1}s",
             s.name, s.found, s.new, s.private

@@ -3,6 +3,7 @@
 //! and are printed by `main`.
 
 mod check;
+mod check_list;
 mod config;
 mod crawl;
 mod export;
@@ -19,6 +20,7 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 
 pub use check::{CheckArgs, print_check_summary, rate_text};
+pub use check_list::{ListArgs, ListFormat, ListScheme};
 pub use config::ConfigCommand;
 pub use crawl::{CrawlArgs, NoProxyArg};
 pub use export::{ExportArgs, ExportFormat, StatusFilter};
@@ -26,6 +28,7 @@ pub use harvest::{HarvestArgs, print_harvest, progress_line};
 pub use stats::{StatsArgs, print_stats};
 
 use crate::config::{Config, ConfigOrigin};
+use crate::health::filters;
 use crate::proxy::{Country, Scheme};
 use crate::store::Store;
 
@@ -54,7 +57,8 @@ pub enum Command {
     Serve,
     /// Fetch every enabled source once and store what they list.
     Harvest(HarvestArgs),
-    /// Check the due proxies once (or all of them) against the judges.
+    /// Check the due proxies once (or all of them, or a list given by hand
+    /// with --list) against the judges.
     Check(CheckArgs),
     /// Delete proxies dead for longer than check.purge_after that no source lists any more.
     Purge,
@@ -80,33 +84,29 @@ pub enum Command {
     Man,
 }
 fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
-    match humantime::parse_duration(s) {
-        Ok(d) if !d.is_zero() => Ok(d),
-        Ok(_) => Err("must be longer than zero".into()),
-        Err(e) => Err(format!("expected a duration like 4s or 500ms ({e})")),
-    }
+    crate::config::parse_duration(s)
 }
 /// The proxy filters `export` and `crawl` share, as the API's.
 #[derive(Debug, Args)]
 pub struct ProxyFilterArgs {
     /// Only proxies in these countries (comma-separated ISO codes).
-    #[arg(long, value_delimiter = ',', value_parser = parse_country)]
+    #[arg(long, value_delimiter = ',', value_parser = filter(filters::country))]
     pub country: Vec<Country>,
     /// Only these schemes (comma-separated: http, socks4, socks5).
-    #[arg(long, value_delimiter = ',', value_parser = parse_scheme)]
+    #[arg(long, value_delimiter = ',', value_parser = filter(filters::scheme))]
     pub scheme: Vec<Scheme>,
     /// At least this anonymous (transparent < anonymous < elite).
-    #[arg(long, value_parser = parse_anonymity)]
+    #[arg(long, value_parser = filter(filters::anonymity))]
     pub anonymity: Option<crate::proxy::Anonymity>,
     /// Only proxies that tunnel HTTPS.
     #[arg(long)]
     pub https: bool,
     /// Only proxies at most this slow.
-    #[arg(long, value_name = "MS")]
-    pub max_latency_ms: Option<u32>,
+    #[arg(long, value_name = "MS", value_parser = filter(filters::max_latency_ms))]
+    pub max_latency_ms: Option<i64>,
     /// Alive proxies whose last passed check is at most this old (default:
     /// api.max_age, as the API serves them).
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    #[arg(long, value_name = "DURATION", value_parser = filter(filters::max_age))]
     pub max_age: Option<std::time::Duration>,
 }
 
@@ -118,23 +118,20 @@ impl ProxyFilterArgs {
             schemes: self.scheme.clone(),
             min_anonymity: self.anonymity,
             https: self.https,
-            max_latency_ms: self.max_latency_ms.map(i64::from),
+            max_latency_ms: self.max_latency_ms,
             max_age: Some(self.max_age.unwrap_or(default_max_age)),
             ..Default::default()
         }
     }
 }
-fn parse_anonymity(s: &str) -> Result<crate::proxy::Anonymity, crate::proxy::ParseError> {
-    s.trim().to_ascii_lowercase().parse()
+/// A proxy filter's value read as the API reads it (see
+/// [`filters`](crate::health::filters)).
+fn filter<T>(
+    read: fn(&str) -> Result<T, &'static str>,
+) -> impl Fn(&str) -> Result<T, String> + Clone {
+    move |s| read(s).map_err(|expected| format!("expected {expected}"))
 }
 
-fn parse_country(s: &str) -> Result<Country, String> {
-    Country::parse(s).ok_or_else(|| format!("{s:?} is not a two-letter country code"))
-}
-
-fn parse_scheme(s: &str) -> Result<Scheme, crate::proxy::ParseError> {
-    s.trim().to_ascii_lowercase().parse()
-}
 /// Runs a parsed command line.
 pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let config_path = cli.config.as_deref();

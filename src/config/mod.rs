@@ -7,6 +7,8 @@ mod api;
 mod check;
 mod crawls;
 mod database;
+mod duration;
+mod files;
 mod gateway;
 mod geoip;
 mod harvest;
@@ -25,6 +27,7 @@ pub use api::{ApiConfig, MIN_PUBLIC_TOKEN, Secret};
 pub use check::{CheckConfig, JudgeConfig};
 pub use crawls::CrawlsConfig;
 pub use database::DatabaseConfig;
+pub use duration::parse_duration;
 pub use gateway::GatewayConfig;
 pub use geoip::GeoipConfig;
 pub use harvest::HarvestConfig;
@@ -154,6 +157,47 @@ impl fmt::Display for ConfigOrigin {
 }
 
 impl Config {
+    /// The file [`Config::discover`] reads, if any.
+    fn locate(explicit: Option<&Path>) -> Option<PathBuf> {
+        let env = std::env::var_os(CONFIG_ENV).filter(|v| !v.is_empty());
+        match (explicit, env) {
+            (Some(p), _) => Some(p.to_path_buf()),
+            (None, Some(e)) => Some(PathBuf::from(e)),
+            (None, None) => {
+                let p = PathBuf::from(DEFAULT_FILE);
+                p.exists().then_some(p)
+            }
+        }
+    }
+
+    /// [`Config::discover`] and [`Config::check_files`] together, as
+    /// `config check` runs them: a file with mistakes in its text also has
+    /// the files it names checked, so that every problem is reported at
+    /// once.
+    pub fn discover_checked(
+        explicit: Option<&Path>,
+    ) -> Result<(Config, ConfigOrigin), ConfigError> {
+        match Config::discover(explicit) {
+            Ok((config, origin)) => {
+                config.check_files(&origin.to_string())?;
+                Ok((config, origin))
+            }
+            Err(mut e) => {
+                let table = Config::locate(explicit)
+                    .and_then(|p| std::fs::read_to_string(p).ok())
+                    .and_then(|text| text.parse::<Table>().ok());
+                if let Some(table) = table {
+                    for p in files::FileRefs::of_table(&table).problems(true) {
+                        if !e.problems.iter().any(|q| q.key == p.key) {
+                            e.problems.push(p);
+                        }
+                    }
+                }
+                Err(e)
+            }
+        }
+    }
+
     /// The built-in defaults: the example configuration.
     pub fn defaults() -> Config {
         // The example is part of the binary and covered by tests, so a
@@ -167,16 +211,7 @@ impl Config {
     /// `$PROXYWARDEN_CONFIG`, else `./proxywarden.toml` if present, else the
     /// built-in defaults.
     pub fn discover(explicit: Option<&Path>) -> Result<(Config, ConfigOrigin), ConfigError> {
-        let env = std::env::var_os(CONFIG_ENV).filter(|v| !v.is_empty());
-        let path = match (explicit, env) {
-            (Some(p), _) => Some(p.to_path_buf()),
-            (None, Some(e)) => Some(PathBuf::from(e)),
-            (None, None) => {
-                let p = PathBuf::from(DEFAULT_FILE);
-                p.exists().then_some(p)
-            }
-        };
-        match path {
+        match Config::locate(explicit) {
             Some(p) => Ok((Config::load(&p)?, ConfigOrigin::File(p))),
             None => Ok((Config::defaults(), ConfigOrigin::Defaults)),
         }
@@ -235,65 +270,7 @@ impl Config {
     }
 
     fn file_problems(&self, file: &str, sources: bool) -> Result<(), ConfigError> {
-        let mut problems = Vec::new();
-        let mut check = |key: String, path: &Path| {
-            if let Err(e) = readable_file(path) {
-                problems.push(Problem {
-                    key,
-                    message: format!("cannot read {}: {e}", path.display()),
-                });
-            }
-        };
-        if let Some(ca) = &self.check.extra_ca_file {
-            check("check.extra_ca_file".into(), ca);
-        }
-        if let Some(db) = &self.geoip.database {
-            check("geoip.database".into(), db);
-        }
-        // A readable file that is not a country database would only fail
-        // when the first check round opens it.
-        if let Some(db) = &self.geoip.database
-            && readable_file(db).is_ok()
-            && let Err(e) = maxminddb::Reader::open_readfile(db)
-        {
-            problems.push(Problem {
-                key: "geoip.database".into(),
-                message: format!(
-                    "{} is not a MaxMind country database (.mmdb): {e}",
-                    db.display()
-                ),
-            });
-        }
-        if sources {
-            for (i, s) in self.sources.iter().enumerate() {
-                let SourceLocation::File(path) = &s.location else {
-                    continue;
-                };
-                if !s.enabled {
-                    continue;
-                }
-                if let Err(e) = readable_file(path) {
-                    // `example.com/list.txt` is more likely a URL missing
-                    // its scheme than a relative path.
-                    let looks_like_a_path = Path::new(&s.url).is_absolute()
-                        || s.url.starts_with("./")
-                        || s.url.starts_with("../")
-                        || s.url.to_ascii_lowercase().starts_with("file:");
-                    let message = if looks_like_a_path {
-                        format!("cannot read {}: {e}", path.display())
-                    } else {
-                        format!(
-                            "{:?} is neither an http(s) URL nor a readable file ({e}); a URL needs http:// or https://",
-                            s.url
-                        )
-                    };
-                    problems.push(Problem {
-                        key: format!("sources[{i}].url"),
-                        message,
-                    });
-                }
-            }
-        }
+        let problems = files::FileRefs::of(self).problems(sources);
         if problems.is_empty() {
             Ok(())
         } else {
@@ -303,22 +280,6 @@ impl Config {
             })
         }
     }
-}
-
-/// Ok when `path` is a file this process can read.
-fn readable_file(path: &Path) -> std::io::Result<()> {
-    use std::io::Read;
-    // Looked at before opening: opening a FIFO would wait for a writer.
-    let meta = std::fs::metadata(path)?;
-    if meta.is_dir() {
-        return Err(std::io::Error::other("it is a directory"));
-    }
-    if !meta.is_file() {
-        return Err(std::io::Error::other("not a regular file"));
-    }
-    // Opening can succeed where reading does not (a broken mount).
-    let _bytes = std::fs::File::open(path)?.read(&mut [0u8; 1])?;
-    Ok(())
 }
 
 /// Validates every section. A key the user leaves out is read from the
@@ -481,8 +442,8 @@ mod tests {
         assert_eq!(
             keys,
             [
-                "harvest.timout: unknown key",
-                "sources[0].enabeld: unknown key"
+                "harvest.timout: unknown key (did you mean `timeout`?)",
+                "sources[0].enabeld: unknown key (did you mean `enabled`?)"
             ]
         );
         assert!(err.to_string().starts_with("my.toml: 2 problems"), "{err}");

@@ -15,6 +15,18 @@ pub(super) fn type_name(v: &Value) -> &'static str {
     v.type_str()
 }
 
+/// The known key closest to `unknown`, if one is close enough to be a
+/// typo of it (`judge` for `judges`, `tokn` for `token`).
+fn nearest<'a>(unknown: &str, known: &'a [String]) -> Option<&'a str> {
+    let lower = unknown.to_ascii_lowercase();
+    known
+        .iter()
+        .map(|k| (strsim::damerau_levenshtein(&lower, k), k))
+        .filter(|(d, k)| *d <= (k.len() / 3).max(1))
+        .min_by_key(|(d, _)| *d)
+        .map(|(_, k)| k.as_str())
+}
+
 /// A table being validated. A key is read from the user's table, else from
 /// the example's (the defaults). Keys are taken out as they are read, so the
 /// user's keys left at the end are unknown; the example's leftovers are keys
@@ -28,6 +40,9 @@ pub(super) struct Section {
     user: Table,
     defaults: Table,
     problems: Vec<Problem>,
+    /// Every key this section knows (the example's and those read), for
+    /// suggesting the nearest one to an unknown key.
+    known: Vec<String>,
 }
 
 impl Section {
@@ -37,6 +52,7 @@ impl Section {
     pub(super) fn new(prefix: &str, user: Table, defaults: Table) -> Section {
         Section {
             prefix: prefix.to_owned(),
+            known: defaults.keys().cloned().collect(),
             user,
             defaults,
             problems: Vec::new(),
@@ -70,12 +86,18 @@ impl Section {
     /// Takes `k` out: the user's value if set (replacing the default whole,
     /// arrays included), else the default, else `None`.
     pub(super) fn take(&mut self, k: &str) -> Option<Value> {
+        if !self.known.iter().any(|known| known == k) {
+            self.known.push(k.to_owned());
+        }
         let default = self.defaults.remove(k);
         self.user.remove(k).or(default)
     }
 
     /// Whether `k` has a value, from the user or the defaults.
-    fn has(&self, k: &str) -> bool {
+    fn has(&mut self, k: &str) -> bool {
+        if !self.known.iter().any(|known| known == k) {
+            self.known.push(k.to_owned());
+        }
         self.user.contains_key(k) || self.defaults.contains_key(k)
     }
 
@@ -142,7 +164,11 @@ impl Section {
     pub(super) fn finish(mut self) -> Vec<Problem> {
         let leftover: Vec<String> = self.user.keys().cloned().collect();
         for k in leftover {
-            self.problem(&k, "unknown key");
+            let message = match nearest(&k, &self.known) {
+                Some(near) => format!("unknown key (did you mean `{near}`?)"),
+                None => "unknown key".to_owned(),
+            };
+            self.problem(&k, &message);
         }
         self.problems
     }
@@ -193,18 +219,21 @@ impl Section {
 
     /// A duration longer than zero, written like `"30s"`.
     pub(super) fn duration(&mut self, k: &str) -> Option<Duration> {
-        let s = self.string(k)?;
-        match humantime::parse_duration(&s) {
-            Ok(d) if !d.is_zero() => Some(d),
-            Ok(_) => {
-                self.problem(k, "must be longer than zero");
-                None
-            }
+        let parsed = match self.required(k)? {
+            Value::String(s) => super::parse_duration(&s),
+            // `timeout = 5`: the unit is what is missing, not the quotes.
+            Value::Integer(n) => Err(format!(
+                "{n} has no unit: write \"{n}s\" for seconds or \"{n}m\" for minutes, in quotes"
+            )),
+            other => Err(format!(
+                "expected a duration like \"30s\" or \"10m\", found {}",
+                type_name(&other)
+            )),
+        };
+        match parsed {
+            Ok(d) => Some(d),
             Err(e) => {
-                self.problem(
-                    k,
-                    &format!("expected a duration like \"30s\" or \"10m\", found {s:?} ({e})"),
-                );
+                self.problem(k, &e);
                 None
             }
         }

@@ -94,6 +94,9 @@ pub enum SourceLocation {
 /// One `[[sources]]` entry.
 #[derive(Clone, PartialEq)]
 pub struct SourceConfig {
+    /// Where the entry is written, as problems name it: `sources[2]`, or
+    /// `extra_sources[0]` for one added to the list.
+    pub key: String,
     /// Unique name.
     pub name: String,
     /// The `url` key as written.
@@ -141,38 +144,51 @@ pub(super) const DEFAULT_SCHEME: &str = "http";
 pub(super) const DEFAULT_ENABLED: bool = true;
 
 /// Validates the `sources` array of the root table: the user's list if the
-/// file has one (replacing the built-in list whole), else the example's.
+/// file has one (replacing the built-in list whole), else the example's;
+/// then `extra_sources`, added to that list, so that a config can add a
+/// source without copying the built-in ones.
 pub(super) fn read(root: &mut Section) -> Vec<SourceConfig> {
-    match root.required("sources") {
-        None => Vec::new(),
-        Some(Value::Array(items)) => {
-            let mut out = Vec::new();
-            let mut names = BTreeSet::new();
-            for (i, item) in items.into_iter().enumerate() {
-                let key = format!("sources[{i}]");
-                match item {
-                    Value::Table(t) => {
-                        let mut s = Section::new(&key, t, Table::new());
-                        out.extend(source(&mut s, &mut names));
-                        root.absorb(s);
-                    }
-                    other => root.problem(
-                        &key,
-                        &format!("expected a table, found {}", type_name(&other)),
-                    ),
-                }
+    let mut out = Vec::new();
+    let mut names = BTreeSet::new();
+    if let Some(v) = root.required("sources") {
+        entries(root, "sources", v, &mut names, &mut out);
+    }
+    if let Some(v) = root.take("extra_sources") {
+        entries(root, "extra_sources", v, &mut names, &mut out);
+    }
+    out
+}
+
+/// Validates the entries of the array `list` into `out`.
+fn entries(
+    root: &mut Section,
+    list: &str,
+    v: Value,
+    names: &mut BTreeSet<String>,
+    out: &mut Vec<SourceConfig>,
+) {
+    let Value::Array(items) = v else {
+        root.problem(
+            list,
+            &format!(
+                "expected an array of tables ([[{list}]]), found {}",
+                type_name(&v)
+            ),
+        );
+        return;
+    };
+    for (i, item) in items.into_iter().enumerate() {
+        let key = format!("{list}[{i}]");
+        match item {
+            Value::Table(t) => {
+                let mut s = Section::new(&key, t, Table::new());
+                out.extend(source(&mut s, names));
+                root.absorb(s);
             }
-            out
-        }
-        Some(other) => {
-            root.problem(
-                "sources",
-                &format!(
-                    "expected an array of tables ([[sources]]), found {}",
-                    type_name(&other)
-                ),
-            );
-            Vec::new()
+            other => root.problem(
+                &key,
+                &format!("expected a table, found {}", type_name(&other)),
+            ),
         }
     }
 }
@@ -294,6 +310,7 @@ fn source(s: &mut Section, names: &mut BTreeSet<String>) -> Option<SourceConfig>
         }
     }
     Some(SourceConfig {
+        key: s.key("").trim_end_matches('.').to_owned(),
         name: name?,
         url: url?,
         location: location?,
@@ -327,7 +344,7 @@ fn headers(s: &mut Section, k: &str) -> Vec<(HeaderName, HeaderValue)> {
 
 /// `http(s)://…` stays a URL (with `{page}` substituted to check it);
 /// `file://…` and anything without a scheme are local paths.
-fn parse_location(u: &str) -> Result<SourceLocation, String> {
+pub(super) fn parse_location(u: &str) -> Result<SourceLocation, String> {
     let lower = u.to_ascii_lowercase();
     if lower.starts_with("http://") || lower.starts_with("https://") {
         let probe = u.replace("{page}", "1");

@@ -18,10 +18,9 @@ use tokio_util::task::TaskTracker;
 
 use super::{CrawlOptions, Progress, ScopeKind, Select, Summary, crawl};
 use crate::config::{Config, CrawlsConfig};
-use crate::health::ProxyQuery;
+use crate::health::{ProxyQuery, filters};
 use crate::lock;
 use crate::pool::{NoProxy, Pool, PoolOptions};
-use crate::proxy::{Anonymity, Country, Scheme};
 use crate::store::{CrawlJobRecord, Store, StoreError, rfc3339};
 
 /// How long the pages in flight of a job that is cancelled or stopped by
@@ -219,7 +218,18 @@ impl JobSpec {
         if delay > Duration::from_secs(3600) {
             return Err(bad("delay", "at most 1h"));
         }
-        let max_age = duration("max_age", &self.max_age)?.unwrap_or(default_age);
+        let max_age = match self.max_age.as_deref() {
+            None => default_age,
+            Some(a) => filters::max_age(a)
+                .map_err(|e| bad("max_age", format!("expected {e}, found {a:?}")))?,
+        };
+        let max_latency_ms = match self.max_latency_ms {
+            None => None,
+            Some(ms) => Some(
+                filters::max_latency_ms(&ms.to_string())
+                    .map_err(|e| bad("max_latency_ms", format!("expected {e}, found {ms}")))?,
+            ),
+        };
         let no_proxy_wait = duration("no_proxy_wait", &self.no_proxy_wait)?;
         if no_proxy_wait.is_some_and(|w| w > MAX_NO_PROXY_WAIT) {
             return Err(bad("no_proxy_wait", "at most 1h"));
@@ -230,34 +240,30 @@ impl JobSpec {
                 .map_err(|e| bad(format!("select.{name}"), e))?;
             selects.push(s);
         }
-        let mut countries = Vec::new();
-        for (i, c) in self.country.iter().enumerate() {
-            countries.push(Country::parse(c).ok_or_else(|| {
-                bad(
-                    format!("country[{i}]"),
-                    format!("{c:?} is not a two-letter country code"),
-                )
-            })?);
+        // Each item as the API's filters read it, named by its place.
+        fn each<T>(
+            name: &str,
+            items: &[String],
+            one: fn(&str) -> Result<T, &'static str>,
+        ) -> Result<Vec<T>, SpecError> {
+            items
+                .iter()
+                .enumerate()
+                .map(|(i, v)| {
+                    one(v).map_err(|e| {
+                        bad(format!("{name}[{i}]"), format!("expected {e}, found {v:?}"))
+                    })
+                })
+                .collect()
         }
-        let mut schemes = Vec::new();
-        for (i, s) in self.scheme.iter().enumerate() {
-            schemes.push(s.parse::<Scheme>().map_err(|_| {
-                bad(
-                    format!("scheme[{i}]"),
-                    format!("expected http, socks4 or socks5, found {s:?}"),
-                )
-            })?);
-        }
+        let countries = each("country", &self.country, filters::country)?;
+        let schemes = each("scheme", &self.scheme, filters::scheme)?;
         let min_anonymity = self
             .anonymity
             .as_deref()
             .map(|a| {
-                a.parse::<Anonymity>().map_err(|_| {
-                    bad(
-                        "anonymity",
-                        format!("expected transparent, anonymous or elite, found {a:?}"),
-                    )
-                })
+                filters::anonymity(a)
+                    .map_err(|e| bad("anonymity", format!("expected {e}, found {a:?}")))
             })
             .transpose()?;
         let mut pool = PoolOptions {
@@ -266,7 +272,7 @@ impl JobSpec {
                 schemes,
                 min_anonymity,
                 https: self.https,
-                max_latency_ms: self.max_latency_ms.map(i64::from),
+                max_latency_ms,
                 max_age: Some(max_age),
                 ..ProxyQuery::default()
             },
@@ -791,6 +797,7 @@ impl PageStream {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::proxy::{Country, Scheme};
 
     fn limits() -> CrawlsConfig {
         CrawlsConfig {

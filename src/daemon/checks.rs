@@ -79,6 +79,10 @@ impl CheckLoop {
         let mut outage = JudgeOutage::default();
         let mut prepared: Option<(Arc<Checker>, std::time::Instant)> = None;
         let mut last_round: Option<std::time::Instant> = None;
+        // Since when every judge has been lost in the middle of a round,
+        // until one answers again.
+        let mut lost_mid_round: Option<std::time::Instant> = None;
+        let mut rounds = RoundLog::default();
         while !stop.is_cancelled() {
             // While the disk refuses writes no verdict can be recorded:
             // checking would only spend the network and a core. The write
@@ -98,11 +102,27 @@ impl CheckLoop {
                 .as_ref()
                 .filter(|(_, at)| at.elapsed() < ROUND_DISPATCH)
                 .map(|(c, _)| c.clone());
+            // Set when the loop found something due before asking the
+            // judges: the round starts at once after they answer.
+            let mut due_now = false;
             let checker = match fresh {
                 Some(c) => Ok(c),
-                None => Checker::prepare(&self.config, &opts, geoip.clone())
-                    .await
-                    .map(Arc::new),
+                None => {
+                    // The judges are asked only when there is something to
+                    // check (or, at start, proxies that verify=true may
+                    // need them): an idle daemon neither asks them nor
+                    // warns about them.
+                    let at_start = prepared.is_none() && !self.state.index().is_empty();
+                    if !at_start {
+                        if !self.until_due(&stop, last_round).await {
+                            continue;
+                        }
+                        due_now = true;
+                    }
+                    Checker::prepare(&self.config, &opts, geoip.clone())
+                        .await
+                        .map(Arc::new)
+                }
             };
             match checker {
                 Ok(checker) => {
@@ -112,20 +132,38 @@ impl CheckLoop {
                             after = %told.lasted(),
                             "judges answer again; re-checking every served proxy now"
                         );
+                        lost_mid_round = None;
                     }
-                    if prepared
+                    let new_checker = prepared
                         .as_ref()
-                        .is_none_or(|(c, _)| !Arc::ptr_eq(c, &checker))
-                    {
+                        .is_none_or(|(c, _)| !Arc::ptr_eq(c, &checker));
+                    if new_checker && let Some(since) = lost_mid_round.take() {
+                        // A judge answered a direct request again.
+                        judges_back(since);
+                    }
+                    if new_checker {
                         // verify=true works from the first second: the first
                         // checker is prepared at start, not when something
                         // falls due.
                         self.state.set_checker(checker.clone());
                         prepared = Some((checker.clone(), std::time::Instant::now()));
                     }
-                    if self.until_due(&stop, last_round).await {
+                    if due_now || self.until_due(&stop, last_round).await {
                         last_round = Some(std::time::Instant::now());
-                        if self.round(checker, &opts, &stop).await == Ended::JudgesLost
+                        let ended = self.round(checker, &opts, &stop, &mut rounds).await;
+                        match ended {
+                            Ended::Lost => {
+                                lost_mid_round.get_or_insert_with(std::time::Instant::now);
+                            }
+                            Ended::Done { passed: true } => {
+                                // A pass proves a judge answered.
+                                if let Some(since) = lost_mid_round.take() {
+                                    judges_back(since);
+                                }
+                            }
+                            _ => {}
+                        }
+                        if ended.judges_doubtful()
                             && prepared
                                 .as_ref()
                                 .is_some_and(|(_, at)| at.elapsed() >= JUDGE_ASK_MIN)
@@ -261,6 +299,7 @@ impl CheckLoop {
         checker: Arc<Checker>,
         opts: &CheckOptions,
         stop: &CancellationToken,
+        log: &mut RoundLog,
     ) -> Ended {
         let policy = self.freshness();
         let progress = Arc::new(RoundProgress::default());
@@ -285,40 +324,127 @@ impl CheckLoop {
                     duration_ms: summary.elapsed.as_millis() as u64,
                 };
                 self.state.record_round(|r| r.last_check = Some(info));
+                log.add(&summary, self.state.index().len());
                 // Nothing passed and some failures were laid at the judges'
                 // door: ask them directly now whether they are there.
                 if summary.unconfirmed > 0 && summary.alive == 0 {
-                    Ended::JudgesLost
+                    Ended::Doubtful
                 } else {
-                    Ended::Done
+                    Ended::Done {
+                        passed: summary.alive > 0,
+                    }
                 }
             }
             Err(e @ CheckError::JudgeLost { .. }) => {
                 tracing::warn!(error = %e, "check round stopped");
-                Ended::JudgesLost
+                Ended::Lost
             }
             // The write component says so, once for everything that writes;
             // the loop waits until the disk takes writes again.
             Err(CheckError::Store(e)) if e.write_failure().is_some() => {
                 tracing::debug!(error = %e, "check round stopped: its results cannot be written");
-                Ended::Done
+                Ended::Done { passed: false }
             }
             Err(e) => {
                 tracing::error!(error = %e, "check round failed");
-                Ended::Done
+                Ended::Done { passed: false }
             }
         }
     }
 }
 
+/// Says that the judges, lost in the middle of a round `since`, answer
+/// again.
+fn judges_back(since: std::time::Instant) {
+    let after = Duration::from_secs(since.elapsed().as_secs().max(1));
+    tracing::info!(after = %humantime::format_duration(after), "judges answer again");
+}
+
 /// How a round ended, for what the loop does next.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Ended {
-    /// It finished (or failed for reasons of its own).
-    Done,
-    /// Every judge stopped answering during it, or may have: nothing
-    /// passed, and failures were laid at the judges' door.
-    JudgesLost,
+    /// It finished (or failed for reasons of its own); `passed` when some
+    /// proxy passed, which proves a judge answered.
+    Done { passed: bool },
+    /// Nothing passed, and failures were laid at the judges' door: they
+    /// may have stopped answering.
+    Doubtful,
+    /// Every judge stopped answering during it.
+    Lost,
+}
+
+impl Ended {
+    /// True when the judges are to be asked directly again.
+    fn judges_doubtful(self) -> bool {
+        matches!(self, Ended::Doubtful | Ended::Lost)
+    }
+}
+
+/// The INFO line of check rounds: one per round (checked, alive, dead,
+/// took). The daemon runs a round whenever proxies fall due, at times
+/// every second: rounds that end within [`ROUND_LOG_EVERY`] of the last
+/// line are added up into the next one, which says how many rounds it
+/// covers, so a steady state logs a line a minute.
+#[derive(Debug, Default)]
+struct RoundLog {
+    /// Added up since the last line.
+    rounds: u64,
+    checked: u64,
+    alive: u64,
+    dead: u64,
+    unconfirmed: u64,
+    took: Duration,
+    /// When the last line was logged.
+    logged: Option<std::time::Instant>,
+}
+
+/// See [`RoundLog`].
+const ROUND_LOG_EVERY: Duration = Duration::from_secs(60);
+
+impl RoundLog {
+    /// Adds a finished round, and logs the line when it is due; `served`
+    /// is how many proxies are served now.
+    fn add(&mut self, s: &check::RoundSummary, served: usize) {
+        if s.checked == 0 && s.unconfirmed == 0 {
+            return;
+        }
+        self.rounds += 1;
+        self.checked += s.checked;
+        self.alive += s.alive;
+        self.dead += s.dead;
+        self.unconfirmed += s.unconfirmed;
+        self.took += s.elapsed;
+        if self.logged.is_some_and(|at| at.elapsed() < ROUND_LOG_EVERY) {
+            return;
+        }
+        let took = format!("{:.1}s", self.took.as_secs_f64());
+        if self.rounds == 1 {
+            tracing::info!(
+                checked = self.checked,
+                alive = self.alive,
+                dead = self.dead,
+                unconfirmed = self.unconfirmed,
+                %took,
+                served,
+                "check round finished"
+            );
+        } else {
+            tracing::info!(
+                rounds = self.rounds,
+                checked = self.checked,
+                alive = self.alive,
+                dead = self.dead,
+                unconfirmed = self.unconfirmed,
+                %took,
+                served,
+                "check rounds finished"
+            );
+        }
+        *self = RoundLog {
+            logged: Some(std::time::Instant::now()),
+            ..RoundLog::default()
+        };
+    }
 }
 
 /// Logs a failed store call at error, unless the disk refused a write:

@@ -32,6 +32,22 @@ pub struct Harvester {
     /// Harvest requests. The channel holds one, so slots that come while a
     /// harvest runs collapse into the next run instead of piling up.
     pub triggers: mpsc::Receiver<Trigger>,
+    /// Some source has worked (since start, or at its last fetch before
+    /// it): a harvest where none works then is not the daemon out of work.
+    pub worked_before: bool,
+}
+
+/// What the store says of the last harvests, at start-up.
+#[derive(Debug, Default)]
+struct LastRuns {
+    /// Sources to harvest at once.
+    overdue: Vec<String>,
+    /// Sources whose last fetch failed, not overdue.
+    failed: Vec<String>,
+    /// Some enabled source worked at its last fetch.
+    worked: bool,
+    /// The last harvest, from the sources' records.
+    info: Option<HarvestInfo>,
 }
 
 /// The sources that failed, and when they are tried again.
@@ -49,29 +65,66 @@ impl Harvester {
     /// [`Harvester::retry_after`]), until `stop`. A harvest in progress is dropped at `stop`; what it already
     /// stored is committed, the rest is harvested after the restart.
     pub async fn run(mut self, stop: CancellationToken) {
-        let overdue = match self.overdue_sources().await {
-            Ok(names) => names,
+        let last = match self.store.list_sources().await {
+            Ok(records) => self.last_runs(&records),
             Err(e) => {
                 tracing::error!(error = %e, "cannot read the sources' last harvests; harvesting all");
-                self.config
-                    .sources
-                    .iter()
-                    .filter(|s| s.enabled)
-                    .map(|s| s.name.clone())
-                    .collect()
+                LastRuns {
+                    overdue: self
+                        .config
+                        .sources
+                        .iter()
+                        .filter(|s| s.enabled)
+                        .map(|s| s.name.clone())
+                        .collect(),
+                    ..LastRuns::default()
+                }
             }
         };
+        // What the last harvest before a restart found stands until the
+        // next one: /proxy says "no sources worked" after a restart that
+        // followed a harvest where none did, not "the first harvest has not
+        // finished".
+        if let Some(info) = last.info {
+            self.state.record_round(|r| r.last_harvest = Some(info));
+        }
+        self.worked_before = last.worked;
         let mut retry = None;
-        if !overdue.is_empty() {
+        if !last.overdue.is_empty() {
             tracing::info!(
-                sources = overdue.len(),
+                sources = last.overdue.len(),
                 "harvesting the sources overdue at start-up"
             );
-            let config = self.only(&overdue);
+            let config = self.only(&last.overdue);
             tokio::select! {
                 _ = stop.cancelled() => return,
                 report = self.harvest(&config) => retry = self.retry_after(report, None),
             }
+        }
+        if !last.failed.is_empty() {
+            // Sources that failed before the restart are tried again after
+            // harvest.failed_retry, as they would have been without it.
+            let wait = self.config.harvest.failed_retry;
+            let mut failed = last.failed;
+            if let Some(r) = &retry {
+                failed.retain(|name| !r.sources.contains(name));
+            }
+            if !failed.is_empty() && retry.is_none() {
+                tracing::info!(
+                    sources = %failed.join(", "),
+                    retry_in = %humantime::format_duration(wait),
+                    next_harvest = %self.next_harvest(),
+                    "sources that failed before the restart are harvested again"
+                );
+                retry = Some(Retry {
+                    sources: failed,
+                    at: Instant::now() + wait,
+                    wait,
+                });
+            }
+        }
+        if retry.is_none() && last.overdue.is_empty() {
+            tracing::info!(next_harvest = %self.next_harvest(), "no source is overdue");
         }
         loop {
             let retry_at = retry.as_ref().map(|r: &Retry| r.at);
@@ -139,17 +192,14 @@ impl Harvester {
             _ => base,
         };
         let now = chrono::Utc::now();
-        let wait = match self
+        // A retry at or after the next slot would only repeat it.
+        let retry = self
             .config
             .harvest
             .schedule
             .next_after(now)
             .and_then(|next| (next - now).to_std().ok())
-        {
-            // A retry at or after the next slot would only repeat it.
-            Some(to_slot) if to_slot <= wait => return None,
-            _ => wait,
-        };
+            .is_none_or(|to_slot| to_slot > wait);
         let why: Vec<String> = failed
             .iter()
             .filter(|s| !s.worked() || s.unwritable.is_none())
@@ -164,15 +214,33 @@ impl Harvester {
                 )
             })
             .collect();
-        let retry_in = humantime::format_duration(wait).to_string();
+        let retry_in = if retry {
+            humantime::format_duration(wait).to_string()
+        } else {
+            "at the next harvest".to_owned()
+        };
         let fetched = report.sources.iter().filter(|s| s.worked()).count();
+        let served = self.state.index().len();
+        let next_harvest = self.next_harvest();
         if why.is_empty() {
             tracing::debug!(sources = failed.len(), %retry_in, "sources not stored; harvesting them again");
-        } else if fetched == 0 {
+        } else if fetched == 0 && !self.worked_before && served == 0 {
             tracing::error!(
                 sources = %why.join("; "),
                 %retry_in,
+                %next_harvest,
                 "no source worked, so there is nothing new to check or serve; check the network and the sources' URLs"
+            );
+        } else if fetched == 0 {
+            // Other sources worked before (or proxies are served): this is
+            // not the daemon out of work.
+            tracing::warn!(
+                failed = why.len(),
+                sources = %why.join("; "),
+                %retry_in,
+                %next_harvest,
+                served,
+                "sources failed again"
             );
         } else {
             tracing::warn!(
@@ -180,22 +248,23 @@ impl Harvester {
                 of = report.sources.len(),
                 sources = %why.join("; "),
                 %retry_in,
+                %next_harvest,
                 "some sources failed"
             );
         }
-        Some(Retry {
+        retry.then(|| Retry {
             sources: failed.iter().map(|s| s.name.clone()).collect(),
             at: Instant::now() + wait,
             wait,
         })
     }
 
-    /// Enabled sources never harvested, or not since longer than the
-    /// schedule's interval: a crash or a stop during a harvest must not
-    /// leave them waiting for the next slot (on a new install that is
-    /// every source).
-    async fn overdue_sources(&self) -> Result<Vec<String>, crate::store::StoreError> {
-        let records = self.store.list_sources().await?;
+    /// What the store says of the enabled sources' last harvests: those
+    /// never harvested, or not since longer than the schedule's interval
+    /// (a crash or a stop during a harvest must not leave them waiting for
+    /// the next slot; on a new install that is every source), those whose
+    /// last fetch failed, and the last harvest as a whole.
+    fn last_runs(&self, records: &[crate::store::SourceRecord]) -> LastRuns {
         let now = chrono::Utc::now();
         let interval = self
             .config
@@ -205,26 +274,53 @@ impl Harvester {
             .and_then(|d| i64::try_from(d.as_millis()).ok())
             .unwrap_or(i64::MAX);
         let cutoff = now.timestamp_millis().saturating_sub(interval);
-        Ok(self
-            .config
-            .sources
-            .iter()
-            .filter(|s| s.enabled)
-            .filter(|s| {
-                records
-                    .iter()
-                    .find(|r| r.name == s.name)
-                    .and_then(|r| r.last_fetch_at)
-                    .is_none_or(|at| at < cutoff)
-            })
-            .map(|s| s.name.clone())
-            .collect())
+        let mut last = LastRuns::default();
+        let (mut sources, mut failed, mut found) = (0, 0, 0);
+        let mut finished = None;
+        for s in self.config.sources.iter().filter(|s| s.enabled) {
+            let record = records.iter().find(|r| r.name == s.name);
+            let Some((r, fetched)) = record.and_then(|r| Some((r, r.last_fetch_at?))) else {
+                last.overdue.push(s.name.clone());
+                continue;
+            };
+            if fetched < cutoff {
+                last.overdue.push(s.name.clone());
+            }
+            sources += 1;
+            finished = finished.max(Some(fetched));
+            if r.last_ok_at.is_some_and(|ok| ok >= fetched) {
+                last.worked = true;
+                found += r.last_found.unwrap_or(0);
+            } else {
+                failed += 1;
+                if fetched >= cutoff {
+                    last.failed.push(s.name.clone());
+                }
+            }
+        }
+        last.info = finished.map(|at| HarvestInfo {
+            finished_at: rfc3339(at),
+            sources,
+            failed,
+            distinct: found,
+            new: 0,
+            duration_ms: 0,
+        });
+        last
+    }
+
+    /// When the next scheduled harvest runs, for the log.
+    fn next_harvest(&self) -> String {
+        match self.config.harvest.schedule.next_after(chrono::Utc::now()) {
+            Some(at) => at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+            None => "never (harvest.schedule has no next slot)".to_owned(),
+        }
     }
 
     /// One harvest of `config`'s sources; its report, unless the harvest
     /// as a whole failed (logged). While the disk refuses writes it first
     /// waits until it takes them again: nothing fetched could be stored.
-    async fn harvest(&self, config: &Config) -> Option<HarvestReport> {
+    async fn harvest(&mut self, config: &Config) -> Option<HarvestReport> {
         if self.store.write_trouble().is_some() {
             tracing::debug!("harvest waits until the database takes writes again");
             self.store.writable().await;
@@ -232,6 +328,7 @@ impl Harvester {
         match harvest::harvest_all(config, &self.store).await {
             Ok(report) => {
                 self.state.metrics.observe_harvest(&report);
+                self.worked_before |= report.any_worked();
                 let failed = report.sources.iter().filter(|s| !s.worked()).count();
                 let info = HarvestInfo {
                     finished_at: rfc3339(now_ms()),

@@ -134,6 +134,7 @@ pub async fn run(
             store: store.clone(),
             state: state.clone(),
             triggers: harvest_rx,
+            worked_before: false,
         }
         .run(stop.clone()),
     );
@@ -162,6 +163,7 @@ pub async fn run(
     );
     tasks.spawn(state.crawls.clone().run(stop.clone()));
     tasks.spawn(systemd::watchdog(stop.clone()));
+    tasks.spawn(systemd::status(index.clone(), stop.clone()));
     tasks.close();
     systemd::notify(&[sd_notify::NotifyState::Ready]);
 

@@ -6,7 +6,7 @@ use base64::Engine;
 use subtle::ConstantTimeEq;
 
 use crate::config::Secret;
-use crate::health::ProxyQuery;
+use crate::health::{ProxyQuery, filters};
 use crate::proxy::{Anonymity, Country, Scheme};
 
 /// The request headers that carry controls, stripped before forwarding.
@@ -55,7 +55,7 @@ pub enum ControlError {
         /// As given.
         value: String,
         /// What would do.
-        expected: &'static str,
+        expected: String,
     },
 }
 
@@ -92,47 +92,21 @@ impl Controls {
     /// `X-Proxywarden-<key>`.
     pub fn set(&mut self, key: &str, value: &str) -> Result<(), ControlError> {
         let value = value.trim();
-        let bad = |key, expected| ControlError::Value {
+        let bad = |key, expected: &str| ControlError::Value {
             key,
             value: value.to_owned(),
-            expected,
+            expected: expected.to_owned(),
         };
         match key {
-            "country" => {
-                self.countries = value
-                    .split(',')
-                    .map(|c| {
-                        Country::parse(c)
-                            .ok_or_else(|| bad("country", "two-letter codes like de or us,gb"))
-                    })
-                    .collect::<Result<_, _>>()?;
-            }
-            "scheme" => {
-                self.schemes = value
-                    .split(',')
-                    .map(|s| {
-                        s.trim()
-                            .to_ascii_lowercase()
-                            .parse::<Scheme>()
-                            .map_err(|_| bad("scheme", "http, socks4 or socks5"))
-                    })
-                    .collect::<Result<_, _>>()?;
-            }
+            "country" => self.countries = list_of("country", value, filters::country)?,
+            "scheme" => self.schemes = list_of("scheme", value, filters::scheme)?,
             "anonymity" => {
-                self.min_anonymity = Some(
-                    value
-                        .to_ascii_lowercase()
-                        .parse()
-                        .map_err(|_| bad("anonymity", "transparent, anonymous or elite"))?,
-                );
+                self.min_anonymity =
+                    Some(filters::anonymity(value).map_err(|expected| bad("anonymity", expected))?);
             }
             "latency" => {
                 self.max_latency_ms = Some(
-                    value
-                        .parse::<i64>()
-                        .ok()
-                        .filter(|ms| *ms > 0)
-                        .ok_or_else(|| bad("latency", "a positive number of milliseconds"))?,
+                    filters::max_latency_ms(value).map_err(|expected| bad("latency", expected))?,
                 );
             }
             "session" => {
@@ -192,6 +166,19 @@ pub fn admits(token: Option<&Secret>, password: Option<&str>) -> bool {
         None => true,
         Some(t) => password.is_some_and(|p| bool::from(p.as_bytes().ct_eq(t.0.as_bytes()))),
     }
+}
+
+/// A control's comma-separated list (see [`filters::list`]).
+fn list_of<T>(
+    key: &'static str,
+    value: &str,
+    one: fn(&str) -> Result<T, &'static str>,
+) -> Result<Vec<T>, ControlError> {
+    filters::list(value, one).map_err(|(value, expected)| ControlError::Value {
+        key,
+        value,
+        expected,
+    })
 }
 
 #[cfg(test)]

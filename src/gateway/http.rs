@@ -13,7 +13,6 @@ use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::request::Parts;
 use http::{Method, Request, Response, StatusCode};
-use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::{Body as HttpBody, Frame, Incoming, SizeHint};
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -28,13 +27,11 @@ use super::head::Guarded;
 use super::metrics::{GatewayMetrics, Kind};
 use super::slots::{ConnState, Slot};
 use super::tunnel::{self, TunnelError};
-use super::upstream::{Kept, Key, keeps_alive};
+use super::upstream::{Body, Kept, Key, keeps_alive};
 use crate::model::Reason;
 use crate::net::{self, DialOptions, Target, hyper_reason, proxy_authorization};
 use crate::pool::{Class, Lease, Used, Want};
 use crate::proxy::Proxy;
-
-pub(super) type Body = BoxBody<Bytes, hyper::Error>;
 
 /// Names the upstream proxy (by id) on every forwarded answer.
 pub const PROXY_HEADER: &str = "x-proxywarden-proxy";
@@ -225,7 +222,7 @@ fn controls(user: &str, headers: &HeaderMap, plain: bool) -> Result<Controls, Co
                 let value = value.to_str().map_err(|_| ControlError::Value {
                     key: "header",
                     value: name.as_str().to_owned(),
-                    expected: "a value in plain ASCII",
+                    expected: "a value in plain ASCII".to_owned(),
                 })?;
                 c.set(key, value)?;
             }

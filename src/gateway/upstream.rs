@@ -7,14 +7,19 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
+use bytes::Bytes;
 use http::header;
+use http_body_util::combinators::BoxBody;
 use hyper::client::conn::http1::SendRequest;
 use tokio::time::Instant;
 
-use super::http::Body;
 use crate::lock;
 use crate::net::Target;
 use crate::proxy::{Proxy, Scheme};
+
+/// The body of a request forwarded upstream (and of the answers the
+/// gateway makes itself).
+pub(super) type Body = BoxBody<Bytes, hyper::Error>;
 
 /// Idle connections kept per key: about the requests one proxy carries
 /// at once under load; more are closed.

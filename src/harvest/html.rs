@@ -9,17 +9,36 @@
 //! [`MAX_DEPTH`] are refused as soon as the parser gets there, and a
 //! deadline stops a page that takes too long.
 
+use std::borrow::Cow;
 use std::time::{Duration, Instant};
 
-use scraper::{ElementRef, Selector};
+use scraper::{ElementRef, Html, Selector};
 
 use super::text::{Token, first_token};
 use super::{Candidates, country_hint, parse_https_word, protocol_words, push_schemes};
 use crate::config::{HtmlColumns, HtmlOptions};
-use crate::html::{Deadline, parse_document};
-pub use crate::html::{HtmlError, MAX_DEPTH};
+pub use crate::html::MAX_DEPTH;
+use crate::html::{Deadline, HtmlError as Stopped, parse_document};
 use crate::model::{Hints, SourceScheme};
 use crate::proxy::{Anonymity, parse_host, parse_port};
+
+/// Why a page yielded nothing.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum HtmlError {
+    /// The markup nests elements deeper than [`MAX_DEPTH`]: a table cut
+    /// off there may hold cut rows.
+    #[error("HTML nested deeper than {MAX_DEPTH} elements; not parsed")]
+    TooDeep,
+    /// Parsing did not finish within the time allowed.
+    #[error("parsing the HTML took longer than {} (harvest.timeout); stopped", humantime::format_duration(*.0))]
+    TooSlow(Duration),
+    /// No table on the page is a proxy list: says what was looked for.
+    #[error("{0}")]
+    NoTable(String),
+    /// The source's `table` is not a CSS selector.
+    #[error("table = {0:?} is not a valid CSS selector: {1}")]
+    BadSelector(String, String),
+}
 
 /// Parses `body` (synchronous and CPU-bound: call it off the async runtime)
 /// without a deadline. A page nested deeper than [`MAX_DEPTH`] yields
@@ -39,6 +58,8 @@ pub fn parse_bounded(
     out: &mut Candidates,
     limit: Option<(Instant, Duration)>,
 ) -> Result<(), HtmlError> {
+    let body = close_title(body);
+    let body = body.as_ref();
     let deadline = limit.map(|(started, allowed)| Deadline {
         started,
         allowed,
@@ -47,8 +68,10 @@ pub fn parse_bounded(
     // A proxy table cut off anywhere may hold cut rows: a page not read to
     // its end yields nothing.
     let parsed = parse_document(body, deadline);
-    if let Some(e) = parsed.stopped {
-        return Err(e);
+    match parsed.stopped {
+        None => {}
+        Some(Stopped::TooDeep) => return Err(HtmlError::TooDeep),
+        Some(Stopped::TooSlow(allowed, _)) => return Err(HtmlError::TooSlow(allowed)),
     }
     let doc = parsed.doc;
     let Ok(table_sel) = Selector::parse("table") else {
@@ -69,24 +92,23 @@ pub fn parse_bounded(
                     }
                 })
                 .collect(),
-            Err(e) => {
-                tracing::warn!(selector = %css, error = %e, "invalid html table selector");
-                return Ok(());
-            }
+            Err(e) => return Err(HtmlError::BadSelector(css.clone(), e.to_string())),
         },
         None => doc.select(&table_sel).collect(),
     };
+    let mut read_any = false;
     // The row the page was cut off in, if it was: `8` may be what is left
     // of `8080`, so that row is not read.
     let cut_row = match (ends_inside_a_row(body), Selector::parse("tr")) {
         (true, Ok(tr)) => doc.select(&tr).next_back().map(|r| r.id()),
         _ => None,
     };
-    for table in tables {
-        let rows = rows_of(table);
+    for table in &tables {
+        let rows = rows_of(*table);
         let Some((layout, header)) = Layout::detect(&rows, &opts.columns) else {
             continue;
         };
+        read_any = true;
         for (i, row) in rows.iter().enumerate() {
             if i == header || Some(row.id()) == cut_row {
                 continue;
@@ -99,7 +121,87 @@ pub fn parse_bounded(
             return Ok(());
         }
     }
-    Ok(())
+    if read_any {
+        Ok(())
+    } else {
+        Err(HtmlError::NoTable(no_table(&doc, &tables, opts)))
+    }
+}
+
+/// What [`parse_bounded`] looked for and did not find, for the source's
+/// error.
+fn no_table(doc: &Html, tables: &[ElementRef<'_>], opts: &HtmlOptions) -> String {
+    const TRY_TEXT: &str = "try format = \"text\"";
+    if let Some(css) = &opts.table
+        && tables.is_empty()
+    {
+        return format!("no table matches table = {css:?}; {TRY_TEXT}");
+    }
+    let any_table = Selector::parse("table")
+        .ok()
+        .is_some_and(|sel| doc.select(&sel).next().is_some());
+    if !any_table {
+        return format!("no <table> in the page; {TRY_TEXT}");
+    }
+    let c = &opts.columns;
+    let wanted = match (&c.ip, &c.port) {
+        (None, None) => "IP and Port columns".to_owned(),
+        (ip, port) => format!(
+            "the columns named by columns (ip = {:?}, port = {:?})",
+            ip.as_deref().unwrap_or("recognised"),
+            port.as_deref().unwrap_or("recognised")
+        ),
+    };
+    // The first table's headers show what the page calls its columns.
+    let headers: Vec<String> = tables
+        .first()
+        .map(|t| rows_of(*t))
+        .and_then(|rows| {
+            let first = *rows.first()?;
+            Some(
+                cells_of(first)
+                    .map(|c| cell_text(c).trim().to_owned())
+                    .filter(|h| !h.is_empty())
+                    .take(8)
+                    .map(|h| format!("{h:?}"))
+                    .collect(),
+            )
+        })
+        .unwrap_or_default();
+    let seen = if headers.is_empty() {
+        String::new()
+    } else {
+        format!(" (the first one's header: {})", headers.join(", "))
+    };
+    format!(
+        "no table with {wanted} among {} tables{seen}; name them with columns = {{ ip = \"...\", \
+         port = \"...\" }}, or {TRY_TEXT}",
+        tables.len()
+    )
+}
+
+/// `body` with a `</title>` after an unclosed `<title>`: its text runs to
+/// the end of the page otherwise (HTML reads a title as plain text until it
+/// closes), and the table after it would be title text. Browsers show such
+/// a page's table; so does this.
+fn close_title(body: &str) -> Cow<'_, str> {
+    static OPEN: std::sync::LazyLock<Option<regex::Regex>> =
+        std::sync::LazyLock::new(|| regex::Regex::new(r"(?i)<title\b[^>]*>").ok());
+    static CLOSE: std::sync::LazyLock<Option<regex::Regex>> =
+        std::sync::LazyLock::new(|| regex::Regex::new(r"(?i)</title\s*>").ok());
+    let (Some(open), Some(close)) = (OPEN.as_ref(), CLOSE.as_ref()) else {
+        return Cow::Borrowed(body);
+    };
+    match open.find(body) {
+        Some(m) if !close.is_match(&body[m.end()..]) => {
+            let mut fixed = String::with_capacity(body.len() + 8);
+            fixed.push_str(&body[..m.end()]);
+            fixed.push_str("</title>");
+            fixed.push_str(&body[m.end()..]);
+            Cow::Owned(fixed)
+        }
+        _ => Cow::Borrowed(body),
+    }
 }
 
 /// True when the markup ends inside a table row: after the last `<tr` no
@@ -591,6 +693,58 @@ mod tests {
         Ok(out.len())
     }
 
+    /// Issue 24, Must 7: a page whose table yields nothing says what was
+    /// looked for; an unclosed `<title>` does not hide the table.
+    #[test]
+    fn a_page_without_a_proxy_table_says_what_was_looked_for() {
+        let err = |body: &str, opts: &HtmlOptions| {
+            let mut out = Candidates::new(10);
+            parse_bounded(body, opts, HTTP, &mut out, None)
+                .unwrap_err()
+                .to_string()
+        };
+        let none = HtmlOptions::default();
+        assert_eq!(
+            err("<p>1.2.3.4:80</p>", &none),
+            "no <table> in the page; try format = \"text\""
+        );
+        assert_eq!(
+            err(
+                "<table><tr><th>Host</th><th>Speed</th></tr><tr><td>a</td><td>1</td></tr></table>",
+                &none
+            ),
+            "no table with IP and Port columns among 1 tables (the first one's header: \
+             \"Host\", \"Speed\"); name them with columns = { ip = \"...\", port = \"...\" }, \
+             or try format = \"text\""
+        );
+        let selected = HtmlOptions {
+            table: Some("#list".into()),
+            ..HtmlOptions::default()
+        };
+        assert_eq!(
+            err(SMALL_TABLE, &selected),
+            "no table matches table = \"#list\"; try format = \"text\""
+        );
+        let bad = HtmlOptions {
+            table: Some("[[".into()),
+            ..HtmlOptions::default()
+        };
+        assert!(err(SMALL_TABLE, &bad).starts_with("table = \"[[\" is not a valid CSS selector"));
+    }
+
+    #[test]
+    fn an_unclosed_title_still_yields_the_rows() {
+        let page = format!("<html><head><TITLE class=x>Free proxies</head><body>{SMALL_TABLE}");
+        // As HTML reads it, the table is the title's text.
+        let raw = parse_document(&page, None).doc;
+        let table = Selector::parse("table").unwrap();
+        assert_eq!(raw.select(&table).count(), 0);
+        assert_eq!(bounded(&page, None), Ok(1));
+        let closed = format!("<title>a</title><p>b</p>{SMALL_TABLE}");
+        assert_eq!(bounded(&closed, None), Ok(1));
+        assert!(matches!(close_title(&closed), Cow::Borrowed(_)));
+    }
+
     #[test]
     fn nesting_up_to_the_cap_is_read_and_deeper_is_refused_at_once() {
         let at = |depth: usize| "<div>".repeat(depth) + SMALL_TABLE;
@@ -627,9 +781,9 @@ mod tests {
         );
         let spent = (Instant::now(), Duration::ZERO);
         let err = bounded(&page, Some(spent)).unwrap_err();
-        assert_eq!(err, HtmlError::TooSlow(Duration::ZERO, "harvest.timeout"));
+        assert_eq!(err, HtmlError::TooSlow(Duration::ZERO));
         assert_eq!(
-            HtmlError::TooSlow(Duration::from_secs(30), "harvest.timeout").to_string(),
+            HtmlError::TooSlow(Duration::from_secs(30)).to_string(),
             "parsing the HTML took longer than 30s (harvest.timeout); stopped"
         );
     }

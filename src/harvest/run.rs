@@ -305,7 +305,9 @@ async fn harvest_source(
         }
     };
     match (&error, &store_error) {
-        (Some(e), _) => tracing::warn!(source = %src.name, found, error = %e, "source failed"),
+        // Said once by the caller, with every failed source: the daemon's
+        // line per harvest, the command's table.
+        (Some(e), _) => tracing::debug!(source = %src.name, found, error = %e, "source failed"),
         // A disk refusing writes is reported once for all sources (by the
         // daemon, or the command's summary).
         (None, Some(e)) if unwritable.is_some() => {

@@ -1,8 +1,9 @@
 //! The one path from the use of a proxy back to the record. The checker's
-//! committed results, `verify=true`, client reports and (later) the pool,
-//! crawler and gateway all report here: the index changes at once, early
-//! re-checks are queued, (proxy, site) bans are kept, and counters reach
-//! the store.
+//! committed results, `verify=true`, client reports, the pool, the crawler
+//! and the gateway all report here: the index changes at once, early
+//! re-checks are queued, what each site taught about each proxy is kept
+//! (see `sites`), and counters reach the store. Nothing else changes the
+//! index or a proxy's schedule.
 
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
@@ -798,7 +799,7 @@ impl Feedback {
 
     /// A use of proxy `id` at `site` worked in `latency`: counted as
     /// [`Feedback::worked`] does, and the pair is kept as one the site takes
-    /// (see [`ProxyQuery::site`]).
+    /// (see [`Feedback::pick`]).
     pub fn worked_at(&self, id: i64, site: &str, latency: Duration) {
         self.note(id, site, Event::Worked(Some(latency)));
         self.worked(id);

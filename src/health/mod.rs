@@ -3,6 +3,7 @@
 //! every verdict on a proxy reaches the index and the store.
 
 mod feedback;
+pub mod filters;
 mod index;
 mod query;
 mod sites;

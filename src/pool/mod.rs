@@ -132,11 +132,7 @@ pub struct PoolOptions {
 }
 
 /// The user agent unless one is given.
-pub const DEFAULT_USER_AGENT: &str = concat!(
-    "proxywarden/",
-    env!("CARGO_PKG_VERSION"),
-    " (+https://github.com/proxywarden)"
-);
+pub const DEFAULT_USER_AGENT: &str = concat!("proxywarden/", env!("CARGO_PKG_VERSION"));
 
 impl Default for PoolOptions {
     fn default() -> PoolOptions {

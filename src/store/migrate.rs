@@ -88,7 +88,7 @@ fn apply_from(conn: &mut Connection, path: &Path, current: i64) -> Result<(), St
         tx.pragma_update(None, "user_version", version)
             .map_err(migrate_err)?;
         tx.commit().map_err(migrate_err)?;
-        tracing::info!(path = %path.display(), version, "applied database migration");
+        tracing::debug!(path = %path.display(), version, "applied database migration");
     }
     Ok(())
 }

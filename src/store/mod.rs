@@ -1,12 +1,16 @@
 //! The SQLite store: the durable record of proxies, sources and which source
-//! lists which proxy. All database access goes through [`Store`]'s async
-//! methods; callers never see a connection. One writer thread commits
-//! batched writes while read-only connections serve listings.
+//! lists which proxy, what sites taught about proxies, and crawl jobs. All
+//! database access goes through [`Store`]'s async methods; callers never
+//! see a connection. One writer thread commits batched writes while
+//! read-only connections serve listings. A file per job: `ingest` (source
+//! runs), `checks` (due proxies, verdicts, purge), `listing` (filtered
+//! reads, counts), `rows` (records and their decoding), `sites`, `crawls`.
 
 mod checks;
 mod crawls;
 mod ingest;
 mod listing;
+mod lookup;
 mod migrate;
 mod rows;
 mod sites;
