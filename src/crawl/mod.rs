@@ -2,7 +2,9 @@
 //! scope, de-duplicated on normalised URLs, robots.txt obeyed (fetched
 //! through the pool), per-host delay and concurrency whichever proxy
 //! carries a request, a frontier in SQLite that resumes after a crash, and
-//! one JSON line per page.
+//! one JSON line per page. The crawl's loop (frontier and output writes)
+//! runs on a blocking thread of its own and pages are parsed on the
+//! blocking pool, so a crawl never holds up the async workers.
 
 pub mod extract;
 pub mod frontier;
