@@ -7,6 +7,7 @@
 //! - [`proxy`]: proxy identity, schemes, anonymity, statuses, countries
 //! - [`model`]: the shared vocabulary: candidates and hints, outcomes, failure reasons, re-check policy, strategy and scope kinds
 //! - [`config`]: raw TOML over the example's defaults → validated [`config::Config`]
+//! - [`html`]: bounded HTML parsing (nesting depth and time caps) shared by harvest and crawl
 //! - [`net`]: the dialer: a stream to host:port directly or through any proxy; TLS setup
 //! - [`store`]: SQLite (WAL): one writer thread, read-only connections, migrations, listings, what sites taught
 //! - [`health`]: the in-memory index of servable proxies, the filters' values, selection, the one feedback path with the (proxy, site) records
@@ -30,6 +31,7 @@ pub mod export;
 pub mod gateway;
 pub mod harvest;
 pub mod health;
+pub mod html;
 pub mod model;
 pub mod net;
 pub mod pool;

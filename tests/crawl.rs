@@ -752,53 +752,66 @@ async fn a_killed_crawl_resumes_without_fetching_pages_again() {
     .await;
 }
 
+/// Sends `signal` to a crawl once it wrote a few pages: the pages in flight
+/// finish and are written, the summary is printed, the exit status is 130,
+/// and `resume` (the arguments of a second run) picks up from there.
+async fn stop_and_resume(signal: &str, resume_with_the_same_line: bool) {
+    let dir = tempfile::tempdir().unwrap();
+    let site = Site::tree(120, 4, Duration::from_millis(50)).await;
+    let a = http_proxy(2).await;
+    let config = binary_setup(dir.path(), &[AliveProxy::new(a.url())]).await;
+    let out = dir.path().join("pages.jsonl");
+    let state = dir.path().join("crawl.db");
+    let url = site.url("/");
+    let args = [
+        url.as_str(),
+        "--state",
+        state.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+    ];
+    let child = crawl_cmd(&config, &args).spawn().unwrap();
+    wait_lines(&out, 5).await;
+    let pid = child.id().unwrap().to_string();
+    let kill = std::process::Command::new("kill")
+        .args([signal, &pid])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    let done = child.wait_with_output().await.unwrap();
+    let stderr = String::from_utf8_lossy(&done.stderr);
+    assert_eq!(done.status.code(), Some(130), "{signal}: {stderr}");
+    assert!(stderr.contains("crawl interrupted"), "{signal}: {stderr}");
+    let pages = lines(&out);
+    let fetched: usize = page_hits(&site).values().sum();
+    // Everything started was finished and written.
+    assert_eq!(pages.len(), fetched, "{stderr}");
+    assert!(pages.len() < 120);
+
+    let state_only = ["--state", state.to_str().unwrap()];
+    let again: &[&str] = if resume_with_the_same_line {
+        &args
+    } else {
+        &state_only
+    };
+    let rest = crawl_cmd(&config, again).output().await.unwrap();
+    assert!(
+        rest.status.success(),
+        "{}",
+        String::from_utf8_lossy(&rest.stderr)
+    );
+    assert_eq!(urls_once(&lines(&out)).len(), 120);
+    assert!(page_hits(&site).values().all(|&n| n == 1));
+}
+
 #[tokio::test]
 async fn ctrl_c_finishes_the_pages_in_flight_and_exits_130() {
-    within(async {
-        let dir = tempfile::tempdir().unwrap();
-        let site = Site::tree(120, 4, Duration::from_millis(50)).await;
-        let a = http_proxy(2).await;
-        let config = binary_setup(dir.path(), &[AliveProxy::new(a.url())]).await;
-        let out = dir.path().join("pages.jsonl");
-        let state = dir.path().join("crawl.db");
-        let url = site.url("/");
-        let args = [
-            url.as_str(),
-            "--state",
-            state.to_str().unwrap(),
-            "-o",
-            out.to_str().unwrap(),
-        ];
-        let child = crawl_cmd(&config, &args).spawn().unwrap();
-        wait_lines(&out, 5).await;
-        let pid = child.id().unwrap().to_string();
-        let kill = std::process::Command::new("kill")
-            .args(["-INT", &pid])
-            .status()
-            .unwrap();
-        assert!(kill.success());
-        let done = child.wait_with_output().await.unwrap();
-        let stderr = String::from_utf8_lossy(&done.stderr);
-        assert_eq!(done.status.code(), Some(130), "{stderr}");
-        assert!(stderr.contains("crawl interrupted"), "{stderr}");
-        let pages = lines(&out);
-        let fetched: usize = page_hits(&site).values().sum();
-        // Everything started was finished and written.
-        assert_eq!(pages.len(), fetched, "{stderr}");
-        assert!(pages.len() < 120);
+    within(stop_and_resume("-INT", false)).await;
+}
 
-        // The same line again picks up from there.
-        let args = ["--state", state.to_str().unwrap()];
-        let rest = crawl_cmd(&config, &args).output().await.unwrap();
-        assert!(
-            rest.status.success(),
-            "{}",
-            String::from_utf8_lossy(&rest.stderr)
-        );
-        assert_eq!(urls_once(&lines(&out)).len(), 120);
-        assert!(page_hits(&site).values().all(|&n| n == 1));
-    })
-    .await;
+#[tokio::test]
+async fn sigterm_stops_a_crawl_as_ctrl_c_does_and_the_same_line_resumes_it() {
+    within(stop_and_resume("-TERM", true)).await;
 }
 
 #[tokio::test]
@@ -906,6 +919,338 @@ async fn a_crawl_whose_filters_match_no_proxy_ends_saying_so() {
             assert!(!stderr.contains("robots.txt"), "{policy}: {stderr}");
         }
         assert!(site.log().is_empty(), "nothing fetched directly");
+    })
+    .await;
+}
+
+// ---------------------------------------------------------------------------
+// What a site can do to the crawler
+
+#[tokio::test]
+async fn a_page_nested_too_deep_is_parsed_up_to_the_cap_and_its_links_kept() {
+    within(async {
+        let dir = tempfile::tempdir().unwrap();
+        // 100,000 nested elements (500 KB): unbounded, a parse of minutes.
+        let deep = format!(
+            "<html><head><title>Deep</title></head><body><a href=\"/before\">b</a>{}\
+             <a href=\"/after\">a</a></body></html>",
+            "<div>".repeat(100_000)
+        );
+        let site = Site::start(SiteOpts::routes(vec![
+            ("/", Reply::html(deep)),
+            ("/before", Reply::html("<title>Before</title>")),
+            ("/after", Reply::html("<title>After</title>")),
+        ]))
+        .await;
+        let (_proxies, alive) = working_proxies(1).await;
+        let pool = pool_of(dir.path(), &alive, quick()).await;
+        let started = Instant::now();
+        let summary = run(&pool, options(dir.path(), &site.url("/"))).await;
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{:?}",
+            started.elapsed()
+        );
+        assert_eq!((summary.ok(), summary.failed()), (2, 0), "{summary}");
+        assert_eq!(site.hits("/before"), 1, "a link read before the cap");
+        assert_eq!(site.hits("/after"), 0, "a link past the cap");
+        let out = lines(&dir.path().join("pages.jsonl"));
+        let root = out.iter().find(|l| l["url"] == site.url("/")).unwrap();
+        assert_eq!(root["title"], "Deep");
+        assert_eq!(root["links"], 1);
+        assert_eq!(
+            root["parse_stopped"],
+            "nested deeper than 1024 elements: links and fields read up to there"
+        );
+        let before = out
+            .iter()
+            .find(|l| l["url"] == site.url("/before"))
+            .unwrap();
+        assert_eq!(before["parse_stopped"], serde_json::Value::Null);
+    })
+    .await;
+}
+
+/// A 3-hop redirect chain on an HTTP/1.1 keep-alive site.
+fn redirect_chain() -> SiteOpts {
+    SiteOpts::routes(vec![
+        ("/r/0", Reply::redirect(302, "/r/1")),
+        ("/r/1", Reply::redirect(302, "/r/2")),
+        ("/r/2", Reply::redirect(302, "/r/3")),
+        ("/r/3", Reply::html("<title>End</title>")),
+    ])
+}
+
+#[tokio::test]
+async fn proxied_crawls_follow_redirects_as_direct_ones_do() {
+    within(async {
+        // Direct: the chain is followed to its end in one attempt.
+        let dir = tempfile::tempdir().unwrap();
+        let site = Site::start(redirect_chain()).await;
+        let direct = pool_of(
+            dir.path(),
+            &[],
+            PoolOptions {
+                no_proxy: NoProxy::Direct,
+                ..quick()
+            },
+        )
+        .await;
+        run(&direct, options(dir.path(), &site.url("/r/0"))).await;
+        let want = lines(&dir.path().join("pages.jsonl"));
+        assert_eq!(want.len(), 1);
+        assert_eq!(
+            (
+                &want[0]["final_url"],
+                &want[0]["status"],
+                &want[0]["attempts"]
+            ),
+            (&site.url("/r/3").into(), &200.into(), &1.into())
+        );
+
+        // Through proxies that relay the site's keep-alive answers and hang
+        // up after each request: the same, every time, and no proxy blamed.
+        for round in 0..5 {
+            let dir = tempfile::tempdir().unwrap();
+            let site = Site::start(redirect_chain()).await;
+            let mut fakes = Vec::new();
+            let mut alive = Vec::new();
+            for _ in 0..3 {
+                let p = FakeHttpProxy::start(HttpProxyOpts {
+                    keep_alive: true,
+                    close_after: Some(1),
+                    ..HttpProxyOpts::default()
+                })
+                .await;
+                alive.push(AliveProxy::new(p.url()));
+                fakes.push(p);
+            }
+            let pool = pool_of(dir.path(), &alive, quick()).await;
+            let summary = run(&pool, options(dir.path(), &site.url("/r/0"))).await;
+            let got = lines(&dir.path().join("pages.jsonl"));
+            assert_eq!(got.len(), 1, "round {round}: {got:?}");
+            assert_eq!(
+                (&got[0]["final_url"], &got[0]["status"], &got[0]["attempts"]),
+                (
+                    &site.url("/r/3").into(),
+                    &want[0]["status"],
+                    &want[0]["attempts"]
+                ),
+                "round {round}: {}",
+                got[0]
+            );
+            for hop in ["/r/0", "/r/1", "/r/2", "/r/3"] {
+                assert_eq!(
+                    site.hits(hop),
+                    1,
+                    "round {round}: {hop} {:?}",
+                    site.per_path()
+                );
+            }
+            assert_eq!(summary.pool.proxies_failed, 0, "round {round}: {summary}");
+        }
+    })
+    .await;
+}
+
+/// A site that answers the paths of `pages` (HTML, then closes) and reads
+/// the requests for `silent` paths without ever answering them; other paths
+/// are 404. Counts the requests per path.
+struct SilentSite {
+    addr: std::net::SocketAddr,
+    hits: Arc<std::sync::Mutex<HashMap<String, usize>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for SilentSite {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl SilentSite {
+    async fn start(pages: Vec<(&'static str, String)>, silent: Vec<&'static str>) -> SilentSite {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let hits: Arc<std::sync::Mutex<HashMap<String, usize>>> = Arc::default();
+        let pages: Arc<HashMap<&str, String>> = Arc::new(pages.into_iter().collect());
+        let counted = hits.clone();
+        let task = tokio::spawn(async move {
+            let mut conns = tokio::task::JoinSet::new();
+            loop {
+                let Ok((mut tcp, _)) = listener.accept().await else {
+                    continue;
+                };
+                let (pages, silent, hits) = (pages.clone(), silent.clone(), counted.clone());
+                conns.spawn(async move {
+                    let mut head = Vec::new();
+                    let mut buf = [0u8; 4096];
+                    while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 65536 {
+                        match tcp.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => head.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    let text = String::from_utf8_lossy(&head);
+                    let path = text.split(' ').nth(1).unwrap_or("/").to_owned();
+                    *hits.lock().unwrap().entry(path.clone()).or_default() += 1;
+                    if silent.contains(&path.as_str()) {
+                        // Holds the connection until the client gives up.
+                        while matches!(tcp.read(&mut buf).await, Ok(n) if n > 0) {}
+                        return;
+                    }
+                    let (status, body) = match pages.get(path.as_str()) {
+                        Some(b) => ("200 OK", b.clone()),
+                        None => ("404 Not Found", "no".to_owned()),
+                    };
+                    let answer = format!(
+                        "HTTP/1.1 {status}\r\nContent-Type: text/html\r\nContent-Length: {}\r\n\
+                         Connection: close\r\n\r\n{body}",
+                        body.len()
+                    );
+                    let _ = tcp.write_all(answer.as_bytes()).await;
+                    let _ = tcp.shutdown().await;
+                });
+            }
+        });
+        SilentSite { addr, hits, task }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    fn hits(&self, path: &str) -> usize {
+        self.hits.lock().unwrap().get(path).copied().unwrap_or(0)
+    }
+}
+
+/// Short enough that a silent site costs little test time.
+fn impatient() -> PoolOptions {
+    PoolOptions {
+        first_byte_timeout: Duration::from_millis(400),
+        total_timeout: Duration::from_millis(800),
+        ..quick()
+    }
+}
+
+#[tokio::test]
+async fn a_robots_txt_that_never_answers_backs_the_site_off_and_blames_no_proxy() {
+    within(async {
+        let dir = tempfile::tempdir().unwrap();
+        let site = SilentSite::start(
+            vec![("/", "<a href=\"/a\">a</a>".into())],
+            vec!["/robots.txt"],
+        )
+        .await;
+        let (_proxies, alive) = working_proxies(6).await;
+        let pool = pool_of(dir.path(), &alive, impatient()).await;
+        let summary = run(&pool, options(dir.path(), &site.url("/"))).await;
+        // Three tries of two proxies each, not a rotation through all.
+        assert_eq!(site.hits("/robots.txt"), 6, "{summary}");
+        assert_eq!(site.hits("/"), 0);
+        assert_eq!(summary.failed_by_reason.get("robots_unavailable"), Some(&1));
+        assert_eq!(summary.pool.proxies_failed, 0, "{summary}");
+        assert_eq!(summary.pool.proxy_failures, 0, "{summary}");
+        let now = proxywarden::store::now_ms();
+        let site_key = site.addr.to_string();
+        let servable = pool
+            .feedback()
+            .select(&Default::default(), Some(&site_key), now)
+            .len();
+        assert_eq!(servable, 6, "every proxy still served, for the site too");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_page_that_never_answers_backs_the_site_off_and_blames_no_proxy() {
+    within(async {
+        let dir = tempfile::tempdir().unwrap();
+        let site = SilentSite::start(
+            vec![
+                ("/", "<a href=\"/a\">a</a><a href=\"/slow\">s</a>".into()),
+                ("/a", "<title>A</title>".into()),
+            ],
+            vec!["/slow"],
+        )
+        .await;
+        let (_proxies, alive) = working_proxies(6).await;
+        let pool = pool_of(dir.path(), &alive, impatient()).await;
+        let summary = run(&pool, options(dir.path(), &site.url("/"))).await;
+        assert_eq!((site.hits("/"), site.hits("/a")), (1, 1));
+        // Two proxies a try, three tries with the site backed off between.
+        assert_eq!(site.hits("/slow"), 6, "{summary}");
+        assert_eq!(summary.ok(), 2, "{summary}");
+        assert_eq!(summary.failed_by_reason.get("site_timeout"), Some(&1));
+        let failed = lines(&dir.path().join("failed.jsonl"));
+        assert_eq!(failed.len(), 1);
+        assert_eq!(failed[0]["url"], site.url("/slow"));
+        assert!(
+            failed[0]["error"]
+                .as_str()
+                .unwrap()
+                .starts_with("site_timeout: no answer in time through 2 proxies"),
+            "{}",
+            failed[0]
+        );
+        assert_eq!(summary.pool.proxies_failed, 0, "{summary}");
+        let now = proxywarden::store::now_ms();
+        let site_key = site.addr.to_string();
+        let servable = pool
+            .feedback()
+            .select(&Default::default(), Some(&site_key), now)
+            .len();
+        assert_eq!(servable, 6, "every proxy still served, for the site too");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_crawl_of_more_hosts_than_it_holds_takes_them_in_turn_and_misses_none() {
+    within(async {
+        let dir = tempfile::tempdir().unwrap();
+        // Six sites (hosts), each a tree of 4 pages; the first links to
+        // the others' roots.
+        let mut sites = Vec::new();
+        for _ in 0..5 {
+            sites.push(Site::tree(4, 2, Duration::ZERO).await);
+        }
+        let links: String = sites
+            .iter()
+            .map(|s| format!("<a href=\"{}\">x</a>", s.url("/")))
+            .collect();
+        let hub = Site::start(SiteOpts::new(move |p, _| {
+            let mut r = tree_page(p, 4, 2);
+            if p == "/" {
+                let body = String::from_utf8(r.body)
+                    .unwrap()
+                    .replace("</body>", &format!("{links}</body>"));
+                r.body = body.into_bytes();
+            }
+            r
+        }))
+        .await;
+        let (_proxies, alive) = working_proxies(2).await;
+        let pool = pool_of(dir.path(), &alive, quick()).await;
+        let summary = run(
+            &pool,
+            CrawlOptions {
+                scope: proxywarden::crawl::ScopeKind::Any,
+                max_hosts: 2,
+                ..options(dir.path(), &hub.url("/"))
+            },
+        )
+        .await;
+        assert_eq!((summary.ok(), summary.failed()), (24, 0), "{summary}");
+        for s in sites.iter().chain([&hub]) {
+            let hits = page_hits(s);
+            assert_eq!(hits.len(), 4, "{hits:?}");
+            assert!(hits.values().all(|&n| n == 1), "{hits:?}");
+            assert_eq!(s.hits("/robots.txt"), 1);
+        }
+        assert_eq!(urls_once(&lines(&dir.path().join("pages.jsonl"))).len(), 24);
     })
     .await;
 }

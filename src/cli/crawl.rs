@@ -9,7 +9,7 @@ use clap::{Args, Parser};
 
 use crate::model::{ScopeKind, StrategyKind};
 
-use super::{Cli, Command, ProxyFilterArgs, checkpoint, load, open_store, parse_duration};
+use super::{Cli, Command, ProxyFilterArgs, Signals, checkpoint, load, open_store, parse_duration};
 
 /// `crawl` options.
 #[derive(Debug, Args)]
@@ -154,8 +154,8 @@ const CRAWL_ARGV: &str = "argv";
 
 /// `proxywarden crawl`: a pool from the store (refreshed from it while the
 /// crawl runs), a progress line on a terminal, the summary on stderr, and
-/// Ctrl-C finishing the pages in flight (exit status 130; a second Ctrl-C
-/// exits at once, the state stays consistent).
+/// Ctrl-C or SIGTERM finishing the pages in flight (exit status 130; a
+/// second signal exits at once, the state stays consistent).
 pub(super) async fn run(config_path: Option<&Path>, args: CrawlArgs) -> anyhow::Result<ExitCode> {
     use std::io::IsTerminal;
     use std::sync::Arc;
@@ -249,18 +249,16 @@ pub(super) async fn run(config_path: Option<&Path>, args: CrawlArgs) -> anyhow::
     let cancel = tokio_util::sync::CancellationToken::new();
     {
         let cancel = cancel.clone();
+        // SIGTERM (systemd, `kill`) takes the same path as Ctrl-C.
+        let mut signals = Signals::new()?;
         tokio::spawn(async move {
-            if tokio::signal::ctrl_c().await.is_ok() {
-                eprintln!(
-                    "\ninterrupted: finishing the pages in flight (Ctrl-C again to quit now)…"
-                );
-                cancel.cancel();
-            }
-            if tokio::signal::ctrl_c().await.is_ok() {
-                // Every line written is whole and every commit atomic: the
-                // state resumes from here.
-                std::process::exit(130);
-            }
+            signals.next().await;
+            eprintln!("\ninterrupted: finishing the pages in flight (Ctrl-C again to quit now)…");
+            cancel.cancel();
+            signals.next().await;
+            // Every line written is whole and every commit atomic: the
+            // state resumes from here.
+            std::process::exit(130);
         });
     }
     let progress = Arc::new(Progress::default());

@@ -1,11 +1,15 @@
 //! What the crawler takes from an HTML page: its title, its links
 //! (resolved against the page or its `<base href>`) and the fields the user
-//! selected with CSS selectors.
+//! selected with CSS selectors. Pages go through the bounded parser of
+//! [`crate::html`]: a page nested too deep or too slow to parse yields what
+//! was read up to there.
 
 use std::collections::BTreeMap;
 
-use scraper::{Html, Selector};
+use scraper::Selector;
 use url::Url;
+
+use crate::html::{Deadline, HtmlError, parse_document};
 
 /// A field to extract: a name and the selector of the elements whose text
 /// it takes.
@@ -46,14 +50,25 @@ pub struct Extracted {
     /// Selected fields: the text of the first match, or with `all` an
     /// array of every match's text.
     pub fields: BTreeMap<String, serde_json::Value>,
+    /// Why parsing stopped before the end of the page, if it did: what
+    /// came before is above.
+    pub stopped: Option<HtmlError>,
 }
 
 /// The most links taken from one page: a page with more is a trap.
 const MAX_LINKS: usize = 10_000;
 
-/// Parses `html` found at `page`.
-pub fn extract(html: &str, page: &Url, selects: &[Select], all: bool) -> Extracted {
-    let doc = Html::parse_document(html);
+/// Parses `html` found at `page`, within `deadline` (synchronous and
+/// CPU-bound: call it off the async runtime).
+pub fn extract(
+    html: &str,
+    page: &Url,
+    selects: &[Select],
+    all: bool,
+    deadline: Option<Deadline>,
+) -> Extracted {
+    let parsed = parse_document(html, deadline);
+    let doc = parsed.doc;
     let sel = |s: &str| Selector::parse(s).expect("built-in selectors parse");
     let title = doc
         .select(&sel("title"))
@@ -90,6 +105,7 @@ pub fn extract(html: &str, page: &Url, selects: &[Select], all: bool) -> Extract
         title,
         links,
         fields,
+        stopped: parsed.stopped,
     }
 }
 
@@ -115,7 +131,7 @@ mod tests {
             Select::parse("price=.price").unwrap(),
             Select::parse("missing=.nothing").unwrap(),
         ];
-        let e = extract(html, &page, &selects, false);
+        let e = extract(html, &page, &selects, false, None);
         assert_eq!(e.title.as_deref(), Some("Shop Home"));
         let links: Vec<&str> = e.links.iter().map(Url::as_str).collect();
         assert_eq!(
@@ -130,9 +146,22 @@ mod tests {
         assert_eq!(e.fields["title"], "Deals");
         assert_eq!(e.fields["price"], "1.99");
         assert_eq!(e.fields["missing"], serde_json::Value::Null);
-        let all = extract(html, &page, &selects, true);
+        let all = extract(html, &page, &selects, true, None);
         assert_eq!(all.fields["price"], serde_json::json!(["1.99", "2.99"]));
         assert!(Select::parse("nocss").is_err());
         assert!(Select::parse("x=[[[").is_err());
+    }
+
+    #[test]
+    fn a_page_nested_too_deep_yields_the_links_before_the_cap() {
+        let page = Url::parse("http://shop.test/").unwrap();
+        let html = format!(
+            "<title>Deep</title><a href=\"/one\">1</a>{}<a href=\"/lost\">2</a>",
+            "<div>".repeat(100_000)
+        );
+        let e = extract(&html, &page, &[], false, None);
+        assert_eq!(e.title.as_deref(), Some("Deep"));
+        assert_eq!(e.links, [Url::parse("http://shop.test/one").unwrap()]);
+        assert_eq!(e.stopped, Some(HtmlError::TooDeep));
     }
 }

@@ -254,13 +254,19 @@ impl Frontier {
         r.map_err(|e| self.err(e))
     }
 
-    /// Hosts with waiting URLs.
-    pub fn hosts_with_work(&self) -> Result<Vec<String>, FrontierError> {
+    /// Up to `limit` hosts with waiting URLs named after `after`, by name.
+    pub fn hosts_with_work_after(
+        &self,
+        after: &str,
+        limit: usize,
+    ) -> Result<Vec<String>, FrontierError> {
         let run = || -> rusqlite::Result<Vec<String>> {
-            let mut st = self
-                .conn
-                .prepare("SELECT DISTINCT host FROM urls WHERE state = 0")?;
-            st.query_map([], |r| r.get(0))?.collect()
+            let mut st = self.conn.prepare_cached(
+                "SELECT DISTINCT host FROM urls WHERE state = 0 AND host > ?1
+                 ORDER BY host LIMIT ?2",
+            )?;
+            st.query_map(params![after, limit as i64], |r| r.get(0))?
+                .collect()
         };
         run().map_err(|e| self.err(e))
     }
@@ -380,7 +386,8 @@ mod tests {
 
         let mut f = Frontier::open(Some(&path)).unwrap();
         assert_eq!(f.meta("out_len").unwrap().as_deref(), Some("10"));
-        assert_eq!(f.hosts_with_work().unwrap(), ["h"]);
+        assert_eq!(f.hosts_with_work_after("", 10).unwrap(), ["h"]);
+        assert!(f.hosts_with_work_after("h", 10).unwrap().is_empty());
         let waiting: Vec<String> = f
             .waiting("h", 0, 10)
             .unwrap()

@@ -499,7 +499,7 @@ impl CrawlJobs {
             tracing::error!(job = id, error = %e, "cannot record a crawl job's start");
         }
         let dir = self.inner.dir.join(id.to_string());
-        if let Err(e) = std::fs::create_dir_all(&dir) {
+        if let Err(e) = tokio::fs::create_dir_all(&dir).await {
             let error = format!("cannot create {}: {e}", dir.display());
             return Some(("failed", None, Some(error)));
         }

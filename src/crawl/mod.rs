@@ -2,13 +2,16 @@
 //! scope, de-duplicated on normalised URLs, robots.txt obeyed (fetched
 //! through the pool), per-host delay and concurrency whichever proxy
 //! carries a request, a frontier in SQLite that resumes after a crash, and
-//! one JSON line per page.
+//! one JSON line per page. The crawl's loop (frontier and output writes)
+//! runs on a blocking thread of its own and pages are parsed on the
+//! blocking pool, so a crawl never holds up the async workers.
 
 pub mod extract;
 pub mod frontier;
 pub mod jobs;
 pub mod output;
 pub mod polite;
+pub mod robots;
 pub mod summary;
 pub mod url;
 
@@ -36,6 +39,7 @@ pub use extract::Select;
 use frontier::{Frontier, FrontierError, NewUrl, Queued, UrlState};
 use output::Sink;
 pub use polite::Politeness;
+use robots::{RobotsCache, Rules};
 pub use summary::Summary;
 
 /// What to crawl and how.
@@ -63,8 +67,9 @@ pub struct CrawlOptions {
     pub delay: Duration,
     /// Skip robots.txt (explicit only).
     pub ignore_robots: bool,
-    /// How long a host whose robots.txt could not be fetched waits before
-    /// the next try (doubled each time; three tries).
+    /// How long a host that gave no answer waits before the next try
+    /// (doubled each time; three tries): its robots.txt could not be
+    /// fetched, or a page timed out on two proxies in a row.
     pub robots_retry: Duration,
     /// Pages to this file, failed ones also to `failed.jsonl` beside it;
     /// stdout when `None`.
@@ -81,6 +86,9 @@ pub struct CrawlOptions {
     pub retry_failed: bool,
     /// After Ctrl-C, how long the pages in flight may take to finish.
     pub grace: Duration,
+    /// Hosts with work held in memory at once; the others wait in the
+    /// frontier and are taken in as these run out of work.
+    pub max_hosts: usize,
 }
 
 impl Default for CrawlOptions {
@@ -105,6 +113,7 @@ impl Default for CrawlOptions {
             state: None,
             retry_failed: false,
             grace: Duration::from_secs(30),
+            max_hosts: MAX_HOSTS,
         }
     }
 }
@@ -130,6 +139,9 @@ pub enum CrawlError {
     /// page could ever be fetched. What was not fetched stays queued.
     #[error("no proxy matches the crawl's filters: {0}")]
     NoProxy(String),
+    /// The runtime shut down under the crawl; what was committed stays.
+    #[error("the crawl was stopped by a shutdown")]
+    RuntimeGone,
 }
 
 /// Live counters for a progress display.
@@ -148,6 +160,8 @@ pub struct Progress {
 /// URLs buffered in memory across all host queues; the rest wait in the
 /// frontier file.
 const MAX_BUFFERED: usize = 50_000;
+/// Hosts with work held in memory at once, by default.
+pub const MAX_HOSTS: usize = 10_000;
 /// Loaded from the frontier per host at a time.
 const HOST_BATCH: usize = 256;
 /// Hashes of recently seen links kept to spare the frontier most
@@ -155,6 +169,10 @@ const HOST_BATCH: usize = 256;
 const SEEN_CACHE: usize = 200_000;
 /// Tries at a host's robots.txt before its pages fail.
 const ROBOTS_TRIES: u32 = 3;
+/// The longest a page may take to parse (the parser also stops at its
+/// nesting cap): links and fields read until then are kept. A flat 10 MiB
+/// page parses in about a second.
+const PARSE_TIME: Duration = Duration::from_secs(10);
 /// URLs that need no request settled in one look for work, so that a
 /// frontier of disallowed links is worked through in committed batches
 /// between looks at the pages that finished.
@@ -181,20 +199,20 @@ struct HostQueue {
     last_id: i64,
     in_flight: usize,
     robots: RobotsState,
+    /// Pages in a row that timed out on two proxies each: the site is slow
+    /// or silent, and backs off instead of costing more proxies.
+    silent: u32,
 }
 
 impl HostQueue {
-    fn new(more: bool, ignore_robots: bool) -> HostQueue {
+    fn new(more: bool, robots: RobotsState) -> HostQueue {
         HostQueue {
             buf: VecDeque::new(),
             more,
             last_id: 0,
             in_flight: 0,
-            robots: if ignore_robots {
-                RobotsState::Ready(None)
-            } else {
-                RobotsState::Unknown
-            },
+            silent: 0,
+            robots,
         }
     }
 }
@@ -206,6 +224,8 @@ struct Fetched {
     title: Option<String>,
     links: Vec<::url::Url>,
     fields: std::collections::BTreeMap<String, serde_json::Value>,
+    /// Why parsing stopped before the end of the page, if it did.
+    parse_stopped: Option<crate::html::HtmlError>,
 }
 
 enum Job {
@@ -230,10 +250,39 @@ enum RobotsOutcome {
 /// Runs a crawl on `pool` until the frontier is empty, a limit is reached
 /// or `cancel` fires (then the pages in flight finish within the grace
 /// time). Returns the summary.
+///
+/// The crawl's own loop writes its state (SQLite) and outputs (files,
+/// stdout) synchronously, so it runs on a blocking thread of its own; the
+/// fetches it starts run on the runtime, and pages are parsed on the
+/// blocking pool. Dropping the returned future stops the crawl at once,
+/// as a second Ctrl-C does: what was committed stays.
 pub async fn crawl(
     pool: &Pool,
     opts: CrawlOptions,
     cancel: CancellationToken,
+    progress: Arc<Progress>,
+) -> Result<Summary, CrawlError> {
+    let handle = tokio::runtime::Handle::current();
+    let pool = pool.clone();
+    let dropped = CancellationToken::new();
+    let _stop_when_dropped = dropped.clone().drop_guard();
+    let task = tokio::task::spawn_blocking(move || {
+        handle.block_on(crawl_here(&pool, opts, cancel, dropped, progress))
+    });
+    match task.await {
+        Ok(r) => r,
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        Err(_) => Err(CrawlError::RuntimeGone),
+    }
+}
+
+/// [`crawl`] on the thread it is called on (one that may block); `dropped`
+/// ends it at once.
+async fn crawl_here(
+    pool: &Pool,
+    opts: CrawlOptions,
+    cancel: CancellationToken,
+    dropped: CancellationToken,
     progress: Arc<Progress>,
 ) -> Result<Summary, CrawlError> {
     let started = Instant::now();
@@ -281,8 +330,7 @@ pub async fn crawl(
     }
     let joined: Vec<String> = seed_urls.iter().map(|u| u.to_string()).collect();
     frontier.set_meta("seeds", &joined.join("\n"))?;
-    let hosts = frontier.hosts_with_work()?;
-    if hosts.is_empty() && seed_urls.is_empty() {
+    if frontier.hosts_with_work_after("", 1)?.is_empty() && seed_urls.is_empty() {
         return Err(CrawlError::NothingToCrawl);
     }
     let scope = Scope::new(
@@ -295,10 +343,12 @@ pub async fn crawl(
     let mut c = Crawler {
         pool: pool.clone(),
         polite: Arc::new(Politeness::new(opts.delay)),
-        robots: Arc::new(Mutex::new(HashMap::new())),
+        robots: RobotsCache::default(),
         scope: Arc::new(scope),
         agent: robots_agent(&pool.options().user_agent),
         hosts: HashMap::new(),
+        hosts_left: true,
+        host_cursor: String::new(),
         order: VecDeque::new(),
         buffered: 0,
         seen: Arc::new(Mutex::new(seeds.iter().map(|s| hash(&s.url)).collect())),
@@ -310,16 +360,12 @@ pub async fn crawl(
         frontier,
         opts,
     };
-    for h in hosts {
-        c.hosts
-            .insert(h.clone(), HostQueue::new(true, c.opts.ignore_robots));
-        c.order.push_back(h);
-    }
+    c.take_in_hosts()?;
     c.summary.disallowed = c.frontier.count(UrlState::Disallowed)?;
     c.progress
         .queued
         .store(c.frontier.count(UrlState::Queued)?, Ordering::Relaxed);
-    c.run(&mut sink, cancel).await?;
+    c.run(&mut sink, cancel, dropped).await?;
     c.summary.elapsed = started.elapsed();
     c.summary.queued = c.frontier.count(UrlState::Queued)?;
     c.summary.discovered = c.frontier.total()?;
@@ -330,11 +376,16 @@ pub async fn crawl(
 struct Crawler {
     pool: Pool,
     polite: Arc<Politeness>,
-    /// Parsed robots.txt per host, for the redirect rule.
-    robots: Arc<Mutex<HashMap<String, Option<Arc<Robot>>>>>,
+    /// The robots.txt rules read, bounded in hosts and age.
+    robots: RobotsCache,
     scope: Arc<Scope>,
     agent: String,
     hosts: HashMap<String, HostQueue>,
+    /// The frontier may hold work of hosts not in `hosts` (it was full).
+    hosts_left: bool,
+    /// The last host taken in from the frontier, by name: the next are
+    /// looked for after it.
+    host_cursor: String,
     /// Hosts with work, in turn.
     order: VecDeque<String>,
     buffered: usize,
@@ -356,7 +407,12 @@ struct Crawler {
 }
 
 impl Crawler {
-    async fn run(&mut self, sink: &mut Sink, cancel: CancellationToken) -> Result<(), CrawlError> {
+    async fn run(
+        &mut self,
+        sink: &mut Sink,
+        cancel: CancellationToken,
+        dropped: CancellationToken,
+    ) -> Result<(), CrawlError> {
         let mut running: JoinSet<Done> = JoinSet::new();
         let mut stop_at: Option<Instant> = None;
         loop {
@@ -402,6 +458,13 @@ impl Crawler {
                     stop_at = Some(Instant::now() + self.opts.grace);
                     self.summary.interrupted = true;
                 }
+                _ = dropped.cancelled() => {
+                    // No one waits for the end any more: stop now, as a
+                    // second Ctrl-C does.
+                    running.abort_all();
+                    self.summary.interrupted = true;
+                    return self.commit(sink);
+                }
                 _ = sleep_until(stop_at), if stop_at.is_some() => {
                     // Out of grace: what is still in flight stays queued in
                     // the frontier and is fetched by the next run.
@@ -430,7 +493,7 @@ impl Crawler {
             Job::Page(q) => {
                 self.taken += 1;
                 self.unqueue();
-                let follow = self.follow_rule();
+                let follow = self.follow_rule(&q.host);
                 let selects = self.opts.selects.clone();
                 let all = self.opts.select_all;
                 let bodies = self.opts.bodies.clone();
@@ -447,7 +510,7 @@ impl Crawler {
                         Err(e) => Err(e),
                     };
                     let result = match result {
-                        Ok(page) => Ok(digest(page, &selects, all, bodies.as_deref()).await),
+                        Ok(page) => Ok(digest(page, selects, all, bodies.as_deref()).await),
                         Err(e) => Err(e),
                     };
                     Done::Page(q, Box::new(result), t0.elapsed())
@@ -458,13 +521,21 @@ impl Crawler {
 
     /// Redirects are followed within the host (so its politeness and
     /// robots.txt hold), in scope and allowed; others end the page, and
-    /// the target is queued as a link.
-    fn follow_rule(&self) -> RedirectRule {
+    /// the target is queued as a link. One rule per page: a hop it agreed
+    /// to is agreed to again when the page is tried on another proxy, so a
+    /// proxied page follows the chain a direct one does.
+    fn follow_rule(&self, host: &str) -> RedirectRule {
         let scope = self.scope.clone();
-        let robots = self.robots.clone();
+        // Redirects stay on the page's host: its rules are the ones.
+        let robots: Option<Rules> = self.hosts.get(host).and_then(|h| match &h.robots {
+            RobotsState::Ready(r) => Some(r.clone()),
+            _ => None,
+        });
         let strip = self.opts.strip_params.clone();
         let ignore = self.opts.ignore_robots;
         let seen = self.seen.clone();
+        // At most the redirects of each attempt.
+        let agreed: Mutex<HashSet<String>> = Mutex::default();
         Arc::new(move |from, to| {
             let Some(to) = normalize(to, &strip) else {
                 return false;
@@ -473,10 +544,17 @@ impl Crawler {
                 return false;
             }
             let allowed = ignore
-                || lock(&robots)
-                    .get(&site_of(&to))
+                || robots
+                    .as_ref()
                     .is_some_and(|r| r.as_ref().is_none_or(|r| r.allowed(to.as_str())));
-            allowed && first_sight(&seen, to.as_str())
+            if lock(&agreed).contains(to.as_str()) {
+                return true;
+            }
+            let follow = allowed && first_sight(&seen, to.as_str());
+            if follow {
+                lock(&agreed).insert(to.to_string());
+            }
+            follow
         })
     }
 
@@ -492,6 +570,9 @@ impl Crawler {
         let now = Instant::now();
         let mut wake: Option<Instant> = None;
         let limit_reached = self.opts.max_pages.is_some_and(|m| self.taken >= m);
+        if self.hosts_left && self.hosts.len() <= self.opts.max_hosts * 9 / 10 {
+            self.take_in_hosts()?;
+        }
         // Hosts to look at in this pass; a host put back at the front to
         // be looked at again counts once more.
         let mut left = self.order.len();
@@ -527,6 +608,13 @@ impl Crawler {
                 self.order.push_back(key);
                 continue;
             }
+            if !self.opts.ignore_robots
+                && matches!(h.robots, RobotsState::Ready(_))
+                && self.robots.get(&key).is_none()
+            {
+                // Its rules are a day old (or were crowded out): read again.
+                h.robots = RobotsState::Unknown;
+            }
             match h.robots {
                 RobotsState::Unknown => {
                     h.robots = RobotsState::Pending(0);
@@ -541,6 +629,7 @@ impl Crawler {
                         None => {
                             h.in_flight -= 1;
                             h.robots = RobotsState::Ready(None);
+                            self.robots.insert(&key, None);
                             self.order.push_front(key);
                             left += 1;
                             continue;
@@ -563,6 +652,7 @@ impl Crawler {
                     }
                     h.in_flight -= 1;
                     h.robots = RobotsState::Ready(None);
+                    self.robots.insert(&key, None);
                     self.order.push_front(key);
                     left += 1;
                     continue;
@@ -661,10 +751,7 @@ impl Crawler {
                 };
                 let ready: Result<Option<Arc<Robot>>, String> = match outcome {
                     RobotsOutcome::Parsed(robot) => {
-                        if let Some(secs) = robot.delay.filter(|d| d.is_finite() && *d > 0.0) {
-                            self.polite
-                                .set_crawl_delay(&host, Duration::from_secs_f32(secs.min(3600.0)));
-                        }
+                        self.crawl_delay(&host, Some(&robot));
                         Ok(Some(Arc::new(robot)))
                     }
                     RobotsOutcome::AllowAll => Ok(None),
@@ -682,7 +769,7 @@ impl Crawler {
                 };
                 match ready {
                     Ok(r) => {
-                        lock(&self.robots).insert(host.clone(), r.clone());
+                        self.robots.insert(&host, r.clone());
                         h.robots = RobotsState::Ready(r);
                     }
                     Err(error) if tries + 1 >= ROBOTS_TRIES => {
@@ -707,7 +794,15 @@ impl Crawler {
             Done::Page(q, result, elapsed) => {
                 if let Some(h) = self.hosts.get_mut(&q.host) {
                     h.in_flight = h.in_flight.saturating_sub(1);
+                    h.silent = match &*result {
+                        Err(FetchError::SiteTimeout { .. }) => h.silent + 1,
+                        _ => 0,
+                    };
                 }
+                let q = match self.site_silent(q, &result) {
+                    Some(q) => q,
+                    None => return Ok(()),
+                };
                 match *result {
                     Ok(f) => self.fetched(sink, q, f, elapsed)?,
                     Err(e) => {
@@ -809,6 +904,7 @@ impl Crawler {
             "title": f.title,
             "links": f.links.len(),
             "fields": f.fields,
+            "parse_stopped": f.parse_stopped.as_ref().map(stopped_note),
             "error": failed.then(|| format!("http {status}")),
         });
         let state = if failed {
@@ -843,14 +939,17 @@ impl Crawler {
         }
         for a in added {
             self.progress.queued.fetch_add(1, Ordering::Relaxed);
-            let ignore = self.opts.ignore_robots;
             if !self.hosts.contains_key(&a.host) {
-                self.order.push_back(a.host.clone());
+                if self.hosts.len() >= self.opts.max_hosts.max(1) {
+                    // Waits in the frontier for a place.
+                    self.hosts_left = true;
+                    continue;
+                }
+                self.add_host(&a.host, false);
             }
-            let h = self
-                .hosts
-                .entry(a.host.clone())
-                .or_insert_with(|| HostQueue::new(false, ignore));
+            let Some(h) = self.hosts.get_mut(&a.host) else {
+                continue;
+            };
             if !h.more && self.buffered < MAX_BUFFERED {
                 h.last_id = a.id;
                 h.buf.push_back(a);
@@ -865,6 +964,66 @@ impl Crawler {
         Ok(())
     }
 
+    /// Takes in hosts with waiting URLs from the frontier until
+    /// [`CrawlOptions::max_hosts`] are held, going round the frontier's
+    /// hosts by name from where the last call stopped; when a round finds
+    /// room for every one, none is left out.
+    fn take_in_hosts(&mut self) -> Result<(), CrawlError> {
+        let max = self.opts.max_hosts.max(1);
+        let mut from_start = self.host_cursor.is_empty();
+        while self.hosts_left && self.hosts.len() < max {
+            let want = (max - self.hosts.len()).min(1000);
+            let batch = self
+                .frontier
+                .hosts_with_work_after(&self.host_cursor, want)?;
+            let end = batch.len() < want;
+            for h in batch {
+                if !self.hosts.contains_key(&h) {
+                    self.add_host(&h, true);
+                }
+                self.host_cursor = h;
+            }
+            if end {
+                self.host_cursor.clear();
+                if from_start {
+                    self.hosts_left = false;
+                }
+                from_start = true;
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes host `host` in turn (`more`: it has work in the frontier not
+    /// yet loaded), with the robots.txt rules already read for it.
+    fn add_host(&mut self, host: &str, more: bool) {
+        let robots = if self.opts.ignore_robots {
+            RobotsState::Ready(None)
+        } else {
+            match self.robots.get(host) {
+                Some(rules) => {
+                    self.crawl_delay(host, rules.as_deref());
+                    RobotsState::Ready(rules)
+                }
+                None => RobotsState::Unknown,
+            }
+        };
+        self.hosts
+            .insert(host.to_owned(), HostQueue::new(more, robots));
+        self.order.push_back(host.to_owned());
+    }
+
+    /// Spaces host `host`'s requests by its robots.txt's Crawl-delay.
+    fn crawl_delay(&self, host: &str, robot: Option<&Robot>) {
+        if let Some(secs) = robot
+            .and_then(|r| r.delay)
+            .filter(|d| d.is_finite() && *d > 0.0)
+        {
+            self.polite
+                .set_crawl_delay(host, Duration::from_secs_f32(secs.min(3600.0)));
+        }
+    }
+
     /// Writes the lines of the pages finished since the last commit, then
     /// commits their end with the output lengths.
     fn commit(&mut self, sink: &mut Sink) -> Result<(), CrawlError> {
@@ -877,6 +1036,30 @@ impl Crawler {
         })?;
         self.frontier.commit(&sink.offsets())?;
         Ok(())
+    }
+
+    /// When page `q` timed out on two proxies in a row and its host has not
+    /// done so [`ROBOTS_TRIES`] times in a row: the host backs off (as for
+    /// robots.txt, doubled each time) and the page waits its turn again,
+    /// neither fetched nor failed. Otherwise hands `q` back to be written.
+    fn site_silent(&mut self, q: Queued, result: &Result<Fetched, FetchError>) -> Option<Queued> {
+        if !matches!(result, Err(FetchError::SiteTimeout { .. })) {
+            return Some(q);
+        }
+        let Some(h) = self.hosts.get_mut(&q.host) else {
+            return Some(q);
+        };
+        if h.silent >= ROBOTS_TRIES {
+            return Some(q);
+        }
+        let wait = self.opts.robots_retry * 2u32.pow(h.silent - 1);
+        tracing::info!(host = %q.host, ?wait, "the site gave no answer in time; backing off");
+        self.polite.note(&q.host, None, Some(wait));
+        h.buf.push_front(q);
+        self.buffered += 1;
+        self.taken = self.taken.saturating_sub(1);
+        self.progress.queued.fetch_add(1, Ordering::Relaxed);
+        None
     }
 
     /// When request `e` found no proxy: why none can be found at all
@@ -930,26 +1113,44 @@ fn first_sight(seen: &Mutex<HashSet<u64>>, url: &str) -> bool {
     seen.insert(hash(url))
 }
 
-/// Hashes, parses and stores a page in its own task.
+/// Hashes, parses and stores a page in its own task; hashing and parsing
+/// (CPU work that grows with the page) run on the blocking pool, bounded
+/// by [`PARSE_TIME`] and the parser's depth cap.
 async fn digest(
     page: Page,
-    selects: &[Select],
+    selects: Vec<Select>,
     all: bool,
     bodies: Option<&std::path::Path>,
 ) -> Fetched {
-    let sha256: String = sha2::Sha256::digest(page.body())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
     let html = page.status().is_success()
         && page
             .content_type()
             .is_none_or(|t| t.to_ascii_lowercase().contains("html"));
-    let (title, links, fields) = if html {
-        let e = extract::extract(&page.text(), page.final_url(), selects, all);
-        (e.title, e.links, e.fields)
-    } else {
-        (None, Vec::new(), Default::default())
+    let deadline = crate::html::Deadline {
+        started: std::time::Instant::now(),
+        allowed: PARSE_TIME,
+        setting: "the crawl's parse time",
+    };
+    let body = page.body().clone();
+    let base = page.final_url().clone();
+    let joined = tokio::task::spawn_blocking(move || {
+        let e = if html {
+            let text = String::from_utf8_lossy(&body);
+            extract::extract(&text, &base, &selects, all, Some(deadline))
+        } else {
+            extract::Extracted::default()
+        };
+        (sha256_hex(&body), e)
+    })
+    .await;
+    let (sha256, e) = match joined {
+        Ok(done) => done,
+        // A parser panic is a bug; it costs the page its extraction, not
+        // the crawl.
+        Err(error) => {
+            tracing::warn!(url = %page.final_url(), %error, "parsing a page failed unexpectedly");
+            (sha256_hex(page.body()), extract::Extracted::default())
+        }
     };
     if let Some(dir) = bodies
         && let Err(e) = output::store_body(dir, &sha256, page.body()).await
@@ -959,9 +1160,31 @@ async fn digest(
     Fetched {
         page,
         sha256,
-        title,
-        links,
-        fields,
+        title: e.title,
+        links: e.links,
+        fields: e.fields,
+        parse_stopped: e.stopped,
+    }
+}
+
+fn sha256_hex(body: &[u8]) -> String {
+    sha2::Sha256::digest(body)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// What the output says of a page whose parse stopped early.
+fn stopped_note(e: &crate::html::HtmlError) -> String {
+    use crate::html::{HtmlError, MAX_DEPTH};
+    match e {
+        HtmlError::TooDeep => {
+            format!("nested deeper than {MAX_DEPTH} elements: links and fields read up to there")
+        }
+        HtmlError::TooSlow(allowed, _) => format!(
+            "took longer than {} to parse: links and fields read up to there",
+            humantime::format_duration(*allowed)
+        ),
     }
 }
 

@@ -1,7 +1,10 @@
 //! Politeness per target host, whichever proxy carries the request: request
 //! starts spaced by the host's delay (the larger of `--delay` and
 //! robots.txt's Crawl-delay), slowed down by 429/503 and `Retry-After`,
-//! and sped back up as answers come normally.
+//! and sped back up as answers come normally. At most [`MAX_HOSTS`] hosts
+//! are kept: beyond that, hosts idle for [`IDLE_FOR`] are forgotten first
+//! (a host comes back with the crawl's delay and its robots.txt's), then
+//! those whose turn came longest ago.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -21,6 +24,11 @@ const MAX_SLOWDOWN: f64 = 64.0;
 const SLOW_FLOOR: Duration = Duration::from_millis(250);
 /// Longest wait a `Retry-After` imposes on a host.
 const MAX_RETRY_AFTER: Duration = Duration::from_secs(600);
+/// Hosts paced at once.
+pub const MAX_HOSTS: usize = 10_000;
+/// A host no request has started to for this long, and whose turn has
+/// come, holds nothing worth keeping once the map is full.
+pub const IDLE_FOR: Duration = Duration::from_secs(600);
 
 #[derive(Debug)]
 struct Host {
@@ -55,6 +63,9 @@ impl Politeness {
     }
 
     fn host<'a>(&self, hosts: &'a mut HashMap<String, Host>, key: &str) -> &'a mut Host {
+        if hosts.len() >= MAX_HOSTS && !hosts.contains_key(key) {
+            make_room(hosts);
+        }
         hosts.entry(key.to_owned()).or_insert_with(|| Host {
             next_at: Instant::now(),
             last_start: None,
@@ -130,6 +141,25 @@ impl Politeness {
     }
 }
 
+/// Forgets the hosts idle for [`IDLE_FOR`] whose turn has come; if that is
+/// not a tenth of the map, the tenth whose turns come first.
+fn make_room(hosts: &mut HashMap<String, Host>) {
+    let now = Instant::now();
+    let idle = |h: &Host| {
+        h.next_at <= now
+            && h.last_start
+                .is_none_or(|t| now.duration_since(t) >= IDLE_FOR)
+    };
+    hosts.retain(|_, h| !idle(h));
+    let cut = MAX_HOSTS / 10;
+    if hosts.len() > MAX_HOSTS - cut {
+        let mut turns: Vec<Instant> = hosts.values().map(|h| h.next_at).collect();
+        turns.select_nth_unstable(cut);
+        let first = turns[cut];
+        hosts.retain(|_, h| h.next_at > first);
+    }
+}
+
 fn current(h: &Host) -> Duration {
     if h.slowdown <= 1.0 {
         h.delay
@@ -186,5 +216,23 @@ mod tests {
             p.note("b", Some(StatusCode::OK), None);
         }
         assert_eq!(p.delay("b"), ms(20), "back to normal");
+    }
+
+    #[test]
+    fn the_hosts_kept_are_bounded() {
+        let p = Politeness::new(Duration::from_secs(1));
+        for i in 0..MAX_HOSTS + 500 {
+            p.note(
+                &format!("h{i}"),
+                None,
+                Some(Duration::from_secs(i as u64 + 1)),
+            );
+        }
+        let kept = p.lock().len();
+        assert!(kept <= MAX_HOSTS, "{kept}");
+        // The hosts whose turns come last (the longest waits) are kept.
+        let last = format!("h{}", MAX_HOSTS + 499);
+        assert!(p.ready_at(&last).is_some());
+        assert!(p.ready_at("h0").is_none());
     }
 }

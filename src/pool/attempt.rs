@@ -35,13 +35,22 @@ impl Pool {
         let mut tried: HashSet<i64> = HashSet::new();
         let (mut attempts, mut rotations, mut retries, mut unreached) = (0u32, 0u32, 0u32, 0u32);
         let mut refusals = 0u32;
+        // Proxies that timed out on this URL: slow themselves, or the site
+        // is; the next proxy tells which.
+        let mut timed_out: Vec<Lease> = Vec::new();
         let exhausted = |attempts, last: String, status| FetchError::Exhausted {
             attempts,
             last,
             status,
         };
         loop {
-            let lease = self.acquire(req, &tried, attempts).await?;
+            let lease = match self.acquire(req, &tried, attempts).await {
+                Ok(l) => l,
+                Err(e) => {
+                    self.timed_out(&mut timed_out, req).await;
+                    return Err(e);
+                }
+            };
             attempts += 1;
             c.attempts.fetch_add(1, Ordering::Relaxed);
             if lease.is_none() {
@@ -50,6 +59,13 @@ impl Pool {
             let t0 = Instant::now();
             let outcome = self.attempt(lease.as_ref(), req).await;
             let id = lease.as_ref().map(|l| l.entry.id);
+            if matches!(
+                outcome,
+                Outcome::Page(..) | Outcome::SiteError(..) | Outcome::Blocked { .. }
+            ) {
+                // The site answered this proxy: those that timed out were slow.
+                self.timed_out(&mut timed_out, req).await;
+            }
             match outcome {
                 Outcome::Page(answer, final_url) => {
                     if let Some(l) = &lease {
@@ -70,14 +86,26 @@ impl Pool {
                     tokio::time::sleep(backoff(opts.retry_backoff, retries)).await;
                 }
                 Outcome::ProxyFailure(reason) => {
-                    c.proxy_failures.fetch_add(1, Ordering::Relaxed);
                     let Some(l) = lease else {
+                        c.proxy_failures.fetch_add(1, Ordering::Relaxed);
                         return Err(exhausted(attempts, reason.to_string(), None));
                     };
-                    self.failed(&l, reason).await;
-                    self.tunnel_failed(&l, req).await;
                     tried.insert(l.entry.id);
+                    if reason == Reason::Timeout {
+                        timed_out.push(l);
+                        if timed_out.len() >= TIMEOUT_QUORUM {
+                            for l in timed_out.drain(..) {
+                                self.report(l.entry.id, Verdict::TargetError, None).await;
+                            }
+                            return Err(FetchError::SiteTimeout { attempts });
+                        }
+                    } else {
+                        c.proxy_failures.fetch_add(1, Ordering::Relaxed);
+                        self.failed(&l, reason).await;
+                        self.tunnel_failed(&l, req).await;
+                    }
                     if rotations >= opts.rotations {
+                        self.timed_out(&mut timed_out, req).await;
                         return Err(exhausted(attempts, reason.to_string(), None));
                     }
                     rotations += 1;

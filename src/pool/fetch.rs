@@ -143,9 +143,9 @@ impl Client {
                     .exchange(conn, key.clone(), url, &target, proxy, limits)
                     .await
                 {
-                    // A kept-alive connection the server closed meanwhile: no
-                    // one's fault, open a new one (the turn is still ours:
-                    // the request never left).
+                    // A kept-alive connection the peer closed meanwhile: no
+                    // one's fault, open a new one, once (the turn is still
+                    // ours: the request got no answer).
                     Err(None) => {
                         let c = self
                             .connect(proxy.map(|(_, p)| p), &target, https, limits)
@@ -185,7 +185,7 @@ impl Client {
         let sent = tokio::time::timeout(limits.first_byte, sender.send_request(req)).await;
         let resp = match sent {
             Err(_) => return Err(Some(Failure::Proxy(Reason::Timeout))),
-            Ok(Err(e)) if !fresh && (e.is_closed() || e.is_canceled()) => return Err(None),
+            Ok(Err(e)) if !fresh && closed_when_reused(&e) => return Err(None),
             Ok(Err(e)) => return Err(Some(Failure::Proxy(hyper_reason(&e)))),
             Ok(Ok(resp)) => resp,
         };
@@ -375,6 +375,31 @@ where
         let _ = conn.await;
     });
     Ok(sender)
+}
+
+/// True when a request on a kept-alive connection failed because the peer
+/// had closed it: before the request left, or with the connection ending
+/// (FIN or reset) before any answer came. Proxies that serve one request
+/// per connection without saying so do this; the request is sent again on
+/// a new connection and blamed on no one. (GET is idempotent.)
+fn closed_when_reused(e: &hyper::Error) -> bool {
+    if e.is_closed() || e.is_canceled() || e.is_incomplete_message() {
+        return true;
+    }
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        if let Some(io) = s.downcast_ref::<std::io::Error>() {
+            return matches!(
+                io.kind(),
+                std::io::ErrorKind::ConnectionReset
+                    | std::io::ErrorKind::ConnectionAborted
+                    | std::io::ErrorKind::BrokenPipe
+                    | std::io::ErrorKind::UnexpectedEof
+            );
+        }
+        source = s.source();
+    }
+    false
 }
 
 fn keep_alive(headers: &HeaderMap) -> bool {

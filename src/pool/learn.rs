@@ -96,6 +96,20 @@ impl Pool {
             .worked_at(lease.entry.id, &lease.site, latency);
     }
 
+    /// The proxies of `timed_out` were slow themselves (another reached
+    /// the site, or the request ended otherwise): each is charged the
+    /// timeout.
+    pub(super) async fn timed_out(&self, timed_out: &mut Vec<Lease>, req: &Request) {
+        for l in timed_out.drain(..) {
+            self.inner
+                .counters
+                .proxy_failures
+                .fetch_add(1, Ordering::Relaxed);
+            self.failed(&l, Reason::Timeout).await;
+            self.tunnel_failed(&l, req).await;
+        }
+    }
+
     pub(super) async fn failed(&self, lease: &Lease, reason: Reason) {
         let id = lease.entry.id;
         {

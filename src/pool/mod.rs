@@ -226,6 +226,13 @@ pub enum FetchError {
     /// The site asked to wait longer than the pool may.
     #[error("the site asked to retry after {0:?}")]
     RetryAfterTooLong(Duration),
+    /// Proxies in a row got through to the site and no answer came in
+    /// time: the site is slow or silent, not they.
+    #[error("no answer in time through {attempts} proxies in a row: the site is slow or silent")]
+    SiteTimeout {
+        /// Attempts made.
+        attempts: u32,
+    },
 }
 
 impl FetchError {
@@ -238,6 +245,7 @@ impl FetchError {
             FetchError::Unreachable { .. } => "unreachable",
             FetchError::TooLarge { .. } => "too_large",
             FetchError::RetryAfterTooLong(_) => "retry_after_too_long",
+            FetchError::SiteTimeout { .. } => "site_timeout",
         }
     }
 
@@ -247,6 +255,7 @@ impl FetchError {
             FetchError::NoProxy { attempts, .. }
             | FetchError::Exhausted { attempts, .. }
             | FetchError::Unreachable { attempts }
+            | FetchError::SiteTimeout { attempts }
             | FetchError::TooLarge { attempts, .. } => *attempts,
             _ => 0,
         }
@@ -476,6 +485,9 @@ const RECENT_PER_SITE: usize = 4;
 const MAX_RECENT_SITES: usize = 4096;
 /// Proxies saying a target cannot be reached before the pool believes it.
 const UNREACHED_QUORUM: u32 = 3;
+/// Proxies in a row timing out on one URL before the site is taken to be
+/// slow or silent: the request ends, and none of them is blamed.
+const TIMEOUT_QUORUM: usize = 2;
 /// How long a first pick waits for a store-backed pool's first load.
 const FIRST_LOAD_WAIT: Duration = Duration::from_secs(30);
 /// Longest sleep between looks for a usable proxy while waiting.

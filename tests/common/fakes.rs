@@ -410,6 +410,11 @@ pub struct HttpProxyOpts {
     /// answer has a Content-Length, as most real proxies do; otherwise
     /// every answer closes it.
     pub keep_alive: bool,
+    /// With `keep_alive`: answers this many requests on a client's
+    /// connection without saying it will close (the site's keep-alive
+    /// answer relayed as it came), then reads the next one and hangs up, as
+    /// proxies that serve one request per connection do.
+    pub close_after: Option<usize>,
     /// With `keep_alive`: also keeps its own connection to the site open
     /// across a client connection's requests, as a proxy with a connection
     /// pool does (benches use it so the fake costs little per request).
@@ -593,8 +598,16 @@ async fn http_proxy_conn(
         let mut head = head;
         let mut site = None;
         let _ = client.set_nodelay(true);
+        let mut served = 0;
         loop {
             if !forward_kept(&mut client, &head, &opts, &mut site).await? {
+                return finish(client).await;
+            }
+            served += 1;
+            if opts.close_after.is_some_and(|n| served >= n) {
+                // Hangs up once the next request arrives, unanswered: the
+                // client finds its kept connection closed only by using it.
+                let _ = read_head(&mut client).await;
                 return finish(client).await;
             }
             let Some((raw_head, rest)) = read_head(&mut client).await? else {
