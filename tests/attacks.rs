@@ -484,7 +484,16 @@ async fn a_source_cannot_redirect_the_harvest_to_a_private_address() {
 // `a_control_given_twice_is_a_400_and_other_username_words_are_ignored`,
 // `waiting_connections_make_room_oldest_first_and_busy_ones_never`,
 // `one_address_cannot_take_every_slot` and
-// `with_a_token_an_unauthenticated_connection_is_closed_at_the_header_timeout`.
+// `with_a_token_an_unauthenticated_connection_is_closed_at_the_header_timeout`;
+// and the kept upstream connection found closed in
+// `a_kept_upstream_connection_found_closed_is_retried_fresh_and_not_charged`.
+//
+// Item 6, what a site can do to the crawler and the pool, is tested in
+// tests/crawl.rs beside the crawler's fake sites and proxies:
+// `proxied_crawls_follow_redirects_as_direct_ones_do`,
+// `a_robots_txt_that_never_answers_backs_the_site_off_and_blames_no_proxy`,
+// `a_page_that_never_answers_backs_the_site_off_and_blames_no_proxy` and
+// `a_page_nested_too_deep_is_parsed_up_to_the_cap_and_its_links_kept`.
 
 // Item 4: crawl jobs bounded.
 
