@@ -838,15 +838,35 @@ async fn verify_skips_but_keeps_a_proxy_it_cannot_confirm_dead() {
     d.stop().await;
 }
 
-/// With no judge answering, `verify=true` is a 503 that says why, not a 404.
+/// With no judge answering, `verify=true` over proxies it could verify is a
+/// 503 that says why, not a 404; over an empty pool it is the 404 that says
+/// why nothing can be served, at once.
 #[tokio::test]
 async fn verify_without_a_judge_is_not_ready() {
     let dir = tempfile::tempdir().unwrap();
     let closed = fakes::closed_port();
-    let d = start_with(dir.path(), "", |c| {
-        c.judges(&format!("[\"http://{}/judge\"]", closed.addr()))
-    })
+    let judges = format!("[\"http://{}/judge\"]", closed.addr());
+    let d = start_with(dir.path(), "", |c| c.judges(&judges)).await;
+    let (status, e) = d.json("/proxy?verify=true").await;
+    assert_eq!(status, 404, "{e}");
+    assert!(
+        e["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("no proxy to serve"),
+        "{e}"
+    );
+    d.stop().await;
+
+    let dir = tempfile::tempdir().unwrap();
+    let proxy = fakes::http_proxy(2).await;
+    let (store, _) = common::store_with_alive(
+        &dir.path().join("test.db"),
+        &[common::AliveProxy::new(proxy.url())],
+    )
     .await;
+    drop(store);
+    let d = start_with(dir.path(), "", |c| c.db("test.db").judges(&judges)).await;
     let (status, e) = d.json("/proxy?verify=true").await;
     assert_eq!(status, 503, "{e}");
     assert_eq!(e["error"]["code"], "not_ready");

@@ -58,6 +58,15 @@ pub async fn proxy(
     let none = || ApiError::NotFound("no alive proxy matches the filters".into());
 
     let chosen = if verify {
+        // Nothing to verify is a 404 as without `verify`, not a wait for a
+        // judge that could only confirm there is nothing.
+        if state
+            .feedback
+            .pick(&q, site.as_deref(), now_ms(), &BestOfTwo, &|_| false)
+            .is_none()
+        {
+            return Err(empty_pool(&state).await.unwrap_or_else(none));
+        }
         let checker = state.checker(CHECKER_WAIT).await.ok_or_else(|| {
             ApiError::NotReady(
                 "no judge has answered yet, so nothing can be verified; try again shortly".into(),
