@@ -54,7 +54,7 @@ pub async fn start(
         .map_err(|_| ApiError::PayloadTooLarge(MAX_JOB_BODY))?
         .to_bytes();
     let job = state.crawls.start(&body).await.map_err(job_error)?;
-    let location = format!("/crawls/{}", job["id"]);
+    let location = format!("/crawls/{}", job.id);
     Ok((
         StatusCode::CREATED,
         [(header::LOCATION, location)],
@@ -82,7 +82,7 @@ pub async fn list(
     let jobs = state.crawls.list(limit, after).await?;
     // A full page may have more after it.
     let next = if jobs.len() == limit {
-        jobs.last().map(|j| j["id"].clone())
+        jobs.last().map(|j| j.id)
     } else {
         None
     };

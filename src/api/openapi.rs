@@ -259,34 +259,8 @@ pub struct PagesParams {
     after: Option<i64>,
 }
 
-/// A crawl job as the API shows it (made by the crawl jobs' own view).
-#[derive(Serialize, ToSchema)]
-#[allow(dead_code)]
-pub struct CrawlJob {
-    /// Its id.
-    id: i64,
-    /// `queued`, `running`, `finished`, `cancelled` or `failed`.
-    state: String,
-    /// When it was asked for (RFC 3339).
-    created_at: String,
-    /// When it (last) started.
-    started_at: Option<String>,
-    /// When it ended.
-    finished_at: Option<String>,
-    /// Its options, as posted (a listing leaves out the long lists).
-    #[schema(value_type = Object)]
-    options: serde_json::Value,
-    /// Pages done and failed, queued and in flight.
-    #[schema(value_type = Object)]
-    progress: serde_json::Value,
-    /// Its summary once it ended.
-    #[schema(value_type = Option<Object>)]
-    summary: Option<serde_json::Value>,
-    /// Why it failed.
-    error: Option<String>,
-    /// In a listing: how many seeds it has.
-    seeds_total: Option<i64>,
-}
+/// A crawl job as the API shows it: the crawl jobs' own typed view.
+pub use crate::crawl::jobs::JobView as CrawlJob;
 
 /// A page of crawl jobs.
 #[derive(Serialize, ToSchema)]

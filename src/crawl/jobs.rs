@@ -427,7 +427,7 @@ impl CrawlJobs {
     }
 
     /// Starts a job from a JSON body; returns its view.
-    pub async fn start(&self, body: &[u8]) -> Result<serde_json::Value, JobError> {
+    pub async fn start(&self, body: &[u8]) -> Result<JobView, JobError> {
         if self.inner.shutdown.is_cancelled() {
             return Err(JobError::Stopping);
         }
@@ -515,11 +515,14 @@ impl CrawlJobs {
         let result = crawl(&pool, opts, cancel, progress).await;
         drop(permit);
         // What earlier runs (before a restart) did counts too.
-        let earlier = match self.inner.store.crawl_job(id).await {
+        let earlier: Option<JobSummary> = match self.inner.store.crawl_job(id).await {
             Ok(Some(rec)) => rec.summary.and_then(|s| serde_json::from_str(&s).ok()),
             _ => None,
         };
-        let total = |s: &Summary| merge_summaries(earlier.as_ref(), summary_json(s)).to_string();
+        let total = |s: &Summary| {
+            let all = JobSummary::of(s).after(earlier.as_ref());
+            serde_json::to_string(&all).unwrap_or_default()
+        };
         match result {
             Ok(summary) if summary.interrupted => match stopped(&by_user) {
                 Some((state, _, _)) => Some((state, Some(total(&summary)), None)),
@@ -546,20 +549,20 @@ impl CrawlJobs {
         &self,
         limit: usize,
         before: Option<i64>,
-    ) -> Result<Vec<serde_json::Value>, StoreError> {
+    ) -> Result<Vec<JobView>, StoreError> {
         let recs = self.inner.store.crawl_job_listing(limit, before).await?;
         Ok(recs
             .iter()
             .map(|(r, seeds)| {
                 let mut view = self.view(r);
-                view["seeds_total"] = (*seeds).into();
+                view.seeds_total = Some(*seeds);
                 view
             })
             .collect())
     }
 
     /// Job `id`'s view, if there is such a job.
-    pub async fn get(&self, id: i64) -> Result<Option<serde_json::Value>, StoreError> {
+    pub async fn get(&self, id: i64) -> Result<Option<JobView>, StoreError> {
         let rec = self.inner.store.crawl_job(id).await?;
         Ok(rec.map(|r| self.view(&r)))
     }
@@ -567,7 +570,7 @@ impl CrawlJobs {
     /// Cancels job `id`: its pages in flight finish, then it ends
     /// `cancelled`. Returns its view once it ended (or the grace ran out),
     /// `None` when there is no such job.
-    pub async fn cancel(&self, id: i64) -> Result<Option<serde_json::Value>, StoreError> {
+    pub async fn cancel(&self, id: i64) -> Result<Option<JobView>, StoreError> {
         let ended = {
             let live = lock(&self.inner.live);
             live.get(&id).map(|l| {
@@ -606,101 +609,186 @@ impl CrawlJobs {
         Ok(Some((lines, PageStream::new(path, start, end))))
     }
 
-    fn view(&self, rec: &CrawlJobRecord) -> serde_json::Value {
+    fn view(&self, rec: &CrawlJobRecord) -> JobView {
         let options: serde_json::Value =
             serde_json::from_str(&rec.spec).unwrap_or(serde_json::Value::Null);
-        let summary: Option<serde_json::Value> = rec
+        let summary: Option<JobSummary> = rec
             .summary
             .as_deref()
             .and_then(|s| serde_json::from_str(s).ok());
         let progress = {
             let live = lock(&self.inner.live);
             // While it runs, `summary` is that of the runs before a restart.
-            let before = |k: &str| summary.as_ref().and_then(|s| s[k].as_u64()).unwrap_or(0);
+            let before = summary.clone().unwrap_or_default();
             match live.get(&rec.id) {
                 Some(l) => {
                     let p = &l.progress;
-                    let failed = before("pages_failed") + p.failed.load(Ordering::Relaxed);
-                    serde_json::json!({
-                        "pages": before("pages_ok") + before("pages_failed")
+                    JobProgress {
+                        pages: before.pages_ok
+                            + before.pages_failed
                             + p.done.load(Ordering::Relaxed),
-                        "failed": failed,
-                        "queued": p.queued.load(Ordering::Relaxed),
-                        "in_flight": p.in_flight.load(Ordering::Relaxed),
-                    })
+                        failed: before.pages_failed + p.failed.load(Ordering::Relaxed),
+                        queued: p.queued.load(Ordering::Relaxed),
+                        in_flight: p.in_flight.load(Ordering::Relaxed),
+                    }
                 }
-                None => match &summary {
-                    Some(s) => serde_json::json!({
-                        "pages": s["pages_ok"].as_u64().unwrap_or(0)
-                            + s["pages_failed"].as_u64().unwrap_or(0),
-                        "failed": s["pages_failed"],
-                        "queued": s["queued"],
-                        "in_flight": 0,
-                    }),
-                    None => serde_json::json!({
-                        "pages": 0, "failed": 0, "queued": 0, "in_flight": 0,
-                    }),
+                None => JobProgress {
+                    pages: before.pages_ok + before.pages_failed,
+                    failed: before.pages_failed,
+                    queued: before.queued,
+                    in_flight: 0,
                 },
             }
         };
-        serde_json::json!({
-            "id": rec.id,
-            "state": rec.state,
-            "created_at": rfc3339(rec.created_at),
-            "started_at": rec.started_at.map(rfc3339),
-            "finished_at": rec.finished_at.map(rfc3339),
-            "options": options,
-            "progress": progress,
-            "summary": summary,
-            "error": rec.error,
-        })
-    }
-}
-
-/// A crawl summary as JSON.
-pub fn summary_json(s: &Summary) -> serde_json::Value {
-    let ms = |p: f64| s.latency.percentile(p).map(|d| d.as_millis() as u64);
-    serde_json::json!({
-        "elapsed_ms": s.elapsed.as_millis() as u64,
-        "interrupted": s.interrupted,
-        "pages_ok": s.ok(),
-        "pages_failed": s.failed(),
-        "ok_by_status": s.ok_by_status,
-        "failed_by_reason": s.failed_by_reason,
-        "disallowed": s.disallowed,
-        "queued": s.queued,
-        "discovered": s.discovered,
-        "bytes": s.bytes,
-        "latency_ms": { "p50": ms(50.0), "p90": ms(90.0), "p99": ms(99.0) },
-        "pool": s.pool,
-    })
-}
-
-/// The summary of a job's runs so far: `earlier` (the runs before a
-/// restart) plus `now`. Counts add up; what describes the frontier
-/// (queued, discovered, disallowed), latencies and the pool are the last
-/// run's.
-fn merge_summaries(
-    earlier: Option<&serde_json::Value>,
-    mut now: serde_json::Value,
-) -> serde_json::Value {
-    let Some(earlier) = earlier else {
-        return now;
-    };
-    for key in ["elapsed_ms", "pages_ok", "pages_failed", "bytes"] {
-        let sum = earlier[key].as_u64().unwrap_or(0) + now[key].as_u64().unwrap_or(0);
-        now[key] = sum.into();
-    }
-    for key in ["ok_by_status", "failed_by_reason"] {
-        if let (Some(before), Some(map)) = (earlier[key].as_object(), now[key].as_object_mut()) {
-            for (k, v) in before {
-                let sum =
-                    v.as_u64().unwrap_or(0) + map.get(k).and_then(|n| n.as_u64()).unwrap_or(0);
-                map.insert(k.clone(), sum.into());
-            }
+        JobView {
+            id: rec.id,
+            state: rec.state.clone(),
+            created_at: rfc3339(rec.created_at),
+            started_at: rec.started_at.map(rfc3339),
+            finished_at: rec.finished_at.map(rfc3339),
+            options,
+            progress,
+            summary,
+            error: rec.error.clone(),
+            seeds_total: None,
         }
     }
-    now
+}
+
+/// A job's summary as stored and shown: what its runs did, added up.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(default)]
+pub struct JobSummary {
+    /// Time crawling, over every run.
+    pub elapsed_ms: u64,
+    /// True when the last run was stopped before the crawl was done.
+    pub interrupted: bool,
+    /// Pages fetched.
+    pub pages_ok: u64,
+    /// Pages that failed.
+    pub pages_failed: u64,
+    /// Pages fetched by HTTP status.
+    pub ok_by_status: BTreeMap<String, u64>,
+    /// Pages that failed by reason.
+    pub failed_by_reason: BTreeMap<String, u64>,
+    /// URLs robots.txt disallowed (the last run's count).
+    pub disallowed: u64,
+    /// URLs still queued.
+    pub queued: u64,
+    /// URLs found.
+    pub discovered: u64,
+    /// Bytes of the pages fetched.
+    pub bytes: u64,
+    /// The last run's latency percentiles.
+    pub latency_ms: LatencyMs,
+    /// What the pool saw in the last run.
+    #[schema(value_type = Object)]
+    pub pool: serde_json::Value,
+}
+
+/// Latency percentiles in ms, when there were pages.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(default)]
+pub struct LatencyMs {
+    /// The median.
+    pub p50: Option<u64>,
+    /// The 90th percentile.
+    pub p90: Option<u64>,
+    /// The 99th percentile.
+    pub p99: Option<u64>,
+}
+
+impl JobSummary {
+    /// One run's summary.
+    pub fn of(s: &Summary) -> JobSummary {
+        let ms = |p: f64| s.latency.percentile(p).map(|d| d.as_millis() as u64);
+        JobSummary {
+            elapsed_ms: s.elapsed.as_millis() as u64,
+            interrupted: s.interrupted,
+            pages_ok: s.ok(),
+            pages_failed: s.failed(),
+            ok_by_status: s
+                .ok_by_status
+                .iter()
+                .map(|(k, v)| (k.to_string(), *v))
+                .collect(),
+            failed_by_reason: s.failed_by_reason.clone(),
+            disallowed: s.disallowed,
+            queued: s.queued,
+            discovered: s.discovered,
+            bytes: s.bytes,
+            latency_ms: LatencyMs {
+                p50: ms(50.0),
+                p90: ms(90.0),
+                p99: ms(99.0),
+            },
+            pool: serde_json::to_value(&s.pool).unwrap_or_default(),
+        }
+    }
+
+    /// This run's summary after `earlier` (the runs before a restart):
+    /// counts add up; what describes the frontier (queued, discovered,
+    /// disallowed), latencies and the pool are this run's.
+    fn after(mut self, earlier: Option<&JobSummary>) -> JobSummary {
+        let Some(e) = earlier else {
+            return self;
+        };
+        self.elapsed_ms += e.elapsed_ms;
+        self.pages_ok += e.pages_ok;
+        self.pages_failed += e.pages_failed;
+        self.bytes += e.bytes;
+        for (map, before) in [
+            (&mut self.ok_by_status, &e.ok_by_status),
+            (&mut self.failed_by_reason, &e.failed_by_reason),
+        ] {
+            for (k, v) in before {
+                *map.entry(k.clone()).or_default() += v;
+            }
+        }
+        self
+    }
+}
+
+/// A job's pages so far.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+pub struct JobProgress {
+    /// Pages done, fetched or failed.
+    pub pages: u64,
+    /// Of those, failed.
+    pub failed: u64,
+    /// URLs queued.
+    pub queued: u64,
+    /// Pages being fetched.
+    pub in_flight: u64,
+}
+
+/// A crawl job as the API shows it.
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
+#[schema(as = CrawlJob)]
+pub struct JobView {
+    /// Its id.
+    pub id: i64,
+    /// `queued`, `running`, `finished`, `cancelled` or `failed`.
+    pub state: String,
+    /// When it was asked for (RFC 3339).
+    pub created_at: String,
+    /// When it (last) started.
+    pub started_at: Option<String>,
+    /// When it ended.
+    pub finished_at: Option<String>,
+    /// Its options, as posted (a listing leaves out the long lists).
+    #[schema(value_type = Object)]
+    pub options: serde_json::Value,
+    /// Pages done and failed, queued and in flight.
+    pub progress: JobProgress,
+    /// Its summary once it ended (while it runs, that of the runs before a
+    /// restart).
+    pub summary: Option<JobSummary>,
+    /// Why it failed.
+    pub error: Option<String>,
+    /// In a listing: how many seeds it has.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub seeds_total: Option<i64>,
 }
 
 /// The byte offset of line `after` (0-based) of `path`, the end of its
@@ -885,18 +973,22 @@ mod tests {
 
     #[test]
     fn summaries_of_runs_add_up() {
-        let earlier = serde_json::json!({
+        // As stored by an earlier version: missing fields read as zero.
+        let earlier: JobSummary = serde_json::from_value(serde_json::json!({
             "pages_ok": 5, "pages_failed": 1, "bytes": 100, "elapsed_ms": 10,
             "ok_by_status": {"200": 5}, "failed_by_reason": {"http_404": 1}, "queued": 30,
-        });
-        let now = serde_json::json!({
+        }))
+        .unwrap();
+        let now: JobSummary = serde_json::from_value(serde_json::json!({
             "pages_ok": 7, "pages_failed": 0, "bytes": 50, "elapsed_ms": 20,
             "ok_by_status": {"200": 6, "301": 1}, "failed_by_reason": {}, "queued": 0,
-        });
-        let all = merge_summaries(Some(&earlier), now);
+        }))
+        .unwrap();
+        let all = serde_json::to_value(now.after(Some(&earlier))).unwrap();
         assert_eq!(all["pages_ok"], 12);
         assert_eq!(all["pages_failed"], 1);
         assert_eq!(all["bytes"], 150);
+        assert_eq!(all["elapsed_ms"], 30);
         assert_eq!(
             all["ok_by_status"],
             serde_json::json!({"200": 11, "301": 1})

@@ -45,7 +45,7 @@ pub struct View {
     /// The gateway's counters, when it runs.
     pub gateway: Option<GatewayStats>,
     /// The latest crawl jobs (their API views).
-    pub crawls: Vec<serde_json::Value>,
+    pub crawls: Vec<crate::crawl::jobs::JobView>,
     /// The CSRF token of this page's forms.
     pub csrf: String,
     /// Whether the viewer is logged in with a cookie (a logout button).
@@ -507,7 +507,7 @@ fn gateway(v: &View) -> Markup {
 }
 
 fn crawls(v: &View) -> Markup {
-    let n = |j: &serde_json::Value, k: &str| count(j["progress"][k].as_i64().unwrap_or(0));
+    let n = |v: u64| count(i64::try_from(v).unwrap_or(i64::MAX));
     html! {
         section.wide #crawls {
             h2 { "Crawl jobs" }
@@ -519,18 +519,18 @@ fn crawls(v: &View) -> Markup {
                          th.num { "Failed" } th.num { "Queued" } th.num { "In flight" }
                          th { "Started" } th { "Ended" } th {} }
                     @for j in &v.crawls {
-                        @let id = j["id"].as_i64().unwrap_or(0);
-                        @let state = j["state"].as_str().unwrap_or("");
+                        @let id = j.id;
+                        @let state = j.state.as_str();
                         tr data-crawl=(id) {
                             td.num { a href=(format!("/crawls/{id}")) { (id) } }
-                            td.state { (state) @if let Some(e) = j["error"].as_str() { " " span.bad { (e) } } }
-                            td.num { (count(j["seeds_total"].as_i64().unwrap_or(0))) }
-                            td.num { (n(j, "pages")) }
-                            td.num { (n(j, "failed")) }
-                            td.num { (n(j, "queued")) }
-                            td.num { (n(j, "in_flight")) }
-                            td { (j["started_at"].as_str().and_then(ms_of).map_or_else(String::new, |t| ago(t, v.now))) }
-                            td { (j["finished_at"].as_str().and_then(ms_of).map_or_else(String::new, |t| ago(t, v.now))) }
+                            td.state { (state) @if let Some(e) = &j.error { " " span.bad { (e) } } }
+                            td.num { (count(j.seeds_total.unwrap_or(0))) }
+                            td.num { (n(j.progress.pages)) }
+                            td.num { (n(j.progress.failed)) }
+                            td.num { (n(j.progress.queued)) }
+                            td.num { (n(j.progress.in_flight)) }
+                            td { (j.started_at.as_deref().and_then(ms_of).map_or_else(String::new, |t| ago(t, v.now))) }
+                            td { (j.finished_at.as_deref().and_then(ms_of).map_or_else(String::new, |t| ago(t, v.now))) }
                             td {
                                 @if state == "queued" || state == "running" {
                                     form method="post" action=(format!("/dashboard/crawls/{id}/cancel")) {
