@@ -12,6 +12,7 @@ pub mod jobs;
 pub mod output;
 pub mod polite;
 pub mod robots;
+pub mod spec;
 pub mod summary;
 pub mod url;
 
