@@ -152,14 +152,7 @@ fn free_port() -> anyhow::Result<SocketAddr> {
 }
 
 async fn cli(bin: &str, config: &Path, args: &[&str]) -> anyhow::Result<()> {
-    let out = Command::new(bin)
-        .arg("-c")
-        .arg(config)
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .await
-        .with_context(|| format!("run {bin}"))?;
+    let out = common::binary::run(bin, config, args).await?;
     anyhow::ensure!(
         out.status.success(),
         "proxywarden {} failed: {}",
@@ -228,18 +221,7 @@ async fn measure() -> anyhow::Result<bool> {
     cli(bin, &config, &["harvest"]).await?;
     cli(bin, &config, &["check", "--all"]).await?;
 
-    let log = std::fs::File::create(dir.join("daemon.log"))?;
-    let mut daemon = Command::new(bin)
-        .arg("-c")
-        .arg(&config)
-        .arg("serve")
-        .stdin(Stdio::null())
-        .stdout(log.try_clone()?)
-        .stderr(log)
-        .kill_on_drop(true)
-        .spawn()
-        .with_context(|| format!("start {bin} serve"))?;
-    let pid = daemon.id().context("the daemon exited at once")?;
+    let (mut daemon, pid) = common::binary::spawn_serve(bin, &config, &dir.join("daemon.log"))?;
     let http = client(Duration::from_secs(30));
     let up = Instant::now();
     loop {

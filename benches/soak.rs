@@ -444,14 +444,7 @@ fn proc_sample(pid: u32) -> Option<(u64, u64, u64)> {
 /// fails if it does.
 async fn cli(bin: &str, config: &Path, args: &[&str]) -> anyhow::Result<()> {
     let started = Instant::now();
-    let out = Command::new(bin)
-        .arg("-c")
-        .arg(config)
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .await
-        .with_context(|| format!("run {bin}"))?;
+    let out = common::binary::run(bin, config, args).await?;
     println!(
         "$ proxywarden {} ({:.1}s, {})",
         args.join(" "),
@@ -546,18 +539,7 @@ async fn soak(minutes: usize) -> anyhow::Result<bool> {
     cli(bin, &config, &["check", "--all"]).await?;
 
     // `serve` at once on what the CLI just filled, as in the issue.
-    let log = std::fs::File::create(dir.join("daemon.log"))?;
-    let mut daemon = Command::new(bin)
-        .arg("-c")
-        .arg(&config)
-        .arg("serve")
-        .stdin(Stdio::null())
-        .stdout(log.try_clone()?)
-        .stderr(log)
-        .kill_on_drop(true)
-        .spawn()
-        .with_context(|| format!("start {bin} serve"))?;
-    let pid = daemon.id().context("the daemon exited at once")?;
+    let (mut daemon, pid) = common::binary::spawn_serve(bin, &config, &dir.join("daemon.log"))?;
     let http = client(Duration::from_secs(10), None)?;
     let up = Instant::now();
     loop {

@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+pub mod binary;
 pub mod config;
 pub mod daemon;
 pub mod fakes;
