@@ -4,9 +4,8 @@
 //! brotli decoding, and idle connections kept per (proxy, origin) for the
 //! next request to the same place.
 
-use std::collections::HashMap;
 use std::io::Read;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -19,19 +18,21 @@ use tokio::time::Instant;
 use url::Url;
 
 use crate::model::Reason;
-use crate::net::{self, DialOptions, hyper_reason, proxy_authorization};
+use crate::net::{
+    self, DialOptions, IdleConns, IdleLimits, Reusable, hyper_reason, proxy_authorization,
+};
 use crate::proxy::{Proxy, Scheme};
 
 use super::Pacer;
-use crate::lock;
 
-/// Idle connections kept per (proxy, origin); more are closed.
-const IDLE_PER_KEY: usize = 2;
-/// Idle connections kept in all.
-const IDLE_TOTAL: usize = 1024;
-/// An idle connection older than this is not reused: servers close theirs
-/// after a few seconds and a request on a closing one fails.
-const IDLE_FOR: Duration = Duration::from_secs(15);
+/// Idle connections kept: two per (proxy, origin), 1024 in all, each for
+/// at most 15 s (servers close theirs after a few seconds and a request on
+/// a closing one fails).
+const IDLE: IdleLimits = IdleLimits {
+    per_key: 2,
+    total: 1024,
+    keep_for: Duration::from_secs(15),
+};
 
 /// Limits of one request, and the user agent it is sent with (the
 /// client's: one pool carries clients with their own).
@@ -77,24 +78,30 @@ type Key = (Option<i64>, String);
 /// end, whether it speaks to a forward proxy, and whether it is new.
 type Conn = (SendRequest<Empty<Bytes>>, bool, bool, bool);
 
+/// A connection kept for the next request to the same place.
 struct Idle {
     sender: SendRequest<Empty<Bytes>>,
-    since: Instant,
     tls: bool,
     forward: bool,
+}
+
+impl Reusable for Idle {
+    fn usable(&self) -> bool {
+        self.sender.is_ready()
+    }
 }
 
 /// Sends requests; holds the TLS configuration and idle connections.
 pub(crate) struct Client {
     tls: Arc<rustls::ClientConfig>,
-    idle: Mutex<IdleConns>,
+    idle: IdleConns<Key, Idle>,
 }
 
 impl Client {
     pub fn new(tls: Arc<rustls::ClientConfig>) -> Client {
         Client {
             tls,
-            idle: Mutex::default(),
+            idle: IdleConns::new(IDLE),
         }
     }
 
@@ -120,7 +127,7 @@ impl Client {
         let target = net::Target::new(host, port).map_err(|_| Failure::Unreached)?;
         let key: Key = (proxy.map(|(id, _)| id), origin(url));
         let t0 = Instant::now();
-        let mut conn: Conn = match self.take_idle(&key) {
+        let mut conn: Conn = match self.idle.take(&key) {
             Some(idle) => (idle.sender, idle.tls, idle.forward, false),
             None => {
                 let c = tokio::time::timeout(
@@ -199,11 +206,10 @@ impl Client {
             })?
             .to_bytes();
         if sender.is_ready() && keep_alive(&parts.headers) {
-            self.put_idle(
+            self.idle.put(
                 key,
                 Idle {
                     sender,
-                    since: Instant::now(),
                     tls,
                     forward,
                 },
@@ -296,60 +302,10 @@ impl Client {
             .map_err(|_| Failure::Proxy(Reason::ProtocolError))
     }
 
-    fn take_idle(&self, key: &Key) -> Option<Idle> {
-        let mut idle = lock(&self.idle);
-        let pool = &mut *idle;
-        let list = pool.conns.get_mut(key)?;
-        let found = loop {
-            match list.pop() {
-                Some(c) => {
-                    pool.count -= 1;
-                    if c.since.elapsed() < IDLE_FOR && c.sender.is_ready() {
-                        break Some(c);
-                    }
-                }
-                None => break None,
-            }
-        };
-        if list.is_empty() {
-            pool.conns.remove(key);
-        }
-        found
-    }
-
-    fn put_idle(&self, key: Key, conn: Idle) {
-        let mut idle = lock(&self.idle);
-        let pool = &mut *idle;
-        if pool.count >= IDLE_TOTAL {
-            pool.conns.retain(|_, list| {
-                list.retain(|c| c.since.elapsed() < IDLE_FOR);
-                !list.is_empty()
-            });
-            pool.count = pool.conns.values().map(Vec::len).sum();
-            if pool.count >= IDLE_TOTAL {
-                return;
-            }
-        }
-        let list = pool.conns.entry(key).or_default();
-        if list.len() < IDLE_PER_KEY {
-            list.push(conn);
-            pool.count += 1;
-        }
-    }
-
     /// Drops the idle connections through proxy `id` (it failed).
     pub fn forget(&self, id: i64) {
-        let mut idle = lock(&self.idle);
-        idle.conns.retain(|(p, _), _| *p != Some(id));
-        idle.count = idle.conns.values().map(Vec::len).sum();
+        self.idle.forget(|(p, _)| *p == Some(id));
     }
-}
-
-/// Idle connections by (proxy, origin), and how many in all.
-#[derive(Default)]
-struct IdleConns {
-    conns: HashMap<Key, Vec<Idle>>,
-    count: usize,
 }
 
 /// `scheme://host:port` of `url`.
