@@ -621,7 +621,11 @@ async fn sticky_sessions_keep_their_proxy_until_it_fails_or_wears_out() {
         assert_eq!(get("/6").await, second);
         let _ = pool
             .feedback()
-            .report(second, proxywarden::health::Verdict::Failed(None), None)
+            .report(
+                second,
+                proxywarden::model::UseVerdict::ProxyFailed(None),
+                None,
+            )
             .await;
         // Its proxy failed (hidden from the index): the session moves on.
         let third = get("/7").await;

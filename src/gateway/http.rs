@@ -8,6 +8,7 @@ use std::convert::Infallible;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
@@ -28,9 +29,9 @@ use super::metrics::{GatewayMetrics, Kind};
 use super::slots::{ConnState, Slot};
 use super::tunnel::{self, TunnelError};
 use super::upstream::{Body, Kept, Key, keeps_alive};
-use crate::model::Reason;
+use crate::model::{Block, Reason, UseVerdict};
 use crate::net::{self, DialOptions, Target, hyper_reason, proxy_authorization};
-use crate::pool::{Class, Lease, Used, Want};
+use crate::pool::{Lease, Want};
 use crate::proxy::Proxy;
 
 /// Names the upstream proxy (by id) on every forwarded answer.
@@ -349,7 +350,9 @@ async fn plain(gw: Gateway, req: Request<Incoming>, controls: Controls) -> Respo
         let answer = match sent {
             Ok(a) => a,
             Err(Failure::Unreached) => {
-                gw.pool().settle(&lease, Used::TargetError).await;
+                gw.pool()
+                    .settle(&lease, UseVerdict::Unreached, Duration::ZERO, None)
+                    .await;
                 unreached += 1;
                 last = Some(error(
                     StatusCode::BAD_GATEWAY,
@@ -385,47 +388,39 @@ async fn plain(gw: Gateway, req: Request<Incoming>, controls: Controls) -> Respo
         let (rparts, rbody, kept) = answer;
         let forward = kept.forward;
         let kept = keeps_alive(&rparts).then_some(kept);
-        let (class, rbody) = classify(&gw, &rparts, rbody, forward).await;
+        let ((verdict, wait), rbody) = classify(&gw, &rparts, rbody, forward).await;
         let upstream = t0.elapsed();
         // The request went through this proxy to the site: those that
         // failed on it failed on their own.
-        if !matches!(class, Class::ProxyFailure(_)) {
+        if !matches!(verdict, UseVerdict::ProxyFailed(_)) {
             for (failed, reason) in alike.drain(..) {
                 tunnel::charge(&gw, &failed, reason).await;
             }
         }
-        match class {
-            Class::Page | Class::SiteError => {
-                let used = if class == Class::Page {
-                    Used::Worked(upstream)
-                } else {
-                    Used::TargetError
-                };
-                gw.pool().settle(&lease, used).await;
+        match verdict {
+            UseVerdict::Worked | UseVerdict::TargetError | UseVerdict::Unreached => {
+                gw.pool().settle(&lease, verdict, upstream, None).await;
                 metrics.added(started.elapsed().saturating_sub(upstream));
                 metrics.finished(Kind::Plain, "ok");
                 return respond(&gw, rparts, rbody, lease, kept);
             }
             // A login wall or a portal is the proxy's, whatever was asked.
-            Class::ProxyFailure(reason @ (Reason::ProxyAuthRequired | Reason::ContentMismatch)) => {
+            UseVerdict::ProxyFailed(Some(
+                reason @ (Reason::ProxyAuthRequired | Reason::ContentMismatch),
+            )) => {
                 tunnel::charge(&gw, &lease, reason).await;
                 last = Some(upstream_failed(reason, tried.len()));
             }
             // A proxy's own 502/504, or its answer cut short.
-            Class::ProxyFailure(reason) => {
+            UseVerdict::ProxyFailed(reason) => {
+                let reason = reason.unwrap_or(Reason::ProtocolError);
                 gw.inner.upstreams.forget(lease.id());
                 alike.push((lease, reason));
                 last = Some(upstream_failed(reason, tried.len()));
             }
-            Class::Blocked(wait, page) => {
-                let used = Used::Blocked {
-                    site: site.clone(),
-                    status: rparts.status.as_u16(),
-                    page,
-                    wait,
-                };
-                gw.pool().settle(&lease, used).await;
-                if !page && rparts.status == StatusCode::FORBIDDEN {
+            UseVerdict::Blocked(block) => {
+                gw.pool().settle(&lease, verdict, upstream, wait).await;
+                if block == Block::Refused {
                     refusals += 1;
                 }
                 // A rate limit (429, or 503 without a ban page) is a busy
@@ -434,7 +429,7 @@ async fn plain(gw: Gateway, req: Request<Incoming>, controls: Controls) -> Respo
                 // own, so that a site limiting each address serves a
                 // client through the others (waiting for rests to end when
                 // all are resting) instead of handing it the 429.
-                let limited = !page && matches!(rparts.status.as_u16(), 429 | 503);
+                let limited = block == Block::RateLimited;
                 let spent = if limited {
                     rate_limited += 1;
                     rate_limited > RATE_LIMITED_MAX
@@ -639,7 +634,7 @@ async fn classify(
     parts: &http::response::Parts,
     body: Incoming,
     forward: bool,
-) -> (Class, Answered) {
+) -> ((UseVerdict, Option<Duration>), Answered) {
     let classifier = &gw.pool().options().classifier;
     let html = parts
         .headers
@@ -656,7 +651,7 @@ async fn classify(
             }
             Err(e) => {
                 return (
-                    Class::ProxyFailure(hyper_reason(&e)),
+                    (UseVerdict::failed(hyper_reason(&e)), None),
                     Answered::Whole(Bytes::new()),
                 );
             }

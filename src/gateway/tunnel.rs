@@ -18,8 +18,9 @@ use tokio_util::sync::CancellationToken;
 use super::Gateway;
 use super::controls::Controls;
 use crate::model::Reason;
+use crate::model::UseVerdict;
 use crate::net::{self, DialOptions, Host, Target};
-use crate::pool::{Lease, Used, Want};
+use crate::pool::{Lease, Want};
 
 /// Proxies that answer but cannot reach a target before the gateway
 /// believes it cannot be reached.
@@ -102,7 +103,9 @@ pub(super) async fn open(
         match net::dial(Some(lease.proxy()), target, &opts).await {
             Ok(dialed) => {
                 let dial = t0.elapsed();
-                gw.pool().settle(&lease, Used::Worked(dial)).await;
+                gw.pool()
+                    .settle(&lease, UseVerdict::Worked, dial, None)
+                    .await;
                 break Ok(Opened {
                     stream: dialed.stream,
                     lease,
@@ -112,7 +115,9 @@ pub(super) async fn open(
             // The proxy answered the handshake but would not or could not
             // reach the target: the target's fault until others agree.
             Err(Reason::BadStatus) => {
-                gw.pool().settle(&lease, Used::TargetError).await;
+                gw.pool()
+                    .settle(&lease, UseVerdict::Unreached, Duration::ZERO, None)
+                    .await;
                 unreached += 1;
                 if unreached >= UNREACHED_QUORUM {
                     break Err(TunnelError::Unreachable);
@@ -157,7 +162,9 @@ pub(super) async fn open(
 pub(super) async fn charge(gw: &Gateway, lease: &Lease, reason: Reason) {
     gw.inner.metrics.upstream_failed(reason);
     gw.inner.upstreams.forget(lease.id());
-    gw.pool().settle(lease, Used::ProxyFailed(reason)).await;
+    gw.pool()
+        .settle(lease, UseVerdict::failed(reason), Duration::ZERO, None)
+        .await;
 }
 
 /// Relays bytes between `client` and `upstream` until either side ends,

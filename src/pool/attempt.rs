@@ -75,7 +75,7 @@ impl Pool {
                 }
                 Outcome::SiteError(answer, final_url) => {
                     if let Some(id) = id {
-                        self.report(id, Verdict::TargetError, None).await;
+                        self.report(id, UseVerdict::TargetError, None).await;
                     }
                     if retries >= opts.target_retries {
                         return Ok(self.page(req, answer, final_url, &lease, attempts, started));
@@ -95,13 +95,13 @@ impl Pool {
                         timed_out.push(l);
                         if timed_out.len() >= TIMEOUT_QUORUM {
                             for l in timed_out.drain(..) {
-                                self.report(l.entry.id, Verdict::TargetError, None).await;
+                                self.report(l.entry.id, UseVerdict::TargetError, None).await;
                             }
                             return Err(FetchError::SiteTimeout { attempts });
                         }
                     } else {
                         c.proxy_failures.fetch_add(1, Ordering::Relaxed);
-                        self.failed(&l, reason).await;
+                        self.failed(&l, Some(reason)).await;
                         self.tunnel_failed(&l, req).await;
                     }
                     if rotations >= opts.rotations {
@@ -114,7 +114,7 @@ impl Pool {
                 Outcome::Blocked {
                     site,
                     wait,
-                    page,
+                    block,
                     answer,
                     url,
                 } => {
@@ -123,16 +123,11 @@ impl Pool {
                     // Retry-After and spend target retries; captcha and ban
                     // pages ban the pair, bare refusals (403) rest it, and
                     // both spend rotations.
-                    let limited = !page && matches!(status.as_u16(), 429 | 503);
+                    let limited = block == Block::RateLimited;
                     if let Some(id) = id {
-                        if limited {
-                            self.rate_limited(id, &site, wait, t0);
-                        } else {
-                            c.blocks.fetch_add(1, Ordering::Relaxed);
-                            self.blocked(id, &site, page).await;
-                            if !page {
-                                refusals += 1;
-                            }
+                        self.blocked(id, &site, block, wait, t0).await;
+                        if block == Block::Refused {
+                            refusals += 1;
                         }
                         tried.insert(id);
                     }
@@ -171,7 +166,7 @@ impl Pool {
                     let Some(l) = lease else {
                         return Err(FetchError::Unreachable { attempts });
                     };
-                    self.report(l.entry.id, Verdict::TargetError, None).await;
+                    self.report(l.entry.id, UseVerdict::TargetError, None).await;
                     self.tunnel_failed(&l, req).await;
                     tried.insert(l.entry.id);
                     if unreached >= UNREACHED_QUORUM || rotations >= opts.rotations {
@@ -261,7 +256,7 @@ impl Pool {
                     };
                 }
             };
-            let class = opts.classifier.classify(
+            let (verdict, wait) = opts.classifier.classify(
                 answer.status,
                 &answer.headers,
                 &answer.body,
@@ -272,8 +267,8 @@ impl Pool {
                 let wait = crate::net::retry_after(&answer.headers, std::time::SystemTime::now());
                 p.answered(&url, Some(answer.status), wait);
             }
-            match class {
-                Class::Page => {
+            match verdict {
+                UseVerdict::Worked => {
                     if answer.status.is_redirection()
                         && redirects < opts.max_redirects
                         && let Some(next) = location(&url, &answer.headers)
@@ -289,17 +284,21 @@ impl Pool {
                     }
                     return Outcome::Page(answer, url);
                 }
-                Class::ProxyFailure(r) => return Outcome::ProxyFailure(r),
-                Class::Blocked(wait, page) => {
+                UseVerdict::ProxyFailed(r) => {
+                    return Outcome::ProxyFailure(r.unwrap_or(Reason::ProtocolError));
+                }
+                UseVerdict::Blocked(block) => {
                     return Outcome::Blocked {
                         site: site_of(&url),
                         wait,
-                        page,
+                        block,
                         answer,
                         url,
                     };
                 }
-                Class::SiteError => return Outcome::SiteError(answer, url),
+                UseVerdict::TargetError | UseVerdict::Unreached => {
+                    return Outcome::SiteError(answer, url);
+                }
             }
         }
     }

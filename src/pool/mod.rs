@@ -25,9 +25,7 @@ mod refresh;
 mod select;
 mod strategy;
 
-pub(crate) use classify::Class;
 pub use classify::{Classifier, DEFAULT_BLOCK_PATTERNS, DEFAULT_PORTAL_PATTERNS};
-pub use learn::Used;
 pub use select::Shortage;
 pub use strategy::StrategyKind;
 
@@ -49,8 +47,8 @@ use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 use url::Url;
 
-use crate::health::{Entry, Feedback, HealthIndex, ProxyQuery, Verdict};
-use crate::model::Reason;
+use crate::health::{Entry, Feedback, HealthIndex, ProxyQuery};
+use crate::model::{Block, Reason, UseVerdict};
 use crate::proxy::{Proxy, Scheme, Status};
 use crate::store::{ProxyFilter, Store, StoreError};
 
@@ -464,12 +462,6 @@ pub struct PoolStats {
     pub banned_by_site: BTreeMap<String, u64>,
 }
 
-/// How long a (proxy, site) pair rests after a 429 or 503 that gave no
-/// Retry-After.
-const RATE_LIMIT_REST: Duration = Duration::from_secs(30);
-/// How long a (proxy, site) pair rests after a bare 403: shorter than a
-/// ban, since the refusal may be the page's, not the proxy's.
-const REFUSAL_REST: Duration = Duration::from_secs(120);
 /// Proxies refused alike (bare 403) before the answer is the page.
 const REFUSAL_QUORUM: u32 = 3;
 /// Sticky sessions kept.
