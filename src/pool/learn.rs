@@ -1,56 +1,9 @@
-//! What a use teaches: a lease settled with its use verdict, passed to the
-//! feedback path and to the pool's own rests and bans.
+//! What a use teaches: each verdict of the rotation loop passed to the
+//! feedback path and to the pool's own rests, bans and counters.
 
 use super::*;
 
-/// How one attempt (with its redirects) ended.
-pub(super) enum Outcome {
-    Page(Answer, Url),
-    ProxyFailure(Reason),
-    Blocked {
-        site: String,
-        wait: Option<Duration>,
-        block: Block,
-        answer: Answer,
-        url: Url,
-    },
-    SiteError(Answer, Url),
-    Unreached,
-    TooLarge,
-}
 impl Pool {
-    /// Learns from a use of a proxy from [`Pool::take`], exactly as from
-    /// the pool's own fetches: a proxy failure cools it down and reports it
-    /// on the feedback path, a block bans or rests the (proxy, site) pair
-    /// (a rate limit for its `retry_after`), a target error costs the proxy
-    /// nothing. `latency` is how long a use that worked took.
-    pub async fn settle(
-        &self,
-        lease: &Lease,
-        verdict: UseVerdict,
-        latency: Duration,
-        retry_after: Option<Duration>,
-    ) {
-        let c = &self.inner.counters;
-        match verdict {
-            UseVerdict::Worked => {
-                c.pages.fetch_add(1, Ordering::Relaxed);
-                self.worked(lease, latency).await;
-            }
-            UseVerdict::ProxyFailed(reason) => {
-                c.proxy_failures.fetch_add(1, Ordering::Relaxed);
-                self.failed(lease, reason).await;
-            }
-            UseVerdict::Blocked(block) => {
-                self.blocked(lease.entry.id, &lease.site, block, retry_after, lease.taken)
-                    .await;
-            }
-            UseVerdict::TargetError | UseVerdict::Unreached => {
-                self.report(lease.entry.id, verdict, None).await
-            }
-        }
-    }
-
     pub(super) async fn worked(&self, lease: &Lease, latency: Duration) {
         {
             let mut st = lock(&self.inner.shared.state);
@@ -68,20 +21,6 @@ impl Pool {
             .shared
             .feedback
             .worked_at(lease.entry.id, &lease.site, latency);
-    }
-
-    /// The proxies of `timed_out` were slow themselves (another reached
-    /// the site, or the request ended otherwise): each is charged the
-    /// timeout.
-    pub(super) async fn timed_out(&self, timed_out: &mut Vec<Lease>, req: &Request) {
-        for l in timed_out.drain(..) {
-            self.inner
-                .counters
-                .proxy_failures
-                .fetch_add(1, Ordering::Relaxed);
-            self.failed(&l, Some(Reason::Timeout)).await;
-            self.tunnel_failed(&l, req).await;
-        }
     }
 
     pub(super) async fn failed(&self, lease: &Lease, reason: Option<Reason>) {

@@ -22,6 +22,7 @@ mod classify;
 mod fetch;
 mod learn;
 mod refresh;
+mod rotate;
 mod select;
 mod strategy;
 
@@ -29,7 +30,7 @@ pub use classify::{Classifier, DEFAULT_BLOCK_PATTERNS, DEFAULT_PORTAL_PATTERNS};
 pub use select::Shortage;
 pub use strategy::StrategyKind;
 
-use learn::Outcome;
+pub(crate) use rotate::{Answered, Attempt, End, RateLimits, Rotated, Rotation, Tried};
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::fmt;
@@ -591,8 +592,6 @@ pub struct Lease {
     entry: Arc<Entry>,
     /// The site it was taken for (see [`site_of`]).
     site: String,
-    /// When it was handed out.
-    taken: Instant,
 }
 
 impl Lease {
@@ -625,7 +624,7 @@ impl Drop for Lease {
     }
 }
 
-/// What a caller of [`Pool::take`] wants of one proxy.
+/// What a use of the pool wants of one proxy.
 #[derive(Clone, Copy, Debug)]
 pub struct Want<'a> {
     /// The filters (instead of [`PoolOptions::query`]).
