@@ -133,7 +133,7 @@ impl Pool {
                     tokio::time::sleep(early).await;
                 }
             }
-            let pacer = req.pacer.as_deref();
+            let pacer = req.pacer.as_ref();
             let answer = match self
                 .inner
                 .shared

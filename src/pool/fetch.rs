@@ -5,7 +5,9 @@
 //! next request to the same place.
 
 use std::io::Read;
-use std::sync::Arc;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -13,7 +15,7 @@ use http::{HeaderMap, HeaderValue, StatusCode, header};
 use http_body_util::{BodyExt, Empty, Limited};
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
-use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Instant;
 use url::Url;
 
@@ -24,6 +26,7 @@ use crate::net::{
 use crate::proxy::{Proxy, Scheme};
 
 use super::Pacer;
+use crate::lock;
 
 /// Idle connections kept: two per (proxy, origin), 1024 in all, each for
 /// at most 15 s (servers close theirs after a few seconds and a request on
@@ -75,14 +78,20 @@ pub(crate) enum Failure {
 type Key = (Option<i64>, String);
 
 /// A connection ready for a request: its sender, whether it is TLS end to
-/// end, whether it speaks to a forward proxy, and whether it is new.
-type Conn = (SendRequest<Empty<Bytes>>, bool, bool, bool);
+/// end, whether it speaks to a forward proxy, its send mark, and whether it
+/// is new.
+type Conn = (SendRequest<Empty<Bytes>>, bool, bool, SendMark, bool);
+
+/// A new connection: its sender, TLS end to end, to a forward proxy, and
+/// its send mark.
+type Dialed = (SendRequest<Empty<Bytes>>, bool, bool, SendMark);
 
 /// A connection kept for the next request to the same place.
 struct Idle {
     sender: SendRequest<Empty<Bytes>>,
     tls: bool,
     forward: bool,
+    mark: SendMark,
 }
 
 impl Reusable for Idle {
@@ -115,7 +124,7 @@ impl Client {
         proxy: Option<(i64, &Proxy)>,
         url: &Url,
         limits: Limits<'_>,
-        pacer: Option<&dyn Pacer>,
+        pacer: Option<&Arc<dyn Pacer>>,
     ) -> Result<Answer, Failure> {
         let https = url.scheme() == "https";
         let host = url
@@ -128,7 +137,7 @@ impl Client {
         let key: Key = (proxy.map(|(id, _)| id), origin(url));
         let t0 = Instant::now();
         let mut conn: Conn = match self.idle.take(&key) {
-            Some(idle) => (idle.sender, idle.tls, idle.forward, false),
+            Some(idle) => (idle.sender, idle.tls, idle.forward, idle.mark, false),
             None => {
                 let c = tokio::time::timeout(
                     limits.total,
@@ -136,12 +145,15 @@ impl Client {
                 )
                 .await
                 .map_err(|_| Failure::Proxy(Reason::Timeout))??;
-                (c.0, c.1, c.2, true)
+                (c.0, c.1, c.2, c.3, true)
             }
         };
         let connecting = t0.elapsed();
         if let Some(p) = pacer {
             p.wait(url).await;
+            // The turn counts from when the request's bytes leave, which a
+            // busy connection task or a redial (below) may put off.
+            conn.3.arm(p.clone(), url.clone());
         }
         let left = limits.total.saturating_sub(connecting);
         let exchange = async {
@@ -157,7 +169,10 @@ impl Client {
                         let c = self
                             .connect(proxy.map(|(_, p)| p), &target, https, limits)
                             .await?;
-                        conn = (c.0, c.1, c.2, true);
+                        if let Some(p) = pacer {
+                            c.3.arm(p.clone(), url.clone());
+                        }
+                        conn = (c.0, c.1, c.2, c.3, true);
                     }
                     Err(Some(f)) => return Err(f),
                     Ok(a) => return Ok(a),
@@ -181,7 +196,7 @@ impl Client {
         proxy: Option<(i64, &Proxy)>,
         limits: Limits<'_>,
     ) -> Result<Answer, Option<Failure>> {
-        let (mut sender, tls, forward, fresh) = conn;
+        let (mut sender, tls, forward, mark, fresh) = conn;
         let req = self.request(
             url,
             target,
@@ -190,6 +205,8 @@ impl Client {
             limits.user_agent,
         )?;
         let sent = tokio::time::timeout(limits.first_byte, sender.send_request(req)).await;
+        // Unfired (the request never left): the turn stays as granted.
+        mark.disarm();
         let resp = match sent {
             Err(_) => return Err(Some(Failure::Proxy(Reason::Timeout))),
             Ok(Err(e)) if !fresh && closed_when_reused(&e) => return Err(None),
@@ -212,6 +229,7 @@ impl Client {
                     sender,
                     tls,
                     forward,
+                    mark,
                 },
             );
         }
@@ -232,7 +250,7 @@ impl Client {
         target: &net::Target,
         https: bool,
         limits: Limits<'_>,
-    ) -> Result<(SendRequest<Empty<Bytes>>, bool, bool), Failure> {
+    ) -> Result<Dialed, Failure> {
         let opts = DialOptions {
             connect_timeout: limits.connect,
             handshake_timeout: limits.first_byte,
@@ -246,6 +264,11 @@ impl Client {
             r if proxy.is_none() && r.unreachable() => Failure::Unreached,
             r => Failure::Proxy(r),
         })?;
+        let mark = SendMark::default();
+        let stream = Marked {
+            inner: dialed.stream,
+            mark: mark.clone(),
+        };
         if https {
             let name = match target.host() {
                 net::Host::Domain(d) => d.clone(),
@@ -253,15 +276,15 @@ impl Client {
             };
             let tls = tokio::time::timeout(
                 limits.first_byte,
-                net::tls::connect(&self.tls, &name, dialed.stream),
+                net::tls::connect(&self.tls, &name, stream),
             )
             .await
             .map_err(|_| Failure::Proxy(Reason::Timeout))?
             .map_err(Failure::Proxy)?;
-            Ok((handshake(tls).await?, true, false))
+            Ok((handshake(tls).await?, true, false, mark))
         } else {
             let forward = dialed.forward;
-            Ok((handshake(dialed.stream).await?, false, forward))
+            Ok((handshake(stream).await?, false, forward, mark))
         }
     }
 
@@ -305,6 +328,91 @@ impl Client {
     /// Drops the idle connections through proxy `id` (it failed).
     pub fn forget(&self, id: i64) {
         self.idle.forget(|(p, _)| *p == Some(id));
+    }
+}
+
+/// When a paced request's first bytes leave its connection: armed once the
+/// site's turn is granted, fired by the connection's next write, which
+/// tells the pacer (see [`Pacer::sent`]). The turn is granted just before
+/// the request is handed to the connection, but the bytes go only when its
+/// task runs, or after a redial when a kept connection turns out closed.
+#[derive(Clone, Default)]
+struct SendMark(Arc<Mutex<Option<Armed>>>);
+
+/// Whom a [`SendMark`] tells, of which request.
+type Armed = (Arc<dyn Pacer>, Url);
+
+impl SendMark {
+    fn arm(&self, pacer: Arc<dyn Pacer>, url: Url) {
+        *lock(&self.0) = Some((pacer, url));
+    }
+
+    fn disarm(&self) {
+        lock(&self.0).take();
+    }
+
+    fn fire(&self) {
+        // Taken out first: the pacer is never called under this lock.
+        let armed = lock(&self.0).take();
+        if let Some((pacer, url)) = armed {
+            pacer.sent(&url);
+        }
+    }
+}
+
+/// A stream whose writes fire its [`SendMark`].
+struct Marked<S> {
+    inner: S,
+    mark: SendMark,
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Marked<S> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Marked<S> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let this = self.get_mut();
+        let r = Pin::new(&mut this.inner).poll_write(cx, buf);
+        if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
+            this.mark.fire();
+        }
+        r
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        let this = self.get_mut();
+        let r = Pin::new(&mut this.inner).poll_write_vectored(cx, bufs);
+        if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
+            this.mark.fire();
+        }
+        r
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
     }
 }
 

@@ -363,6 +363,9 @@ pub trait Pacer: Send + Sync {
     fn ready_in(&self, _url: &Url) -> Duration {
         Duration::ZERO
     }
+    /// The request to `url` whose turn [`Pacer::wait`] granted last is
+    /// being written only now: the time between requests counts from here.
+    fn sent(&self, _url: &Url) {}
 }
 
 /// The pool connects to a proxy this long before the site's turn comes
