@@ -14,7 +14,7 @@ use tokio::sync::Notify;
 
 use super::index::{Entry, HealthIndex, Strategy};
 use super::query::ProxyQuery;
-use super::sites::{Event, KEEP_FOR_MS, MAX_PAIRS, SiteBook};
+use super::sites::{KEEP_FOR_MS, MAX_PAIRS, SiteBook, Taught};
 use crate::lock;
 use crate::model::{Block, Outcome, RecheckPolicy, UseVerdict};
 use crate::store::{CheckRecord, ProxyRecord, Store, StoreError};
@@ -239,7 +239,7 @@ impl Feedback {
             UseVerdict::Worked => {
                 let found = self.record_report(id, true, now).await?;
                 if found && let Some(site) = site {
-                    self.note(id, site, Event::Worked(None));
+                    self.note(id, site, Taught::worked(None));
                 }
                 (found, false, false)
             }
@@ -779,20 +779,15 @@ impl Feedback {
     /// site's gap after a pick. Shorter than a block's ban, since the same
     /// proxy is welcome again once the limit passes; kept in memory only.
     pub fn rest(&self, id: i64, site: &str, rest: Duration) {
-        self.note(id, site, Event::Rest(rest.min(BAN_FOR)));
-    }
-
-    /// `site` refused proxy `id` with a bare status (no ban page): the pair
-    /// rests for `rest`, and the refusal is counted and kept.
-    pub fn refused(&self, id: i64, site: &str, rest: Duration) {
-        self.note(id, site, Event::Refused(rest.min(BAN_FOR)));
+        let rest = rest.min(BAN_FOR);
+        self.note(id, site, Taught::blocked(Block::RateLimited, rest));
     }
 
     /// A use of proxy `id` at `site` worked in `latency`: counted as
     /// [`Feedback::worked`] does, and the pair is kept as one the site takes
     /// (see [`Feedback::pick`]).
     pub fn worked_at(&self, id: i64, site: &str, latency: Duration) {
-        self.note(id, site, Event::Worked(Some(latency)));
+        self.note(id, site, Taught::worked(Some(latency)));
         self.worked(id);
     }
 
@@ -810,8 +805,8 @@ impl Feedback {
         sent: Instant,
     ) {
         match block {
-            Block::Banned => self.note(id, site, Event::Refused(BAN_FOR)),
-            Block::Refused => self.refused(id, site, REFUSAL_REST),
+            Block::Banned => self.note(id, site, Taught::blocked(block, BAN_FOR)),
+            Block::Refused => self.note(id, site, Taught::blocked(block, REFUSAL_REST)),
             Block::RateLimited => {
                 let rest = wait.unwrap_or(RATE_LIMIT_REST).max(Duration::from_secs(1));
                 self.rest(id, site, rest);
@@ -820,12 +815,15 @@ impl Feedback {
         }
     }
 
-    fn note(&self, id: i64, site: &str, event: Event) {
+    fn note(&self, id: i64, site: &str, taught: Taught) {
         let mut book = lock(&self.inner.sites);
-        book.note(id, site, event, Instant::now(), crate::store::now_ms());
+        book.note(id, site, taught, Instant::now(), crate::store::now_ms());
         self.inner.site_pairs.store(book.len(), Ordering::Relaxed);
         drop(book);
-        if matches!(event, Event::Refused(_)) {
+        if matches!(
+            taught.verdict,
+            UseVerdict::Blocked(Block::Banned | Block::Refused)
+        ) {
             self.schedule_flush();
         }
     }
