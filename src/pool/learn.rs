@@ -73,7 +73,7 @@ impl Pool {
     /// `site` refused proxy `id` in a request sent at `sent`: counted, and
     /// passed to the feedback path, which bans or rests the pair (see
     /// [`Feedback::blocked`]).
-    pub(super) async fn blocked(
+    pub(super) fn blocked(
         &self,
         id: i64,
         site: &str,

@@ -280,7 +280,7 @@ impl Pool {
                     let limited = block == Block::RateLimited;
                     let wait = tried_now.retry_after;
                     if let Some(id) = id {
-                        self.blocked(id, &site, block, wait, t0).await;
+                        self.blocked(id, &site, block, wait, t0);
                         if block == Block::Refused {
                             refusals += 1;
                         }
