@@ -60,8 +60,8 @@ pub(crate) enum RateLimits {
 pub(crate) struct Tried<A> {
     /// How it ended for the proxy.
     pub verdict: UseVerdict,
-    /// The site's answer, when it gave one (a page, its own error, a
-    /// refusal).
+    /// The site's answer (a page, its own error, a refusal): always there
+    /// when the verdict is `Worked`, `TargetError` or `Blocked`.
     pub answer: Option<A>,
     /// A block's `Retry-After`.
     pub retry_after: Option<Duration>,
