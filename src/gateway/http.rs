@@ -328,7 +328,7 @@ fn finish(
 ) -> (Response<Body>, &'static str) {
     let metrics = gw.metrics();
     match end {
-        End::Answer(a) | End::Refused(a) => {
+        End::Answer(a) | End::Refused(a, _) => {
             let outcome = match a.verdict {
                 UseVerdict::Blocked(_) => "blocked",
                 _ => "ok",

@@ -108,7 +108,7 @@ fn failure(end: End<TcpStream, Infallible>) -> TunnelError {
         End::Unreachable => TunnelError::Unreachable,
         End::Failed(reason) | End::Alike { reason, .. } => TunnelError::Failed(reason),
         // A tunnel set-up gets no answer from the site to refuse or wait on.
-        End::Answer(_) | End::Refused(_) | End::RetryAfterTooLong(_) => {
+        End::Answer(_) | End::Refused(..) | End::RetryAfterTooLong(_) => {
             TunnelError::Failed(Reason::ProtocolError)
         }
         End::Stopped(never) => match never {},

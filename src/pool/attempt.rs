@@ -55,11 +55,11 @@ impl Pool {
         let Rotated { end, attempts } = self.rotate(&want, &rot, &mut fetch).await;
         match end {
             End::Answer(a) => Ok(self.page(req, a, attempts, started)),
-            End::Refused(a) => {
+            End::Refused(a, site) => {
                 let status = a.answer.0.status.as_u16();
                 Err(FetchError::Exhausted {
                     attempts,
-                    last: format!("blocked by {} ({status})", a.site),
+                    last: format!("blocked by {site} ({status})"),
                     status: Some(status),
                 })
             }

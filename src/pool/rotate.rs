@@ -134,8 +134,6 @@ pub(crate) struct Answered<A> {
     pub verdict: UseVerdict,
     /// How long the attempt took.
     pub latency: Duration,
-    /// Where the verdict was earned.
-    pub site: String,
 }
 
 /// How a use ended.
@@ -143,8 +141,8 @@ pub(crate) enum End<A, S> {
     /// The site answered: a page, its own error once the repeats are
     /// spent, or a refusal proxies met alike (the page's own answer).
     Answer(Answered<A>),
-    /// The site refused the last proxy and no other may try.
-    Refused(Answered<A>),
+    /// The site (named) refused the last proxy and no other may try.
+    Refused(Answered<A>, String),
     /// No proxy could take an attempt; how the one before ended, if any.
     NoProxy {
         error: FetchError,
@@ -220,32 +218,26 @@ impl Pool {
                 }
             }
             let id = lease.as_ref().map(|l| l.entry.id);
-            let site = match (tried_now.site, &lease) {
-                (Some(s), _) => s,
-                (None, Some(l)) => l.site.clone(),
-                (None, None) => want.site.to_owned(),
-            };
             let no_more = tried_now.last;
-            let answered = |answer: Option<T::Answer>, lease, site| Answered {
+            let answered = |answer: Option<T::Answer>, lease| Answered {
                 answer: answer.expect("the site answered"),
                 lease,
                 verdict,
                 latency,
-                site,
             };
             match verdict {
                 UseVerdict::Worked => {
                     if let Some(l) = &lease {
                         self.worked(l, latency).await;
                     }
-                    break End::Answer(answered(tried_now.answer, lease, site));
+                    break End::Answer(answered(tried_now.answer, lease));
                 }
                 UseVerdict::TargetError => {
                     if let Some(id) = id {
                         self.report(id, verdict, None).await;
                     }
                     if retries >= rot.target_retries || no_more {
-                        break End::Answer(answered(tried_now.answer, lease, site));
+                        break End::Answer(answered(tried_now.answer, lease));
                     }
                     retries += 1;
                     c.target_retries.fetch_add(1, Ordering::Relaxed);
@@ -277,6 +269,11 @@ impl Pool {
                     attempt.moved_on();
                 }
                 UseVerdict::Blocked(block) => {
+                    let site = match (tried_now.site, &lease) {
+                        (Some(s), _) => s,
+                        (None, Some(l)) => l.site.clone(),
+                        (None, None) => want.site.to_owned(),
+                    };
                     let limited = block == Block::RateLimited;
                     let wait = tried_now.retry_after;
                     if let Some(id) = id {
@@ -286,7 +283,7 @@ impl Pool {
                         }
                         tried.insert(id);
                     }
-                    let answer = answered(tried_now.answer, lease, site);
+                    let answer = answered(tried_now.answer, lease);
                     if refusals >= rot.refusal_quorum {
                         break End::Answer(answer);
                     }
@@ -297,7 +294,7 @@ impl Pool {
                         _ => rotations >= rot.rotations || answer.lease.is_none(),
                     };
                     if spent {
-                        break End::Refused(answer);
+                        break End::Refused(answer, site);
                     }
                     match rot.rate_limits {
                         RateLimits::Wait { .. } if limited => {
@@ -312,7 +309,7 @@ impl Pool {
                     }
                     attempt.moved_on();
                     if rot.keep_refusal {
-                        last = Some(End::Refused(answer));
+                        last = Some(End::Refused(answer, site));
                     } else {
                         drop(answer);
                     }
