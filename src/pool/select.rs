@@ -15,8 +15,8 @@ impl Pool {
         policy: NoProxy,
     ) -> Result<Option<Lease>, FetchError> {
         let inner = &self.inner;
-        let mut loaded = inner.shared.loaded.subscribe();
-        if !*loaded.borrow() {
+        if !*inner.shared.loaded.borrow() {
+            let mut loaded = inner.shared.loaded.subscribe();
             let _ = tokio::time::timeout(FIRST_LOAD_WAIT, loaded.wait_for(|l| *l)).await;
         }
         let started = Instant::now();
@@ -45,6 +45,15 @@ impl Pool {
         // Slots freed as of our last look, and whether a turn came since
         // for a slot freed after that look.
         let (mut looked_at, mut handed) = (0u64, false);
+        if !skip {
+            // A first look before registering for events: most requests
+            // find a proxy at once and never touch the shared `Notify`
+            // (a lock per registration, on every request).
+            let (lease, _) = self.try_pick(want.query, want.session, want.site, want.https, tried);
+            if let Some(lease) = lease {
+                return Ok(Some(lease));
+            }
+        }
         loop {
             // Registered before looking, so an event meanwhile wakes us.
             let changed = inner.shared.changed.notified();
