@@ -65,7 +65,7 @@ static VERSIONS: AtomicU64 = AtomicU64::new(1);
 #[derive(Default)]
 struct Inner {
     groups: HashMap<Key, Vec<Arc<Entry>>>,
-    pos: HashMap<i64, (Key, usize)>,
+    pos: super::IdMap<(Key, usize)>,
 }
 
 impl Inner {

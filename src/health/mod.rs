@@ -14,6 +14,11 @@ pub use feedback::{
 pub use index::{BestOfTwo, Entry, HealthIndex, Matches, Strategy, score};
 pub use query::ProxyQuery;
 
+/// A map by proxy id, looked up for every candidate of every pick: a fast
+/// hasher (ids are the store's, not chosen by the network), randomly
+/// seeded all the same.
+pub(crate) type IdMap<V> = std::collections::HashMap<i64, V, foldhash::fast::RandomState>;
+
 use crate::proxy::Status;
 use crate::store::{ProxyFilter, Store, StoreError};
 

@@ -60,7 +60,7 @@ impl Pair {
 /// The pairs of one site.
 #[derive(Debug, Default)]
 pub(super) struct Site {
-    pairs: HashMap<i64, Pair>,
+    pairs: super::IdMap<Pair>,
     /// Pairs whose proxy worked there at least once.
     proven: usize,
 }

@@ -500,7 +500,7 @@ struct Session {
 
 #[derive(Default)]
 struct State {
-    usage: HashMap<i64, Usage>,
+    usage: crate::health::IdMap<Usage>,
     sessions: HashMap<String, Session>,
     last_rr: i64,
     failed: HashSet<i64>,

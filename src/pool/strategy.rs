@@ -2,10 +2,9 @@
 //! [`health::Strategy`](crate::health::Strategy) implementations over what
 //! the pool has learnt of each proxy (uses, successes, latency).
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::health::{Entry, Matches, Strategy, score};
+use crate::health::{Entry, IdMap, Matches, Strategy, score};
 pub use crate::model::StrategyKind;
 
 /// What the pool has seen of one proxy.
@@ -48,7 +47,7 @@ impl Usage {
 /// A strategy bound to the pool's usage table for one pick.
 pub(crate) struct Bound<'a> {
     pub kind: StrategyKind,
-    pub usage: &'a HashMap<i64, Usage>,
+    pub usage: &'a IdMap<Usage>,
     /// The id the last round-robin pick returned.
     pub last: i64,
 }
@@ -98,7 +97,7 @@ impl Strategy for Bound<'_> {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::HashSet;
+    use std::collections::{HashMap, HashSet};
 
     use super::*;
     use crate::health::{HealthIndex, ProxyQuery};
@@ -147,7 +146,7 @@ mod tests {
     #[test]
     fn round_robin_visits_every_proxy_in_turn() {
         let index = HealthIndex::from_records((1..=5).map(|i| rec(i, 100)).collect());
-        let usage = HashMap::new();
+        let usage = IdMap::default();
         let mut last = 0;
         let mut order = Vec::new();
         for _ in 0..7 {
@@ -167,7 +166,7 @@ mod tests {
     #[test]
     fn least_used_takes_the_idlest() {
         let index = HealthIndex::from_records((1..=3).map(|i| rec(i, 100)).collect());
-        let mut usage = HashMap::new();
+        let mut usage = IdMap::default();
         usage.insert(
             1,
             Usage {
@@ -203,7 +202,7 @@ mod tests {
     #[test]
     fn fastest_of_two_favours_good_proxies_but_spreads_load() {
         let index = HealthIndex::from_records((1..=10).map(|i| rec(i, 100)).collect());
-        let mut usage = HashMap::new();
+        let mut usage = IdMap::default();
         // Proxy 1 is fast and reliable in use; 2 fails most of the time.
         usage.insert(
             1,
@@ -245,7 +244,7 @@ mod tests {
     #[test]
     fn random_spreads_uniformly() {
         let index = HealthIndex::from_records((1..=4).map(|i| rec(i, 100)).collect());
-        let usage = HashMap::new();
+        let usage = IdMap::default();
         let s = Bound {
             kind: StrategyKind::Random,
             usage: &usage,
