@@ -35,6 +35,9 @@ struct Pair {
     last_blocked: Option<i64>,
     /// When the record last changed (unix ms).
     updated: i64,
+    /// In the book's dirty set: a use that worked marks the pair once, not
+    /// once per request (a `String` each).
+    dirty: bool,
 }
 
 impl Pair {
@@ -213,7 +216,10 @@ impl SiteBook {
             }
         }
         p.updated = now_ms;
-        self.dirty.insert((site.to_owned(), id));
+        if !p.dirty {
+            p.dirty = true;
+            self.dirty.insert((site.to_owned(), id));
+        }
         true
     }
 
@@ -246,6 +252,7 @@ impl SiteBook {
                     last_worked: r.last_worked_at,
                     last_blocked: r.last_blocked_at,
                     updated: r.updated_at,
+                    dirty: false,
                 },
             );
             self.pairs += 1;
@@ -258,7 +265,8 @@ impl SiteBook {
         dirty
             .into_iter()
             .filter_map(|(site, id)| {
-                let p = self.sites.get(&site)?.pairs.get(&id)?;
+                let p = self.sites.get_mut(&site)?.pairs.get_mut(&id)?;
+                p.dirty = false;
                 Some(p.record(&site, id))
             })
             .collect()
