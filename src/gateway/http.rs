@@ -733,6 +733,24 @@ pub(super) fn target(host: &str, port: u16) -> Result<Target, String> {
 /// Removes hop-by-hop headers (those `Connection` names too), every
 /// `Proxy-*` header and the gateway's own controls.
 fn clean(headers: &mut HeaderMap) {
+    // Most heads carry none of these: one pass over the names decides,
+    // before a lookup (and hash) per name removed.
+    let hop = |n: &HeaderName| {
+        [
+            header::CONNECTION,
+            header::TE,
+            header::TRAILER,
+            header::TRANSFER_ENCODING,
+            header::UPGRADE,
+        ]
+        .contains(n)
+            || n.as_str() == "keep-alive"
+            || n.as_str().starts_with("proxy-")
+            || n.as_str().starts_with(HEADER_PREFIX)
+    };
+    if !headers.keys().any(hop) {
+        return;
+    }
     let listed: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()

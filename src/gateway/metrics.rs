@@ -59,8 +59,8 @@ pub struct GatewayMetrics {
     /// For `/stats`: the histogram keeps no readable sum.
     added_sum_us: AtomicU64,
     added_count: AtomicU64,
-    /// For `/stats`, by (kind, result).
-    totals: Mutex<BTreeMap<(&'static str, &'static str), u64>>,
+    /// For `/stats`, by (kind, result): the counters of `requests`.
+    totals: Mutex<BTreeMap<(&'static str, &'static str), Counter>>,
 }
 
 impl Default for GatewayMetrics {
@@ -171,15 +171,19 @@ impl GatewayMetrics {
 
     /// Counts a finished request or tunnel set-up.
     pub(crate) fn finished(&self, kind: Kind, result: &'static str) {
-        self.requests
-            .get_or_create(&vec![
-                ("kind", kind.as_str().to_owned()),
-                ("result", result.to_owned()),
-            ])
-            .inc();
-        *lock(&self.totals)
+        // The family's counter is looked up (two `String`s, a lock, a
+        // hash) once per kind and result, then kept here.
+        lock(&self.totals)
             .entry((kind.as_str(), result))
-            .or_default() += 1;
+            .or_insert_with(|| {
+                self.requests
+                    .get_or_create(&vec![
+                        ("kind", kind.as_str().to_owned()),
+                        ("result", result.to_owned()),
+                    ])
+                    .clone()
+            })
+            .inc();
     }
 
     pub(crate) fn retried(&self) {
@@ -233,7 +237,7 @@ impl GatewayMetrics {
                 "connect" => &mut s.connect_tunnels,
                 _ => &mut s.socks_tunnels,
             };
-            map.insert((*result).to_owned(), *n);
+            map.insert((*result).to_owned(), n.get());
         }
         s.retries = self.retries.get();
         s.bytes_sent = self.bytes_sent.get();

@@ -49,15 +49,49 @@ pub(super) struct Opened {
 /// The site a target names for bans: its host, with the port unless it is
 /// `default`.
 pub(super) fn site(target: &Target, default: u16) -> String {
-    let host = match target.host() {
-        Host::Domain(d) => d.to_ascii_lowercase(),
-        Host::Ip(std::net::IpAddr::V6(ip)) => format!("[{ip}]"),
-        Host::Ip(ip) => ip.to_string(),
-    };
-    if target.port() == default {
-        host
-    } else {
-        format!("{host}:{}", target.port())
+    // Built by hand: once per request, and `format!` of an address and a
+    // port cost more than the rest of the pick.
+    let mut site = String::with_capacity(48);
+    match target.host() {
+        Host::Domain(d) => {
+            site.push_str(d);
+            site.make_ascii_lowercase();
+        }
+        Host::Ip(std::net::IpAddr::V6(ip)) => {
+            use std::fmt::Write;
+            let _ = write!(site, "[{ip}]");
+        }
+        Host::Ip(std::net::IpAddr::V4(ip)) => {
+            for (i, octet) in ip.octets().into_iter().enumerate() {
+                if i > 0 {
+                    site.push('.');
+                }
+                push_number(&mut site, octet.into());
+            }
+        }
+    }
+    if target.port() != default {
+        site.push(':');
+        push_number(&mut site, target.port());
+    }
+    site
+}
+
+/// Appends `n` in decimal.
+fn push_number(s: &mut String, n: u16) {
+    let mut digits = [0u8; 5];
+    let mut i = digits.len();
+    let mut n = n;
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    for &d in &digits[i..] {
+        s.push(d as char);
     }
 }
 
@@ -311,5 +345,20 @@ pub(super) fn no_proxy_why(e: &crate::pool::FetchError) -> String {
             hint: Some(hint), ..
         } => hint.clone(),
         other => other.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_site_is_its_host_and_a_port_other_than_the_default() {
+        let t = |h: &str, p| Target::new(h, p).unwrap();
+        assert_eq!(site(&t("Shop.Example", 80), 80), "shop.example");
+        assert_eq!(site(&t("shop.example", 8080), 80), "shop.example:8080");
+        assert_eq!(site(&t("10.0.255.7", 443), 443), "10.0.255.7");
+        assert_eq!(site(&t("0.0.0.1", 65535), 443), "0.0.0.1:65535");
+        assert_eq!(site(&t("::1", 8443), 443), "[::1]:8443");
     }
 }
