@@ -5,6 +5,7 @@
 //! was read up to there.
 
 use std::collections::BTreeMap;
+use std::sync::LazyLock;
 
 use scraper::Selector;
 use url::Url;
@@ -58,6 +59,15 @@ pub struct Extracted {
 /// The most links taken from one page: a page with more is a trap.
 const MAX_LINKS: usize = 10_000;
 
+/// The built-in selectors, parsed once rather than for every page.
+static TITLE: LazyLock<Selector> = LazyLock::new(|| built_in("title"));
+static BASE: LazyLock<Selector> = LazyLock::new(|| built_in("base[href]"));
+static LINKS: LazyLock<Selector> = LazyLock::new(|| built_in("a[href], area[href]"));
+
+fn built_in(css: &str) -> Selector {
+    Selector::parse(css).expect("built-in selectors parse")
+}
+
 /// Parses `html` found at `page`, within `deadline` (synchronous and
 /// CPU-bound: call it off the async runtime).
 pub fn extract(
@@ -69,20 +79,19 @@ pub fn extract(
 ) -> Extracted {
     let parsed = parse_document(html, deadline);
     let doc = parsed.doc;
-    let sel = |s: &str| Selector::parse(s).expect("built-in selectors parse");
     let title = doc
-        .select(&sel("title"))
+        .select(&TITLE)
         .next()
         .map(|t| squash(&t.text().collect::<String>()))
         .filter(|t| !t.is_empty());
     let base = doc
-        .select(&sel("base[href]"))
+        .select(&BASE)
         .next()
         .and_then(|b| b.value().attr("href"))
         .and_then(|h| page.join(h.trim()).ok())
         .unwrap_or_else(|| page.clone());
     let links = doc
-        .select(&sel("a[href], area[href]"))
+        .select(&LINKS)
         .filter_map(|a| a.value().attr("href"))
         .filter_map(|h| base.join(h.trim()).ok())
         .take(MAX_LINKS)
