@@ -318,14 +318,20 @@ fn measure(pass: Pass) {
             ..CrawlOptions::default()
         };
         let progress = Arc::new(Progress::default());
-        // Pages in flight, sampled every 10 ms: a wall far above the ideal
-        // with fewer than `concurrency` in flight is the crawler's own
-        // serialisation; with all in flight, each page takes longer.
+        // Pages in flight, sampled every 10 ms (every Crawl-delay on a
+        // polite pass, whose pages come that far apart: a 10 ms tick would
+        // wake this process a dozen times per page and count as the
+        // crawler's CPU): a wall far above the ideal with fewer than
+        // `concurrency` in flight is the crawler's own serialisation; with
+        // all in flight, each page takes longer.
+        let every = pass
+            .crawl_delay
+            .map_or(Duration::from_millis(10), Duration::from_secs_f64);
         let sampler = {
             let progress = progress.clone();
             tokio::spawn(async move {
                 let (mut sum, mut n) = (0u64, 0u64);
-                let mut tick = tokio::time::interval(Duration::from_millis(10));
+                let mut tick = tokio::time::interval(every);
                 loop {
                     tick.tick().await;
                     let now = progress
