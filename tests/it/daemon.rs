@@ -3,7 +3,7 @@
 //! must be alive, match every filter, survive a restart, and be guarded by
 //! the token when one is set.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;

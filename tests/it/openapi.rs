@@ -5,7 +5,7 @@
 //! schemathesis, run against a live daemon by `.ci/run`, fuzzes the rest
 //! (without proxies, so that nothing it asks for leaves the machine).
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 

@@ -2,7 +2,7 @@
 //! proxy's stored verdict, reason, anonymity, HTTPS support, exit address
 //! and schedule must be what a user of the proxy would find.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};

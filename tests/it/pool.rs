@@ -5,7 +5,7 @@
 //! no-proxy policy. Each proxy forwards from its own 127.0.0.x address, so
 //! the site tells which proxy carried a request.
 
-mod common;
+use crate::common;
 
 use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;

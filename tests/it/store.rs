@@ -1,7 +1,7 @@
 //! The store on real SQLite files: migrations from empty, re-opening, and
 //! refusing a database written by a newer version.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::net::{IpAddr, Ipv4Addr};
@@ -146,7 +146,7 @@ async fn a_version_1_database_is_upgraded_in_place() {
     let path = dir.path().join("v1.db");
     {
         let conn = rusqlite::Connection::open(&path).unwrap();
-        conn.execute_batch(include_str!("../migrations/0001_init.sql"))
+        conn.execute_batch(include_str!("../../migrations/0001_init.sql"))
             .unwrap();
         conn.pragma_update(None, "user_version", 1).unwrap();
         conn.execute(

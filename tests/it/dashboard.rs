@@ -5,7 +5,7 @@
 //! one. A screenshot goes to `target/dashboard/` for people to look at.
 //! The cross-site guards of its forms are tested with a plain client.
 
-mod common;
+use crate::common;
 
 use std::io::BufRead;
 use std::path::{Path, PathBuf};

@@ -3,7 +3,7 @@
 //! de-duplicated proxies with their hints, and each source's record must
 //! say what happened to it.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::path::Path;

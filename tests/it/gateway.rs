@@ -4,7 +4,7 @@
 //! which proxy carried a request — and that the gateway never came itself
 //! (its own connections would come from 127.0.0.1).
 
-mod common;
+use crate::common;
 
 use std::collections::HashSet;
 use std::net::{IpAddr, SocketAddr};

@@ -5,7 +5,7 @@
 //! runs long enough (several freshness windows, made short by the config)
 //! for what broke after the first seconds to show.
 
-mod common;
+use crate::common;
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::Path;

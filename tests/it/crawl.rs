@@ -5,7 +5,7 @@
 //! with the real binary, kill -9 and resume, Ctrl-C, and resuming a
 //! crawl's failed pages.
 
-mod common;
+use crate::common;
 
 use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;

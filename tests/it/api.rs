@@ -2,7 +2,7 @@
 //! and connections. Handler logic goes through `Router::oneshot`; what needs
 //! real sockets runs `api::serve` on 127.0.0.1:0.
 
-mod common;
+use crate::common;
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::Path;

@@ -3,7 +3,7 @@
 //! from the gateway, `/proxy?site=` or `/proxies?site=`; a proxy reported
 //! as working there comes first; and both survive a restart.
 
-mod common;
+use crate::common;
 
 use std::collections::HashSet;
 use std::net::SocketAddr;

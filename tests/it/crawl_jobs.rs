@@ -2,7 +2,7 @@
 //! streamed, cancelled, capped, continued after a restart, and refused with
 //! a 400 naming the bad option.
 
-mod common;
+use crate::common;
 
 use std::collections::HashSet;
 use std::path::Path;

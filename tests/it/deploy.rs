@@ -11,7 +11,7 @@ use std::os::unix::net::UnixDatagram;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-const UNIT: &str = include_str!("../deploy/proxywarden.service");
+const UNIT: &str = include_str!("../../deploy/proxywarden.service");
 const BIN: &str = env!("CARGO_BIN_EXE_proxywarden");
 /// Where the unit expects the binary; the tests point it at the one built.
 const INSTALLED_BIN: &str = "/usr/local/bin/proxywarden";

@@ -2,7 +2,7 @@
 //! independent client: what a working, lying or broken proxy looks like from
 //! outside must be what the checker's tests assume.
 
-mod common;
+use crate::common;
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::{Duration, Instant};

@@ -2,7 +2,7 @@
 //! exits within 10 s of SIGTERM whatever it is doing, heavy API requests
 //! queued or a huge page being parsed on a blocking thread.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::time::{Duration, Instant};

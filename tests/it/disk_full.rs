@@ -6,7 +6,7 @@
 //! and one log line, keeps serving from memory, and takes writes again
 //! within one pause once there is room.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};

@@ -5,7 +5,7 @@
 //! must be refused, a test looks at what was stored or decided, and nothing
 //! is ever let connect to one.
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -474,7 +474,7 @@ async fn a_source_cannot_redirect_the_harvest_to_a_private_address() {
     assert_eq!(stored(&store).await, ["8.8.8.8:3128"]);
 }
 
-// Items 3 and 7, the gateway's own clients, are tested in tests/gateway.rs
+// Items 3 and 7, the gateway's own clients, are tested in tests/it/gateway.rs
 // beside its other tests (its fake proxies and client helpers live there):
 // `a_head_over_max_header_size_is_a_json_431_and_costs_no_proxy`,
 // `a_request_every_proxy_fails_on_alike_is_not_charged_to_them`,
@@ -489,7 +489,7 @@ async fn a_source_cannot_redirect_the_harvest_to_a_private_address() {
 // `a_kept_upstream_connection_found_closed_is_retried_fresh_and_not_charged`.
 //
 // Item 6, what a site can do to the crawler and the pool, is tested in
-// tests/crawl.rs beside the crawler's fake sites and proxies:
+// tests/it/crawl.rs beside the crawler's fake sites and proxies:
 // `proxied_crawls_follow_redirects_as_direct_ones_do`,
 // `a_robots_txt_that_never_answers_backs_the_site_off_and_blames_no_proxy`,
 // `a_page_that_never_answers_backs_the_site_off_and_blames_no_proxy` and

@@ -2,7 +2,7 @@
 //! validation, `harvest` output and exit status, `stats`, and `export` in
 //! every format.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::path::Path;

@@ -4,7 +4,7 @@
 //! to check, what the last harvest found after a restart and when the next
 //! runs, and the judges answering again.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

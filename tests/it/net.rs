@@ -2,7 +2,7 @@
 //! proxy (names unresolved, credentials), whether bytes cross the tunnel,
 //! and the reason a caller gets for each way a proxy fails.
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
