@@ -26,8 +26,8 @@ use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
 use common::daemon::{Daemon, client, status_json};
-use common::site::Site;
-use common::{Behavior, FakeSite, TestConfig, store_with_alive, working_proxies};
+use common::site::{Reply, Site};
+use common::{TestConfig, store_with_alive, working_proxies};
 
 /// State over an empty store in `dir`, its config tuned by `tune`.
 async fn state(dir: &Path, tune: impl FnOnce(TestConfig) -> TestConfig) -> AppState {
@@ -103,21 +103,13 @@ async fn stored(store: &Store) -> Vec<String> {
 }
 
 /// A text list served at `/list.txt`.
-async fn list_site(entries: &[String]) -> FakeSite {
-    FakeSite::start(vec![("/list.txt", Behavior::ok(entries.join("\n")))]).await
+async fn list_site(entries: &[String]) -> Site {
+    Site::routes(vec![("/list.txt", Reply::ok(entries.join("\n")))]).await
 }
 
 /// A source at `/list.txt` redirecting (302) to `to`.
-async fn redirecting_site(to: &str) -> FakeSite {
-    FakeSite::start(vec![(
-        "/list.txt",
-        Behavior::Respond {
-            status: 302,
-            headers: vec![("Location".into(), to.into())],
-            body: b"moved".to_vec(),
-        },
-    )])
-    .await
+async fn redirecting_site(to: &str) -> Site {
+    Site::routes(vec![("/list.txt", Reply::redirect(302, to))]).await
 }
 
 // Item 1: browser defences.
@@ -287,7 +279,7 @@ async fn a_hostile_list_cannot_plant_private_addresses() {
     let mut entries = planted.clone();
     entries.extend(public.iter().cloned());
     let site = list_site(&entries).await;
-    let only_private = FakeSite::start(vec![("/list.txt", Behavior::ok(planted.join("\n")))]).await;
+    let only_private = Site::routes(vec![("/list.txt", Reply::ok(planted.join("\n")))]).await;
     let config = TestConfig::new(dir.path())
         .set("harvest", "allow_private_addresses", "false")
         .source("mixed", &site.url("/list.txt"), "")

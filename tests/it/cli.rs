@@ -8,7 +8,8 @@ use std::collections::BTreeSet;
 use std::path::Path;
 use std::process::Output;
 
-use common::{Behavior, FakeSite, config_toml, write_config};
+use common::site::{Reply, Site, SiteOpts};
+use common::{config_toml, write_config};
 
 async fn proxywarden(dir: &Path, args: &[&str]) -> Output {
     tokio::process::Command::new(env!("CARGO_BIN_EXE_proxywarden"))
@@ -116,13 +117,13 @@ async fn config_is_found_in_the_environment_then_the_working_directory() {
 #[tokio::test]
 async fn harvest_prints_a_line_per_source_and_export_round_trips() {
     let dir = tempfile::tempdir().unwrap();
-    let site = FakeSite::start(vec![
-        ("/a.txt", Behavior::ok("1.2.3.4:8080\n5.6.7.8:3128\nsocks5://9.9.9.9:1080\n")),
+    let site = Site::routes(vec![
+        ("/a.txt", Reply::ok("1.2.3.4:8080\n5.6.7.8:3128\nsocks5://9.9.9.9:1080\n")),
         (
             "/b.json",
-            Behavior::ok(r#"[{"ip":"5.6.7.8","port":3128,"country":"DE"},{"ip":"4.3.2.1","port":"80","country":"us"}]"#),
+            Reply::ok(r#"[{"ip":"5.6.7.8","port":3128,"country":"DE"},{"ip":"4.3.2.1","port":"80","country":"us"}]"#),
         ),
-        ("/gone", Behavior::status(404)),
+        ("/gone", Reply::status(404)),
     ])
     .await;
     let sources = format!(
@@ -295,7 +296,7 @@ async fn harvest_prints_a_line_per_source_and_export_round_trips() {
 #[tokio::test]
 async fn harvest_fails_with_a_clear_message_when_every_source_fails() {
     let dir = tempfile::tempdir().unwrap();
-    let site = FakeSite::start(vec![("/x", Behavior::status(500))]).await;
+    let site = Site::routes(vec![("/x", Reply::status(500))]).await;
     let sources = format!(
         "[[sources]]\nname = \"down\"\nurl = \"{}\"\n\
          [[sources]]\nname = \"nofile\"\nurl = \"/definitely/not/here.txt\"\n",
@@ -654,9 +655,9 @@ async fn logs_go_where_help_says_without_colours_off_a_terminal() {
 async fn harvest_shows_each_source_as_it_finishes_on_a_terminal() {
     use tokio::io::AsyncBufReadExt;
     let dir = tempfile::tempdir().unwrap();
-    let site = FakeSite::start(vec![
-        ("/fast", Behavior::ok("10.0.0.1:80\n")),
-        ("/hang", Behavior::Hang),
+    let site = Site::routes(vec![
+        ("/fast", Reply::ok("10.0.0.1:80\n")),
+        ("/hang", Reply::hang()),
     ])
     .await;
     let sources = format!(
@@ -960,14 +961,12 @@ async fn an_unwritable_database_is_named_plainly_and_still_read() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_says_no_source_worked_and_retries_failed_sources() {
     use tokio::io::AsyncBufReadExt;
-    let site = FakeSite::start(vec![(
+    let site = Site::start(SiteOpts::flaky(
         "/list.txt",
-        Behavior::Flaky {
-            failures: 4,
-            retry_after: 0,
-            then: Box::new(Behavior::ok("10.0.0.1:8080\n10.0.0.2:8080\n")),
-        },
-    )])
+        4,
+        0,
+        Reply::ok("10.0.0.1:8080\n10.0.0.2:8080\n"),
+    ))
     .await;
     let dir = tempfile::tempdir().unwrap();
     let port = std::net::TcpListener::bind("127.0.0.1:0")
@@ -1437,7 +1436,7 @@ fn the_package_states_its_licence_and_installs_lean() {
 #[tokio::test]
 async fn the_crawler_user_agent_names_no_made_up_address() {
     let dir = tempfile::tempdir().unwrap();
-    let site = FakeSite::start(vec![("/", Behavior::ok("<html>hi</html>"))]).await;
+    let site = Site::routes(vec![("/", Reply::ok("<html>hi</html>"))]).await;
     let out = proxywarden(
         dir.path(),
         &[
@@ -1519,14 +1518,14 @@ async fn html_sources_say_what_they_looked_for() {
     let dir = tempfile::tempdir().unwrap();
     let table = "<table><tr><th>IP Address</th><th>Port</th></tr>\
                  <tr><td>10.1.2.3</td><td>8080</td></tr></table>";
-    let site = FakeSite::start(vec![
+    let site = Site::routes(vec![
         (
             "/other.html",
-            Behavior::ok("<table><tr><th>Name</th><th>Speed</th></tr></table>"),
+            Reply::ok("<table><tr><th>Name</th><th>Speed</th></tr></table>"),
         ),
         (
             "/title.html",
-            Behavior::ok(format!("<html><head><title>Proxies</head><body>{table}")),
+            Reply::ok(format!("<html><head><title>Proxies</head><body>{table}")),
         ),
     ])
     .await;

@@ -1053,79 +1053,6 @@ async fn proxied_crawls_follow_redirects_as_direct_ones_do() {
     .await;
 }
 
-/// A site that answers the paths of `pages` (HTML, then closes) and reads
-/// the requests for `silent` paths without ever answering them; other paths
-/// are 404. Counts the requests per path.
-struct SilentSite {
-    addr: std::net::SocketAddr,
-    hits: Arc<std::sync::Mutex<HashMap<String, usize>>>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for SilentSite {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-impl SilentSite {
-    async fn start(pages: Vec<(&'static str, String)>, silent: Vec<&'static str>) -> SilentSite {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let hits: Arc<std::sync::Mutex<HashMap<String, usize>>> = Arc::default();
-        let pages: Arc<HashMap<&str, String>> = Arc::new(pages.into_iter().collect());
-        let counted = hits.clone();
-        let task = tokio::spawn(async move {
-            let mut conns = tokio::task::JoinSet::new();
-            loop {
-                let Ok((mut tcp, _)) = listener.accept().await else {
-                    continue;
-                };
-                let (pages, silent, hits) = (pages.clone(), silent.clone(), counted.clone());
-                conns.spawn(async move {
-                    let mut head = Vec::new();
-                    let mut buf = [0u8; 4096];
-                    while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 65536 {
-                        match tcp.read(&mut buf).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => head.extend_from_slice(&buf[..n]),
-                        }
-                    }
-                    let text = String::from_utf8_lossy(&head);
-                    let path = text.split(' ').nth(1).unwrap_or("/").to_owned();
-                    *hits.lock().unwrap().entry(path.clone()).or_default() += 1;
-                    if silent.contains(&path.as_str()) {
-                        // Holds the connection until the client gives up.
-                        while matches!(tcp.read(&mut buf).await, Ok(n) if n > 0) {}
-                        return;
-                    }
-                    let (status, body) = match pages.get(path.as_str()) {
-                        Some(b) => ("200 OK", b.clone()),
-                        None => ("404 Not Found", "no".to_owned()),
-                    };
-                    let answer = format!(
-                        "HTTP/1.1 {status}\r\nContent-Type: text/html\r\nContent-Length: {}\r\n\
-                         Connection: close\r\n\r\n{body}",
-                        body.len()
-                    );
-                    let _ = tcp.write_all(answer.as_bytes()).await;
-                    let _ = tcp.shutdown().await;
-                });
-            }
-        });
-        SilentSite { addr, hits, task }
-    }
-
-    fn url(&self, path: &str) -> String {
-        format!("http://{}{path}", self.addr)
-    }
-
-    fn hits(&self, path: &str) -> usize {
-        self.hits.lock().unwrap().get(path).copied().unwrap_or(0)
-    }
-}
-
 /// Short enough that a silent site costs little test time.
 fn impatient() -> PoolOptions {
     PoolOptions {
@@ -1139,11 +1066,9 @@ fn impatient() -> PoolOptions {
 async fn a_robots_txt_that_never_answers_backs_the_site_off_and_blames_no_proxy() {
     within(async {
         let dir = tempfile::tempdir().unwrap();
-        let site = SilentSite::start(
-            vec![("/", "<a href=\"/a\">a</a>".into())],
-            vec!["/robots.txt"],
-        )
-        .await;
+        let mut opts = SiteOpts::routes(vec![("/", Reply::html("<a href=\"/a\">a</a>"))]);
+        opts.robots = Some(Reply::hang());
+        let site = Site::start(opts).await;
         let (_proxies, alive) = working_proxies(6).await;
         let pool = pool_of(dir.path(), &alive, impatient()).await;
         let summary = run(&pool, options(dir.path(), &site.url("/"))).await;
@@ -1168,13 +1093,14 @@ async fn a_robots_txt_that_never_answers_backs_the_site_off_and_blames_no_proxy(
 async fn a_page_that_never_answers_backs_the_site_off_and_blames_no_proxy() {
     within(async {
         let dir = tempfile::tempdir().unwrap();
-        let site = SilentSite::start(
-            vec![
-                ("/", "<a href=\"/a\">a</a><a href=\"/slow\">s</a>".into()),
-                ("/a", "<title>A</title>".into()),
-            ],
-            vec!["/slow"],
-        )
+        let site = Site::routes(vec![
+            (
+                "/",
+                Reply::html("<a href=\"/a\">a</a><a href=\"/slow\">s</a>"),
+            ),
+            ("/a", Reply::html("<title>A</title>")),
+            ("/slow", Reply::hang()),
+        ])
         .await;
         let (_proxies, alive) = working_proxies(6).await;
         let pool = pool_of(dir.path(), &alive, impatient()).await;

@@ -16,6 +16,7 @@ use common::daemon::{self, Daemon};
 use common::fakes::{
     self, Behavior, FakeHttpProxy, FakeSocks5, HttpProxyOpts, ProxyKind, SocksOpts,
 };
+use common::site::{Reply, Site};
 use proxywarden::config::Config;
 use proxywarden::store::Store;
 use tokio::net::TcpListener;
@@ -587,9 +588,9 @@ async fn overdue_sources_are_harvested_at_start_up() {
     use proxywarden::store::SourceRun;
 
     let dir = tempfile::tempdir().unwrap();
-    let site = common::FakeSite::start(vec![
-        ("/stale.txt", common::Behavior::ok("10.7.7.1:8080\n")),
-        ("/fresh.txt", common::Behavior::ok("10.7.7.2:8080\n")),
+    let site = Site::routes(vec![
+        ("/stale.txt", Reply::ok("10.7.7.1:8080\n")),
+        ("/fresh.txt", Reply::ok("10.7.7.2:8080\n")),
     ])
     .await;
     {

@@ -11,6 +11,7 @@ use common::fakes::{
     Behavior, EchoJudge, FakeFarm, FakeHttpProxy, FakeSocks4, FakeSocks5, HttpProxyOpts, JudgeEcho,
     LIAR_PAGE, ProxyKind, SocksBehavior, SocksOpts, VIA, closed_port,
 };
+use common::site::{Reply, Site};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -134,7 +135,7 @@ async fn transparent_proxy_reveals_the_client_address() {
 
 #[tokio::test]
 async fn post_bodies_are_forwarded() {
-    let target = common::FakeSite::start(vec![("/form", common::Behavior::ok("posted"))]).await;
+    let target = Site::routes(vec![("/form", Reply::ok("posted"))]).await;
     let proxy = FakeHttpProxy::start(opts(ProxyKind::Elite, 2)).await;
     let r = curl(
         "5",

@@ -9,7 +9,8 @@ use std::collections::BTreeSet;
 use std::path::Path;
 use std::time::Duration;
 
-use common::{Behavior, FakeSite, config_toml};
+use common::config_toml;
+use common::site::{Reply, Site, SiteOpts};
 use proxywarden::config::Config;
 use proxywarden::harvest::{HarvestReport, SourceReport, harvest_all};
 use proxywarden::proxy::{Anonymity, Status};
@@ -65,38 +66,38 @@ const JSON_ARRAY: &str = r#"[
  {"host":"5.5.5.3","port":"bad"}
 ]"#;
 
-fn site_routes() -> Vec<(&'static str, Behavior)> {
+fn site_routes() -> Vec<(&'static str, Reply)> {
     vec![
-        ("/text.txt", Behavior::ok(TEXT_LIST)),
-        ("/table.html", Behavior::ok(HTML_TABLE)),
-        ("/truncated.html", Behavior::ok(HTML_TRUNCATED)),
-        ("/api?page=1", Behavior::ok(GEONODE_PAGE_1)),
-        ("/api?page=2", Behavior::ok(GEONODE_PAGE_2)),
-        ("/api?page=3", Behavior::ok(GEONODE_PAGE_3)),
-        ("/api?page=4", Behavior::ok(GEONODE_PAGE_1)),
-        ("/array.json", Behavior::Gzip(JSON_ARRAY.into())),
-        ("/moved", Behavior::Redirect("/moved-again".into())),
-        ("/moved-again", Behavior::Redirect("/redirected.txt".into())),
-        ("/redirected.txt", Behavior::ok("7.7.7.1:8080\n")),
+        ("/text.txt", Reply::ok(TEXT_LIST)),
+        ("/table.html", Reply::ok(HTML_TABLE)),
+        ("/truncated.html", Reply::ok(HTML_TRUNCATED)),
+        ("/api?page=1", Reply::ok(GEONODE_PAGE_1)),
+        ("/api?page=2", Reply::ok(GEONODE_PAGE_2)),
+        ("/api?page=3", Reply::ok(GEONODE_PAGE_3)),
+        ("/api?page=4", Reply::ok(GEONODE_PAGE_1)),
+        ("/array.json", Reply::gzip(JSON_ARRAY.as_bytes())),
+        ("/moved", Reply::redirect(302, "/moved-again")),
+        ("/moved-again", Reply::redirect(302, "/redirected.txt")),
+        ("/redirected.txt", Reply::ok("7.7.7.1:8080\n")),
         (
             "/latin1.txt",
-            Behavior::ok(b"7.7.7.2:8080\n\xff\xfe caf\xe9 \x807.7.7.3:3128\n".to_vec()),
+            Reply::ok(b"7.7.7.2:8080\n\xff\xfe caf\xe9 \x807.7.7.3:3128\n".to_vec()),
         ),
-        ("/broken", Behavior::status(500)),
-        ("/forbidden", Behavior::status(403)),
-        ("/hang", Behavior::Hang),
-        ("/endless", Behavior::Endless),
-        ("/bad.json", Behavior::ok("{\"data\": [ {\"ip\": ")),
-        ("/cut", Behavior::Truncated(b"8.8.8.8:8080\n".repeat(100))),
+        ("/broken", Reply::status(500)),
+        ("/forbidden", Reply::status(403)),
+        ("/hang", Reply::hang()),
+        ("/endless", Reply::endless()),
+        ("/bad.json", Reply::ok("{\"data\": [ {\"ip\": ")),
+        ("/cut", Reply::cut(b"8.8.8.8:8080\n".repeat(100))),
         (
             "/empty.html",
-            Behavior::ok("<html><body><p>nothing here</p></body></html>"),
+            Reply::ok("<html><body><p>nothing here</p></body></html>"),
         ),
-        ("/loop", Behavior::Redirect("/loop".into())),
+        ("/loop", Reply::redirect(302, "/loop")),
     ]
 }
 
-fn sources_toml(site: &FakeSite, dir: &Path) -> String {
+fn sources_toml(site: &Site, dir: &Path) -> String {
     let file = dir.join("local.txt");
     std::fs::write(&file, "6.6.6.1:8080\n6.6.6.2:8080\n").unwrap();
     let src = |name: &str, url: &str, extra: &str| {
@@ -181,7 +182,7 @@ async fn harvest(config: &Config) -> (Store, HarvestReport) {
 #[tokio::test]
 async fn harvest_stores_exactly_the_valid_proxies_and_records_every_source() {
     let dir = tempfile::tempdir().unwrap();
-    let site = FakeSite::start(site_routes()).await;
+    let site = Site::routes(site_routes()).await;
     let toml = config_toml(dir.path(), &sources_toml(&site, dir.path()));
     let config = Config::from_toml(&toml, "test.toml").unwrap();
     let (store, report) = harvest(&config).await;
@@ -348,8 +349,8 @@ async fn harvest_stores_exactly_the_valid_proxies_and_records_every_source() {
 #[tokio::test]
 async fn a_second_harvest_keeps_checked_facts_and_updates_sightings_and_hints() {
     let dir = tempfile::tempdir().unwrap();
-    let first = FakeSite::start(vec![("/t.html", Behavior::ok(HTML_TABLE))]).await;
-    let src = |site: &FakeSite| {
+    let first = Site::routes(vec![("/t.html", Reply::ok(HTML_TABLE))]).await;
+    let src = |site: &Site| {
         format!(
             "[[sources]]\nname = \"table\"\nurl = \"{}\"\nformat = \"html\"\n",
             site.url("/t.html")
@@ -380,7 +381,7 @@ async fn a_second_harvest_keeps_checked_facts_and_updates_sightings_and_hints() 
         .replace("<td>de</td>", "<td>AT</td>")
         .replace("<td>anonymous</td>", "<td>elite proxy</td>");
     drop(first);
-    let second = FakeSite::start(vec![("/t.html", Behavior::ok(changed))]).await;
+    let second = Site::routes(vec![("/t.html", Reply::ok(changed))]).await;
     let config = Config::from_toml(&config_toml(dir.path(), &src(&second)), "t").unwrap();
     let (store, r2) = harvest(&config).await;
     assert_eq!(r2.new, 0);
@@ -416,7 +417,7 @@ async fn a_second_harvest_keeps_checked_facts_and_updates_sightings_and_hints() 
 async fn a_source_over_max_per_source_is_truncated() {
     let dir = tempfile::tempdir().unwrap();
     let list: String = (1..=10).map(|i| format!("9.9.9.{i}:80\n")).collect();
-    let site = FakeSite::start(vec![("/l", Behavior::ok(list))]).await;
+    let site = Site::routes(vec![("/l", Reply::ok(list))]).await;
     let toml = config_toml(
         dir.path(),
         &format!(
@@ -444,15 +445,7 @@ async fn a_source_over_max_per_source_is_truncated() {
 #[tokio::test]
 async fn retry_after_is_honoured() {
     let dir = tempfile::tempdir().unwrap();
-    let site = FakeSite::start(vec![(
-        "/flaky",
-        Behavior::Flaky {
-            failures: 1,
-            retry_after: 1,
-            then: Box::new(Behavior::ok("8.8.4.4:8080\n")),
-        },
-    )])
-    .await;
+    let site = Site::start(SiteOpts::flaky("/flaky", 1, 1, Reply::ok("8.8.4.4:8080\n"))).await;
     let toml = config_toml(
         dir.path(),
         &format!(
@@ -473,12 +466,9 @@ async fn retry_after_is_honoured() {
 #[tokio::test]
 async fn requests_carry_the_user_agent_and_source_headers_and_accept_brotli() {
     let dir = tempfile::tempdir().unwrap();
-    let site = FakeSite::start(vec![
-        (
-            "/br.txt",
-            Behavior::Brotli(b"4.4.4.1:8080\n4.4.4.2:3128\n".to_vec()),
-        ),
-        ("/plain.txt", Behavior::ok("4.4.4.3:80\n")),
+    let site = Site::routes(vec![
+        ("/br.txt", Reply::brotli(b"4.4.4.1:8080\n4.4.4.2:3128\n")),
+        ("/plain.txt", Reply::ok("4.4.4.3:80\n")),
     ])
     .await;
     let toml = config_toml(
@@ -530,9 +520,9 @@ async fn deeply_nested_html_fails_its_source_instead_of_pinning_a_core() {
     let dir = tempfile::tempdir().unwrap();
     let nested = "<div>".repeat(60_000)
         + "<table><tr><th>IP</th><th>Port</th></tr><tr><td>8.8.8.1</td><td>80</td></tr></table>";
-    let site = FakeSite::start(vec![
-        ("/nested.html", Behavior::ok(nested)),
-        ("/list.txt", Behavior::ok("8.8.8.2:8080\n")),
+    let site = Site::routes(vec![
+        ("/nested.html", Reply::ok(nested)),
+        ("/list.txt", Reply::ok("8.8.8.2:8080\n")),
     ])
     .await;
     let sources = format!(
@@ -575,14 +565,14 @@ async fn deeply_nested_html_fails_its_source_instead_of_pinning_a_core() {
 async fn a_redirect_to_another_origin_gets_no_source_headers_and_no_referer() {
     let dir = tempfile::tempdir().unwrap();
     // Two loopback sites on different ports: different origins.
-    let other = FakeSite::start(vec![("/list.txt", Behavior::ok("9.8.7.1:8080\n"))]).await;
-    let site = FakeSite::start(vec![
+    let other = Site::routes(vec![("/list.txt", Reply::ok("9.8.7.1:8080\n"))]).await;
+    let site = Site::routes(vec![
         (
             "/api?key=s3cret",
-            Behavior::Redirect(other.url("/list.txt")),
+            Reply::redirect(302, &other.url("/list.txt")),
         ),
-        ("/same?key=s3cret", Behavior::Redirect("/here.txt".into())),
-        ("/here.txt", Behavior::ok("9.8.7.2:8080\n")),
+        ("/same?key=s3cret", Reply::redirect(302, "/here.txt")),
+        ("/here.txt", Reply::ok("9.8.7.2:8080\n")),
     ])
     .await;
     let headers = "headers = { X-Api-Key = \"k3y\", Authorization = \"Bearer t0ken\" }";
