@@ -8,9 +8,10 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use common::fakes::{
-    Behavior, EchoJudge, FakeFarm, FakeHttpProxy, FakeSocks4, FakeSocks5, HttpProxyOpts, JudgeEcho,
-    LIAR_PAGE, ProxyKind, SocksBehavior, SocksOpts, VIA, closed_port,
+    Behavior, FakeFarm, FakeHttpProxy, FakeSocks4, FakeSocks5, HttpProxyOpts, LIAR_PAGE, ProxyKind,
+    SocksBehavior, SocksOpts, VIA, closed_port,
 };
+use common::judges::{Judge, JudgeEcho};
 use common::site::{Reply, Site};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -73,8 +74,8 @@ fn opts(kind: ProxyKind, bind: u8) -> HttpProxyOpts {
 
 #[tokio::test]
 async fn direct_requests_come_from_127_0_0_1() {
-    let judge = EchoJudge::start().await;
-    let r = curl("5", &["--noproxy", "*", &judge.url("/direct?a=b")]).await;
+    let judge = Judge::echo().await;
+    let r = curl("5", &["--noproxy", "*", &judge.at("/direct?a=b")]).await;
     assert_eq!((r.exit, r.status), (0, 200), "{r:?}");
     let echo = r.echo();
     assert_eq!(echo.remote_addr.ip(), lo(1));
@@ -84,7 +85,7 @@ async fn direct_requests_come_from_127_0_0_1() {
 
 #[tokio::test]
 async fn elite_proxy_forwards_from_its_bind_address_and_adds_nothing() {
-    let judge = EchoJudge::start().await;
+    let judge = Judge::echo().await;
     let proxy = FakeHttpProxy::start(opts(ProxyKind::Elite, 2)).await;
     let r = curl(
         "5",
@@ -93,7 +94,7 @@ async fn elite_proxy_forwards_from_its_bind_address_and_adds_nothing() {
             &proxy.url(),
             "-H",
             "X-Probe: 42",
-            &judge.url("/x?n=1"),
+            &judge.at("/x?n=1"),
         ],
     )
     .await;
@@ -102,7 +103,7 @@ async fn elite_proxy_forwards_from_its_bind_address_and_adds_nothing() {
     assert_eq!(echo.remote_addr.ip(), lo(2));
     assert_eq!(echo.url, "/x?n=1", "rewritten to origin-form");
     assert_eq!(echo.header("x-probe"), Some("42"));
-    assert_eq!(echo.header("host"), Some(judge.addr().to_string().as_str()));
+    assert_eq!(echo.header("host"), Some(judge.addr.to_string().as_str()));
     for revealing in ["via", "x-forwarded-for", "forwarded", "proxy-connection"] {
         assert_eq!(echo.header(revealing), None, "{revealing} leaked: {echo:?}");
     }
@@ -111,9 +112,9 @@ async fn elite_proxy_forwards_from_its_bind_address_and_adds_nothing() {
 
 #[tokio::test]
 async fn anonymous_proxy_adds_via_only() {
-    let judge = EchoJudge::start().await;
+    let judge = Judge::echo().await;
     let proxy = FakeHttpProxy::start(opts(ProxyKind::Anonymous, 3)).await;
-    let r = curl("5", &["--proxy", &proxy.url(), &judge.url("/a")]).await;
+    let r = curl("5", &["--proxy", &proxy.url(), &judge.at("/a")]).await;
     assert_eq!((r.exit, r.status), (0, 200), "{r:?}");
     let echo = r.echo();
     assert_eq!(echo.remote_addr.ip(), lo(3));
@@ -123,9 +124,9 @@ async fn anonymous_proxy_adds_via_only() {
 
 #[tokio::test]
 async fn transparent_proxy_reveals_the_client_address() {
-    let judge = EchoJudge::start().await;
+    let judge = Judge::echo().await;
     let proxy = FakeHttpProxy::start(opts(ProxyKind::Transparent, 2)).await;
-    let r = curl("5", &["--proxy", &proxy.url(), &judge.url("/t")]).await;
+    let r = curl("5", &["--proxy", &proxy.url(), &judge.at("/t")]).await;
     assert_eq!((r.exit, r.status), (0, 200), "{r:?}");
     let echo = r.echo();
     assert_eq!(echo.remote_addr.ip(), lo(2));
@@ -154,7 +155,7 @@ async fn post_bodies_are_forwarded() {
 
 #[tokio::test]
 async fn auth_is_required_for_requests_and_connect() {
-    let judge = EchoJudge::start().await;
+    let judge = Judge::echo().await;
     let proxy = FakeHttpProxy::start(HttpProxyOpts {
         connect: true,
         auth: Some(("user".into(), "pa:ss".into())),
@@ -162,7 +163,7 @@ async fn auth_is_required_for_requests_and_connect() {
         ..HttpProxyOpts::default()
     })
     .await;
-    let url = judge.url("/auth");
+    let url = judge.at("/auth");
 
     let r = curl("5", &["--proxy", &proxy.url(), &url]).await;
     assert_eq!(r.status, 407, "{r:?}");
@@ -213,7 +214,7 @@ async fn auth_is_required_for_requests_and_connect() {
 
 #[tokio::test]
 async fn connect_tunnels_bytes_without_touching_headers() {
-    let judge = EchoJudge::start().await;
+    let judge = Judge::echo().await;
     let proxy = FakeHttpProxy::start(HttpProxyOpts {
         kind: ProxyKind::Transparent,
         connect: true,
@@ -221,7 +222,7 @@ async fn connect_tunnels_bytes_without_touching_headers() {
         ..HttpProxyOpts::default()
     })
     .await;
-    let r = curl("5", &["-p", "--proxy", &proxy.url(), &judge.url("/tunnel")]).await;
+    let r = curl("5", &["-p", "--proxy", &proxy.url(), &judge.at("/tunnel")]).await;
     assert_eq!((r.exit, r.status, r.connect_status), (0, 200, 200), "{r:?}");
     let echo = r.echo();
     assert_eq!(echo.remote_addr.ip(), lo(3));
@@ -232,9 +233,9 @@ async fn connect_tunnels_bytes_without_touching_headers() {
 
 #[tokio::test]
 async fn connect_is_refused_when_disabled() {
-    let judge = EchoJudge::start().await;
+    let judge = Judge::echo().await;
     let proxy = FakeHttpProxy::start(HttpProxyOpts::default()).await;
-    let r = curl("5", &["-p", "--proxy", &proxy.url(), &judge.url("/")]).await;
+    let r = curl("5", &["-p", "--proxy", &proxy.url(), &judge.at("/")]).await;
     assert_ne!(r.exit, 0, "{r:?}");
     assert_eq!(r.connect_status, 405, "{r:?}");
     assert_eq!(judge.requests(), 0);
@@ -243,16 +244,16 @@ async fn connect_is_refused_when_disabled() {
 
 #[tokio::test]
 async fn liar_serves_its_own_page_and_never_reaches_the_target() {
-    let judge = EchoJudge::start().await;
+    let judge = Judge::echo().await;
     let proxy = FakeHttpProxy::start(HttpProxyOpts {
         behavior: Behavior::Liar,
         connect: true,
         ..HttpProxyOpts::default()
     })
     .await;
-    let r = curl("5", &["--proxy", &proxy.url(), &judge.url("/x")]).await;
+    let r = curl("5", &["--proxy", &proxy.url(), &judge.at("/x")]).await;
     assert_eq!((r.exit, r.status, r.body.as_str()), (0, 200, LIAR_PAGE));
-    let r = curl("5", &["-p", "--proxy", &proxy.url(), &judge.url("/x")]).await;
+    let r = curl("5", &["-p", "--proxy", &proxy.url(), &judge.at("/x")]).await;
     assert_eq!(r.connect_status, 200, "{r:?}");
     assert_ne!(r.exit, 0, "the tunnel closes at once: {r:?}");
     assert_eq!(judge.requests(), 0);
@@ -260,7 +261,7 @@ async fn liar_serves_its_own_page_and_never_reaches_the_target() {
 
 #[tokio::test]
 async fn always_status_answers_every_request_with_it() {
-    let judge = EchoJudge::start().await;
+    let judge = Judge::echo().await;
     for status in [403u16, 407, 502] {
         let proxy = FakeHttpProxy::start(HttpProxyOpts {
             behavior: Behavior::AlwaysStatus(status),
@@ -268,9 +269,9 @@ async fn always_status_answers_every_request_with_it() {
             ..HttpProxyOpts::default()
         })
         .await;
-        let r = curl("5", &["--proxy", &proxy.url(), &judge.url("/")]).await;
+        let r = curl("5", &["--proxy", &proxy.url(), &judge.at("/")]).await;
         assert_eq!((r.exit, r.status), (0, status), "{r:?}");
-        let r = curl("5", &["-p", "--proxy", &proxy.url(), &judge.url("/")]).await;
+        let r = curl("5", &["-p", "--proxy", &proxy.url(), &judge.at("/")]).await;
         assert_eq!(r.connect_status, status, "{r:?}");
     }
     assert_eq!(judge.requests(), 0);
@@ -278,24 +279,24 @@ async fn always_status_answers_every_request_with_it() {
 
 #[tokio::test]
 async fn slow_proxy_answers_late() {
-    let judge = EchoJudge::start().await;
+    let judge = Judge::echo().await;
     let proxy = FakeHttpProxy::start(HttpProxyOpts {
         behavior: Behavior::Slow(Duration::from_millis(400)),
         ..HttpProxyOpts::default()
     })
     .await;
-    let r = curl("0.15", &["--proxy", &proxy.url(), &judge.url("/")]).await;
+    let r = curl("0.15", &["--proxy", &proxy.url(), &judge.at("/")]).await;
     assert_eq!(r.exit, 28, "timed out: {r:?}");
     let started = Instant::now();
-    let r = curl("5", &["--proxy", &proxy.url(), &judge.url("/")]).await;
+    let r = curl("5", &["--proxy", &proxy.url(), &judge.at("/")]).await;
     assert_eq!((r.exit, r.status), (0, 200), "{r:?}");
     assert!(started.elapsed() >= Duration::from_millis(400));
 }
 
 #[tokio::test]
 async fn reset_garbage_and_hang_break_the_client() {
-    let judge = EchoJudge::start().await;
-    let url = judge.url("/");
+    let judge = Judge::echo().await;
+    let url = judge.at("/");
     for behavior in [Behavior::Reset, Behavior::Garbage, Behavior::Hang] {
         let proxy = FakeHttpProxy::start(HttpProxyOpts {
             behavior: behavior.clone(),
@@ -386,11 +387,11 @@ async fn fakes_never_leave_loopback() {
 
 #[tokio::test]
 async fn many_concurrent_connections_through_one_proxy() {
-    let judge = EchoJudge::start().await;
+    let judge = Judge::echo().await;
     let proxy = FakeHttpProxy::start(opts(ProxyKind::Elite, 2)).await;
     let mut tasks = tokio::task::JoinSet::new();
     for i in 0..200 {
-        let (proxy, judge) = (proxy.addr(), judge.addr());
+        let (proxy, judge) = (proxy.addr(), judge.addr);
         tasks.spawn(async move { raw_get(proxy, judge, &format!("/c{i}")).await });
     }
     while let Some(echo) = tasks.join_next().await {
@@ -402,13 +403,13 @@ async fn many_concurrent_connections_through_one_proxy() {
 
 #[tokio::test]
 async fn socks5_connects_ipv4_domain_and_ipv6_targets() {
-    let judge = EchoJudge::start().await;
+    let judge = Judge::echo().await;
     let socks = FakeSocks5::start(SocksOpts {
         upstream_bind: Some(lo(2)),
         ..SocksOpts::default()
     })
     .await;
-    let port = judge.addr().port();
+    let port = judge.addr.port();
     let cases = [
         // IPv4 address type.
         (socks.url(), format!("http://127.0.0.1:{port}/v4")),
@@ -430,14 +431,14 @@ async fn socks5_connects_ipv4_domain_and_ipv6_targets() {
 
 #[tokio::test]
 async fn socks5_checks_credentials() {
-    let judge = EchoJudge::start().await;
+    let judge = Judge::echo().await;
     let socks = FakeSocks5::start(SocksOpts {
         auth: Some(("user".into(), "pass".into())),
         upstream_bind: Some(lo(3)),
         ..SocksOpts::default()
     })
     .await;
-    let url = judge.url("/s5");
+    let url = judge.at("/s5");
     let addr = socks.addr();
 
     let r = curl(
@@ -461,7 +462,7 @@ async fn socks5_checks_credentials() {
 
 #[tokio::test]
 async fn socks5_handshake_by_hand() {
-    let judge = EchoJudge::start().await;
+    let judge = Judge::echo().await;
     let socks = FakeSocks5::start(SocksOpts::default()).await;
 
     // Only user/pass offered to a no-auth server: 0xFF.
@@ -489,7 +490,7 @@ async fn socks5_handshake_by_hand() {
     s.write_all(&[5, 1, 0]).await.unwrap();
     s.read_exact(&mut b).await.unwrap();
     let mut req = vec![5, 1, 0, 1, 127, 0, 0, 1];
-    req.extend_from_slice(&judge.addr().port().to_be_bytes());
+    req.extend_from_slice(&judge.addr.port().to_be_bytes());
     s.write_all(&req).await.unwrap();
     s.read_exact(&mut reply).await.unwrap();
     assert_eq!(reply[..4], [5, 0, 0, 1]);
@@ -497,7 +498,7 @@ async fn socks5_handshake_by_hand() {
     assert_ne!(u16::from_be_bytes([reply[8], reply[9]]), 0);
 
     // Domain and IPv6 (IPv4-mapped) address types.
-    let port = judge.addr().port().to_be_bytes();
+    let port = judge.addr.port().to_be_bytes();
     let mut by_name = vec![5, 1, 0, 3, 9];
     by_name.extend_from_slice(b"localhost");
     let mut by_v6 = vec![5, 1, 0, 4];
@@ -510,7 +511,7 @@ async fn socks5_handshake_by_hand() {
         s.write_all(&req).await.unwrap();
         s.read_exact(&mut reply).await.unwrap();
         assert_eq!(reply[..2], [5, 0], "{req:?}");
-        let echo = get_over(s, judge.addr(), "/typed").await;
+        let echo = get_over(s, judge.addr, "/typed").await;
         assert_eq!(echo.url, "/typed");
     }
 
@@ -518,22 +519,22 @@ async fn socks5_handshake_by_hand() {
     let mut s = TcpStream::connect(socks.addr()).await.unwrap();
     s.write_all(&[5, 255, 0, 0, 0]).await.unwrap();
     drop(s);
-    let r = curl("5", &["--proxy", &socks.url(), &judge.url("/after")]).await;
+    let r = curl("5", &["--proxy", &socks.url(), &judge.at("/after")]).await;
     assert_eq!((r.exit, r.status), (0, 200), "{r:?}");
 }
 
 #[tokio::test]
 async fn socks4_and_4a_connect() {
-    let judge = EchoJudge::start().await;
+    let judge = Judge::echo().await;
     let socks = FakeSocks4::start(SocksOpts {
         upstream_bind: Some(lo(3)),
         ..SocksOpts::default()
     })
     .await;
-    let port = judge.addr().port();
+    let port = judge.addr.port();
     let addr = socks.addr();
     for (proxy, url) in [
-        (socks.url(), judge.url("/s4")),
+        (socks.url(), judge.at("/s4")),
         // 4a: curl sends the name, the server resolves it.
         (
             format!("socks4a://{addr}"),
@@ -561,10 +562,10 @@ async fn socks4_and_4a_connect() {
 
 #[tokio::test]
 async fn socks4a_handshake_by_hand() {
-    let judge = EchoJudge::start().await;
+    let judge = Judge::echo().await;
     let socks = FakeSocks4::start(SocksOpts::default()).await;
     let mut req = vec![4, 1];
-    req.extend_from_slice(&judge.addr().port().to_be_bytes());
+    req.extend_from_slice(&judge.addr.port().to_be_bytes());
     req.extend_from_slice(&[0, 0, 0, 1]);
     req.extend_from_slice(b"someone\0localhost\0");
     let mut s = TcpStream::connect(socks.addr()).await.unwrap();
@@ -572,7 +573,7 @@ async fn socks4a_handshake_by_hand() {
     let mut reply = [0u8; 8];
     s.read_exact(&mut reply).await.unwrap();
     assert_eq!(reply[..2], [0, 0x5A]);
-    assert_eq!(get_over(s, judge.addr(), "/4a").await.url, "/4a");
+    assert_eq!(get_over(s, judge.addr, "/4a").await.url, "/4a");
 
     // A name that would need DNS is rejected.
     let mut req = vec![4, 1, 0, 80, 0, 0, 0, 1];
@@ -585,11 +586,11 @@ async fn socks4a_handshake_by_hand() {
 
 #[tokio::test]
 async fn http_proxy_survives_bad_requests() {
-    let judge = EchoJudge::start().await;
+    let judge = Judge::echo().await;
     let proxy = FakeHttpProxy::start(HttpProxyOpts::default()).await;
     let huge = format!(
         "GET http://{}/ HTTP/1.1\r\nX: {}\r\n",
-        judge.addr(),
+        judge.addr,
         "a".repeat(100_000)
     );
     let bad: [&[u8]; 5] = [
@@ -611,13 +612,13 @@ async fn http_proxy_survives_bad_requests() {
             "{resp}"
         );
     }
-    let r = curl("5", &["--proxy", &proxy.url(), &judge.url("/still")]).await;
+    let r = curl("5", &["--proxy", &proxy.url(), &judge.at("/still")]).await;
     assert_eq!((r.exit, r.status), (0, 200), "{r:?}");
 }
 
 #[tokio::test]
 async fn socks4_checks_the_user_id() {
-    let judge = EchoJudge::start().await;
+    let judge = Judge::echo().await;
     let socks = FakeSocks4::start(SocksOpts {
         auth: Some(("alice".into(), String::new())),
         ..SocksOpts::default()
@@ -626,17 +627,13 @@ async fn socks4_checks_the_user_id() {
     let addr = socks.addr();
     let r = curl(
         "5",
-        &[
-            "--proxy",
-            &format!("socks4://alice@{addr}"),
-            &judge.url("/"),
-        ],
+        &["--proxy", &format!("socks4://alice@{addr}"), &judge.at("/")],
     )
     .await;
     assert_eq!((r.exit, r.status), (0, 200), "{r:?}");
     let r = curl(
         "5",
-        &["--proxy", &format!("socks4://bob@{addr}"), &judge.url("/")],
+        &["--proxy", &format!("socks4://bob@{addr}"), &judge.at("/")],
     )
     .await;
     assert_ne!(r.exit, 0, "{r:?}");
@@ -645,7 +642,7 @@ async fn socks4_checks_the_user_id() {
 
 #[tokio::test]
 async fn socks_hang_and_garbage_fail_the_client() {
-    let judge = EchoJudge::start().await;
+    let judge = Judge::echo().await;
     for behavior in [SocksBehavior::Hang, SocksBehavior::Garbage] {
         let opts = SocksOpts {
             behavior,
@@ -654,7 +651,7 @@ async fn socks_hang_and_garbage_fail_the_client() {
         let s4 = FakeSocks4::start(opts.clone()).await;
         let s5 = FakeSocks5::start(opts).await;
         for proxy in [s4.url(), s5.url()] {
-            let r = curl("0.5", &["--proxy", &proxy, &judge.url("/")]).await;
+            let r = curl("0.5", &["--proxy", &proxy, &judge.at("/")]).await;
             match behavior {
                 SocksBehavior::Hang => assert_eq!(r.exit, 28, "{proxy}: {r:?}"),
                 _ => assert!(r.exit != 0 && r.exit != 28, "{proxy}: {r:?}"),
@@ -698,7 +695,7 @@ async fn get_over(mut s: TcpStream, judge: SocketAddr, target: &str) -> JudgeEch
 
 #[tokio::test(flavor = "multi_thread")]
 async fn farm_of_thousands() {
-    let judge = EchoJudge::start().await;
+    let judge = Judge::echo().await;
     let started = Instant::now();
     let farm = FakeFarm::start(2_000, 2_000, Some(lo(2))).await;
     let alive = farm.alive_addrs();
@@ -712,7 +709,7 @@ async fn farm_of_thousands() {
 
     let mut tasks = tokio::task::JoinSet::new();
     for &proxy in alive.iter().step_by(20) {
-        let judge = judge.addr();
+        let judge = judge.addr;
         tasks.spawn(async move {
             let echo = raw_get(proxy, judge, "/farm").await;
             assert_eq!(echo.remote_addr.ip(), lo(2));

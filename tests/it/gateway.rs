@@ -14,9 +14,9 @@ use std::time::Duration;
 
 use common::daemon::Daemon;
 use common::fakes::{
-    EchoJudge, FakeHttpProxy, FakeSocks4, FakeSocks5, HttpProxyOpts, JudgeEcho, SocksOpts,
-    closed_port, http_proxy, ip,
+    FakeHttpProxy, FakeSocks4, FakeSocks5, HttpProxyOpts, SocksOpts, closed_port, http_proxy, ip,
 };
+use common::judges::{Judge, JudgeEcho};
 use common::site::{Reply, Site, SiteOpts};
 use common::{AliveProxy, TestConfig, ThreeCountries, store_with_alive, within, working_proxies};
 use proxywarden::gateway::{self, Gateway};
@@ -661,7 +661,7 @@ async fn a_local_port_is_reached_only_through_the_upstream_never_by_the_gateway(
 async fn headers_are_cleaned_both_ways_and_nothing_is_added() {
     within(async {
         let dir = tempfile::tempdir().unwrap();
-        let judge = EchoJudge::start().await;
+        let judge = Judge::echo().await;
         let upstream = FakeHttpProxy::start(HttpProxyOpts {
             auth: Some(("alice".into(), "secret-pw".into())),
             upstream_bind: Some(ip(2)),
@@ -678,7 +678,7 @@ async fn headers_are_cleaned_both_ways_and_nothing_is_added() {
         .await;
         let resp = gw
             .client(Some(("", "client-pw")))
-            .get(judge.url("/echo?x=1"))
+            .get(judge.at("/echo?x=1"))
             .header("X-Keep", "kept")
             .header("Connection", "X-Drop")
             .header("X-Drop", "dropped")
@@ -1149,17 +1149,17 @@ async fn a_proxy_that_failed_where_another_carried_the_request_is_charged() {
 async fn absolute_form_requests_carry_the_targets_host() {
     within(async {
         let dir = tempfile::tempdir().unwrap();
-        let judge = EchoJudge::start().await;
+        let judge = Judge::echo().await;
         let p = http_proxy(2).await;
         let gw = Gw::start(dir.path(), &[AliveProxy::new(p.url())]).await;
-        let url = judge.url("/echo");
+        let url = judge.at("/echo");
         let request =
             format!("GET {url} HTTP/1.1\r\nHost: client-said.example\r\nConnection: close\r\n\r\n");
         let answer = raw(&gw, request.as_bytes()).await;
         assert!(answer.starts_with("HTTP/1.1 200"), "{answer:?}");
         let body = answer.split_once("\r\n\r\n").unwrap().1;
         let echo = JudgeEcho::parse(body).expect("the judge's echo");
-        let authority = judge.addr().to_string();
+        let authority = judge.addr.to_string();
         assert_eq!(echo.header("host"), Some(authority.as_str()), "{echo:?}");
     })
     .await;

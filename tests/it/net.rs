@@ -8,10 +8,10 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use common::fakes::{
-    Behavior, EchoJudge, EchoServer, FakeHttpProxy, FakeSocks4, FakeSocks5, HttpProxyOpts,
-    JudgeEcho, Requested, SocksBehavior, SocksOpts, closed_port,
+    Behavior, EchoServer, FakeHttpProxy, FakeSocks4, FakeSocks5, HttpProxyOpts, Requested,
+    SocksBehavior, SocksOpts, closed_port,
 };
-use common::judges::Judge;
+use common::judges::{Judge, JudgeEcho};
 use proxywarden::model::Reason;
 use proxywarden::net::{self, DialOptions, Target, dial};
 use proxywarden::proxy::{Credentials, Proxy, Scheme};
@@ -92,14 +92,14 @@ async fn read_response<S: AsyncRead + Unpin>(stream: &mut S) -> (String, Vec<u8>
 #[tokio::test]
 async fn http_forward_hands_back_the_proxy_for_absolute_form_requests() {
     within(async {
-        let judge = EchoJudge::start().await;
+        let judge = Judge::echo().await;
         let http = alice_proxy(false).await;
         let p = proxy(Scheme::Http, http.addr(), Some(("alice", "s3cret")));
         let opts = DialOptions {
             forward: true,
             ..tunnel()
         };
-        let mut dialed = dial(Some(&p), &Target::from(judge.addr()), &opts)
+        let mut dialed = dial(Some(&p), &Target::from(judge.addr), &opts)
             .await
             .unwrap();
         assert!(dialed.forward);
@@ -107,8 +107,8 @@ async fn http_forward_hands_back_the_proxy_for_absolute_form_requests() {
         let req = format!(
             "GET {}?n=1 HTTP/1.1\r\nHost: {}\r\nProxy-Authorization: {auth}\r\n\
              Connection: close\r\n\r\n",
-            judge.url("/judge"),
-            judge.addr()
+            judge.url(),
+            judge.addr
         );
         dialed.stream.write_all(req.as_bytes()).await.unwrap();
         let (head, mut body) = read_response(&mut dialed.stream).await;
