@@ -99,6 +99,33 @@ pub fn cpu_seconds(pid: u32) -> f64 {
     f.iter().sum::<u64>() as f64 / 100.0
 }
 
+/// Polls `done` (every 20 ms) until it holds, failing the test with `what`
+/// after `within`: the wait for something a user would see happen.
+pub async fn until<F, Fut>(what: &str, within: std::time::Duration, mut done: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = std::time::Instant::now() + within;
+    while !done().await {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what}: not within {within:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+/// A port on 127.0.0.1 free a moment ago, for a process started with it in
+/// its config (a listener cannot be handed to another process).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
 /// Awaits `f`, failing the test after 60 s instead of hanging it.
 pub async fn within<F: std::future::Future>(f: F) -> F::Output {
     tokio::time::timeout(std::time::Duration::from_secs(60), f)

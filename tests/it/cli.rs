@@ -969,11 +969,7 @@ async fn serve_says_no_source_worked_and_retries_failed_sources() {
     ))
     .await;
     let dir = tempfile::tempdir().unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = common::free_port();
     common::TestConfig::new(dir.path())
         .set("api", "listen", &format!("\"127.0.0.1:{port}\""))
         .set("harvest", "schedule", "\"0 0 0 1 1 *\"")

@@ -50,10 +50,7 @@ impl Browser {
         );
         let chromium = which(&["chromium", "chromium-browser"])
             .expect("chromium is not installed: apt-get install chromium (.ci/run does)");
-        let port = {
-            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-            l.local_addr().unwrap().port()
-        };
+        let port = common::free_port();
         let mut driver = Command::new(driver_bin)
             .arg(format!("--port={port}"))
             .stdout(Stdio::piped())

@@ -252,11 +252,7 @@ async fn serve_on_a_full_disk_backs_off_says_so_keeps_serving_and_recovers() {
     let mut list = urls.clone();
     list.extend(refusing(200));
     std::fs::write(dir.path().join("list.txt"), list.join("\n")).unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = common::free_port();
     TestConfig::new(dir.path())
         .db("db/pw.db")
         .judges(&format!("[\"{}\"]", judge.url()))

@@ -102,14 +102,6 @@ impl Serve {
     }
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// A config in `dir` for `serve` on `port`: sources as given, a harvest
 /// schedule a year away, failed sources retried after `failed_retry`.
 fn config(dir: &Path, port: u16, judges: &str, failed_retry: &str, sources: &str) -> PathBuf {
@@ -142,7 +134,7 @@ async fn the_log_tells_the_truth_while_sources_work() {
          [[sources]]\nname = \"refusing\"\nurl = \"http://127.0.0.1:9/list.txt\"\n",
         list.display()
     );
-    let port = free_port();
+    let port = common::free_port();
     let path = config(
         dir.path(),
         port,
@@ -183,7 +175,7 @@ async fn the_log_tells_the_truth_while_sources_work() {
 async fn after_a_restart_the_last_harvest_still_speaks() {
     let dir = tempfile::tempdir().unwrap();
     let sources = "[[sources]]\nname = \"refusing\"\nurl = \"http://127.0.0.1:9/list.txt\"\n";
-    let port = free_port();
+    let port = common::free_port();
     let path = config(
         dir.path(),
         port,
@@ -243,7 +235,7 @@ async fn the_log_says_when_the_judges_answer_again() {
         "[[sources]]\nname = \"mine\"\nurl = \"{}\"\n",
         list.display()
     );
-    let port = free_port();
+    let port = common::free_port();
     let path = config(
         dir.path(),
         port,

@@ -39,15 +39,6 @@ fn config(dir: &Path, port: u16, extra: impl FnOnce(common::TestConfig) -> commo
     .write();
 }
 
-/// A free loopback port.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// A direct client that waits as long as the deadline of the whole test.
 fn client() -> reqwest::Client {
     common::daemon::client(Duration::from_secs(60))
@@ -95,7 +86,7 @@ async fn serve_exits_within_10s_of_sigterm_with_80_heavy_requests_queued() {
     let dir = tempfile::tempdir().unwrap();
     let list = dir.path().join("empty.txt");
     std::fs::write(&list, "").unwrap();
-    let port = free_port();
+    let port = common::free_port();
     config(dir.path(), port, |c| {
         c.set("api", "request_timeout", "\"2s\"")
             .source("empty", &list.display().to_string(), "")
@@ -154,7 +145,7 @@ async fn serve_exits_within_10s_of_sigterm_mid_parse() {
         body.push_str("<table><tr><td>10.0.0.1</td><td>8080</td></tr></table></body></html>");
         std::fs::write(&page, body).unwrap();
     }
-    let port = free_port();
+    let port = common::free_port();
     config(dir.path(), port, |c| {
         c.set("harvest", "timeout", "\"600s\"")
             .set("harvest", "max_body", "\"64MiB\"")
