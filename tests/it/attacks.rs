@@ -618,8 +618,8 @@ async fn a_burst_of_new_connections_is_answered_not_dropped() {
             .unwrap();
         slow.push(c);
     }
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    // A fifth is told to come back, not hung up on.
+    // A fifth, accepted after them (the listen queue is first in, first
+    // out), is told to come back, not hung up on.
     let mut fifth = TcpStream::connect(addr).await.unwrap();
     fifth
         .write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")

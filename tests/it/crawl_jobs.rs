@@ -180,7 +180,16 @@ async fn crawl_jobs_run_stream_cancel_and_continue_after_a_restart() {
         assert!(!written.is_empty());
         daemon.stop().await;
         let daemon = start(dir.path(), None).await;
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        // Jobs run one at a time, in turn: one posted after the restart
+        // has run to its end once any job the daemon took up again has.
+        let (status, witness) = post(
+            &daemon,
+            &format!(r#"{{"seeds": ["{}"], "max_pages": 1}}"#, site.url("/")),
+        )
+        .await;
+        assert_eq!(status, 201, "{witness}");
+        let witness = witness["id"].as_i64().unwrap();
+        wait_job(&daemon, witness, "finished", |j| j["state"] == "finished").await;
         let (_, job) = daemon.json(&format!("/crawls/{id2}")).await;
         assert_eq!(job["state"], "cancelled");
         assert_eq!(slow.log().len(), fetched, "a cancelled job stays stopped");

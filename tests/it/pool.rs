@@ -559,7 +559,11 @@ async fn without_a_proxy_the_caller_chooses_wait_fail_or_direct() {
             let patient = patient.clone();
             async move { patient.get(&url).await }
         });
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        common::until("the request is made", Duration::from_secs(5), || async {
+            patient.stats().requests == 1
+        })
+        .await;
+        assert!(!get.is_finished(), "it waits for a proxy");
         let (other, _) =
             store_with_alive(&dir.path().join("q.db"), &[AliveProxy::new(a.url())]).await;
         let records = other.list_proxies(Default::default()).await.unwrap();
@@ -706,7 +710,11 @@ async fn a_pool_from_the_store_follows_it() {
             let url = site.url("/");
             async move { pool.get(&url).await }
         });
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        common::until("the request is made", Duration::from_secs(5), || async {
+            pool.stats().requests == 1
+        })
+        .await;
+        assert!(!get.is_finished(), "it waits for a proxy");
         // A checker (the daemon, say) finds a proxy alive in the same store.
         let (_, ids) = store_with_alive(&path, &[AliveProxy::new(a.url())]).await;
         let page = get.await.unwrap().unwrap();
