@@ -604,7 +604,9 @@ async fn http_proxy_conn(
             if opts.close_after.is_some_and(|n| served >= n) {
                 // Hangs up once the next request arrives, unanswered: the
                 // client finds its kept connection closed only by using it.
-                let _ = read_head(&mut client).await;
+                if let Ok(Some(_)) = read_head(&mut client).await {
+                    count.fetch_add(1, Ordering::SeqCst);
+                }
                 return finish(client).await;
             }
             let Some((raw_head, rest)) = read_head(&mut client).await? else {

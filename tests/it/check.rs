@@ -100,18 +100,6 @@ async fn run_round_with(
     .await
 }
 
-/// Waits until `done` holds, failing the test after 30 s instead of
-/// hanging it.
-async fn until(done: impl Fn() -> bool) {
-    tokio::time::timeout(Duration::from_secs(30), async {
-        while !done() {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    })
-    .await
-    .expect("the condition never held within 30 s");
-}
-
 /// The feedback path a round commits through, with an index nobody serves.
 fn feedback(store: &Store) -> Feedback {
     Feedback::new(HealthIndex::new(), store.clone())
@@ -555,7 +543,10 @@ async fn cancelling_a_round_keeps_every_completed_result() {
     let cancel = CancellationToken::new();
     let (store, progress, round) = start_round(dir.path(), &judge, &farm, 8, &cancel).await;
     // Interrupt once the first results are in (as Ctrl-C would).
-    until(|| progress.done.load(Ordering::Relaxed) >= 10).await;
+    common::until("ten checks done", Duration::from_secs(30), || async {
+        progress.done.load(Ordering::Relaxed) >= 10
+    })
+    .await;
     cancel.cancel();
     let summary = common::within(round).await.unwrap().unwrap();
     assert!(summary.interrupted);
@@ -733,27 +724,15 @@ async fn a_second_ctrl_c_ends_the_check_command_at_once() {
     use tokio::io::AsyncBufReadExt;
     let dir = tempfile::tempdir().unwrap();
     let judge = Judge::plain().await;
-    // Proxies that take the connection and never answer.
-    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = silent.local_addr().unwrap();
-    let accepted = Arc::new(AtomicUsize::new(0));
-    let held = {
-        let accepted = accepted.clone();
-        tokio::spawn(async move {
-            let mut conns = Vec::new();
-            while let Ok((c, _)) = silent.accept().await {
-                accepted.fetch_add(1, Ordering::Relaxed);
-                conns.push(c);
-            }
-        })
-    };
-    let mut child = harvested_check(dir.path(), &judge, &format!("{addr}\n"), "10s", "60s").await;
+    // A proxy that takes the request and never answers.
+    let silent = FakeHttpProxy::start(with_behavior(fakes::Behavior::Hang)).await;
+    let list = format!("{}\n", silent.addr());
+    let mut child = harvested_check(dir.path(), &judge, &list, "10s", "60s").await;
     let pid = child.id().unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while accepted.load(Ordering::Relaxed) == 0 {
-        assert!(std::time::Instant::now() < deadline, "no check started");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    common::until("a check started", Duration::from_secs(30), || async {
+        silent.connections() > 0
+    })
+    .await;
     send_signal("INT", pid);
     let mut stderr = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
     common::within(async {
@@ -775,7 +754,6 @@ async fn a_second_ctrl_c_ends_the_check_command_at_once() {
         took < Duration::from_secs(5),
         "exited {took:?} after the second Ctrl-C"
     );
-    held.abort();
 }
 
 /// A judge that dies mid-round must not make proxies look dead: failures
@@ -787,7 +765,10 @@ async fn a_judge_dying_mid_round_marks_nothing_dead() {
     let farm = FakeFarm::start(20, 100, Some(exit_ip())).await;
     let (store, progress, round) =
         start_round(dir.path(), &judge, &farm, 10, &CancellationToken::new()).await;
-    until(|| progress.done.load(Ordering::Relaxed) >= 10).await;
+    common::until("ten checks done", Duration::from_secs(30), || async {
+        progress.done.load(Ordering::Relaxed) >= 10
+    })
+    .await;
     drop(judge);
     let err = common::within(round).await.unwrap().unwrap_err();
     assert!(matches!(err, CheckError::JudgeLost { .. }), "{err}");

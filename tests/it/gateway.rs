@@ -1253,64 +1253,33 @@ async fn a_control_given_twice_is_a_400_and_other_username_words_are_ignored() {
 
 #[tokio::test]
 async fn a_kept_upstream_connection_found_closed_is_retried_fresh_and_not_charged() {
-    use std::sync::atomic::{AtomicUsize, Ordering};
     within(async {
         let dir = tempfile::tempdir().unwrap();
+        let site = Site::routes(vec![("/a", Reply::text("ok"))]).await;
         // A proxy that keeps connections open (HTTP/1.1, no close) yet
         // drops each after its first answer, the moment the next request
         // comes: as many free proxies do.
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let (conns, heads) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
-        let (c2, h2) = (conns.clone(), heads.clone());
-        let server = tokio::spawn(async move {
-            loop {
-                let (mut s, _) = listener.accept().await.unwrap();
-                c2.fetch_add(1, Ordering::SeqCst);
-                let heads = h2.clone();
-                tokio::spawn(async move {
-                    let mut buf = vec![0u8; 8192];
-                    let mut seen = Vec::new();
-                    let mut answered = false;
-                    loop {
-                        let Ok(n) = s.read(&mut buf).await else { return };
-                        if n == 0 {
-                            return;
-                        }
-                        seen.extend_from_slice(&buf[..n]);
-                        while let Some(end) = seen.windows(4).position(|w| w == b"\r\n\r\n") {
-                            seen.drain(..end + 4);
-                            heads.fetch_add(1, Ordering::SeqCst);
-                            if answered {
-                                return;
-                            }
-                            answered = true;
-                            let _ = s
-                                .write_all(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 2\r\n\r\nok")
-                                .await;
-                        }
-                    }
-                });
-            }
-        });
-        let gw = Gw::start_with(
-            dir.path(),
-            &[AliveProxy::new(format!("http://{addr}"))],
-            |c| c.set("gateway", "retries", "0"),
-        )
+        let proxy = FakeHttpProxy::start(HttpProxyOpts {
+            keep_alive: true,
+            close_after: Some(1),
+            ..HttpProxyOpts::default()
+        })
+        .await;
+        let gw = Gw::start_with(dir.path(), &[AliveProxy::new(proxy.url())], |c| {
+            c.set("gateway", "retries", "0")
+        })
         .await;
         let client = gw.client(None);
         for _ in 0..3 {
-            let resp = client.get("http://site.example/a").send().await.unwrap();
+            let resp = client.get(site.url("/a")).send().await.unwrap();
             assert_eq!(resp.status(), 200);
             assert_eq!(resp.text().await.unwrap(), "ok");
         }
         // Requests 2 and 3 each went on a kept connection first, found it
         // closed, and went again on a new one.
-        assert_eq!(heads.load(Ordering::SeqCst), 5);
-        assert_eq!(conns.load(Ordering::SeqCst), 3);
+        assert_eq!(proxy.requests(), 5);
+        assert_eq!(proxy.connections(), 3);
         none_charged(&gw);
-        server.abort();
     })
     .await;
 }
