@@ -1322,13 +1322,8 @@ fn sigterm(child: &tokio::process::Child) {
 
 /// Waits until `proxy` has received a request: the checks are in flight.
 async fn until_asked(proxy: &common::fakes::FakeHttpProxy) {
-    tokio::time::timeout(std::time::Duration::from_secs(20), async {
-        while proxy.requests() == 0 {
-            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        }
-    })
-    .await
-    .expect("the proxy was not asked within 20 s");
+    let asked = || async { proxy.requests() > 0 };
+    common::until("the proxy asked", std::time::Duration::from_secs(20), asked).await;
 }
 
 /// Issue 24, Must 7: `check --list` and `check` end with status 130 and say

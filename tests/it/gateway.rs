@@ -773,15 +773,10 @@ async fn hold(gw: &Gw, n: usize) -> Vec<TcpStream> {
         s.write_all(b"G").await.unwrap();
         v.push(s);
     }
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while gw.gateway.metrics().snapshot().connections < n as i64 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "connections not accepted"
-        );
-        tokio::task::yield_now().await;
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    common::until("connections accepted", Duration::from_secs(10), || async {
+        gw.gateway.metrics().snapshot().connections >= n as i64
+    })
+    .await;
     v
 }
 
@@ -1296,10 +1291,10 @@ async fn waiting_from(gw: &Gw, last: u8) -> TcpStream {
 
 /// Waits until the gateway counts `n` open connections.
 async fn open_connections(gw: &Gw, n: i64) {
-    while gw.gateway.metrics().snapshot().connections != n {
-        tokio::task::yield_now().await;
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    common::until("the connections open", Duration::from_secs(10), || async {
+        gw.gateway.metrics().snapshot().connections == n
+    })
+    .await;
 }
 
 /// True once the gateway has closed `s` (it reads end of stream).

@@ -729,11 +729,10 @@ async fn a_pool_from_the_store_follows_it() {
         };
         let dead = common::refused_at(ids[0], proxywarden::store::now_ms());
         store.record_checks(vec![dead], policy).await.unwrap();
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while pool.index().get(ids[0]).is_some() {
-            assert!(Instant::now() < deadline, "the refresh never came");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        common::until("the refresh", Duration::from_secs(5), || async {
+            pool.index().get(ids[0]).is_none()
+        })
+        .await;
         let hits = a.requests();
         let strict = Pool::new(
             pool.feedback().clone(),
@@ -780,11 +779,10 @@ async fn a_proxy_that_failed_in_use_is_not_put_back_by_the_next_refresh() {
         // A proxy found alive after the failure shows a refresh came since.
         let b = http_proxy(3).await;
         let (_, later) = store_with_alive(&path, &[AliveProxy::new(b.url())]).await;
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while pool.index().get(later[0]).is_none() {
-            assert!(Instant::now() < deadline, "the refresh never came");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        common::until("the refresh", Duration::from_secs(10), || async {
+            pool.index().get(later[0]).is_some()
+        })
+        .await;
         assert!(
             pool.index().get(ids[0]).is_none(),
             "the refresh put back a proxy that failed in use"
