@@ -99,6 +99,11 @@ pub fn cpu_seconds(pid: u32) -> f64 {
     f.iter().sum::<u64>() as f64 / 100.0
 }
 
+/// Held by the tests that start farms of thousands of listeners: in one
+/// test process they share one open-file limit, and two at once would
+/// exhaust it.
+pub static THOUSANDS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// Polls `done` (every 20 ms) until it holds, failing the test with `what`
 /// after `within`: the wait for something a user would see happen.
 pub async fn until<F, Fut>(what: &str, within: std::time::Duration, mut done: F)

@@ -575,6 +575,7 @@ async fn cancelling_a_round_keeps_every_completed_result() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_ten_thousand_proxy_round_gives_every_proxy_a_status() {
+    let _alone = common::THOUSANDS.lock().await;
     fakes::raise_nofile_limit();
     let dir = tempfile::tempdir().unwrap();
     let judge = Judge::plain().await;

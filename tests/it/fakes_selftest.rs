@@ -695,6 +695,7 @@ async fn get_over(mut s: TcpStream, judge: SocketAddr, target: &str) -> JudgeEch
 
 #[tokio::test(flavor = "multi_thread")]
 async fn farm_of_thousands() {
+    let _alone = common::THOUSANDS.lock().await;
     let judge = Judge::echo().await;
     let started = Instant::now();
     let farm = FakeFarm::start(2_000, 2_000, Some(lo(2))).await;
