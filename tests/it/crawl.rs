@@ -1053,6 +1053,15 @@ async fn proxied_crawls_follow_redirects_as_direct_ones_do() {
     .await;
 }
 
+/// How many proxies the pool would serve for `site` now.
+fn servable_for(pool: &Pool, site: &Site) -> usize {
+    let now = proxywarden::store::now_ms();
+    let site_key = site.addr.to_string();
+    pool.feedback()
+        .select(&Default::default(), Some(&site_key), now)
+        .len()
+}
+
 /// Short enough that a silent site costs little test time.
 fn impatient() -> PoolOptions {
     PoolOptions {
@@ -1078,13 +1087,11 @@ async fn a_robots_txt_that_never_answers_backs_the_site_off_and_blames_no_proxy(
         assert_eq!(summary.failed_by_reason.get("robots_unavailable"), Some(&1));
         assert_eq!(summary.pool.proxies_failed, 0, "{summary}");
         assert_eq!(summary.pool.proxy_failures, 0, "{summary}");
-        let now = proxywarden::store::now_ms();
-        let site_key = site.addr.to_string();
-        let servable = pool
-            .feedback()
-            .select(&Default::default(), Some(&site_key), now)
-            .len();
-        assert_eq!(servable, 6, "every proxy still served, for the site too");
+        assert_eq!(
+            servable_for(&pool, &site),
+            6,
+            "every proxy still served, for the site too"
+        );
     })
     .await;
 }
@@ -1122,13 +1129,11 @@ async fn a_page_that_never_answers_backs_the_site_off_and_blames_no_proxy() {
             failed[0]
         );
         assert_eq!(summary.pool.proxies_failed, 0, "{summary}");
-        let now = proxywarden::store::now_ms();
-        let site_key = site.addr.to_string();
-        let servable = pool
-            .feedback()
-            .select(&Default::default(), Some(&site_key), now)
-            .len();
-        assert_eq!(servable, 6, "every proxy still served, for the site too");
+        assert_eq!(
+            servable_for(&pool, &site),
+            6,
+            "every proxy still served, for the site too"
+        );
     })
     .await;
 }
