@@ -1281,9 +1281,13 @@ pub fn raise_nofile_limit() -> u64 {
     rlimit::increase_nofile_limit(u64::MAX).unwrap_or(0)
 }
 
+/// Where a [`FakeFarm`] listens: a loopback address of its own.
+pub const FARM_IP: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 100, 1));
+
 /// Many proxies at once for scale tests: working elite HTTP proxies and
 /// silent listeners that accept and never answer, each on its own
-/// 127.0.0.1 port. One small task per listener. Dropping it stops them all.
+/// port of [`FARM_IP`]. One small task per listener. Dropping it stops
+/// them all.
 pub struct FakeFarm {
     alive: Vec<FakeHttpProxy>,
     silent: Vec<Server>,
@@ -1293,7 +1297,9 @@ impl FakeFarm {
     /// Starts `alive` elite proxies (forwarding from `upstream_bind` if
     /// given; CONNECT allowed) and `silent` mute listeners. Raises the
     /// open-file limit first. 10,000 listeners need about as many
-    /// descriptors, plus two per proxied connection.
+    /// descriptors, plus two per proxied connection. They listen on
+    /// [`FARM_IP`], whose ports are its own: a farm leaves 127.0.0.1's
+    /// to the servers of the tests running beside it.
     pub async fn start(alive: usize, silent: usize, upstream_bind: Option<IpAddr>) -> FakeFarm {
         raise_nofile_limit();
         let opts = Arc::new(HttpProxyOpts {
@@ -1303,12 +1309,12 @@ impl FakeFarm {
         });
         let mut alive_proxies = Vec::with_capacity(alive);
         for _ in 0..alive {
-            let listener = bind(None);
+            let listener = bind(Some(FARM_IP));
             alive_proxies.push(FakeHttpProxy::serve(listener, opts.clone()));
         }
         let mut silent_servers = Vec::with_capacity(silent);
         for _ in 0..silent {
-            let listener = bind(None);
+            let listener = bind(Some(FARM_IP));
             silent_servers.push(serve(listener, |mut stream, _| async move {
                 drain(&mut stream).await
             }));
