@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::spec::JOB_GRACE;
-pub use super::spec::{JobSpec, SpecError, Validated};
+pub use super::spec::{CrawlSpec, SpecError, Validated};
 use super::{CrawlOptions, Progress, Summary, crawl};
 use crate::config::{Config, CrawlsConfig};
 use crate::lock;
@@ -124,7 +124,7 @@ impl CrawlJobs {
         match self.inner.store.unended_crawl_jobs().await {
             Ok(jobs) => {
                 for rec in jobs {
-                    let spec = JobSpec::from_json(rec.spec.as_bytes())
+                    let spec = CrawlSpec::from_json(rec.spec.as_bytes())
                         .and_then(|s| s.validate(&self.inner.limits, self.inner.default_age));
                     match spec {
                         Ok(v) => {
@@ -154,7 +154,7 @@ impl CrawlJobs {
         if self.inner.shutdown.is_cancelled() {
             return Err(JobError::Stopping);
         }
-        let spec = JobSpec::from_json(body)?;
+        let spec = CrawlSpec::from_json(body)?;
         let v = spec.validate(&self.inner.limits, self.inner.default_age)?;
         let json = serde_json::to_string(&spec).expect("options serialize");
         let max_queued = self.inner.limits.max_queued;

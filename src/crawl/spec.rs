@@ -21,10 +21,10 @@ const MAX_SEEDS: usize = 1000;
 /// looks stuck.
 const MAX_NO_PROXY_WAIT: Duration = Duration::from_secs(3600);
 
-/// A job's options as JSON: the options of `proxywarden crawl`.
+/// A crawl's options: a job's JSON and the shared options of `proxywarden crawl`.
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
-pub struct JobSpec {
+pub struct CrawlSpec {
     /// Where to start (http or https URLs).
     pub seeds: Vec<String>,
     /// Links followed from a seed.
@@ -117,9 +117,9 @@ pub struct Validated {
     pub pool: PoolOptions,
 }
 
-impl JobSpec {
+impl CrawlSpec {
     /// Reads a job's options from a JSON body; the error names the field.
-    pub fn from_json(body: &[u8]) -> Result<JobSpec, SpecError> {
+    pub fn from_json(body: &[u8]) -> Result<CrawlSpec, SpecError> {
         // serde would take a struct from an array too.
         if body.trim_ascii_start().first() != Some(&b'{') {
             return Err(bad("body", "expected a JSON object of crawl options"));
@@ -305,7 +305,7 @@ mod tests {
     }
 
     fn check(json: &str) -> Result<Validated, SpecError> {
-        JobSpec::from_json(json.as_bytes())?.validate(&limits(), Duration::from_secs(1800))
+        CrawlSpec::from_json(json.as_bytes())?.validate(&limits(), Duration::from_secs(1800))
     }
 
     #[test]
