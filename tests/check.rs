@@ -918,9 +918,11 @@ async fn a_short_round_rechecks_alive_proxies_first() {
 }
 
 /// Issue 9, Must 3: a proxy that resets one connection and works on the next
-/// is alive. A reset is retried once before the verdict, on the main
-/// request and on the HTTPS test alike, so the flag comes from the tunnel
-/// that worked, not from the reset.
+/// is alive once it has worked: for a proxy that passed its last check, a
+/// reset is retried once before the verdict, on the main request and on the
+/// HTTPS test alike, so the flag comes from the tunnel that worked, not from
+/// the reset. Issue 22: a proxy that never worked gets no retry; its reset
+/// is its verdict, and the next round finds it working.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_proxy_resetting_every_other_connection_is_alive_and_tunnels() {
     let dir = tempfile::tempdir().unwrap();
@@ -932,12 +934,22 @@ async fn a_proxy_resetting_every_other_connection_is_alive_and_tunnels() {
     let entries = [format!("http://{}", flaky.addr())];
     let config = config(dir.path(), &judges, &extra, &entries, &[]);
     let (store, summary) = harvest_and_check(&config).await;
+    assert_eq!(summary.dead_by_reason.get(&Reason::Reset), Some(&1));
+    assert_eq!(flaky.requests(), 1, "a proxy that never worked: no retry");
+
+    // The second connection works; the CONNECT after it resets, then passes.
+    let summary = run_round(&config, &store, true).await.unwrap();
+    assert_eq!(summary.alive, 1, "{:?}", summary.dead_by_reason);
+    let r = &store.list_proxies(ProxyFilter::default()).await.unwrap()[0];
+    assert_eq!(r.https, Some(true), "the second CONNECT tunnelled");
+    assert_eq!(flaky.requests(), 4);
+
+    // Alive before: the main request resets, then passes.
+    let summary = run_round(&config, &store, true).await.unwrap();
     assert_eq!(summary.alive, 1, "{:?}", summary.dead_by_reason);
     let r = &store.list_proxies(ProxyFilter::default()).await.unwrap()[0];
     assert_eq!(r.status, Status::Alive);
-    assert_eq!(r.https, Some(true), "the second CONNECT tunnelled");
-    // The main request reset, then passed; the CONNECT reset, then passed.
-    assert_eq!(flaky.requests(), 4);
+    assert_eq!(flaky.requests(), 6);
 }
 
 /// Issue 9, Must 3: a CONNECT that is reset says nothing about whether the

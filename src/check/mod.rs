@@ -311,11 +311,19 @@ impl Checker {
         })
     }
 
-    /// One request through `route` to `judge`, judged; a reset or refused
-    /// connection is tried once more before it counts.
-    async fn ask(&self, route: Route<'_>, judge: &ReadyJudge) -> Result<Pass, Failure> {
+    /// One request through `route` to `judge`, judged. For a proxy that
+    /// passed its last check (`was_alive`), a reset or refused connection
+    /// is tried once more before it counts: a working proxy's hiccup. Any
+    /// other proxy would refuse again: the retry would double the cost of
+    /// every refusing address in a list for no verdict that differs.
+    async fn ask(
+        &self,
+        route: Route<'_>,
+        judge: &ReadyJudge,
+        was_alive: bool,
+    ) -> Result<Pass, Failure> {
         match self.ask_once(route, judge).await {
-            Err(f) if f.retryable() => self.ask_once(route, judge).await,
+            Err(f) if was_alive && f.retryable() => self.ask_once(route, judge).await,
             done => done,
         }
     }
@@ -381,11 +389,17 @@ impl Checker {
 
     /// The main request: absolute-form through HTTP proxies to a plain
     /// judge, a tunnel otherwise.
-    async fn ask_main(&self, proxy: &Proxy, j: &ReadyJudge) -> Result<Pass, Failure> {
-        let asked = match proxy.scheme {
-            Scheme::Http if !j.target.tls => self.ask(Route::Forward(proxy), j).await,
-            _ => self.ask(Route::Tunnel(proxy), j).await,
+    async fn ask_main(
+        &self,
+        proxy: &Proxy,
+        j: &ReadyJudge,
+        was_alive: bool,
+    ) -> Result<Pass, Failure> {
+        let route = match proxy.scheme {
+            Scheme::Http if !j.target.tls => Route::Forward(proxy),
+            _ => Route::Tunnel(proxy),
         };
+        let asked = self.ask(route, j, was_alive).await;
         if asked.is_ok() {
             j.health.passed();
         }
@@ -405,7 +419,7 @@ impl Checker {
         let Some(first) = self.pick(kind) else {
             return Verdict::Checked(Outcome::dead(Reason::ProtocolError));
         };
-        let main = match self.ask_main(proxy, first).await {
+        let main = match self.ask_main(proxy, first, prior.alive).await {
             Ok(pass) => Ok(pass),
             Err(f) => self.settle(proxy, first, f, prior.alive).await,
         };
@@ -462,7 +476,7 @@ impl Checker {
             return Err(Settled::Dead(f.reason));
         }
         if let Some(other) = self.confirmer(proxy, judge) {
-            return match self.ask_main(proxy, other).await {
+            return match self.ask_main(proxy, other, was_alive).await {
                 Ok(pass) => {
                     if blame == Blame::Judge && judge.health.wrong() {
                         self.log_standing(judge, "answers contradicted by another judge");

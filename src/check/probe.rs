@@ -126,9 +126,9 @@ impl std::fmt::Display for Failure {
 }
 
 impl Failure {
-    /// True for the failures worth one more try within the same check: a
-    /// reset or refused connection, which flaky proxies produce now and
-    /// then and which cost next to nothing to repeat.
+    /// True for the failures worth one more try within the same check of a
+    /// proxy that worked before: a reset or refused connection, which flaky
+    /// proxies produce now and then.
     pub fn retryable(&self) -> bool {
         matches!(self.reason, Reason::Reset | Reason::Refused)
     }
