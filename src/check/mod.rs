@@ -145,10 +145,7 @@ impl Checker {
         opts: &CheckOptions,
         geoip: Option<Arc<geoip::Geoip>>,
     ) -> Result<Checker, CheckError> {
-        let tls = crate::net::tls::client_config(
-            config.check.extra_ca_file.as_deref(),
-            crate::net::tls::ALPN_H1,
-        )?;
+        let tls = crate::net::tls::probe_config(config.check.extra_ca_file.as_deref())?;
         let prober = Prober::new(
             tls,
             opts.connect_timeout,
