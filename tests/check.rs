@@ -952,6 +952,34 @@ async fn a_proxy_resetting_every_other_connection_is_alive_and_tunnels() {
     assert_eq!(flaky.requests(), 6);
 }
 
+/// Issue 22: probes to an https judge use TLS 1.2 when it speaks it (its
+/// resumed sessions need no key exchange); a judge that speaks TLS 1.3 only
+/// is probed with TLS 1.3, directly and through every tunnel.
+#[tokio::test]
+async fn a_judge_speaking_tls_1_3_only_still_tests_https() {
+    let dir = tempfile::tempdir().unwrap();
+    let judge = Judge::plain().await;
+    let tls_judge = Judge::tls13_only(dir.path()).await;
+    let proxy = FakeHttpProxy::start(http_opts(ProxyKind::Elite, true)).await;
+    let judges = format!(r#"["{}", "{}"]"#, judge.url(), tls_judge.url());
+    let extra = format!("extra_ca_file = \"{}\"", tls_judge.ca_file().display());
+    let config = config(
+        dir.path(),
+        &judges,
+        &extra,
+        &[format!("http://{}", proxy.addr())],
+        &[],
+    );
+    let (store, summary) = harvest_and_check(&config).await;
+    assert_eq!(summary.alive, 1, "{:?}", summary.dead_by_reason);
+    let r = &store.list_proxies(ProxyFilter::default()).await.unwrap()[0];
+    assert_eq!(
+        r.https,
+        Some(true),
+        "the tunnel to the TLS 1.3 judge worked"
+    );
+}
+
 /// Issue 9, Must 3: a CONNECT that is reset says nothing about whether the
 /// proxy tunnels. The flag stays unknown, and a known flag unchanged; only a
 /// refused CONNECT makes it false.

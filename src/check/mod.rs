@@ -145,7 +145,7 @@ impl Checker {
         opts: &CheckOptions,
         geoip: Option<Arc<geoip::Geoip>>,
     ) -> Result<Checker, CheckError> {
-        let tls = crate::net::tls::probe_config(config.check.extra_ca_file.as_deref())?;
+        let tls = crate::net::tls::probe_configs(config.check.extra_ca_file.as_deref())?;
         let prober = Prober::new(
             tls,
             opts.connect_timeout,
@@ -176,6 +176,10 @@ impl Checker {
                             hook(jc.url.as_str(), Ok(took));
                         }
                         own.learn(&Echo::parse(&body));
+                        let target = match target.tls {
+                            true => with_tls12_if_spoken(&prober, jc, target).await,
+                            false => target,
+                        };
                         let ready = ReadyJudge {
                             config: jc.clone(),
                             target,
@@ -573,6 +577,23 @@ impl Checker {
             country,
             detected: None,
         }
+    }
+}
+
+/// `target`, to be probed with TLS 1.2 when the judge answers a direct
+/// request so (see [`crate::net::tls::ProbeTls`]); as it was otherwise.
+async fn with_tls12_if_spoken(prober: &Prober, judge: &JudgeConfig, target: Target) -> Target {
+    let mut tls12 = target.clone();
+    tls12.tls12 = true;
+    let n = nonce();
+    match prober.fetch(Route::Direct, &tls12, &n).await {
+        Ok(a)
+            if (200..300).contains(&a.status)
+                && judge::genuine(judge, &String::from_utf8_lossy(&a.body), &n) =>
+        {
+            tls12
+        }
+        _ => target,
     }
 }
 

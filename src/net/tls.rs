@@ -195,18 +195,43 @@ impl ClientSessionStore for JudgeTickets {
     }
 }
 
-/// The configuration of every check's TLS to a judge: [`client_config`]
+/// The configurations of every check's TLS to a judge: [`client_config`]
 /// with HTTP/1.1 only, AES-128 with SHA-256 preferred (the cheapest suite
-/// every TLS 1.3 server has), and sessions resumed from [`JudgeTickets`],
-/// so a tunnel to a judge seldom verifies its certificate again.
-pub fn probe_config(extra_ca: Option<&Path>) -> Result<Arc<rustls::ClientConfig>, TlsSetupError> {
+/// every TLS 1.3 server has), and sessions resumed from one
+/// [`JudgeTickets`] store, so a tunnel to a judge seldom verifies its
+/// certificate again.
+#[derive(Clone, Debug)]
+pub struct ProbeTls {
+    /// TLS 1.3 or 1.2, as the judge prefers.
+    pub any: Arc<rustls::ClientConfig>,
+    /// TLS 1.2 only, for judges that speak it: a resumed TLS 1.2 session
+    /// needs no key exchange at all, where every TLS 1.3 handshake, resumed
+    /// or not, does one. A probe carries nothing secret but its nonce.
+    pub tls12: Arc<rustls::ClientConfig>,
+}
+
+/// Builds the [`ProbeTls`] configurations.
+pub fn probe_configs(extra_ca: Option<&Path>) -> Result<ProbeTls, TlsSetupError> {
     let mut provider = rustls::crypto::ring::default_provider();
     provider
         .cipher_suites
         .sort_by_key(|s| s.suite() != rustls::CipherSuite::TLS13_AES_128_GCM_SHA256);
-    let mut config = build(provider, roots(extra_ca)?, ALPN_H1)?;
-    config.resumption = rustls::client::Resumption::store(Arc::new(JudgeTickets::default()));
-    Ok(Arc::new(config))
+    let roots = roots(extra_ca)?;
+    let tickets = Arc::new(JudgeTickets::default());
+    let resumption = || rustls::client::Resumption::store(tickets.clone());
+    let mut any = build(provider.clone(), roots.clone(), ALPN_H1)?;
+    any.resumption = resumption();
+    let mut tls12 = rustls::ClientConfig::builder_with_provider(Arc::new(provider))
+        .with_protocol_versions(&[&rustls::version::TLS12])
+        .map_err(TlsSetupError::Protocol)?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    tls12.alpn_protocols = any.alpn_protocols.clone();
+    tls12.resumption = resumption();
+    Ok(ProbeTls {
+        any: Arc::new(any),
+        tls12: Arc::new(tls12),
+    })
 }
 
 /// ALPN for source fetching.
