@@ -139,10 +139,25 @@ impl Judge {
         Judge::tls_with(dir, proxywarden::api::judge::router()).await
     }
 
+    /// [`Judge::tls`] speaking TLS 1.3 only, as some servers do.
+    pub async fn tls13_only(dir: &Path) -> Judge {
+        let versions: &[&rustls::SupportedProtocolVersion] = &[&rustls::version::TLS13];
+        let (acceptor, ca_file) = tls_acceptor_with(dir, "ca.pem", versions);
+        Judge::serve_tls(acceptor, ca_file, proxywarden::api::judge::router())
+    }
+
     /// Serves `app`, a router answering `/judge`, over TLS as [`Judge::tls`]
     /// does.
     pub async fn tls_with(dir: &Path, app: axum::Router) -> Judge {
         let (acceptor, ca_file) = tls_acceptor(dir, "ca.pem");
+        Judge::serve_tls(acceptor, ca_file, app)
+    }
+
+    fn serve_tls(
+        acceptor: tokio_rustls::TlsAcceptor,
+        ca_file: PathBuf,
+        app: axum::Router,
+    ) -> Judge {
         let (count, app) = counted(app);
         let listener = listen();
         let addr = listener.local_addr().unwrap();
@@ -342,12 +357,21 @@ fn listen_on(addr: SocketAddr) -> TcpListener {
 /// A TLS acceptor with a new certificate for 127.0.0.1, and the file
 /// `dir/ca_name` holding the CA that signed it.
 pub fn tls_acceptor(dir: &Path, ca_name: &str) -> (tokio_rustls::TlsAcceptor, PathBuf) {
+    tls_acceptor_with(dir, ca_name, rustls::DEFAULT_VERSIONS)
+}
+
+/// [`tls_acceptor`] speaking only `versions`.
+pub fn tls_acceptor_with(
+    dir: &Path,
+    ca_name: &str,
+    versions: &[&'static rustls::SupportedProtocolVersion],
+) -> (tokio_rustls::TlsAcceptor, PathBuf) {
     let (ca_pem, cert, key) = make_certs();
     let ca_file = dir.join(ca_name);
     std::fs::write(&ca_file, ca_pem).unwrap();
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let config = rustls::ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
+        .with_protocol_versions(versions)
         .unwrap()
         .with_no_client_auth()
         .with_single_cert(vec![cert], key)

@@ -900,9 +900,11 @@ async fn a_short_round_rechecks_alive_proxies_first() {
 }
 
 /// Issue 9, Must 3: a proxy that resets one connection and works on the next
-/// is alive. A reset is retried once before the verdict, on the main
-/// request and on the HTTPS test alike, so the flag comes from the tunnel
-/// that worked, not from the reset.
+/// is alive once it has worked: for a proxy that passed its last check, a
+/// reset is retried once before the verdict, on the main request and on the
+/// HTTPS test alike, so the flag comes from the tunnel that worked, not from
+/// the reset. Issue 22: a proxy that never worked gets no retry; its reset
+/// is its verdict, and the next round finds it working.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_proxy_resetting_every_other_connection_is_alive_and_tunnels() {
     let dir = tempfile::tempdir().unwrap();
@@ -914,12 +916,50 @@ async fn a_proxy_resetting_every_other_connection_is_alive_and_tunnels() {
     let entries = [format!("http://{}", flaky.addr())];
     let config = config(dir.path(), &judges, &extra, &entries, &[]);
     let (store, summary) = harvest_and_check(&config).await;
+    assert_eq!(summary.dead_by_reason.get(&Reason::Reset), Some(&1));
+    assert_eq!(flaky.requests(), 1, "a proxy that never worked: no retry");
+
+    // The second connection works; the CONNECT after it resets, then passes.
+    let summary = run_round(&config, &store, true).await.unwrap();
+    assert_eq!(summary.alive, 1, "{:?}", summary.dead_by_reason);
+    let r = &store.list_proxies(ProxyFilter::default()).await.unwrap()[0];
+    assert_eq!(r.https, Some(true), "the second CONNECT tunnelled");
+    assert_eq!(flaky.requests(), 4);
+
+    // Alive before: the main request resets, then passes.
+    let summary = run_round(&config, &store, true).await.unwrap();
     assert_eq!(summary.alive, 1, "{:?}", summary.dead_by_reason);
     let r = &store.list_proxies(ProxyFilter::default()).await.unwrap()[0];
     assert_eq!(r.status, Status::Alive);
-    assert_eq!(r.https, Some(true), "the second CONNECT tunnelled");
-    // The main request reset, then passed; the CONNECT reset, then passed.
-    assert_eq!(flaky.requests(), 4);
+    assert_eq!(flaky.requests(), 6);
+}
+
+/// Issue 22: probes to an https judge use TLS 1.2 when it speaks it (its
+/// resumed sessions need no key exchange); a judge that speaks TLS 1.3 only
+/// is probed with TLS 1.3, directly and through every tunnel.
+#[tokio::test]
+async fn a_judge_speaking_tls_1_3_only_still_tests_https() {
+    let dir = tempfile::tempdir().unwrap();
+    let judge = Judge::plain().await;
+    let tls_judge = Judge::tls13_only(dir.path()).await;
+    let proxy = FakeHttpProxy::start(http_opts(ProxyKind::Elite, true)).await;
+    let judges = format!(r#"["{}", "{}"]"#, judge.url(), tls_judge.url());
+    let extra = format!("extra_ca_file = \"{}\"", tls_judge.ca_file().display());
+    let config = config(
+        dir.path(),
+        &judges,
+        &extra,
+        &[format!("http://{}", proxy.addr())],
+        &[],
+    );
+    let (store, summary) = harvest_and_check(&config).await;
+    assert_eq!(summary.alive, 1, "{:?}", summary.dead_by_reason);
+    let r = &store.list_proxies(ProxyFilter::default()).await.unwrap()[0];
+    assert_eq!(
+        r.https,
+        Some(true),
+        "the tunnel to the TLS 1.3 judge worked"
+    );
 }
 
 /// Issue 9, Must 3: a CONNECT that is reset says nothing about whether the

@@ -275,6 +275,90 @@ async fn bad_crawl_options_get_a_400_naming_the_field_and_the_token_guards_crawl
     .await;
 }
 
+/// `proxywarden args…` in `dir`: its exit status and its stderr.
+async fn run_crawl(dir: &Path, args: &[&str]) -> (Option<i32>, String) {
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_proxywarden"))
+        .args(args)
+        .current_dir(dir)
+        .env_remove("PROXYWARDEN_CONFIG")
+        .env_remove("RUST_LOG")
+        .output()
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).trim_end().to_owned();
+    (out.status.code(), stderr)
+}
+
+/// The crawl command's flags and a job's JSON are read by one validator: a
+/// bad value gets the same words from both, naming the flag or the field.
+#[tokio::test]
+async fn the_crawl_command_and_a_job_refuse_a_bad_option_in_the_same_words() {
+    common::within(async {
+        let dir = tempfile::tempdir().unwrap();
+        let daemon = start(dir.path(), None).await;
+        let seed = "http://127.0.0.1:9/";
+        for (json, field, flags) in [
+            (
+                r#""concurrency": 5000"#,
+                "concurrency",
+                vec!["--concurrency", "5000"],
+            ),
+            (
+                r#""per_host_concurrency": 0"#,
+                "per_host_concurrency",
+                vec!["--per-host-concurrency", "0"],
+            ),
+            (r#""delay": "2h""#, "delay", vec!["--delay", "2h"]),
+            (r#""delay": "soon""#, "delay", vec!["--delay", "soon"]),
+            (
+                r#""no_proxy_wait": "2h""#,
+                "no_proxy_wait",
+                vec!["--no-proxy-wait", "2h"],
+            ),
+            (r#""scope": "planet""#, "scope", vec!["--scope", "planet"]),
+            (r#""include": ["("]"#, "include[0]", vec!["--include", "("]),
+            (
+                r#""select": {"t": "p["}"#,
+                "select.t",
+                vec!["--select", "t=p["],
+            ),
+            (r#""max_pages": 0"#, "max_pages", vec!["--max-pages", "0"]),
+            (
+                r#""user_agent": " ""#,
+                "user_agent",
+                vec!["--user-agent", " "],
+            ),
+        ] {
+            let body = format!(r#"{{"seeds": ["{seed}"], {json}}}"#);
+            let (status, err) = post(&daemon, &body).await;
+            assert_eq!(status, 400, "{body}: {err}");
+            let message = err["error"]["message"].as_str().unwrap();
+            let words = message
+                .strip_prefix(&format!("{field}: "))
+                .unwrap_or_else(|| panic!("{body}: {message}"));
+
+            let flag = if field.starts_with("select.") {
+                "--select t"
+            } else {
+                flags[0]
+            };
+            let mut args = vec!["crawl", seed];
+            args.extend(&flags);
+            let (code, stderr) = run_crawl(dir.path(), &args).await;
+            assert_eq!(code, Some(2), "{args:?}: {stderr}");
+            assert_eq!(stderr, format!("error: {flag}: {words}"), "{args:?}");
+        }
+        // A bad seed: the field is the URL on the command line.
+        let (_, err) = post(&daemon, r#"{"seeds": ["mailto:x@y"]}"#).await;
+        let message = err["error"]["message"].as_str().unwrap();
+        let words = message.strip_prefix("seeds[0]: ").unwrap();
+        let (_, stderr) = run_crawl(dir.path(), &["crawl", "mailto:x@y"]).await;
+        assert_eq!(stderr, format!("error: URL: {words}"));
+        daemon.stop().await;
+    })
+    .await;
+}
+
 /// How long a finished job may take to say so after its last request:
 /// well inside the daemon's request timeout, with room for a loaded
 /// machine.
