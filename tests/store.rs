@@ -861,14 +861,16 @@ async fn rebuilding_the_proxies_table_keeps_rows_links_and_rules() {
     let before = store.list_proxies(ProxyFilter::default()).await.unwrap();
     drop(store);
     // Back to the version before the rebuild (6), so that opening runs it
-    // and the migrations after it: without what 0008, 0009, 0012, 0013 and 0014
-    // add.
+    // and the migrations after it: without what 0008, 0009, 0012, 0013, 0014
+    // and 0015 add.
     let conn = rusqlite::Connection::open(&path).unwrap();
     conn.execute_batch(
         "ALTER TABLE sources DROP COLUMN last_private;
          DROP TABLE proxy_sites;
          DROP TABLE snapshots;
          DROP TABLE proxy_counts;
+         DROP TABLE crawl_urls;
+         DROP TABLE crawl_meta;
          DROP TRIGGER proxies_delete_links;
          DROP TRIGGER sources_delete_links;",
     )
@@ -895,6 +897,8 @@ async fn rebuilding_the_proxies_table_keeps_rows_links_and_rules() {
         tables,
         [
             "crawl_jobs",
+            "crawl_meta",
+            "crawl_urls",
             "meta",
             "proxies",
             "proxy_counts",

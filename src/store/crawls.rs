@@ -1,6 +1,7 @@
 //! The daemon's crawl jobs: one row per job with its options, state,
-//! times and summary. The crawl itself (frontier, pages) lives in the
-//! job's own files; the store only knows the JSON it is handed.
+//! times and summary. The job's frontier is in `frontier`, keyed by the
+//! job's id; its pages are in the job's own files, and of its options the
+//! store only knows the JSON it is handed.
 
 use rusqlite::{Connection, OptionalExtension, Row, params};
 

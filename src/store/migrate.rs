@@ -24,12 +24,15 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/0012_source_private.sql"),
     include_str!("../../migrations/0013_proxy_sites.sql"),
     include_str!("../../migrations/0014_snapshots.sql"),
+    include_str!("../../migrations/0015_crawl_frontier.sql"),
 ];
 
 /// Every table the migrations create: a database holding any other is
 /// another application's.
 pub const TABLES: &[&str] = &[
     "crawl_jobs",
+    "crawl_meta",
+    "crawl_urls",
     "meta",
     "proxies",
     "proxy_counts",

@@ -4,10 +4,12 @@
 //! see a connection. One writer thread commits batched writes while
 //! read-only connections serve listings. A file per job: `ingest` (source
 //! runs), `checks` (due proxies, verdicts, purge), `listing` (filtered
-//! reads, counts), `rows` (records and their decoding), `sites`, `crawls`.
+//! reads, counts), `rows` (records and their decoding), `sites`, `crawls`,
+//! `frontier` (crawl frontiers, worked from a crawl's own thread).
 
 mod checks;
 mod crawls;
+mod frontier;
 mod ingest;
 mod listing;
 mod lookup;
@@ -20,6 +22,7 @@ mod writer;
 
 pub use checks::{CheckRecord, DueCursor, DueLane, DueProxy, Recorded};
 pub use crawls::CrawlJobRecord;
+pub use frontier::{Frontier, NewUrl, Queued, UrlState};
 pub use ingest::{SourceRun, UpsertCounts};
 pub use listing::{Page, ProxyFilter, ProxySort};
 pub use rows::{Presence, ProxyRecord, SourceRecord, Stats};
