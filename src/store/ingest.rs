@@ -520,7 +520,7 @@ fn link_new(
 /// A candidate the store cannot take, or a write that the lookup before
 /// it said could not happen: reported rather than lost.
 fn unexpected(what: String) -> StoreError {
-    StoreError::Sqlite(rusqlite::Error::ToSqlConversionFailure(what.into()))
+    StoreError::Database(super::DbError::unexpected(what))
 }
 
 /// Writes a chunk whose candidates all have distinct addresses, with a

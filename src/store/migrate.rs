@@ -70,10 +70,10 @@ pub fn apply(conn: &mut Connection, path: &Path) -> Result<(), StoreError> {
 fn apply_from(conn: &mut Connection, path: &Path, current: i64) -> Result<(), StoreError> {
     for (i, sql) in MIGRATIONS.iter().enumerate().skip(current as usize) {
         let version = i as i64 + 1;
-        let migrate_err = |source| StoreError::Migrate {
+        let migrate_err = |source: rusqlite::Error| StoreError::Migrate {
             path: path.to_path_buf(),
             version,
-            source,
+            source: source.into(),
         };
         let tx = conn.transaction().map_err(migrate_err)?;
         tx.execute_batch(sql).map_err(migrate_err)?;

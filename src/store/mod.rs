@@ -103,12 +103,12 @@ pub enum StoreError {
         path: PathBuf,
         /// The migration that failed.
         version: i64,
-        /// What SQLite said.
-        source: rusqlite::Error,
+        /// What the database said.
+        source: DbError,
     },
-    /// Any other SQLite error.
+    /// Any other error the database reported.
     #[error("database error: {0}")]
-    Sqlite(#[from] rusqlite::Error),
+    Database(DbError),
     /// The transaction holding a write failed to commit; the write did not
     /// happen.
     #[error("database commit failed: {0}")]
@@ -143,23 +143,73 @@ impl StoreError {
     pub fn write_failure(&self) -> Option<WriteFailure> {
         match self {
             StoreError::Unwritable { kind, .. } => Some(*kind),
-            StoreError::Sqlite(e) | StoreError::Migrate { source: e, .. } => WriteFailure::of(e),
+            StoreError::Database(e) | StoreError::Migrate { source: e, .. } => e.failure,
             _ => None,
         }
     }
 
-    /// `Unwritable` for an SQLite error the disk caused; others as they are.
+    /// `Unwritable` for a database error the disk caused; others as they
+    /// are.
     fn classified(self) -> StoreError {
         match self {
-            StoreError::Sqlite(e) => match WriteFailure::of(&e) {
-                Some(kind) => StoreError::Unwritable {
-                    kind,
-                    reason: e.to_string(),
-                },
-                None => StoreError::Sqlite(e),
+            StoreError::Database(DbError {
+                failure: Some(kind),
+                source,
+            }) => StoreError::Unwritable {
+                kind,
+                reason: source.to_string(),
             },
             other => other,
         }
+    }
+}
+
+/// What the database said when a statement failed, whichever backend
+/// runs it: callers see its words and whether the disk refused a write
+/// ([`StoreError::write_failure`]), never a driver's error type.
+#[derive(Debug)]
+pub struct DbError {
+    /// Set when the disk refused the write.
+    failure: Option<WriteFailure>,
+    source: Box<dyn std::error::Error + Send + Sync>,
+}
+
+impl DbError {
+    /// An error the store itself found in what the database returned.
+    fn unexpected(what: String) -> DbError {
+        DbError {
+            failure: None,
+            source: what.into(),
+        }
+    }
+}
+
+impl std::fmt::Display for DbError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.source.fmt(f)
+    }
+}
+
+impl std::error::Error for DbError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source.source()
+    }
+}
+
+impl From<rusqlite::Error> for DbError {
+    fn from(e: rusqlite::Error) -> DbError {
+        DbError {
+            failure: WriteFailure::of(&e),
+            source: Box::new(e),
+        }
+    }
+}
+
+/// The SQLite code's `?`: its driver's errors become [`DbError`]s.
+#[doc(hidden)]
+impl From<rusqlite::Error> for StoreError {
+    fn from(e: rusqlite::Error) -> StoreError {
+        StoreError::Database(e.into())
     }
 }
 
