@@ -10,21 +10,21 @@ use super::StoreError;
 /// Every migration, in order; the version after applying `MIGRATIONS[i]` is
 /// `i + 1`. Never edit an applied migration: add a new file.
 const MIGRATIONS: &[&str] = &[
-    include_str!("../../migrations/0001_init.sql"),
-    include_str!("../../migrations/0002_reports.sql"),
-    include_str!("../../migrations/0003_change_seq.sql"),
-    include_str!("../../migrations/0004_https_checked.sql"),
-    include_str!("../../migrations/0005_crawl_jobs.sql"),
-    include_str!("../../migrations/0006_listed.sql"),
-    include_str!("../../migrations/0007_check_comparisons.sql"),
-    include_str!("../../migrations/0008_proxy_counts.sql"),
-    include_str!("../../migrations/0009_lean_new_rows.sql"),
-    include_str!("../../migrations/0010_partial_status_index.sql"),
-    include_str!("../../migrations/0011_links_by_source.sql"),
-    include_str!("../../migrations/0012_source_private.sql"),
-    include_str!("../../migrations/0013_proxy_sites.sql"),
-    include_str!("../../migrations/0014_snapshots.sql"),
-    include_str!("../../migrations/0015_crawl_frontier.sql"),
+    include_str!("../../../migrations/0001_init.sql"),
+    include_str!("../../../migrations/0002_reports.sql"),
+    include_str!("../../../migrations/0003_change_seq.sql"),
+    include_str!("../../../migrations/0004_https_checked.sql"),
+    include_str!("../../../migrations/0005_crawl_jobs.sql"),
+    include_str!("../../../migrations/0006_listed.sql"),
+    include_str!("../../../migrations/0007_check_comparisons.sql"),
+    include_str!("../../../migrations/0008_proxy_counts.sql"),
+    include_str!("../../../migrations/0009_lean_new_rows.sql"),
+    include_str!("../../../migrations/0010_partial_status_index.sql"),
+    include_str!("../../../migrations/0011_links_by_source.sql"),
+    include_str!("../../../migrations/0012_source_private.sql"),
+    include_str!("../../../migrations/0013_proxy_sites.sql"),
+    include_str!("../../../migrations/0014_snapshots.sql"),
+    include_str!("../../../migrations/0015_crawl_frontier.sql"),
 ];
 
 /// Every table the migrations create: a database holding any other is
