@@ -120,3 +120,33 @@ pub struct Stats {
     /// Per source.
     pub sources: Vec<SourceRecord>,
 }
+
+impl Stats {
+    /// Adds `n` proxies of one (status, scheme, country, anonymity,
+    /// failure reason) group, `""` standing for none.
+    pub(crate) fn add_count(&mut self, group: (String, String, String, String, String, i64)) {
+        let (status, scheme, country, anonymity, reason, n) = group;
+        self.total += n;
+        let country = if country.is_empty() {
+            "unknown".to_owned()
+        } else {
+            country
+        };
+        *self.by_country.entry(country).or_default() += n;
+        *self.by_scheme.entry(scheme).or_default() += n;
+        if status == "alive" && !anonymity.is_empty() {
+            *self.by_anonymity.entry(anonymity).or_default() += n;
+        }
+        if status == "dead" && !reason.is_empty() {
+            *self.by_reason.entry(reason).or_default() += n;
+        }
+        *self.by_status.entry(status).or_default() += n;
+    }
+
+    /// Names every status in `by_status`, with 0 for those no proxy has.
+    pub(crate) fn by_status_complete(&mut self) {
+        for s in [Status::Unknown, Status::Alive, Status::Dead] {
+            self.by_status.entry(s.as_str().to_owned()).or_insert(0);
+        }
+    }
+}

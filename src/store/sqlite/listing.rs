@@ -4,7 +4,7 @@ use rusqlite::{Connection, params};
 
 use super::Sqlite;
 use super::rows::{PROXY_COLUMNS, proxies_by_ids, proxy_from_row};
-use crate::proxy::{Anonymity, Status};
+use crate::proxy::Anonymity;
 use crate::store::{
     Page, Presence, ProxyFilter, ProxyRecord, ProxySort, SourceRecord, Stats, StoreError,
 };
@@ -312,25 +312,8 @@ fn counts(conn: &Connection) -> Result<Stats, StoreError> {
         ))
     })?;
     for row in rows {
-        let (status, scheme, country, anonymity, reason, n) = row?;
-        stats.total += n;
-        let country = if country.is_empty() {
-            "unknown".to_owned()
-        } else {
-            country
-        };
-        *stats.by_country.entry(country).or_default() += n;
-        *stats.by_scheme.entry(scheme).or_default() += n;
-        if status == "alive" && !anonymity.is_empty() {
-            *stats.by_anonymity.entry(anonymity).or_default() += n;
-        }
-        if status == "dead" && !reason.is_empty() {
-            *stats.by_reason.entry(reason).or_default() += n;
-        }
-        *stats.by_status.entry(status).or_default() += n;
+        stats.add_count(row?);
     }
-    for s in [Status::Unknown, Status::Alive, Status::Dead] {
-        stats.by_status.entry(s.as_str().to_owned()).or_insert(0);
-    }
+    stats.by_status_complete();
     Ok(stats)
 }
