@@ -496,6 +496,38 @@ mod tests {
     }
 
     #[test]
+    fn database_url_picks_the_backend_and_names_a_bad_one() {
+        let db = |url: &str| Config::from_toml(&format!("[database]\nurl = {url:?}\n"), "t");
+        let c = db("sqlite:/var/lib/pw/store.db").unwrap();
+        assert_eq!(c.database.path, PathBuf::from("/var/lib/pw/store.db"));
+        assert_eq!(c.database.postgres, None);
+        assert_eq!(
+            db("store.db").unwrap().database.path,
+            PathBuf::from("store.db")
+        );
+        let c = db("postgres://pw:s3cret@db.example:5432/pw").unwrap();
+        let url = c.database.postgres.expect("a PostgreSQL URL");
+        assert_eq!(url.as_str(), "postgres://pw:s3cret@db.example:5432/pw");
+        assert!(!format!("{url:?}").contains("s3cret"), "{url:?}");
+        for (bad, says) in [
+            (
+                "postgres://db.example:notaport/pw",
+                "not a usable PostgreSQL URL",
+            ),
+            (
+                "mysql://db.example/pw",
+                "expected a file path, a sqlite: URL or a postgres:// URL",
+            ),
+            ("sqlite:", "expected a file path"),
+        ] {
+            let err = db(bad).unwrap_err();
+            let shown = err.problems[0].to_string();
+            assert!(shown.starts_with("database.url: "), "{bad}: {shown}");
+            assert!(shown.contains(says), "{bad}: {shown}");
+        }
+    }
+
+    #[test]
     fn defaults_of_array_entries_are_the_ones_the_example_states() {
         // Array entries have no counterpart in the example to be read over,
         // so their defaults are constants; the example's comments must agree.
