@@ -172,7 +172,7 @@ pub(super) async fn run(config_path: Option<&Path>, args: CrawlArgs) -> anyhow::
         bail!("give a URL to crawl (or --state FILE of a crawl to resume)");
     }
     let (config, _) = load(config_path)?;
-    let store = open_store(&config)?;
+    let store = open_store(&config).await?;
     let mut opts = PoolOptions {
         query: args.filter.query(config.api.max_age),
         strategy: args.strategy,

@@ -15,6 +15,7 @@ mod frontier;
 mod ingest;
 mod listing;
 mod lookup;
+mod postgres;
 mod rows;
 mod sites;
 mod snapshots;
@@ -33,6 +34,8 @@ pub use unwritable::{RETRY_FIRST, RETRY_MAX, WriteFailure, WriteTrouble};
 
 use std::path::{Path, PathBuf};
 
+use crate::config::DatabaseConfig;
+use postgres::Postgres;
 use sqlite::Sqlite;
 
 /// Why a store operation failed.
@@ -129,6 +132,9 @@ pub enum StoreError {
     /// A write on a store opened read-only.
     #[error("the database is open read-only")]
     ReadOnly,
+    /// The backend does not do this yet.
+    #[error("{0} is not available on PostgreSQL yet")]
+    Unsupported(&'static str),
     /// The caller stopped waiting before the query ran.
     #[error("the database query was given up")]
     Cancelled,
@@ -209,12 +215,15 @@ pub struct Store {
 enum Backend {
     /// One SQLite file: the embedded default.
     Sqlite(Sqlite),
+    /// A PostgreSQL database that several nodes may share.
+    Postgres(Postgres),
 }
 
 impl std::fmt::Debug for Backend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Backend::Sqlite(db) => f.debug_struct("Sqlite").field("path", &db.path()).finish(),
+            Backend::Postgres(db) => f.debug_struct("Postgres").field("url", &db.path()).finish(),
         }
     }
 }
@@ -225,11 +234,13 @@ macro_rules! dispatch {
     ($self:ident . $method:ident ( $($arg:expr),* )) => {
         match &$self.backend {
             $crate::store::Backend::Sqlite(db) => db.$method($($arg),*).await,
+            $crate::store::Backend::Postgres(db) => db.$method($($arg),*).await,
         }
     };
     ($self:ident . $method:ident ( $($arg:expr),* ), sync) => {
         match &$self.backend {
             $crate::store::Backend::Sqlite(db) => db.$method($($arg),*),
+            $crate::store::Backend::Postgres(db) => db.$method($($arg),*),
         }
     };
 }
@@ -252,6 +263,33 @@ impl Store {
     pub fn open_read_only(path: &Path) -> Result<Store, StoreError> {
         Ok(Store {
             backend: Backend::Sqlite(Sqlite::open_read_only(path)?),
+        })
+    }
+
+    /// Opens the store `config` names: the PostgreSQL database when
+    /// `database.url` is one, else the SQLite file (see [`Store::open`]).
+    pub async fn open_configured(config: &DatabaseConfig) -> Result<Store, StoreError> {
+        match &config.postgres {
+            Some(url) => Store::connect(url.as_str()).await,
+            None => Store::open(&config.path),
+        }
+    }
+
+    /// [`Store::open_configured`] for commands that only read: a SQLite
+    /// file is opened read-only (see [`Store::open_read_only`]).
+    pub async fn open_configured_read_only(config: &DatabaseConfig) -> Result<Store, StoreError> {
+        match &config.postgres {
+            Some(url) => Store::connect(url.as_str()).await,
+            None => Store::open_read_only(&config.path),
+        }
+    }
+
+    /// Connects to the PostgreSQL database at `url` (`postgres://…`),
+    /// applying pending migrations (one node at a time when several start
+    /// together).
+    pub async fn connect(url: &str) -> Result<Store, StoreError> {
+        Ok(Store {
+            backend: Backend::Postgres(Postgres::connect(url).await?),
         })
     }
 
@@ -290,7 +328,7 @@ impl Store {
         dispatch!(self.probe_writes())
     }
 
-    /// The database file.
+    /// The database file; for PostgreSQL, its URL without the password.
     pub fn path(&self) -> &Path {
         dispatch!(self.path(), sync)
     }
@@ -316,6 +354,7 @@ impl Store {
     pub(crate) fn sqlite(&self) -> &Sqlite {
         match &self.backend {
             Backend::Sqlite(db) => db,
+            Backend::Postgres(_) => panic!("a unit test of SQLite rows on PostgreSQL"),
         }
     }
 }

@@ -1,0 +1,336 @@
+//! PostgreSQL: due proxies by lane and page, check verdicts with re-check
+//! scheduling, and the change sequence.
+
+use std::time::Duration;
+
+use deadpool_postgres::GenericClient;
+
+use super::Postgres;
+use super::listing::proxies_by_ids;
+use crate::model::RecheckPolicy;
+use crate::proxy::{Credentials, Proxy, Scheme};
+use crate::store::{CheckRecord, DueCursor, DueLane, DueProxy, ProxyRecord, Recorded, StoreError};
+
+fn ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// Starts a new change number for the rows this transaction writes.
+pub(super) async fn bump_change_seq(tx: &impl GenericClient) -> Result<(), StoreError> {
+    tx.execute("UPDATE meta SET change_seq = change_seq + 1", &[])
+        .await?;
+    Ok(())
+}
+
+impl Postgres {
+    pub(crate) async fn count_due(&self, now: i64, all: bool) -> Result<i64, StoreError> {
+        let c = self.client().await?;
+        let row = if all {
+            c.query_one("SELECT count(*) FROM proxies", &[]).await?
+        } else {
+            c.query_one(
+                "SELECT count(*) FROM proxies WHERE next_check_at <= $1",
+                &[&now],
+            )
+            .await?
+        };
+        Ok(row.get(0))
+    }
+
+    pub(crate) async fn next_due_at(&self) -> Result<Option<i64>, StoreError> {
+        let row = self
+            .client()
+            .await?
+            .query_one("SELECT min(next_check_at) FROM proxies", &[])
+            .await?;
+        Ok(row.get(0))
+    }
+
+    pub(crate) async fn due_page(
+        &self,
+        now: i64,
+        all: bool,
+        lane: DueLane,
+        after: DueCursor,
+        limit: usize,
+    ) -> Result<Vec<DueProxy>, StoreError> {
+        let (range, order) = if all {
+            (
+                "id > $3 AND $1::bigint IS NOT NULL AND $2::bigint IS NOT NULL",
+                "id",
+            )
+        } else {
+            (
+                "next_check_at <= $1 AND (next_check_at, id) > ($2, $3)",
+                "next_check_at, id",
+            )
+        };
+        let sql = format!(
+            "SELECT id, scheme, host, port, username, password, scheme_detect, status = 'alive',
+                    https_checked_at, next_check_at
+             FROM proxies WHERE {range} AND {}
+             ORDER BY {order} LIMIT $4",
+            lane.condition()
+        );
+        let c = self.client().await?;
+        let st = c.prepare_cached(&sql).await?;
+        let rows = c
+            .query(&st, &[&now, &after.at, &after.id, &(limit as i64)])
+            .await?;
+        let mut out = Vec::with_capacity(rows.len());
+        for r in rows {
+            let id: i64 = r.get(0);
+            let (scheme, host): (String, String) = (r.get(1), r.get(2));
+            let port: i32 = r.get(3);
+            // Rows that do not parse were not written by us; skip them
+            // rather than fail the round.
+            let (Ok(scheme), Ok(host), Ok(port)) =
+                (scheme.parse::<Scheme>(), host.parse(), u16::try_from(port))
+            else {
+                tracing::warn!(id, "skipping a proxy row that does not parse");
+                continue;
+            };
+            let username: String = r.get(4);
+            let password: Option<String> = r.get(5);
+            out.push(DueProxy {
+                id,
+                proxy: Proxy {
+                    scheme,
+                    host,
+                    port,
+                    auth: (!username.is_empty()).then(|| Credentials {
+                        username,
+                        password: password.unwrap_or_default(),
+                    }),
+                },
+                detect: r.get(6),
+                alive: r.get(7),
+                https_checked_at: r.get(8),
+                next_check_at: r.get(9),
+            });
+        }
+        Ok(out)
+    }
+
+    pub(crate) async fn record_checks(
+        &self,
+        batch: Vec<CheckRecord>,
+        policy: RecheckPolicy,
+    ) -> Result<Recorded, StoreError> {
+        let mut c = self.client().await?;
+        let tx = c.transaction().await?;
+        bump_change_seq(&tx).await?;
+        let alive = tx
+            .prepare_cached(
+                "UPDATE proxies SET status = 'alive', last_checked = $2::bigint, last_alive = $2,
+                     latency_ms = $3, anonymity = $4, https = coalesce($5, https),
+                     https_checked_at = CASE WHEN $5::boolean IS NULL THEN https_checked_at ELSE $2 END,
+                     exit_ip = $6,
+                     country = coalesce($7, country),
+                     country_source = CASE WHEN $7::text IS NULL THEN country_source ELSE 'geoip' END,
+                     last_reason = NULL, checks_total = checks_total + 1,
+                     checks_ok = checks_ok + 1, consecutive_failures = 0,
+                     next_check_at = $2 + $8::bigint - floor(random() * ($9::bigint + 1))::bigint,
+                     changed_seq = (SELECT change_seq FROM meta)
+                 WHERE id = $1",
+            )
+            .await?;
+        // The shift uses the failures before this one: 1×, 2×, 4×, …
+        let dead = tx
+            .prepare_cached(
+                "UPDATE proxies SET status = 'dead', last_checked = $2::bigint, last_reason = $3,
+                     checks_total = checks_total + 1,
+                     consecutive_failures = consecutive_failures + 1,
+                     next_check_at = $2 + least($4::bigint << least(consecutive_failures, 40)::integer, $5::bigint),
+                     changed_seq = (SELECT change_seq FROM meta)
+                 WHERE id = $1",
+            )
+            .await?;
+        let mut ids = Vec::with_capacity(batch.len());
+        for rec in &batch {
+            let o = &rec.outcome;
+            let mut id = rec.id;
+            if let Some(scheme) = o.detected {
+                id = settle_scheme(&tx, id, scheme).await?;
+            }
+            ids.push(id);
+            match o.failure {
+                None => {
+                    let exit_ip = o.exit_ip.map(|ip| ip.to_string());
+                    let country = o.country.map(|c| c.as_str().to_owned());
+                    tx.execute(
+                        &alive,
+                        &[
+                            &id,
+                            &rec.checked_at,
+                            &o.latency.map(ms),
+                            &o.anonymity.map(|a| a.as_str()),
+                            &o.https,
+                            &exit_ip,
+                            &country,
+                            &ms(policy.alive),
+                            &ms(policy.alive_jitter.min(policy.alive)),
+                        ],
+                    )
+                    .await?;
+                }
+                Some(reason) => {
+                    tx.execute(
+                        &dead,
+                        &[
+                            &id,
+                            &rec.checked_at,
+                            &reason.as_str(),
+                            &ms(policy.dead),
+                            &ms(policy.dead_max),
+                        ],
+                    )
+                    .await?;
+                }
+            }
+        }
+        let seq: i64 = tx
+            .query_one("SELECT change_seq FROM meta", &[])
+            .await?
+            .get(0);
+        let records = proxies_by_ids(&tx, &ids).await?;
+        tx.commit().await?;
+        Ok(Recorded { records, seq })
+    }
+
+    pub(crate) async fn change_seq(&self) -> Result<i64, StoreError> {
+        let row = self
+            .client()
+            .await?
+            .query_one("SELECT change_seq FROM meta", &[])
+            .await?;
+        Ok(row.get(0))
+    }
+
+    pub(crate) async fn changed_since(
+        &self,
+        after: i64,
+        limit: usize,
+        known: Vec<i64>,
+    ) -> Result<(Vec<ProxyRecord>, i64, bool), StoreError> {
+        let c = self.client().await?;
+        let ids: Vec<(i64, i64)> = c
+            .query(
+                "SELECT id, changed_seq FROM proxies WHERE changed_seq > $1 AND changed_seq > 0
+                 ORDER BY changed_seq LIMIT $2",
+                &[&after, &(limit as i64)],
+            )
+            .await?
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect();
+        let first = ids.first().map_or(after, |(_, seq)| *seq);
+        let last = ids.last().map_or(after, |(_, seq)| *seq);
+        // A full page may end inside one change number: ask again from
+        // just below it so none of its rows is skipped.
+        let mark = if ids.len() == limit && first < last {
+            last - 1
+        } else {
+            last
+        };
+        let full = ids.len() == limit;
+        let ids: Vec<i64> = ids
+            .into_iter()
+            .filter(|(_, seq)| known.binary_search(seq).is_err())
+            .map(|(id, _)| id)
+            .collect();
+        Ok((proxies_by_ids(&c, &ids).await?, mark.max(after), full))
+    }
+
+    /// Runs `sql` (with `$1` the ids and `$2` the time) once for all `ids`.
+    async fn update_all(&self, sql: &str, ids: Vec<i64>, at: i64) -> Result<(), StoreError> {
+        self.client().await?.execute(sql, &[&ids, &at]).await?;
+        Ok(())
+    }
+
+    pub(crate) async fn defer_checks(&self, ids: Vec<i64>, at: i64) -> Result<(), StoreError> {
+        self.update_all(
+            "UPDATE proxies SET next_check_at = $2 WHERE id = ANY($1)",
+            ids,
+            at,
+        )
+        .await
+    }
+
+    pub(crate) async fn request_https_recheck(
+        &self,
+        ids: Vec<i64>,
+        now: i64,
+    ) -> Result<(), StoreError> {
+        self.update_all(
+            "UPDATE proxies SET https_checked_at = NULL, next_check_at = least(next_check_at, $2)
+             WHERE id = ANY($1)",
+            ids,
+            now,
+        )
+        .await
+    }
+
+    pub(crate) async fn pull_checks_in(&self, due: Vec<(i64, i64)>) -> Result<(), StoreError> {
+        let (ids, ats): (Vec<i64>, Vec<i64>) = due.into_iter().unzip();
+        self.client()
+            .await?
+            .execute(
+                "UPDATE proxies p SET next_check_at = least(p.next_check_at, d.at)
+                 FROM unnest($1::bigint[], $2::bigint[]) d(id, at) WHERE p.id = d.id",
+                &[&ids, &ats],
+            )
+            .await?;
+        Ok(())
+    }
+
+    pub(crate) async fn mark_due_many(&self, ids: Vec<i64>, now: i64) -> Result<(), StoreError> {
+        self.update_all(
+            "UPDATE proxies SET next_check_at = least(next_check_at, $2) WHERE id = ANY($1)",
+            ids,
+            now,
+        )
+        .await
+    }
+}
+
+/// Gives a detected proxy its real scheme. If a row with that identity
+/// already exists, the placeholder row is merged into it (its source links
+/// move over) and the existing row's id is returned.
+async fn settle_scheme(
+    tx: &impl GenericClient,
+    id: i64,
+    scheme: Scheme,
+) -> Result<i64, StoreError> {
+    let other: Option<i64> = tx
+        .query_opt(
+            "SELECT o.id FROM proxies o JOIN proxies p
+                 ON o.host = p.host AND o.port = p.port AND o.username = p.username
+             WHERE p.id = $1 AND o.scheme = $2 AND o.id <> p.id",
+            &[&id, &scheme.as_str()],
+        )
+        .await?
+        .map(|r| r.get(0));
+    let Some(other) = other else {
+        tx.execute(
+            "UPDATE proxies SET scheme = $2, scheme_detect = false,
+                 changed_seq = (SELECT change_seq FROM meta) WHERE id = $1",
+            &[&id, &scheme.as_str()],
+        )
+        .await?;
+        return Ok(id);
+    };
+    tx.execute(
+        "INSERT INTO proxy_sources (proxy_id, source_id, first_seen, last_seen, listed)
+         SELECT $2, source_id, first_seen, last_seen, listed FROM proxy_sources WHERE proxy_id = $1
+         ON CONFLICT (source_id, proxy_id) DO UPDATE SET
+             first_seen = least(proxy_sources.first_seen, excluded.first_seen),
+             last_seen = greatest(proxy_sources.last_seen, excluded.last_seen),
+             listed = proxy_sources.listed OR excluded.listed",
+        &[&id, &other],
+    )
+    .await?;
+    tx.execute("DELETE FROM proxies WHERE id = $1", &[&id])
+        .await?;
+    Ok(other)
+}
