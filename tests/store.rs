@@ -1,7 +1,10 @@
 //! The store on real SQLite files: migrations from empty, re-opening, and
-//! refusing a database written by a newer version.
+//! refusing a database written by a newer version; and the suite of the
+//! store's surface on both backends, SQLite and a real PostgreSQL server.
 
 mod common;
+
+use common::backend::TestDb;
 
 use std::collections::BTreeSet;
 use std::net::{IpAddr, Ipv4Addr};
@@ -54,6 +57,15 @@ async fn store_of(path: &std::path::Path, n: u32) -> Store {
         .await
         .unwrap();
     store
+}
+
+/// `db`'s store holding `candidates(n)`, listed by one run of `a`.
+async fn listing_of(db: &TestDb, n: u32) -> Store {
+    db.store
+        .record_source_run(run("a", 1_000), candidates(n))
+        .await
+        .unwrap();
+    db.store.clone()
 }
 
 #[tokio::test]
@@ -264,10 +276,8 @@ async fn record_verdicts(store: &Store, alive: &[i64], dead: &[i64], at: i64) {
 
 /// A candidate on port 0 is refused with an error naming it, on either
 /// write path, and its chunk leaves nothing behind.
-#[tokio::test]
-async fn a_candidate_on_port_0_is_refused_by_name() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(&dir.path().join("p.db")).unwrap();
+async fn a_candidate_on_port_0_is_refused_by_name(db: TestDb) {
+    let store = db.store;
     let mut list = candidates(10);
     list[4].proxy.port = 0;
     // Batched (distinct addresses), then row by row (one repeated).
@@ -369,10 +379,8 @@ async fn a_large_purge_deletes_every_qualifying_proxy() {
 
 /// A listing page is filtered, sorted and cut in SQL, with the total of
 /// all matches.
-#[tokio::test]
-async fn listing_pages_are_cut_in_sql() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = store_of(&dir.path().join("page.db"), 25).await;
+async fn listing_pages_are_cut_in_sql(db: TestDb) {
+    let store = listing_of(&db, 25).await;
     let all = store.list_proxies(ProxyFilter::default()).await.unwrap();
     let ids: Vec<i64> = all.iter().map(|r| r.id).collect();
     let page = store
@@ -424,10 +432,8 @@ async fn a_write_waits_out_another_process_holding_the_lock() {
 /// A round pages through what is due in the order it fell due, through the
 /// due-time index: every due proxy comes exactly once, across pages and
 /// across proxies that fell due at the same moment, and none that is not.
-#[tokio::test]
-async fn due_proxies_page_once_each_in_due_order() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = store_of(&dir.path().join("due.db"), 2_500).await;
+async fn due_proxies_page_once_each_in_due_order(db: TestDb) {
+    let store = listing_of(&db, 2_500).await;
     let ids: Vec<i64> = common::ids_of(&store).await;
     let now = proxywarden::store::now_ms();
     // A third not due for an hour; the rest due together, at one moment.
@@ -618,10 +624,8 @@ async fn a_changed_hint_updates_only_that_row() {
 
 /// A proxy a new list leaves out keeps the time it was last listed; the
 /// rest are seen by the new run; one listed again is seen again.
-#[tokio::test]
-async fn a_proxy_left_out_keeps_its_last_sighting() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(&dir.path().join("p.db")).unwrap();
+async fn a_proxy_left_out_keeps_its_last_sighting(db: TestDb) {
+    let store = db.store;
     let list = candidates(10);
     store
         .record_source_run(run("a", 1_000), list.clone())
@@ -763,10 +767,8 @@ async fn a_run_of_new_proxies_meeting_known_ones_stores_each_once() {
 
 /// Two sources listing overlapping proxies in one round: each proxy counts
 /// once among those seen since the round began.
-#[tokio::test]
-async fn proxies_seen_by_two_sources_count_once() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(&dir.path().join("p.db")).unwrap();
+async fn proxies_seen_by_two_sources_count_once(db: TestDb) {
+    let store = db.store;
     let all = candidates(30);
     store
         .record_source_run(run("old", 1_000), all.clone())
@@ -789,10 +791,8 @@ async fn proxies_seen_by_two_sources_count_once() {
 /// An entry whose scheme is to be detected is the proxy already stored at
 /// its address, whatever scheme that row has, and only an address no row
 /// holds is new.
-#[tokio::test]
-async fn a_detected_entry_is_the_proxy_known_at_its_address() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(&dir.path().join("p.db")).unwrap();
+async fn a_detected_entry_is_the_proxy_known_at_its_address(db: TestDb) {
+    let store = db.store;
     let entry = |url: &str, detect: bool| {
         let proxy = proxywarden::proxy::Proxy::parse_url(url).unwrap();
         Candidate::new(
@@ -1175,4 +1175,106 @@ async fn changed_rows_of_known_change_numbers_are_skipped_not_lost() {
     // Without the known numbers every changed row is read.
     let (records, _, _) = store.changed_since(before, 100, vec![]).await.unwrap();
     assert_eq!(records.len(), 3);
+}
+
+/// Verdicts land on their rows, move them between statuses in listings
+/// and counts, and carry a change number that a follower reading changes
+/// since its mark finds, once.
+async fn verdicts_are_listed_counted_and_followed(db: TestDb) {
+    let store = listing_of(&db, 6).await;
+    let ids = common::ids_of(&store).await;
+    let mark = store.change_seq().await.unwrap();
+    let now = proxywarden::store::now_ms();
+    record_verdicts(&store, &ids[..2], &ids[2..3], now).await;
+    let alive = store
+        .list_proxies(ProxyFilter {
+            status: Some(proxywarden::proxy::Status::Alive),
+            ..ProxyFilter::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(alive.iter().map(|r| r.id).collect::<Vec<_>>(), ids[..2]);
+    assert!(
+        alive
+            .iter()
+            .all(|r| r.checks_ok == 1 && r.last_alive == Some(now))
+    );
+    let stats = store.stats().await.unwrap();
+    assert_eq!(
+        (
+            stats.by_status["alive"],
+            stats.by_status["dead"],
+            stats.by_status["unknown"]
+        ),
+        (2, 1, 3)
+    );
+    assert_eq!(stats.by_reason["refused"], 1);
+    // Checked proxies are due again later; the unchecked ones still now,
+    // and those whose checks are pulled in or asked for.
+    assert_eq!(store.count_due(now, false).await.unwrap(), 3);
+    store.pull_checks_in(vec![(ids[0], now)]).await.unwrap();
+    store.mark_due_many(vec![ids[1]], now).await.unwrap();
+    assert_eq!(store.count_due(now, false).await.unwrap(), 5);
+    assert_eq!(store.next_due_at().await.unwrap(), Some(1_000));
+    let (changed, next, full) = store.changed_since(mark, 100, Vec::new()).await.unwrap();
+    let mut changed: Vec<i64> = changed.iter().map(|r| r.id).collect();
+    changed.sort_unstable();
+    assert_eq!(changed, ids[..3]);
+    assert!(!full && next > mark);
+    let (again, _, _) = store.changed_since(next, 100, Vec::new()).await.unwrap();
+    assert!(again.is_empty(), "a change read twice");
+    assert_eq!(
+        store.proxies_by_ids(vec![ids[2]]).await.unwrap()[0]
+            .reason
+            .as_deref(),
+        Some("refused")
+    );
+}
+
+on_both_backends!(
+    a_candidate_on_port_0_is_refused_by_name,
+    listing_pages_are_cut_in_sql,
+    due_proxies_page_once_each_in_due_order,
+    a_proxy_left_out_keeps_its_last_sighting,
+    proxies_seen_by_two_sources_count_once,
+    a_detected_entry_is_the_proxy_known_at_its_address,
+    verdicts_are_listed_counted_and_followed,
+);
+
+/// Nodes starting together on one PostgreSQL database migrate it once
+/// (the advisory lock), and both then write and read the same rows; a
+/// database from a newer proxywarden is refused, not written.
+#[tokio::test]
+async fn postgres_nodes_starting_together_share_one_migrated_database() {
+    let server = tokio::task::spawn_blocking(common::postgres::PgServer::start)
+        .await
+        .unwrap();
+    let url = server.url();
+    let (a, b) = tokio::join!(Store::connect(&url), Store::connect(&url));
+    let (a, b) = (a.unwrap(), b.unwrap());
+    assert_eq!(a.schema_version().await.unwrap(), 1);
+    assert_eq!(b.schema_version().await.unwrap(), 1);
+    a.record_source_run(run("a", 1_000), candidates(5))
+        .await
+        .unwrap();
+    assert_eq!(b.stats().await.unwrap().total, 5);
+
+    let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    client
+        .execute(
+            "INSERT INTO schema_migrations (version, applied_at) VALUES (99, 0)",
+            &[],
+        )
+        .await
+        .unwrap();
+    let err = Store::connect(&url).await.unwrap_err();
+    assert!(matches!(err, StoreError::TooNew { found: 99, .. }), "{err}");
+    assert!(
+        err.to_string()
+            .contains("only knows up to 1; upgrade proxywarden"),
+        "{err}"
+    );
 }
