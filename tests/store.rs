@@ -1231,7 +1231,137 @@ async fn verdicts_are_listed_counted_and_followed(db: TestDb) {
     );
 }
 
+/// What use teaches lands on the rows: reports, worked uses (a sighting
+/// alive), a failed report asking for a check; proxies are found by
+/// identity; and a purge takes the long-dead proxies no list names.
+async fn uses_reports_lookups_and_purge(db: TestDb) {
+    let store = listing_of(&db, 4).await;
+    let ids = common::ids_of(&store).await;
+    assert!(store.record_report(ids[0], true, 5).await.unwrap());
+    assert!(!store.record_report(ids[3] + 100, true, 5).await.unwrap());
+    store
+        .record_worked(vec![(ids[1], 3, 7_000), (ids[1], 2, 6_000)])
+        .await
+        .unwrap();
+    let r = &store.proxies_by_ids(vec![ids[1]]).await.unwrap()[0];
+    assert_eq!(r.last_alive, Some(7_000));
+    let mut wanted: Vec<proxywarden::proxy::Proxy> =
+        candidates(2).into_iter().map(|c| c.proxy).collect();
+    wanted.push(proxywarden::proxy::Proxy::parse_url("socks5://10.9.9.9:1080").unwrap());
+    assert_eq!(
+        store.proxy_ids(wanted).await.unwrap(),
+        [Some(ids[0]), Some(ids[1]), None]
+    );
+    // Dead since 2 s, listed by no source since: purged after a day, but
+    // only once the source's list is older than the cut too.
+    record_verdicts(&store, &[], &ids[2..], 2_000).await;
+    let day = std::time::Duration::from_secs(86_400);
+    assert_eq!(store.purge(500, day).await.unwrap(), 0);
+    assert_eq!(store.purge(10 * 86_400_000, day).await.unwrap(), 2);
+    assert_eq!(common::ids_of(&store).await, ids[..2]);
+}
+
+/// Site records and snapshots are kept, read back, bounded.
+async fn site_records_and_snapshots_round_trip(db: TestDb) {
+    let store = listing_of(&db, 2).await;
+    let ids = common::ids_of(&store).await;
+    let site = |proxy_id: i64, at: i64| proxywarden::store::SiteRecord {
+        site: "example.com".into(),
+        proxy_id,
+        worked: 3,
+        blocked: 1,
+        latency_ms: Some(120),
+        last_worked_at: Some(at),
+        last_blocked_at: None,
+        banned_until: Some(at + 60_000),
+        updated_at: at,
+    };
+    // A record of a proxy that is gone is dropped, not an error.
+    store
+        .save_site_records(vec![
+            site(ids[0], 1_000),
+            site(ids[1], 2_000),
+            site(ids[1] + 9, 3_000),
+        ])
+        .await
+        .unwrap();
+    store
+        .save_site_records(vec![site(ids[0], 4_000)])
+        .await
+        .unwrap();
+    let loaded = store.load_site_records(0, 10).await.unwrap();
+    assert_eq!(loaded, [site(ids[0], 4_000), site(ids[1], 2_000)]);
+
+    let snap = |at: i64, alive: i64| proxywarden::store::Snapshot {
+        at,
+        alive,
+        servable: alive,
+        ..Default::default()
+    };
+    for (at, alive) in [(0, 2), (60_000, 4), (120_000, 7), (180_000, 9)] {
+        store
+            .record_snapshot(snap(at, alive), 60_000)
+            .await
+            .unwrap();
+    }
+    // The first fell out of the window; buckets of two minutes average.
+    let got = store.snapshots(0, 120_000).await.unwrap();
+    assert_eq!(got, [snap(0, 4), snap(120_000, 8)]);
+}
+
+/// Crawl jobs: queued within the bound, listed newest first without their
+/// long lists, run and ended, and the unended ones found for a restart.
+async fn crawl_jobs_are_queued_run_and_ended(db: TestDb) {
+    let store = db.store;
+    let spec = |seed: &str| format!(r#"{{"seeds":["{seed}","{seed}2"],"max_pages":5}}"#);
+    let a = store.insert_crawl_job(spec("http://a/")).await.unwrap();
+    let b = store
+        .insert_crawl_job_bounded(spec("http://b/"), 2)
+        .await
+        .unwrap()
+        .expect("room for a second");
+    assert_eq!(
+        store
+            .insert_crawl_job_bounded(spec("http://c/"), 2)
+            .await
+            .unwrap(),
+        None
+    );
+    assert_eq!((a.state.as_str(), b.id > a.id), ("queued", true));
+    store.crawl_job_running(a.id).await.unwrap();
+    store.crawl_job_paused(a.id, "{}".into()).await.unwrap();
+    store
+        .crawl_job_ended(b.id, "failed", None, Some("no proxy".into()))
+        .await
+        .unwrap();
+    let unended = store.unended_crawl_jobs().await.unwrap();
+    assert_eq!(unended.len(), 1);
+    assert_eq!(
+        (unended[0].id, unended[0].state.as_str()),
+        (a.id, "running")
+    );
+    assert_eq!(unended[0].summary.as_deref(), Some("{}"));
+    let ended = store.crawl_job(b.id).await.unwrap().unwrap();
+    assert_eq!(ended.error.as_deref(), Some("no proxy"));
+    assert!(ended.finished_at.is_some());
+    let listing = store.crawl_job_listing(10, None).await.unwrap();
+    assert_eq!(
+        listing.iter().map(|(r, n)| (r.id, *n)).collect::<Vec<_>>(),
+        [(b.id, 2), (a.id, 2)]
+    );
+    let options: serde_json::Value = serde_json::from_str(&listing[0].0.spec).unwrap();
+    assert_eq!(options, serde_json::json!({"max_pages": 5}));
+    assert_eq!(
+        store.crawl_job_listing(10, Some(b.id)).await.unwrap().len(),
+        1
+    );
+    assert_eq!(store.crawl_jobs(1).await.unwrap()[0].id, b.id);
+}
+
 on_both_backends!(
+    uses_reports_lookups_and_purge,
+    site_records_and_snapshots_round_trip,
+    crawl_jobs_are_queued_run_and_ended,
     a_candidate_on_port_0_is_refused_by_name,
     listing_pages_are_cut_in_sql,
     due_proxies_page_once_each_in_due_order,

@@ -334,3 +334,114 @@ async fn settle_scheme(
         .await?;
     Ok(other)
 }
+
+impl Postgres {
+    pub(crate) async fn record_report(
+        &self,
+        id: i64,
+        ok: bool,
+        now: i64,
+    ) -> Result<bool, StoreError> {
+        let c = self.client().await?;
+        let changed = if ok {
+            c.execute(
+                "UPDATE proxies SET reports_ok = reports_ok + 1 WHERE id = $1",
+                &[&id],
+            )
+            .await?
+        } else {
+            c.execute(
+                "UPDATE proxies SET reports_failed = reports_failed + 1,
+                     next_check_at = least(next_check_at, $2) WHERE id = $1",
+                &[&id, &now],
+            )
+            .await?
+        };
+        Ok(changed > 0)
+    }
+
+    /// A use that worked is a sighting of the proxy alive, as a passed
+    /// check is: `last_alive` is what freshness bounds read.
+    pub(crate) async fn record_worked(&self, uses: Vec<(i64, u64, i64)>) -> Result<(), StoreError> {
+        if uses.is_empty() {
+            return Ok(());
+        }
+        let ids: Vec<i64> = uses.iter().map(|u| u.0).collect();
+        let ns: Vec<i64> = uses
+            .iter()
+            .map(|u| i64::try_from(u.1).unwrap_or(i64::MAX))
+            .collect();
+        let ats: Vec<i64> = uses.iter().map(|u| u.2).collect();
+        self.client()
+            .await?
+            .execute(
+                "UPDATE proxies p SET reports_ok = p.reports_ok + u.n,
+                     last_alive = greatest(coalesce(p.last_alive, 0), u.at)
+                 FROM (SELECT id, sum(n)::bigint AS n, max(at) AS at
+                       FROM unnest($1::bigint[], $2::bigint[], $3::bigint[]) x(id, n, at)
+                       GROUP BY id) u
+                 WHERE p.id = u.id",
+                &[&ids, &ns, &ats],
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// Deletes the proxies dead since before `now - after` that no source
+    /// has listed since, in bounded transactions.
+    pub(crate) async fn purge(&self, now: i64, after: Duration) -> Result<usize, StoreError> {
+        let cutoff = now.saturating_sub(ms(after));
+        let c = self.client().await?;
+        let mut purged = 0;
+        loop {
+            let n = c
+                .execute(
+                    "DELETE FROM proxies WHERE id IN (
+                         SELECT id FROM proxies WHERE status = 'dead'
+                             AND coalesce(last_alive, first_seen) < $1 AND last_seen < $1
+                             AND NOT EXISTS (SELECT 1 FROM sources s JOIN proxy_sources ps
+                                               ON ps.source_id = s.id AND ps.proxy_id = proxies.id
+                                             WHERE ps.listed AND s.listed_at >= $1)
+                         LIMIT $2)",
+                    &[&cutoff, &(PURGE_BATCH as i64)],
+                )
+                .await? as usize;
+            purged += n;
+            if n < PURGE_BATCH {
+                return Ok(purged);
+            }
+        }
+    }
+
+    pub(crate) async fn proxy_ids(
+        &self,
+        proxies: Vec<Proxy>,
+    ) -> Result<Vec<Option<i64>>, StoreError> {
+        let c = self.client().await?;
+        let find = c
+            .prepare_cached(
+                "SELECT id FROM proxies
+                 WHERE scheme = $1 AND host = $2 AND port = $3 AND username = $4",
+            )
+            .await?;
+        let mut ids = Vec::with_capacity(proxies.len());
+        for p in &proxies {
+            let row = c
+                .query_opt(
+                    &find,
+                    &[
+                        &p.scheme.as_str(),
+                        &p.host.to_string(),
+                        &i32::from(p.port),
+                        &p.username(),
+                    ],
+                )
+                .await?;
+            ids.push(row.map(|r| r.get(0)));
+        }
+        Ok(ids)
+    }
+}
+
+/// Proxies deleted per transaction of a purge.
+const PURGE_BATCH: usize = 5_000;

@@ -3,12 +3,14 @@
 //! SQL, and its own numbered migrations in `migrations/postgres/`, applied
 //! under an advisory lock so that nodes starting together migrate once.
 //! Every call is async I/O on the runtime: nothing here blocks a worker.
-//! A file per topic of the store's surface, each an `impl Postgres`; what
-//! is not written yet answers [`StoreError::Unsupported`].
+//! A file per topic of the store's surface, each an `impl Postgres`; crawl
+//! frontiers are not written yet and answer [`StoreError::Unsupported`].
 
 mod checks;
+mod crawls;
 mod ingest;
 mod listing;
+mod sites;
 
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
@@ -20,8 +22,7 @@ use tokio_postgres::NoTls;
 use tokio_postgres::error::SqlState;
 
 use super::unwritable::{WriteFailure, WriteHealth, WriteTrouble};
-use super::{CrawlJobRecord, DbError, Frontier, SiteRecord, Snapshot, StoreError};
-use crate::proxy::Proxy;
+use super::{DbError, Frontier, StoreError};
 
 /// Every migration, in order; the version after applying `MIGRATIONS[i]`
 /// is `i + 1`. Never edit an applied migration: add a new file.
@@ -259,38 +260,4 @@ async fn migrate(client: &mut deadpool_postgres::Object, shown: &Path) -> Result
     }
     tx.commit().await?;
     Ok(())
-}
-
-/// Methods of the surface this backend does not have yet: each says so.
-macro_rules! unsupported {
-    ($( $name:ident ( $($arg:ident : $ty:ty),* ) -> $ret:ty; )*) => {
-        impl Postgres {
-            $(
-                pub(crate) async fn $name(&self $(, $arg: $ty)*) -> Result<$ret, StoreError> {
-                    $( let _ = $arg; )*
-                    Err(StoreError::Unsupported(stringify!($name)))
-                }
-            )*
-        }
-    };
-}
-
-unsupported! {
-    record_report(id: i64, ok: bool, now: i64) -> bool;
-    record_worked(uses: Vec<(i64, u64, i64)>) -> ();
-    purge(now: i64, after: Duration) -> usize;
-    insert_crawl_job_bounded(spec: String, max_queued: usize) -> Option<CrawlJobRecord>;
-    insert_crawl_job(spec: String) -> CrawlJobRecord;
-    crawl_job_running(id: i64) -> ();
-    crawl_job_ended(id: i64, state: &'static str, summary: Option<String>, error: Option<String>) -> ();
-    crawl_job_paused(id: i64, summary: String) -> ();
-    crawl_job(id: i64) -> Option<CrawlJobRecord>;
-    crawl_jobs(limit: usize) -> Vec<CrawlJobRecord>;
-    crawl_job_listing(limit: usize, before: Option<i64>) -> Vec<(CrawlJobRecord, i64)>;
-    unended_crawl_jobs() -> Vec<CrawlJobRecord>;
-    proxy_ids(proxies: Vec<Proxy>) -> Vec<Option<i64>>;
-    save_site_records(records: Vec<SiteRecord>) -> ();
-    load_site_records(since: i64, limit: usize) -> Vec<SiteRecord>;
-    record_snapshot(snapshot: Snapshot, keep_since: i64) -> ();
-    snapshots(since: i64, bucket_ms: i64) -> Vec<Snapshot>;
 }
