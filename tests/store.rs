@@ -12,7 +12,8 @@ use std::net::{IpAddr, Ipv4Addr};
 use proxywarden::model::{Candidate, Hints, SourceScheme};
 use proxywarden::proxy::Scheme;
 use proxywarden::store::{
-    DueCursor, DueLane, ProxyFilter, ProxySort, SCHEMA_VERSION, SourceRun, Store, StoreError,
+    DueCursor, DueLane, POSTGRES_SCHEMA_VERSION, ProxyFilter, ProxySort, SCHEMA_VERSION, SourceRun,
+    Store, StoreError,
 };
 
 fn run(name: &str, at: i64) -> SourceRun {
@@ -1358,7 +1359,74 @@ async fn crawl_jobs_are_queued_run_and_ended(db: TestDb) {
     assert_eq!(store.crawl_jobs(1).await.unwrap()[0].id, b.id);
 }
 
+/// Two nodes leasing due checks at once take disjoint proxies that cover
+/// all that is due; while the leases hold nothing more is leased; a
+/// deferral or a verdict ends a lease, and a lease that expires (its node
+/// died) lets another node take the proxy.
+async fn due_checks_are_leased_once_across_nodes(db: TestDb) {
+    let a = listing_of(&db, 300).await;
+    let b = db.second_node().await;
+    let now = proxywarden::store::now_ms();
+    let lease = std::time::Duration::from_secs(60);
+    let lane = DueLane::Others;
+    let (mut got_a, mut got_b) = (Vec::new(), Vec::new());
+    loop {
+        let (pa, pb) = tokio::join!(
+            a.lease_due("a".into(), now, lane, 25, lease),
+            b.lease_due("b".into(), now, lane, 25, lease)
+        );
+        let (pa, pb) = (pa.unwrap(), pb.unwrap());
+        if pa.is_empty() && pb.is_empty() {
+            break;
+        }
+        assert!(
+            pa.windows(2)
+                .all(|w| (w[0].next_check_at, w[0].id) < (w[1].next_check_at, w[1].id)),
+            "in due order"
+        );
+        got_a.extend(pa.iter().map(|d| d.id));
+        got_b.extend(pb.iter().map(|d| d.id));
+    }
+    let mut all: Vec<i64> = got_a.iter().chain(&got_b).copied().collect();
+    all.sort_unstable();
+    assert_eq!(all, common::ids_of(&a).await, "every due proxy leased once");
+    if db.is_postgres() {
+        assert!(
+            !got_a.is_empty() && !got_b.is_empty(),
+            "both nodes took work"
+        );
+    }
+
+    // A deferral ends the lease: due again, another node takes it.
+    let deferred: Vec<i64> = got_a.iter().take(10).copied().collect();
+    a.defer_checks(deferred.clone(), now).await.unwrap();
+    let retaken = b
+        .lease_due("b".into(), now, lane, 100, lease)
+        .await
+        .unwrap();
+    assert_eq!(retaken.iter().map(|d| d.id).collect::<Vec<_>>(), deferred);
+    // A verdict ends it too (and the proxy is due later, not now).
+    record_verdicts(&a, &got_a[10..20], &[], now).await;
+    let after = now + 61_000;
+    // Node a died holding the rest: its leases expire, b takes them.
+    let expired = b
+        .lease_due("b".into(), after, lane, 1_000, lease)
+        .await
+        .unwrap();
+    let mut expired: Vec<i64> = expired.iter().map(|d| d.id).collect();
+    expired.sort_unstable();
+    let mut expected: Vec<i64> = got_a[20..]
+        .iter()
+        .chain(&got_b)
+        .chain(&deferred)
+        .copied()
+        .collect();
+    expected.sort_unstable();
+    assert_eq!(expired, expected);
+}
+
 on_both_backends!(
+    due_checks_are_leased_once_across_nodes,
     uses_reports_lookups_and_purge,
     site_records_and_snapshots_round_trip,
     crawl_jobs_are_queued_run_and_ended,
@@ -1382,8 +1450,8 @@ async fn postgres_nodes_starting_together_share_one_migrated_database() {
     let url = server.url();
     let (a, b) = tokio::join!(Store::connect(&url), Store::connect(&url));
     let (a, b) = (a.unwrap(), b.unwrap());
-    assert_eq!(a.schema_version().await.unwrap(), 1);
-    assert_eq!(b.schema_version().await.unwrap(), 1);
+    assert_eq!(a.schema_version().await.unwrap(), POSTGRES_SCHEMA_VERSION);
+    assert_eq!(b.schema_version().await.unwrap(), POSTGRES_SCHEMA_VERSION);
     a.record_source_run(run("a", 1_000), candidates(5))
         .await
         .unwrap();
@@ -1403,8 +1471,9 @@ async fn postgres_nodes_starting_together_share_one_migrated_database() {
     let err = Store::connect(&url).await.unwrap_err();
     assert!(matches!(err, StoreError::TooNew { found: 99, .. }), "{err}");
     assert!(
-        err.to_string()
-            .contains("only knows up to 1; upgrade proxywarden"),
+        err.to_string().contains(&format!(
+            "only knows up to {POSTGRES_SCHEMA_VERSION}; upgrade proxywarden"
+        )),
         "{err}"
     );
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::{ProxyRecord, Store, StoreError, dispatch};
 use crate::model::{Outcome, RecheckPolicy};
-use crate::proxy::Proxy;
+use crate::proxy::{Credentials, Proxy, Scheme};
 
 /// A proxy to check.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -25,7 +25,52 @@ pub struct DueProxy {
     pub next_check_at: i64,
 }
 
+/// A due row's columns as both backends read them, in this order: id,
+/// scheme, host, port, username, password, scheme_detect, alive,
+/// https_checked_at, next_check_at.
+pub(crate) type DueColumns = (
+    i64,
+    String,
+    String,
+    i64,
+    String,
+    Option<String>,
+    bool,
+    bool,
+    Option<i64>,
+    i64,
+);
+
 impl DueProxy {
+    /// The proxy of a due row; `None`, with a warning, for a row that does
+    /// not parse: it was not written by us, and a round skips it rather
+    /// than fail.
+    pub(crate) fn from_columns(c: DueColumns) -> Option<DueProxy> {
+        let (id, scheme, host, port, username, password, detect, alive, https_checked_at, due) = c;
+        let (Ok(scheme), Ok(host), Ok(port)) =
+            (scheme.parse::<Scheme>(), host.parse(), u16::try_from(port))
+        else {
+            tracing::warn!(id, "skipping a proxy row that does not parse");
+            return None;
+        };
+        Some(DueProxy {
+            id,
+            proxy: Proxy {
+                scheme,
+                host,
+                port,
+                auth: (!username.is_empty()).then(|| Credentials {
+                    username,
+                    password: password.unwrap_or_default(),
+                }),
+            },
+            detect,
+            alive,
+            https_checked_at,
+            next_check_at: due,
+        })
+    }
+
     /// The cursor for the page after this proxy.
     pub fn cursor(&self) -> DueCursor {
         DueCursor {
@@ -174,6 +219,24 @@ impl Store {
         known: Vec<i64>,
     ) -> Result<(Vec<ProxyRecord>, i64, bool), StoreError> {
         dispatch!(self.changed_since(after, limit, known))
+    }
+
+    /// Leases to `node`, until `now + lease`, up to `limit` proxies of
+    /// `lane` due at `now` that no node holds (or whose lease expired), in
+    /// the order they fell due. Nodes sharing a database lease disjoint
+    /// proxies: on PostgreSQL a row another node is leasing is skipped, not
+    /// waited for. The verdict ([`Store::record_checks`]) or a deferral
+    /// ([`Store::defer_checks`]) ends the lease; a node that dies loses its
+    /// leases when they expire.
+    pub async fn lease_due(
+        &self,
+        node: String,
+        now: i64,
+        lane: DueLane,
+        limit: usize,
+        lease: Duration,
+    ) -> Result<Vec<DueProxy>, StoreError> {
+        dispatch!(self.lease_due(node, now, lane, limit, lease))
     }
 
     /// Schedules the next check of these proxies at `at` (unix ms) without

@@ -202,6 +202,10 @@ impl std::error::Error for DbError {
 /// The schema version this binary writes (the number of migrations).
 pub const SCHEMA_VERSION: i64 = sqlite::migrate::LATEST;
 
+/// The schema version this binary writes on PostgreSQL, whose migrations
+/// are numbered on their own.
+pub const POSTGRES_SCHEMA_VERSION: i64 = postgres::LATEST;
+
 /// A cheap, cloneable handle to the database, whichever backend holds it.
 /// Every method that may block runs off the async runtime inside the
 /// backend, never at the call sites.

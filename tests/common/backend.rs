@@ -40,6 +40,15 @@ impl TestDb {
         }
     }
 
+    /// The store as another node sees it: a second connection to the
+    /// same PostgreSQL database; SQLite has one node, the same store.
+    pub async fn second_node(&self) -> Store {
+        match &self._keep {
+            Keep::Server(server) => Store::connect(&server.url()).await.unwrap(),
+            Keep::Dir(_) => self.store.clone(),
+        }
+    }
+
     /// Whether this is the PostgreSQL one.
     pub fn is_postgres(&self) -> bool {
         matches!(self._keep, Keep::Server(_))

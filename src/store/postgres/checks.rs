@@ -8,8 +8,24 @@ use deadpool_postgres::GenericClient;
 use super::Postgres;
 use super::listing::proxies_by_ids;
 use crate::model::RecheckPolicy;
-use crate::proxy::{Credentials, Proxy, Scheme};
+use crate::proxy::{Proxy, Scheme};
 use crate::store::{CheckRecord, DueCursor, DueLane, DueProxy, ProxyRecord, Recorded, StoreError};
+
+/// A due row (the columns `DueProxy::from_columns` takes) as a proxy.
+fn due_proxy(r: &tokio_postgres::Row) -> Option<DueProxy> {
+    DueProxy::from_columns((
+        r.get(0),
+        r.get(1),
+        r.get(2),
+        i64::from(r.get::<_, i32>(3)),
+        r.get(4),
+        r.get(5),
+        r.get(6),
+        r.get(7),
+        r.get(8),
+        r.get(9),
+    ))
+}
 
 fn ms(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
@@ -77,38 +93,39 @@ impl Postgres {
         let rows = c
             .query(&st, &[&now, &after.at, &after.id, &(limit as i64)])
             .await?;
-        let mut out = Vec::with_capacity(rows.len());
-        for r in rows {
-            let id: i64 = r.get(0);
-            let (scheme, host): (String, String) = (r.get(1), r.get(2));
-            let port: i32 = r.get(3);
-            // Rows that do not parse were not written by us; skip them
-            // rather than fail the round.
-            let (Ok(scheme), Ok(host), Ok(port)) =
-                (scheme.parse::<Scheme>(), host.parse(), u16::try_from(port))
-            else {
-                tracing::warn!(id, "skipping a proxy row that does not parse");
-                continue;
-            };
-            let username: String = r.get(4);
-            let password: Option<String> = r.get(5);
-            out.push(DueProxy {
-                id,
-                proxy: Proxy {
-                    scheme,
-                    host,
-                    port,
-                    auth: (!username.is_empty()).then(|| Credentials {
-                        username,
-                        password: password.unwrap_or_default(),
-                    }),
-                },
-                detect: r.get(6),
-                alive: r.get(7),
-                https_checked_at: r.get(8),
-                next_check_at: r.get(9),
-            });
-        }
+        Ok(rows.iter().filter_map(due_proxy).collect())
+    }
+
+    /// Takes the rows it leases with `FOR UPDATE SKIP LOCKED`: a row
+    /// another node is leasing at this moment is left to it, not waited
+    /// for, and the lease is written in the same statement.
+    pub(crate) async fn lease_due(
+        &self,
+        node: String,
+        now: i64,
+        lane: DueLane,
+        limit: usize,
+        lease: Duration,
+    ) -> Result<Vec<DueProxy>, StoreError> {
+        let until = now.saturating_add(ms(lease));
+        let sql = format!(
+            "UPDATE proxies SET lease_until = $2, lease_node = $3 WHERE id IN (
+                 SELECT id FROM proxies
+                 WHERE next_check_at <= $1 AND (lease_until IS NULL OR lease_until <= $1)
+                     AND {}
+                 ORDER BY next_check_at, id LIMIT $4
+                 FOR UPDATE SKIP LOCKED)
+             RETURNING id, scheme, host, port, username, password, scheme_detect,
+                 status = 'alive', https_checked_at, next_check_at",
+            lane.condition()
+        );
+        let c = self.client().await?;
+        let st = c.prepare_cached(&sql).await?;
+        let rows = c
+            .query(&st, &[&now, &until, &node, &(limit as i64)])
+            .await?;
+        let mut out: Vec<DueProxy> = rows.iter().filter_map(due_proxy).collect();
+        out.sort_by_key(|d| (d.next_check_at, d.id));
         Ok(out)
     }
 
@@ -131,6 +148,7 @@ impl Postgres {
                      last_reason = NULL, checks_total = checks_total + 1,
                      checks_ok = checks_ok + 1, consecutive_failures = 0,
                      next_check_at = $2 + $8::bigint - floor(random() * ($9::bigint + 1))::bigint,
+                     lease_until = NULL, lease_node = NULL,
                      changed_seq = (SELECT change_seq FROM meta)
                  WHERE id = $1",
             )
@@ -142,6 +160,7 @@ impl Postgres {
                      checks_total = checks_total + 1,
                      consecutive_failures = consecutive_failures + 1,
                      next_check_at = $2 + least($4::bigint << least(consecutive_failures, 40)::integer, $5::bigint),
+                     lease_until = NULL, lease_node = NULL,
                      changed_seq = (SELECT change_seq FROM meta)
                  WHERE id = $1",
             )
@@ -250,7 +269,8 @@ impl Postgres {
 
     pub(crate) async fn defer_checks(&self, ids: Vec<i64>, at: i64) -> Result<(), StoreError> {
         self.update_all(
-            "UPDATE proxies SET next_check_at = $2 WHERE id = ANY($1)",
+            "UPDATE proxies SET next_check_at = $2, lease_until = NULL, lease_node = NULL
+             WHERE id = ANY($1)",
             ids,
             at,
         )

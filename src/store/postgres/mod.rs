@@ -26,7 +26,10 @@ use super::{DbError, Frontier, StoreError};
 
 /// Every migration, in order; the version after applying `MIGRATIONS[i]`
 /// is `i + 1`. Never edit an applied migration: add a new file.
-const MIGRATIONS: &[&str] = &[include_str!("../../../migrations/postgres/0001_init.sql")];
+const MIGRATIONS: &[&str] = &[
+    include_str!("../../../migrations/postgres/0001_init.sql"),
+    include_str!("../../../migrations/postgres/0002_check_leases.sql"),
+];
 
 /// The schema version this binary writes.
 pub(crate) const LATEST: i64 = MIGRATIONS.len() as i64;

@@ -8,7 +8,8 @@ use rusqlite::{Connection, OptionalExtension, params};
 use super::Sqlite;
 use super::rows::{bump_change_seq, proxies_by_ids};
 use crate::model::RecheckPolicy;
-use crate::proxy::{Credentials, Proxy, Scheme};
+use crate::proxy::Scheme;
+use crate::store::checks::DueColumns;
 use crate::store::{CheckRecord, DueCursor, DueLane, DueProxy, ProxyRecord, Recorded, StoreError};
 
 fn ms(d: Duration) -> i64 {
@@ -127,9 +128,42 @@ impl Sqlite {
         .await
     }
 
+    /// One node: the writer takes leases one batch at a time.
+    pub(crate) async fn lease_due(
+        &self,
+        node: String,
+        now: i64,
+        lane: DueLane,
+        limit: usize,
+        lease: Duration,
+    ) -> Result<Vec<DueProxy>, StoreError> {
+        let until = now.saturating_add(ms(lease));
+        self.write_weighted(limit, move |tx| {
+            let mut stmt = tx.prepare_cached(&format!(
+                "UPDATE proxies SET lease_until = ?2, lease_node = ?3 WHERE id IN (
+                     SELECT id FROM proxies INDEXED BY proxies_next_check
+                     WHERE next_check_at <= ?1 AND (lease_until IS NULL OR lease_until <= ?1)
+                         AND {}
+                     ORDER BY next_check_at, id LIMIT ?4)
+                 RETURNING id, scheme, host, port, username, password, scheme_detect,
+                     status = 'alive', https_checked_at, next_check_at",
+                lane.condition()
+            ))?;
+            let rows = stmt.query_map(params![now, until, node, limit as i64], due_columns)?;
+            let mut out = Vec::new();
+            for row in rows {
+                out.extend(DueProxy::from_columns(row?));
+            }
+            out.sort_by_key(|d| (d.next_check_at, d.id));
+            Ok(out)
+        })
+        .await
+    }
+
     pub(crate) async fn defer_checks(&self, ids: Vec<i64>, at: i64) -> Result<(), StoreError> {
         self.update_each(
-            "UPDATE proxies SET next_check_at = ?2 WHERE id = ?1",
+            "UPDATE proxies SET next_check_at = ?2, lease_until = NULL, lease_node = NULL
+             WHERE id = ?1",
             ids,
             at,
         )
@@ -272,52 +306,28 @@ fn due_page(
              ORDER BY {order} LIMIT ?4",
         lane.condition()
     ))?;
-    let rows = stmt.query_map(params![now, after.at, after.id, limit as i64], |r| {
-        let scheme: String = r.get(1)?;
-        let host: String = r.get(2)?;
-        let username: String = r.get(4)?;
-        let password: Option<String> = r.get(5)?;
-        Ok((
-            r.get::<_, i64>(0)?,
-            scheme,
-            host,
-            r.get::<_, u16>(3)?,
-            username,
-            password,
-            r.get::<_, bool>(6)?,
-            r.get::<_, bool>(7)?,
-            r.get::<_, Option<i64>>(8)?,
-            r.get::<_, i64>(9)?,
-        ))
-    })?;
+    let rows = stmt.query_map(params![now, after.at, after.id, limit as i64], due_columns)?;
     let mut out = Vec::new();
     for row in rows {
-        let (id, scheme, host, port, username, password, detect, alive, https_checked_at, due_at) =
-            row?;
-        // Rows that do not parse were not written by us; skip them
-        // rather than fail the round.
-        let (Ok(scheme), Ok(host)) = (scheme.parse::<Scheme>(), host.parse()) else {
-            tracing::warn!(id, "skipping a proxy row that does not parse");
-            continue;
-        };
-        out.push(DueProxy {
-            id,
-            proxy: Proxy {
-                scheme,
-                host,
-                port,
-                auth: (!username.is_empty()).then(|| Credentials {
-                    username,
-                    password: password.unwrap_or_default(),
-                }),
-            },
-            detect,
-            alive,
-            https_checked_at,
-            next_check_at: due_at,
-        });
+        out.extend(DueProxy::from_columns(row?));
     }
     Ok(out)
+}
+
+/// A due row's columns, as [`DueProxy::from_columns`] takes them.
+fn due_columns(r: &rusqlite::Row) -> rusqlite::Result<DueColumns> {
+    Ok((
+        r.get(0)?,
+        r.get(1)?,
+        r.get(2)?,
+        r.get(3)?,
+        r.get(4)?,
+        r.get(5)?,
+        r.get(6)?,
+        r.get(7)?,
+        r.get(8)?,
+        r.get(9)?,
+    ))
 }
 
 /// Writes the batch; returns the ids the results landed on.
@@ -339,6 +349,7 @@ fn record_checks(
                      last_reason = NULL, checks_total = checks_total + 1,
                      checks_ok = checks_ok + 1, consecutive_failures = 0,
                      next_check_at = ?2 + ?8 - abs(random() % (?9 + 1)),
+                     lease_until = NULL, lease_node = NULL,
                      changed_seq = (SELECT change_seq FROM meta)
                  WHERE id = ?1",
         )?;
@@ -348,6 +359,7 @@ fn record_checks(
                      checks_total = checks_total + 1,
                      consecutive_failures = consecutive_failures + 1,
                      next_check_at = ?2 + min(?4 << min(consecutive_failures, 40), ?5),
+                     lease_until = NULL, lease_node = NULL,
                      changed_seq = (SELECT change_seq FROM meta)
                  WHERE id = ?1",
         )?;

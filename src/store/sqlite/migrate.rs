@@ -25,6 +25,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../../migrations/0013_proxy_sites.sql"),
     include_str!("../../../migrations/0014_snapshots.sql"),
     include_str!("../../../migrations/0015_crawl_frontier.sql"),
+    include_str!("../../../migrations/0016_check_leases.sql"),
 ];
 
 /// Every table the migrations create: a database holding any other is
