@@ -99,6 +99,31 @@ impl DueCursor {
     };
 }
 
+/// One page of changed rows read after change number `after`: `rows`
+/// (id, change number) in change order, at most `limit`. Returns the ids
+/// to read (those whose change number is not in `known`, sorted), the
+/// mark to ask from next, and whether the page was full. A full page may
+/// end inside one change number: the mark is then just below it, so none
+/// of its rows is skipped (unless the page holds nothing else, which would
+/// never move on).
+pub(crate) fn change_page(
+    rows: Vec<(i64, i64)>,
+    after: i64,
+    limit: usize,
+    known: &[i64],
+) -> (Vec<i64>, i64, bool) {
+    let first = rows.first().map_or(after, |(_, seq)| *seq);
+    let last = rows.last().map_or(after, |(_, seq)| *seq);
+    let full = rows.len() == limit;
+    let mark = if full && first < last { last - 1 } else { last };
+    let ids = rows
+        .into_iter()
+        .filter(|(_, seq)| known.binary_search(seq).is_err())
+        .map(|(id, _)| id)
+        .collect();
+    (ids, mark.max(after), full)
+}
+
 /// What [`Store::record_checks`] committed.
 #[derive(Debug)]
 pub struct Recorded {

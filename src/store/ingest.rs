@@ -53,7 +53,10 @@ impl Store {
         run: SourceRun,
         candidates: impl Into<CandidateList>,
     ) -> Result<UpsertCounts, StoreError> {
-        dispatch!(self.record_source_run(run, candidates))
+        let mut counts = UpsertCounts::default();
+        self.record_source_run_into(run, candidates, &mut counts)
+            .await
+            .map(|()| counts)
     }
 
     /// [`Store::record_source_run`], adding to `counts` what each chunk

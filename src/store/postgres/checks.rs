@@ -9,6 +9,7 @@ use super::Postgres;
 use super::listing::proxies_by_ids;
 use crate::model::RecheckPolicy;
 use crate::proxy::{Proxy, Scheme};
+use crate::store::checks::change_page;
 use crate::store::{CheckRecord, DueCursor, DueLane, DueProxy, ProxyRecord, Recorded, StoreError};
 
 /// A due row (the columns `DueProxy::from_columns` takes) as a proxy.
@@ -243,22 +244,8 @@ impl Postgres {
             .iter()
             .map(|r| (r.get(0), r.get(1)))
             .collect();
-        let first = ids.first().map_or(after, |(_, seq)| *seq);
-        let last = ids.last().map_or(after, |(_, seq)| *seq);
-        // A full page may end inside one change number: ask again from
-        // just below it so none of its rows is skipped.
-        let mark = if ids.len() == limit && first < last {
-            last - 1
-        } else {
-            last
-        };
-        let full = ids.len() == limit;
-        let ids: Vec<i64> = ids
-            .into_iter()
-            .filter(|(_, seq)| known.binary_search(seq).is_err())
-            .map(|(id, _)| id)
-            .collect();
-        Ok((proxies_by_ids(&c, &ids).await?, mark.max(after), full))
+        let (ids, mark, full) = change_page(ids, after, limit, &known);
+        Ok((proxies_by_ids(&c, &ids).await?, mark, full))
     }
 
     /// Runs `sql` (with `$1` the ids and `$2` the time) once for all `ids`.

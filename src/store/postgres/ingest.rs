@@ -37,17 +37,6 @@ const LINK_SOURCE: &str =
          listed = true, last_seen = greatest(proxy_sources.last_seen, excluded.last_seen)";
 
 impl Postgres {
-    pub(crate) async fn record_source_run(
-        &self,
-        run: SourceRun,
-        candidates: impl Into<CandidateList>,
-    ) -> Result<UpsertCounts, StoreError> {
-        let mut counts = UpsertCounts::default();
-        self.record_source_run_into(run, candidates, &mut counts)
-            .await
-            .map(|()| counts)
-    }
-
     pub(crate) async fn record_source_run_into(
         &self,
         run: SourceRun,

@@ -9,7 +9,7 @@ use super::Sqlite;
 use super::rows::{bump_change_seq, proxies_by_ids};
 use crate::model::RecheckPolicy;
 use crate::proxy::Scheme;
-use crate::store::checks::DueColumns;
+use crate::store::checks::{DueColumns, change_page};
 use crate::store::{CheckRecord, DueCursor, DueLane, DueProxy, ProxyRecord, Recorded, StoreError};
 
 fn ms(d: Duration) -> i64 {
@@ -90,23 +90,8 @@ impl Sqlite {
                 )?
                 .query_map(params![after, limit as i64], |r| Ok((r.get(0)?, r.get(1)?)))?
                 .collect::<Result<_, _>>()?;
-            let first = ids.first().map_or(after, |(_, seq)| *seq);
-            let last = ids.last().map_or(after, |(_, seq)| *seq);
-            // A full page may end inside one change number: ask again from
-            // just below it so none of its rows is skipped (unless the page
-            // holds nothing else, which would never move on).
-            let mark = if ids.len() == limit && first < last {
-                last - 1
-            } else {
-                last
-            };
-            let full = ids.len() == limit;
-            let ids: Vec<i64> = ids
-                .into_iter()
-                .filter(|(_, seq)| known.binary_search(seq).is_err())
-                .map(|(id, _)| id)
-                .collect();
-            Ok((proxies_by_ids(c, &ids)?, mark.max(after), full))
+            let (ids, mark, full) = change_page(ids, after, limit, &known);
+            Ok((proxies_by_ids(c, &ids)?, mark, full))
         })
         .await
     }

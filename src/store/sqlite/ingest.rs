@@ -24,17 +24,6 @@ const _: () = assert!(2 * SOURCE_CHUNK > super::writer::MAX_WEIGHT);
 const UNLIST_PAGE: usize = 50_000;
 
 impl Sqlite {
-    pub(crate) async fn record_source_run(
-        &self,
-        run: SourceRun,
-        candidates: impl Into<CandidateList>,
-    ) -> Result<UpsertCounts, StoreError> {
-        let mut counts = UpsertCounts::default();
-        self.record_source_run_into(run, candidates, &mut counts)
-            .await
-            .map(|()| counts)
-    }
-
     pub(crate) async fn record_source_run_into(
         &self,
         run: SourceRun,
