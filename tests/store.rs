@@ -1477,3 +1477,69 @@ async fn postgres_nodes_starting_together_share_one_migrated_database() {
         "{err}"
     );
 }
+
+/// `database.url` picks PostgreSQL for the commands: `harvest` writes
+/// there (no SQLite file appears), `stats` reads it back, and `config
+/// check` names the database without its password.
+#[tokio::test]
+async fn commands_use_the_postgres_database_the_config_names() {
+    let server = tokio::task::spawn_blocking(common::postgres::PgServer::start)
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("list.txt"),
+        "1.2.3.4:8080\n5.6.7.8:3128\nsocks5://9.9.9.9:1080\n",
+    )
+    .unwrap();
+    // The server trusts every local user: the password is only shown, not checked.
+    let url = server.url().replace("postgres@", "postgres:s3cret@");
+    let config = dir.path().join("proxywarden.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[database]\nurl = {url:?}\npath = {:?}\n\
+             [[sources]]\nname = \"list\"\nurl = {:?}\n",
+            dir.path().join("local.db"),
+            dir.path().join("list.txt"),
+        ),
+    )
+    .unwrap();
+    let bin = env!("CARGO_BIN_EXE_proxywarden");
+    let text = |o: &std::process::Output| {
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        )
+    };
+
+    let out = common::binary::run(bin, &config, &["config", "check"])
+        .await
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        text(&out).contains("database postgres://postgres:***@127.0.0.1:"),
+        "{}",
+        text(&out)
+    );
+    assert!(!text(&out).contains("s3cret"));
+
+    let out = common::binary::run(bin, &config, &["harvest"])
+        .await
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        !dir.path().join("local.db").exists(),
+        "a SQLite file was made"
+    );
+    let out = common::binary::run(bin, &config, &["stats", "--json"])
+        .await
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let stats: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(stats["total"], 3);
+    assert_eq!(stats["sources"][0]["last_found"], 3);
+    let store = Store::connect(&server.url()).await.unwrap();
+    assert_eq!(store.list_sources().await.unwrap()[0].name, "list");
+}

@@ -30,12 +30,29 @@ impl PostgresUrl {
 
 impl std::fmt::Debug for PostgresUrl {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match url::Url::parse(&self.0) {
-            Ok(mut u) if u.password().is_some() => {
-                let _ = u.set_password(Some("***"));
-                write!(f, "{:?}", u.as_str())
-            }
-            _ => write!(f, "{:?}", self.0),
+        write!(f, "{:?}", redact_password(&self.0))
+    }
+}
+
+/// `url` with its password, if any, shown as `***`: for logs and errors.
+pub fn redact_password(url: &str) -> String {
+    match url::Url::parse(url) {
+        Ok(mut u) if u.password().is_some() => {
+            let _ = u.set_password(Some("***"));
+            u.to_string()
+        }
+        Ok(_) => url.to_owned(),
+        Err(_) => "postgres://…".to_owned(),
+    }
+}
+
+impl DatabaseConfig {
+    /// Where the store is, as `config check` and logs show it: the file,
+    /// or the PostgreSQL URL without its password.
+    pub fn shown(&self) -> String {
+        match &self.postgres {
+            Some(url) => redact_password(url.as_str()),
+            None => self.path.display().to_string(),
         }
     }
 }

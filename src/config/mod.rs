@@ -26,7 +26,7 @@ use toml::Table;
 pub use api::{ApiConfig, MIN_PUBLIC_TOKEN, Secret};
 pub use check::{CheckConfig, JudgeConfig};
 pub use crawls::CrawlsConfig;
-pub use database::DatabaseConfig;
+pub use database::{DatabaseConfig, PostgresUrl, redact_password};
 pub use duration::parse_duration;
 pub use gateway::GatewayConfig;
 pub use geoip::GeoipConfig;
@@ -506,9 +506,10 @@ mod tests {
             PathBuf::from("store.db")
         );
         let c = db("postgres://pw:s3cret@db.example:5432/pw").unwrap();
-        let url = c.database.postgres.expect("a PostgreSQL URL");
+        let url = c.database.postgres.clone().expect("a PostgreSQL URL");
         assert_eq!(url.as_str(), "postgres://pw:s3cret@db.example:5432/pw");
         assert!(!format!("{url:?}").contains("s3cret"), "{url:?}");
+        assert_eq!(c.database.shown(), "postgres://pw:***@db.example:5432/pw");
         for (bad, says) in [
             (
                 "postgres://db.example:notaport/pw",

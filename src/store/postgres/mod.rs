@@ -98,24 +98,11 @@ struct Shared {
     health: WriteHealth,
 }
 
-/// `url` with its password replaced, for logs and errors.
-pub(crate) fn redacted(url: &str) -> String {
-    match url::Url::parse(url) {
-        Ok(mut u) => {
-            if u.password().is_some() {
-                let _ = u.set_password(Some("***"));
-            }
-            u.to_string()
-        }
-        Err(_) => "postgres://…".to_owned(),
-    }
-}
-
 impl Postgres {
     /// Connects to the database at `url` (a `postgres://` URL), applies
     /// pending migrations and keeps a pool of connections.
     pub(crate) async fn connect(url: &str) -> Result<Postgres, StoreError> {
-        let shown = PathBuf::from(redacted(url));
+        let shown = PathBuf::from(crate::config::redact_password(url));
         let open_err = |reason: String| StoreError::Open {
             path: shown.clone(),
             reason,
