@@ -128,25 +128,43 @@ impl PgServer {
         let data = dir.path().join("data");
         run(Command::new("cp").arg("-a").arg(&template).arg(&data));
         hand_over(dir.path());
-        // Free now; the server binds it a moment later (the window is the
-        // same as any test server's).
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let options = format!(
-            "-p {port} -k {} -c listen_addresses=127.0.0.1 -c fsync=off \
-             -c synchronous_commit=off -c full_page_writes=off",
-            dir.path().display()
-        );
-        // -w waits until the server accepts connections (or fails).
-        run(as_server_user(&bin.join("pg_ctl"))
-            .arg("-D")
-            .arg(&data)
-            .args(["-w", "-t", "60", "-o", &options, "-l"])
-            .arg(dir.path().join("server.log"))
-            .arg("start"));
+        // A port free now; the server binds it a moment later, and
+        // another process may take it meanwhile: then another port.
+        let mut tries = 0;
+        let port = loop {
+            tries += 1;
+            let port = std::net::TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+                .port();
+            let options = format!(
+                "-p {port} -k {} -c listen_addresses=127.0.0.1 -c fsync=off \
+                 -c synchronous_commit=off -c full_page_writes=off",
+                dir.path().display()
+            );
+            // -w waits until the server accepts connections (or fails).
+            let mut start = as_server_user(&bin.join("pg_ctl"));
+            start
+                .arg("-D")
+                .arg(&data)
+                .args(["-w", "-t", "60", "-o", &options, "-l"])
+                .arg(dir.path().join("server.log"))
+                .arg("start");
+            if tries == 3 {
+                run(&mut start);
+                break port;
+            }
+            let started = start
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success());
+            if started {
+                break port;
+            }
+        };
         PgServer {
             bin,
             data,
