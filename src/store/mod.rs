@@ -6,8 +6,9 @@
 //! surface: `ingest` (source runs), `checks` (due proxies, verdicts,
 //! purge), `listing` (filtered reads, counts), `rows` (the records handed
 //! out), `sites`, `snapshots`, `crawls`, `frontier` (crawl frontiers,
-//! worked from a crawl's own thread). Each backend (`sqlite`) has its own
-//! SQL and migrations behind that surface.
+//! worked from a crawl's own thread). Each backend (`sqlite`, the
+//! embedded default; `postgres`, for several nodes) has its own SQL and
+//! migrations behind that surface.
 
 mod checks;
 mod crawls;
