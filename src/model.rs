@@ -1,7 +1,7 @@
 //! The shared vocabulary of the layers above: what a source says about a
-//! proxy (candidates and their hints), what a check or a use of a proxy
-//! found (outcomes and the closed set of failure reasons), and when proxies
-//! are checked again. Plain data: no I/O and no knowledge of any layer.
+//! proxy (candidates and their hints), what a check found (outcomes and the
+//! closed set of failure reasons), how a use of a proxy ended (the use
+//! verdict), when proxies are checked again, and how proxies are picked. Plain data: no I/O and no knowledge of any layer.
 
 use std::fmt;
 use std::net::IpAddr;
@@ -384,6 +384,50 @@ impl Outcome {
     /// True when the proxy passed.
     pub fn alive(&self) -> bool {
         self.failure.is_none()
+    }
+}
+
+/// How one use of a proxy ended: the one verdict the pool, the crawler,
+/// the gateway, `verify=true` and a client's report all give, and the
+/// feedback path acts on. What a layer needs besides (the page, the URL,
+/// a `Retry-After`, the latency) travels beside it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UseVerdict {
+    /// It carried the request (or opened the tunnel).
+    Worked,
+    /// The proxy itself failed (refused, timed out, 407, a portal page, a
+    /// bad tunnel…), with the reason when it is known: it stops being
+    /// served at once and is checked again soon.
+    ProxyFailed(Option<Reason>),
+    /// The target site refused this proxy: only the (proxy, site) pair
+    /// cools down, by the kind of refusal.
+    Blocked(Block),
+    /// The target failed on its own (a 5xx it sends itself): not the
+    /// proxy's fault.
+    TargetError,
+    /// The proxy works but would not or could not reach the target (a
+    /// refused CONNECT, a SOCKS failure reply): the target's fault once
+    /// other proxies agree, no one's before.
+    Unreached,
+}
+
+/// How a site refused a proxy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Block {
+    /// A rate limit (429, or 503 without a ban page): a busy address, not
+    /// a refusal; the pair rests for the `Retry-After`.
+    RateLimited,
+    /// A bare refusal (403): maybe the page's, maybe the proxy's; the pair
+    /// rests a while.
+    Refused,
+    /// A captcha or ban page: the pair is banned.
+    Banned,
+}
+
+impl UseVerdict {
+    /// The proxy failed for `reason`.
+    pub fn failed(reason: Reason) -> UseVerdict {
+        UseVerdict::ProxyFailed(Some(reason))
     }
 }
 

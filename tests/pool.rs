@@ -621,7 +621,11 @@ async fn sticky_sessions_keep_their_proxy_until_it_fails_or_wears_out() {
         assert_eq!(get("/6").await, second);
         let _ = pool
             .feedback()
-            .report(second, proxywarden::health::Verdict::Failed(None), None)
+            .report(
+                second,
+                proxywarden::model::UseVerdict::ProxyFailed(None),
+                None,
+            )
             .await;
         // Its proxy failed (hidden from the index): the session moves on.
         let third = get("/7").await;
@@ -900,20 +904,71 @@ async fn a_connection_is_kept_alive_per_proxy_and_target() {
     .await;
 }
 
-/// Counts the turns a request took at the site.
+/// Counts the turns requests took at the site, and the times their bytes
+/// left.
 #[derive(Default)]
-struct CountingPacer(std::sync::atomic::AtomicUsize);
+struct CountingPacer {
+    turns: std::sync::atomic::AtomicUsize,
+    sent: std::sync::atomic::AtomicUsize,
+}
+
+impl CountingPacer {
+    fn turns(&self) -> usize {
+        self.turns.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn sent(&self) -> usize {
+        self.sent.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
 
 impl proxywarden::pool::Pacer for CountingPacer {
     fn wait<'a>(
         &'a self,
         _url: &'a url::Url,
     ) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send + 'a>> {
-        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.turns.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         Box::pin(async {})
     }
 
     fn answered(&self, _: &url::Url, _: Option<http::StatusCode>, _: Option<Duration>) {}
+
+    fn sent(&self, _: &url::Url) {
+        self.sent.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+#[tokio::test]
+async fn the_pacer_hears_when_a_request_leaves_again_on_a_new_connection() {
+    within(async {
+        let dir = tempfile::tempdir().unwrap();
+        let site = Site::start(SiteOpts::new(|_, _| Reply::html("ok"))).await;
+        // Keeps a connection after one answer, then hangs up on the next
+        // request: each reuse is found closed and the request goes again on
+        // a new connection, after its turn at the site was granted.
+        let proxy = FakeHttpProxy::start(HttpProxyOpts {
+            keep_alive: true,
+            close_after: Some(1),
+            ..HttpProxyOpts::default()
+        })
+        .await;
+        let (pool, _, _) = round_robin_pool(dir.path(), &[AliveProxy::new(proxy.url())]).await;
+        let pacer = Arc::new(CountingPacer::default());
+        for i in 0..3 {
+            let req = Request::new(site.url(&format!("/{i}")).parse().unwrap())
+                .unwrap()
+                .pacer(pacer.clone());
+            let page = pool.fetch(req).await.unwrap();
+            assert_eq!((page.text(), page.attempts()), ("ok".to_owned(), 1));
+        }
+        assert_eq!(site.log().len(), 3);
+        assert_eq!(pacer.turns(), 3, "one turn a request");
+        // The first went once; the others on a kept connection found
+        // closed, then again on a new one: the pacer counts the delay to
+        // the next request from that last send.
+        assert_eq!(pacer.sent(), 5);
+    })
+    .await;
 }
 
 #[tokio::test]
@@ -937,7 +992,7 @@ async fn a_dead_proxy_costs_the_site_no_turn() {
         assert_eq!(page.text(), "ok");
         assert_eq!(page.attempts(), 4, "three dead proxies tried first");
         // Only the request that reached the site took a turn there.
-        assert_eq!(pacer.0.load(std::sync::atomic::Ordering::SeqCst), 1);
+        assert_eq!(pacer.turns(), 1);
         assert_eq!(site.log().len(), 1);
     })
     .await;

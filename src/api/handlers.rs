@@ -17,7 +17,8 @@ use super::query::{FILTERS, Params, proxy_query, site};
 use super::{ApiError, AppState};
 use crate::check::{Prior, Verdict as CheckVerdict};
 use crate::export::{self, ExportRow, Format};
-use crate::health::{BestOfTwo, Verdict};
+use crate::health::BestOfTwo;
+use crate::model::{Block, UseVerdict};
 use crate::proxy::Status;
 use crate::store::{ProxyRecord, ProxySort, SourceRecord, now_ms, rfc3339};
 
@@ -114,7 +115,7 @@ pub async fn proxy(
             // Dead right now: stop serving it and have it re-checked.
             state
                 .feedback
-                .report(e.id, Verdict::Failed(reason), None)
+                .report(e.id, UseVerdict::ProxyFailed(reason), None)
                 .await?;
         }
         chosen.ok_or_else(|| match (tried, unsure) {
@@ -391,7 +392,7 @@ pub async fn report(
         tracing::debug!(id, site, "client reported a proxy blocked by a site");
         state
             .feedback
-            .report(id, Verdict::Blocked, Some(site))
+            .report(id, UseVerdict::Blocked(Block::Banned), Some(site))
             .await?;
         return Ok(Json(Reported {
             id,
@@ -403,14 +404,14 @@ pub async fn report(
         .into_response());
     }
     let verdict = if ok {
-        Verdict::Worked
+        UseVerdict::Worked
     } else {
         tracing::debug!(
             id,
             reason = report.reason.as_deref().unwrap_or(""),
             "client reported a failing proxy"
         );
-        Verdict::Failed(None)
+        UseVerdict::ProxyFailed(None)
     };
     let reported = state.feedback.report(id, verdict, site.as_deref()).await?;
     if !reported.found {

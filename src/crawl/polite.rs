@@ -123,6 +123,22 @@ impl Politeness {
         }
     }
 
+    /// The request to host `key` whose turn came last is being sent only
+    /// now (its connection's task ran late, or a kept connection was found
+    /// closed and a new one dialed): the next turn counts from now, less the
+    /// tenth a late turn may lend, so that requests arrive spaced by the
+    /// delay however late one of them left.
+    pub fn sent(&self, key: &str) {
+        let mut hosts = self.lock();
+        let h = self.host(&mut hosts, key);
+        let Some(last) = h.last_start else { return };
+        let now = Instant::now();
+        let delay = current(h);
+        let late = now.saturating_duration_since(last).min(delay / 10);
+        h.next_at = h.next_at.max(now + delay - late);
+        h.last_start = Some(now);
+    }
+
     /// What host `key` answered.
     pub fn note(&self, key: &str, status: Option<StatusCode>, retry_after: Option<Duration>) {
         let mut hosts = self.lock();
@@ -177,6 +193,10 @@ impl Pacer for Politeness {
         self.note(&site_of(url), status, retry_after);
     }
 
+    fn sent(&self, url: &Url) {
+        self.sent(&site_of(url));
+    }
+
     fn ready_in(&self, url: &Url) -> Duration {
         self.ready_at(&site_of(url)).map_or(Duration::ZERO, |at| {
             at.saturating_duration_since(Instant::now())
@@ -216,6 +236,26 @@ mod tests {
             p.note("b", Some(StatusCode::OK), None);
         }
         assert_eq!(p.delay("b"), ms(20), "back to normal");
+    }
+
+    #[tokio::test]
+    async fn the_next_turn_counts_from_a_request_sent_late() {
+        let ms = Duration::from_millis;
+        let p = Politeness::new(ms(100));
+        p.take_turn("a").await;
+        // Sent on time: the turn stands.
+        p.sent("a");
+        let on_time = p.ready_at("a").unwrap();
+        // Sent 60 ms after its turn (a redial): the next waits from then.
+        tokio::time::sleep(ms(60)).await;
+        let sent = Instant::now();
+        p.sent("a");
+        let next = p.ready_at("a").unwrap();
+        assert!(next >= sent + ms(90), "{:?}", next - sent);
+        assert!(next > on_time + ms(40), "{:?}", next - on_time);
+        let t = Instant::now();
+        p.take_turn("a").await;
+        assert!(Instant::now() - sent >= ms(90), "{:?}", t.elapsed());
     }
 
     #[test]

@@ -3,11 +3,11 @@
 //! blocks it), and CONNECT tunnels through a proxy per connection. Headers
 //! are cleaned both ways; nothing about the client or the gateway is added.
 
-use std::collections::HashSet;
 use std::convert::Infallible;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
@@ -28,9 +28,9 @@ use super::metrics::{GatewayMetrics, Kind};
 use super::slots::{ConnState, Slot};
 use super::tunnel::{self, TunnelError};
 use super::upstream::{Body, Kept, Key, keeps_alive};
-use crate::model::Reason;
+use crate::model::{Reason, UseVerdict};
 use crate::net::{self, DialOptions, Target, hyper_reason, proxy_authorization};
-use crate::pool::{Class, Lease, Used, Want};
+use crate::pool::{Attempt, End, Lease, Rotated, Tried, Want};
 use crate::proxy::Proxy;
 
 /// Names the upstream proxy (by id) on every forwarded answer.
@@ -40,20 +40,6 @@ pub const PROXY_HEADER: &str = "x-proxywarden-proxy";
 /// so that a captcha or captive-portal page can be told from content; the
 /// same size the pool's classifier looks at.
 const CLASSIFY_MAX: u64 = 16 * 1024;
-
-/// Proxies that say a target cannot be reached before the gateway
-/// believes it.
-const UNREACHED_QUORUM: u32 = 2;
-
-/// Proxies refused alike (a bare 403) before the refusal is passed on as
-/// the page's.
-const REFUSAL_QUORUM: u32 = 2;
-
-/// Rate-limited answers (429, 503) a plain request moves on from, besides
-/// `gateway.retries`: each rests its (proxy, site) pair, so under a limit
-/// per address a request finds a rested address within a few; a limit on
-/// the whole site answers the client after this many.
-const RATE_LIMITED_MAX: u32 = 6;
 
 /// Serves HTTP on one client connection until it closes, goes quiet past
 /// the header timeout, or the gateway stops. Request heads are held to
@@ -286,7 +272,7 @@ async fn plain(gw: Gateway, req: Request<Incoming>, controls: Controls) -> Respo
     }
     // A body small enough to send again is held; a larger one goes once.
     let hint = body.size_hint();
-    let (mut held, mut once) = if body.is_end_stream() {
+    let (held, once) = if body.is_end_stream() {
         (Some(Bytes::new()), None)
     } else if hint.upper().is_some_and(|n| n <= s.retry_body_max as u64) {
         match Limited::new(body, s.retry_body_max).collect().await {
@@ -314,201 +300,178 @@ async fn plain(gw: Gateway, req: Request<Incoming>, controls: Controls) -> Respo
         site: &site,
         https: false,
     };
-    let mut tried = HashSet::new();
-    let (mut retries, mut unreached, mut refusals) = (0u32, 0u32, 0u32);
-    let mut rate_limited = 0u32;
-    let mut last: Option<Response<Body>> = None;
-    let mut why = None;
-    // Proxies that failed once the request went, charged when another
-    // proxy carries the request, or when they failed in different ways;
-    // failing alike on two or more, the request is the likely cause and
-    // none is charged. Their leases (in-flight slots) are held till then.
-    let mut alike: Vec<(Lease, Reason)> = Vec::new();
-    loop {
-        let lease = match gw.pool().take(&want, &tried).await {
-            Ok(lease) => lease,
-            Err(e) => {
-                why = Some(tunnel::no_proxy_why(&e));
-                break;
-            }
-        };
-        tried.insert(lease.id());
-        let body: Body = match (&held, once.take()) {
-            (Some(b), _) => Full::new(b.clone()).map_err(|n| match n {}).boxed(),
-            (None, Some(stream)) => Counted::sent(stream, metrics.clone()).boxed(),
-            // The body went with a failed attempt and cannot be sent again.
-            (None, None) => break,
-        };
-        let t0 = Instant::now();
-        let sent = tokio::time::timeout(
-            s.timeout,
-            send(&gw, &lease, &target, &parts, &path, body, held.as_ref()),
-        )
-        .await
-        .unwrap_or(Err(Failure::Sent(Reason::Timeout)));
-        let answer = match sent {
-            Ok(a) => a,
-            Err(Failure::Unreached) => {
-                gw.pool().settle(&lease, Used::TargetError).await;
-                unreached += 1;
-                last = Some(error(
-                    StatusCode::BAD_GATEWAY,
-                    "target_unreachable",
-                    &format!("proxies say {target} cannot be reached"),
-                ));
-                if unreached >= UNREACHED_QUORUM {
-                    break;
-                }
-                if !retry(&mut retries, s.retries, &metrics) {
-                    break;
-                }
-                continue;
-            }
-            Err(Failure::Proxy(reason)) => {
-                tunnel::charge(&gw, &lease, reason).await;
-                last = Some(upstream_failed(reason, tried.len()));
-                if !retry(&mut retries, s.retries, &metrics) {
-                    break;
-                }
-                continue;
-            }
-            Err(Failure::Sent(reason)) => {
-                gw.inner.upstreams.forget(lease.id());
-                alike.push((lease, reason));
-                last = Some(upstream_failed(reason, tried.len()));
-                if !retry(&mut retries, s.retries, &metrics) {
-                    break;
-                }
-                continue;
-            }
-        };
-        let (rparts, rbody, kept) = answer;
-        let forward = kept.forward;
-        let kept = keeps_alive(&rparts).then_some(kept);
-        let (class, rbody) = classify(&gw, &rparts, rbody, forward).await;
-        let upstream = t0.elapsed();
-        // The request went through this proxy to the site: those that
-        // failed on it failed on their own.
-        if !matches!(class, Class::ProxyFailure(_)) {
-            for (failed, reason) in alike.drain(..) {
-                tunnel::charge(&gw, &failed, reason).await;
-            }
+    let mut forward = Forward {
+        gw: &gw,
+        target: &target,
+        parts: &parts,
+        path: &path,
+        held,
+        once,
+    };
+    let rot = tunnel::rotation(&gw);
+    let Rotated { end, attempts } = gw.pool().rotate(&want, &rot, &mut forward).await;
+    drop(forward);
+    let (resp, outcome) = finish(&gw, end, attempts, &target, &controls, started);
+    metrics.finished(Kind::Plain, outcome);
+    resp
+}
+
+/// The answer for the client of a plain request that ended so, and the
+/// outcome counted.
+fn finish(
+    gw: &Gateway,
+    end: End<Reply, Infallible>,
+    attempts: u32,
+    target: &Target,
+    controls: &Controls,
+    started: Instant,
+) -> (Response<Body>, &'static str) {
+    let metrics = gw.metrics();
+    match end {
+        End::Answer(a) | End::Refused(a, _) => {
+            let outcome = match a.verdict {
+                UseVerdict::Blocked(_) => "blocked",
+                _ => "ok",
+            };
+            metrics.added(started.elapsed().saturating_sub(a.latency));
+            let (rparts, rbody, kept) = a.answer;
+            let lease = a.lease.expect("the gateway never goes direct");
+            (respond(gw, rparts, rbody, lease, kept), outcome)
         }
-        match class {
-            Class::Page | Class::SiteError => {
-                let used = if class == Class::Page {
-                    Used::Worked(upstream)
-                } else {
-                    Used::TargetError
-                };
-                gw.pool().settle(&lease, used).await;
-                metrics.added(started.elapsed().saturating_sub(upstream));
-                metrics.finished(Kind::Plain, "ok");
-                return respond(&gw, rparts, rbody, lease, kept);
-            }
-            // A login wall or a portal is the proxy's, whatever was asked.
-            Class::ProxyFailure(reason @ (Reason::ProxyAuthRequired | Reason::ContentMismatch)) => {
-                tunnel::charge(&gw, &lease, reason).await;
-                last = Some(upstream_failed(reason, tried.len()));
-            }
-            // A proxy's own 502/504, or its answer cut short.
-            Class::ProxyFailure(reason) => {
-                gw.inner.upstreams.forget(lease.id());
-                alike.push((lease, reason));
-                last = Some(upstream_failed(reason, tried.len()));
-            }
-            Class::Blocked(wait, page) => {
-                let used = Used::Blocked {
-                    site: site.clone(),
-                    status: rparts.status.as_u16(),
-                    page,
-                    wait,
-                };
-                gw.pool().settle(&lease, used).await;
-                if !page && rparts.status == StatusCode::FORBIDDEN {
-                    refusals += 1;
-                }
-                // A rate limit (429, or 503 without a ban page) is a busy
-                // address, not a refusal: the pair rests for its
-                // Retry-After and the request moves on, on a budget of its
-                // own, so that a site limiting each address serves a
-                // client through the others (waiting for rests to end when
-                // all are resting) instead of handing it the 429.
-                let limited = !page && matches!(rparts.status.as_u16(), 429 | 503);
-                let spent = if limited {
-                    rate_limited += 1;
-                    rate_limited > RATE_LIMITED_MAX
-                } else {
-                    retries >= s.retries
-                };
-                // The site's own word is the answer when no other proxy
-                // may try, or when proxies were refused alike: then the
-                // refusal is the page's (a private page), not the proxies'.
-                let answer = respond(&gw, rparts, rbody, lease, kept);
-                if spent || held.is_none() || refusals >= REFUSAL_QUORUM {
-                    metrics.added(started.elapsed().saturating_sub(upstream));
-                    metrics.finished(Kind::Plain, "blocked");
-                    return answer;
-                }
-                last = Some(answer);
-                if limited {
-                    metrics.retried();
-                    continue;
-                }
-            }
+        End::NoProxy {
+            last: Some(last), ..
+        } => {
+            // The last proxy's failure (or the site's refusal) is the
+            // answer: there is no other proxy to try.
+            let (resp, _) = finish(gw, *last, attempts, target, controls, started);
+            (resp, "upstream_failed")
         }
-        if !retry(&mut retries, s.retries, &metrics) {
-            break;
-        }
-        if held.is_none() {
-            break;
-        }
-    }
-    held.take();
-    if let Some((_, first)) = alike.first()
-        && alike.len() >= 2
-        && alike.iter().all(|(_, r)| r == first)
-    {
-        let (n, reason) = (alike.len(), *first);
-        tracing::debug!(%target, proxies = n, %reason, "proxies failed alike on one request; none charged");
-        let cause = if reason == Reason::Timeout {
-            "the site is the likely cause (slow or silent)"
-        } else {
-            "the request itself is the likely cause (too large or malformed for them)"
-        };
-        last = Some(error(
-            StatusCode::BAD_GATEWAY,
+        End::NoProxy { error, last: None } => (
+            no_proxy(controls, Some(&tunnel::no_proxy_why(&error))),
+            "no_proxy",
+        ),
+        End::Failed(reason) => (
+            upstream_failed(reason, attempts as usize),
             "upstream_failed",
-            &format!(
-                "{n} proxies failed alike ({reason}) on this request, so {cause}; none of them was \
-                 charged"
+        ),
+        End::Unreachable => (
+            error(
+                StatusCode::BAD_GATEWAY,
+                "target_unreachable",
+                &format!("proxies say {target} cannot be reached"),
             ),
-        ));
-        alike.clear();
-    }
-    for (failed, reason) in alike.drain(..) {
-        tunnel::charge(&gw, &failed, reason).await;
-    }
-    match last {
-        Some(resp) => {
-            metrics.finished(Kind::Plain, "upstream_failed");
-            resp
+            "upstream_failed",
+        ),
+        End::Alike { proxies, reason } => {
+            tracing::debug!(%target, proxies, %reason, "proxies failed alike on one request; none charged");
+            let cause = if reason == Reason::Timeout {
+                "the site is the likely cause (slow or silent)"
+            } else {
+                "the request itself is the likely cause (too large or malformed for them)"
+            };
+            let message = format!(
+                "{proxies} proxies failed alike ({reason}) on this request, so {cause}; none of \
+                 them was charged"
+            );
+            (
+                error(StatusCode::BAD_GATEWAY, "upstream_failed", &message),
+                "upstream_failed",
+            )
         }
-        None => {
-            metrics.finished(Kind::Plain, "no_proxy");
-            no_proxy(&controls, why.as_deref())
-        }
+        // Rate limits move on at once in the gateway: no wait is asked.
+        End::RetryAfterTooLong(_) => (
+            upstream_failed(Reason::BadStatus, attempts as usize),
+            "upstream_failed",
+        ),
+        End::Stopped(never) => match never {},
     }
 }
 
-/// Counts a retry if the budget allows one.
-fn retry(retries: &mut u32, max: u32, metrics: &GatewayMetrics) -> bool {
-    if *retries >= max {
-        return false;
+/// A plain request, sent through one proxy at a time.
+struct Forward<'a> {
+    gw: &'a Gateway,
+    target: &'a Target,
+    parts: &'a Parts,
+    path: &'a str,
+    /// The body, held to be sent again.
+    held: Option<Bytes>,
+    /// A body too large to hold: it goes with the first attempt only.
+    once: Option<Incoming>,
+}
+
+/// The site's answer to a plain request: its head, its body, and the
+/// connection it came on when that may carry another request.
+type Reply = (http::response::Parts, Answered, Option<Kept>);
+
+impl Attempt for Forward<'_> {
+    type Answer = Reply;
+    type Stop = Infallible;
+
+    async fn attempt(&mut self, lease: Option<&Lease>) -> Result<Tried<Reply>, Infallible> {
+        let gw = self.gw;
+        let last = self.held.is_none();
+        let (lease, body): (&Lease, Body) = match (lease, &self.held, self.once.take()) {
+            (Some(lease), Some(b), _) => {
+                (lease, Full::new(b.clone()).map_err(|n| match n {}).boxed())
+            }
+            (Some(lease), None, Some(stream)) => (
+                lease,
+                Counted::sent(stream, gw.inner.metrics.clone()).boxed(),
+            ),
+            // Neither happens: the gateway never goes direct, and a body
+            // sent once ends the request with its attempt.
+            _ => return Ok(Tried::ended(UseVerdict::failed(Reason::ProtocolError))),
+        };
+        let sent = tokio::time::timeout(
+            gw.settings().timeout,
+            send(
+                gw,
+                lease,
+                self.target,
+                self.parts,
+                self.path,
+                body,
+                self.held.as_ref(),
+            ),
+        )
+        .await
+        .unwrap_or(Err(Failure::Sent(Reason::Timeout)));
+        let tried = match sent {
+            Err(Failure::Unreached) => Tried::ended(UseVerdict::Unreached),
+            Err(Failure::Proxy(reason)) => Tried::ended(UseVerdict::failed(reason)),
+            Err(Failure::Sent(reason)) => {
+                gw.inner.upstreams.forget(lease.id());
+                Tried::failed_after_sending(reason)
+            }
+            Ok((rparts, rbody, kept)) => {
+                let forward = kept.forward;
+                let kept = keeps_alive(&rparts).then_some(kept);
+                let ((verdict, wait), rbody) = classify(gw, &rparts, rbody, forward).await;
+                match verdict {
+                    // A login wall or a portal is the proxy's, whatever
+                    // was asked.
+                    UseVerdict::ProxyFailed(Some(
+                        Reason::ProxyAuthRequired | Reason::ContentMismatch,
+                    )) => Tried::ended(verdict),
+                    // A proxy's own 502/504, or its answer cut short.
+                    UseVerdict::ProxyFailed(reason) => {
+                        gw.inner.upstreams.forget(lease.id());
+                        Tried::failed_after_sending(reason.unwrap_or(Reason::ProtocolError))
+                    }
+                    _ => Tried::answered(verdict, (rparts, rbody, kept), wait),
+                }
+            }
+        };
+        Ok(Tried { last, ..tried })
     }
-    *retries += 1;
-    metrics.retried();
-    true
+
+    async fn learnt(&mut self, lease: &Lease, verdict: UseVerdict) {
+        tunnel::charged(self.gw, lease, verdict);
+    }
+
+    fn moved_on(&mut self) {
+        self.gw.inner.metrics.retried();
+    }
 }
 
 /// An answer's head and body, and the connection it came on.
@@ -639,7 +602,7 @@ async fn classify(
     parts: &http::response::Parts,
     body: Incoming,
     forward: bool,
-) -> (Class, Answered) {
+) -> ((UseVerdict, Option<Duration>), Answered) {
     let classifier = &gw.pool().options().classifier;
     let html = parts
         .headers
@@ -656,7 +619,7 @@ async fn classify(
             }
             Err(e) => {
                 return (
-                    Class::ProxyFailure(hyper_reason(&e)),
+                    (UseVerdict::failed(hyper_reason(&e)), None),
                     Answered::Whole(Bytes::new()),
                 );
             }

@@ -2,7 +2,7 @@
 //! the pool picks, retried on another proxy while the set-up fails, then
 //! bytes relayed both ways until one side closes or the tunnel goes quiet.
 
-use std::collections::HashSet;
+use std::convert::Infallible;
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -18,8 +18,9 @@ use tokio_util::sync::CancellationToken;
 use super::Gateway;
 use super::controls::Controls;
 use crate::model::Reason;
+use crate::model::UseVerdict;
 use crate::net::{self, DialOptions, Host, Target};
-use crate::pool::{Lease, Used, Want};
+use crate::pool::{Attempt, End, Lease, NoProxy, RateLimits, Rotation, Tried, Want};
 
 /// Proxies that answer but cannot reach a target before the gateway
 /// believes it cannot be reached.
@@ -69,7 +70,6 @@ pub(super) async fn open(
     target: &Target,
 ) -> Result<Opened, TunnelError> {
     let s = gw.settings();
-    let metrics = &gw.inner.metrics;
     let query = controls.query(&s.base);
     let site = site(target, 443);
     let want = Want {
@@ -78,86 +78,128 @@ pub(super) async fn open(
         site: &site,
         https: true,
     };
-    let opts = DialOptions {
-        connect_timeout: s.connect_timeout,
-        handshake_timeout: s.timeout,
-        forward: false,
+    let mut dial = Dial {
+        gw,
+        target,
+        opts: DialOptions {
+            connect_timeout: s.connect_timeout,
+            handshake_timeout: s.timeout,
+            forward: false,
+        },
     };
-    let mut tried = HashSet::new();
-    let (mut retries, mut unreached) = (0u32, 0u32);
-    let mut last = None;
-    // Failures once the proxy was asked for this target, charged as for
-    // plain requests: when another proxy opens the tunnel, or when they
-    // differ; alike on two or more, the target is the likely cause.
-    let mut alike: Vec<(Lease, Reason)> = Vec::new();
-    let result = loop {
-        let lease = match gw.pool().take(&want, &tried).await {
-            Ok(lease) => lease,
-            Err(e) => {
-                break Err(last.unwrap_or_else(|| TunnelError::NoProxy(no_proxy_why(&e))));
-            }
-        };
-        tried.insert(lease.id());
-        let t0 = Instant::now();
-        match net::dial(Some(lease.proxy()), target, &opts).await {
-            Ok(dialed) => {
-                let dial = t0.elapsed();
-                gw.pool().settle(&lease, Used::Worked(dial)).await;
-                break Ok(Opened {
-                    stream: dialed.stream,
-                    lease,
-                    dial,
-                });
-            }
-            // The proxy answered the handshake but would not or could not
-            // reach the target: the target's fault until others agree.
-            Err(Reason::BadStatus) => {
-                gw.pool().settle(&lease, Used::TargetError).await;
-                unreached += 1;
-                if unreached >= UNREACHED_QUORUM {
-                    break Err(TunnelError::Unreachable);
-                }
-                last = Some(TunnelError::Unreachable);
-            }
-            // Before the target was named: the proxy's own failure.
-            Err(
-                reason @ (Reason::Refused
-                | Reason::ConnectTimeout
-                | Reason::Unreachable
-                | Reason::ProxyAuthRequired),
-            ) => {
-                charge(gw, &lease, reason).await;
-                last = Some(TunnelError::Failed(reason));
-            }
-            Err(reason) => {
-                alike.push((lease, reason));
-                last = Some(TunnelError::Failed(reason));
-            }
-        }
-        if retries >= s.retries {
-            break Err(last.expect("set by every failed attempt"));
-        }
-        retries += 1;
-        metrics.retried();
-    };
-    let excused =
-        result.is_err() && alike.len() >= 2 && alike.iter().all(|(_, r)| *r == alike[0].1);
-    if excused {
-        tracing::debug!(%target, proxies = alike.len(), "proxies failed alike on one tunnel; none charged");
-    } else {
-        for (failed, reason) in &alike {
-            charge(gw, failed, *reason).await;
-        }
+    let rotated = gw.pool().rotate(&want, &rotation(gw), &mut dial).await;
+    match rotated.end {
+        End::Answer(a) => Ok(Opened {
+            stream: a.answer,
+            lease: a.lease.ok_or(TunnelError::Failed(Reason::ProtocolError))?,
+            dial: a.latency,
+        }),
+        end => Err(failure(end)),
     }
-    result
 }
 
-/// Charges a failure to the lease's proxy: it rests, stops being served
-/// and loses its kept connections.
-pub(super) async fn charge(gw: &Gateway, lease: &Lease, reason: Reason) {
-    gw.inner.metrics.upstream_failed(reason);
-    gw.inner.upstreams.forget(lease.id());
-    gw.pool().settle(lease, Used::ProxyFailed(reason)).await;
+/// Why a tunnel that did not open failed.
+fn failure(end: End<TcpStream, Infallible>) -> TunnelError {
+    match end {
+        End::NoProxy {
+            last: Some(last), ..
+        } => failure(*last),
+        End::NoProxy { error, last: None } => TunnelError::NoProxy(no_proxy_why(&error)),
+        End::Unreachable => TunnelError::Unreachable,
+        End::Failed(reason) | End::Alike { reason, .. } => TunnelError::Failed(reason),
+        // A tunnel set-up gets no answer from the site to refuse or wait on.
+        End::Answer(_) | End::Refused(..) | End::RetryAfterTooLong(_) => {
+            TunnelError::Failed(Reason::ProtocolError)
+        }
+        End::Stopped(never) => match never {},
+    }
+}
+
+/// The gateway's budgets and quorums, for plain requests and tunnels:
+/// `gateway.retries` other proxies; two proxies agreeing that a target
+/// cannot be reached, or refusing alike, or failing alike once the request
+/// went, are believed; rate limits move on at once.
+pub(super) fn rotation(gw: &Gateway) -> Rotation {
+    Rotation {
+        // Clients want an answer now: queue briefly, never go direct.
+        no_proxy: match gw.pool().options().no_proxy {
+            NoProxy::Direct => NoProxy::Fail,
+            p => p,
+        },
+        rotations: gw.settings().retries,
+        // The site's own error is the client's answer.
+        target_retries: 0,
+        retry_backoff: Duration::ZERO,
+        rate_limits: RateLimits::MoveOn(RATE_LIMITED_MAX),
+        unreached_quorum: UNREACHED_QUORUM,
+        refusal_quorum: 2,
+        alike_quorum: 2,
+        alike_ends: false,
+        keep_refusal: true,
+    }
+}
+
+/// Rate-limited answers (429, 503) a plain request moves on from, besides
+/// `gateway.retries`: each rests its (proxy, site) pair, so under a limit
+/// per address a request finds a rested address within a few; a limit on
+/// the whole site answers the client after this many.
+const RATE_LIMITED_MAX: u32 = 6;
+
+/// A tunnel set-up, through one proxy at a time.
+struct Dial<'a> {
+    gw: &'a Gateway,
+    target: &'a Target,
+    opts: DialOptions,
+}
+
+impl Attempt for Dial<'_> {
+    type Answer = TcpStream;
+    type Stop = Infallible;
+
+    async fn attempt(&mut self, lease: Option<&Lease>) -> Result<Tried<TcpStream>, Infallible> {
+        let Some(lease) = lease else {
+            // The gateway never goes direct.
+            return Ok(Tried::ended(UseVerdict::failed(Reason::ProtocolError)));
+        };
+        Ok(
+            match net::dial(Some(lease.proxy()), self.target, &self.opts).await {
+                Ok(dialed) => Tried::answered(UseVerdict::Worked, dialed.stream, None),
+                // The proxy answered the handshake but would not or could
+                // not reach the target: the target's fault until others
+                // agree.
+                Err(Reason::BadStatus) => Tried::ended(UseVerdict::Unreached),
+                // Before the target was named: the proxy's own failure.
+                Err(
+                    reason @ (Reason::Refused
+                    | Reason::ConnectTimeout
+                    | Reason::Unreachable
+                    | Reason::ProxyAuthRequired),
+                ) => Tried::ended(UseVerdict::failed(reason)),
+                // Once the target was named: the proxy's, or the target's
+                // when others fail alike.
+                Err(reason) => Tried::failed_after_sending(reason),
+            },
+        )
+    }
+
+    async fn learnt(&mut self, lease: &Lease, verdict: UseVerdict) {
+        charged(self.gw, lease, verdict);
+    }
+
+    fn moved_on(&mut self) {
+        self.gw.inner.metrics.retried();
+    }
+}
+
+/// The pool charged the lease's proxy a failure: counted, and its kept
+/// connections closed.
+pub(super) fn charged(gw: &Gateway, lease: &Lease, verdict: UseVerdict) {
+    if let UseVerdict::ProxyFailed(reason) = verdict {
+        gw.inner
+            .metrics
+            .upstream_failed(reason.unwrap_or(Reason::ProtocolError));
+        gw.inner.upstreams.forget(lease.id());
+    }
 }
 
 /// Relays bytes between `client` and `upstream` until either side ends,

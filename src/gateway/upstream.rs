@@ -1,35 +1,29 @@
-//! Kept-alive connections to upstream proxies for plain requests. The pool
-//! still picks a proxy per request; only the connection to that proxy is
-//! reused when its last answer allowed it, so a request costs no new TCP
-//! connection (and, through SOCKS, no new handshake) on a busy proxy.
+//! Kept-alive connections to upstream proxies for plain requests, in the
+//! idle cache of `net`: what a kept connection leads to and when an answer
+//! leaves it open.
 
-use std::collections::HashMap;
-use std::sync::Mutex;
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::header;
 use http_body_util::combinators::BoxBody;
 use hyper::client::conn::http1::SendRequest;
-use tokio::time::Instant;
 
-use crate::lock;
-use crate::net::Target;
+use crate::net::{IdleConns, IdleLimits, Reusable, Target};
 use crate::proxy::{Proxy, Scheme};
 
 /// The body of a request forwarded upstream (and of the answers the
 /// gateway makes itself).
 pub(super) type Body = BoxBody<Bytes, hyper::Error>;
 
-/// Idle connections kept per key: about the requests one proxy carries
-/// at once under load; more are closed.
-const IDLE_PER_KEY: usize = 32;
-/// Idle connections kept in all.
-const IDLE_TOTAL: usize = 1024;
-/// An idle connection older than this is closed rather than reused:
-/// proxies drop quiet connections after some seconds, and a request on one
-/// they are closing fails.
-const IDLE_FOR: Duration = Duration::from_secs(10);
+/// Idle connections kept: about the requests one proxy carries at once
+/// under load per key, 1024 in all, each for at most 10 s (proxies drop
+/// quiet connections after some seconds).
+const IDLE: IdleLimits = IdleLimits {
+    per_key: 32,
+    total: 1024,
+    keep_for: Duration::from_secs(10),
+};
 
 /// Where a kept connection leads: to an HTTP proxy itself, which takes
 /// absolute-form requests for any target, or through a SOCKS proxy to one
@@ -57,81 +51,47 @@ pub(super) struct Kept {
     pub forward: bool,
 }
 
-struct Idle {
-    kept: Kept,
-    since: Instant,
-}
-
-#[derive(Default)]
-struct IdleConns {
-    conns: HashMap<Key, Vec<Idle>>,
-    count: usize,
+impl Reusable for Kept {
+    // Not `is_ready`: a connection is put back as its answer's body ends,
+    // before hyper has marked it ready for the next request.
+    fn usable(&self) -> bool {
+        !self.sender.is_closed()
+    }
 }
 
 /// Idle upstream connections, bounded per key and in all.
-#[derive(Default)]
 pub(super) struct Upstreams {
-    idle: Mutex<IdleConns>,
+    idle: IdleConns<Key, Kept>,
+}
+
+impl Default for Upstreams {
+    fn default() -> Upstreams {
+        Upstreams {
+            idle: IdleConns::new(IDLE),
+        }
+    }
 }
 
 impl Upstreams {
     /// The newest idle connection for `key` still open and young enough.
     pub fn take(&self, key: &Key) -> Option<Kept> {
-        let mut idle = lock(&self.idle);
-        let pool = &mut *idle;
-        let list = pool.conns.get_mut(key)?;
-        let mut found = None;
-        while let Some(c) = list.pop() {
-            pool.count -= 1;
-            if c.since.elapsed() < IDLE_FOR && !c.kept.sender.is_closed() {
-                found = Some(c.kept);
-                break;
-            }
-        }
-        if list.is_empty() {
-            pool.conns.remove(key);
-        }
-        found
+        self.idle.take(key)
     }
 
     /// Keeps `kept` for the next request through the same proxy.
     pub fn put(&self, kept: Kept) {
-        if kept.sender.is_closed() {
-            return;
-        }
-        let mut idle = lock(&self.idle);
-        let pool = &mut *idle;
-        if pool.count >= IDLE_TOTAL {
-            pool.conns.retain(|_, list| {
-                list.retain(|c| c.since.elapsed() < IDLE_FOR && !c.kept.sender.is_closed());
-                !list.is_empty()
-            });
-            pool.count = pool.conns.values().map(Vec::len).sum();
-            if pool.count >= IDLE_TOTAL {
-                return;
-            }
-        }
-        let list = pool.conns.entry(kept.key.clone()).or_default();
-        if list.len() < IDLE_PER_KEY {
-            list.push(Idle {
-                kept,
-                since: Instant::now(),
-            });
-            pool.count += 1;
-        }
+        self.idle.put(kept.key.clone(), kept);
     }
 
     /// Closes the idle connections through proxy `id` (it failed).
     pub fn forget(&self, id: i64) {
-        let mut idle = lock(&self.idle);
-        idle.conns.retain(|k, _| k.id != id);
-        idle.count = idle.conns.values().map(Vec::len).sum();
+        self.idle.forget(|k| k.id == id);
     }
 
     /// Idle connections kept now.
     #[cfg(test)]
     fn len(&self) -> usize {
-        lock(&self.idle).count
+        self.idle.len()
     }
 }
 

@@ -14,9 +14,9 @@ use tokio::sync::Notify;
 
 use super::index::{Entry, HealthIndex, Strategy};
 use super::query::ProxyQuery;
-use super::sites::{Event, KEEP_FOR_MS, MAX_PAIRS, SiteBook};
+use super::sites::{KEEP_FOR_MS, MAX_PAIRS, SiteBook, Taught};
 use crate::lock;
-use crate::model::{Outcome, Reason, RecheckPolicy};
+use crate::model::{Block, Outcome, RecheckPolicy, UseVerdict};
 use crate::store::{CheckRecord, ProxyRecord, Store, StoreError};
 
 /// A proxy handed out whose last check is older than this is re-checked
@@ -43,6 +43,14 @@ const WORKED_FLUSH_CHUNK: usize = 4096;
 /// How long a (proxy, site) pair stays banned after the site blocked it.
 pub const BAN_FOR: Duration = Duration::from_secs(600);
 
+/// How long a (proxy, site) pair rests after a bare refusal (403): shorter
+/// than a ban, since the refusal may be the page's, not the proxy's.
+pub const REFUSAL_REST: Duration = Duration::from_secs(120);
+
+/// How long a (proxy, site) pair rests after a rate limit that gave no
+/// `Retry-After`.
+pub const RATE_LIMIT_REST: Duration = Duration::from_secs(30);
+
 /// The most proxies kept hidden awaiting the record of their verdict.
 const MAX_HIDDEN: usize = 100_000;
 /// Hidden proxies older than this are forgotten when the map is full.
@@ -62,23 +70,6 @@ const BURST_SHARE: f64 = 0.125;
 /// The shortest time between two sweeps (see [`Feedback::reverify_all`]),
 /// in ms.
 const SWEEP_GAP_MIN_MS: i64 = 5_000;
-
-/// What using (or checking) a proxy showed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Verdict {
-    /// It worked.
-    Worked,
-    /// The proxy itself failed (refused, timed out, 407, a bad tunnel…),
-    /// with the reason when it is known: it stops being served at once
-    /// and is checked again soon.
-    Failed(Option<Reason>),
-    /// The target site refused this proxy (403, 429, a captcha page): only
-    /// the (proxy, site) pair cools down.
-    Blocked,
-    /// The target failed on its own (404, a 5xx it sends itself): not the
-    /// proxy's fault.
-    TargetError,
-}
 
 /// What a report changed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -240,19 +231,19 @@ impl Feedback {
     pub async fn report(
         &self,
         id: i64,
-        verdict: Verdict,
+        verdict: UseVerdict,
         site: Option<&str>,
     ) -> Result<Reported, StoreError> {
         let now = crate::store::now_ms();
         let (found, hidden, recheck) = match verdict {
-            Verdict::Worked => {
+            UseVerdict::Worked => {
                 let found = self.record_report(id, true, now).await?;
                 if found && let Some(site) = site {
-                    self.note(id, site, Event::Worked(None));
+                    self.note(id, site, Taught::worked(None));
                 }
                 (found, false, false)
             }
-            Verdict::Failed(reason) => {
+            UseVerdict::ProxyFailed(reason) => {
                 // Out of the index first: the next pick must not get it.
                 let hidden = self.hide(id, now);
                 let found = self.record_report(id, false, now).await?;
@@ -265,13 +256,13 @@ impl Feedback {
                 }
                 (found, hidden, found)
             }
-            Verdict::Blocked => {
+            UseVerdict::Blocked(block) => {
                 if let Some(site) = site {
-                    self.ban(id, site);
+                    self.blocked(id, site, block, None, Instant::now());
                 }
                 (true, false, false)
             }
-            Verdict::TargetError => (true, false, false),
+            UseVerdict::TargetError | UseVerdict::Unreached => (true, false, false),
         };
         Ok(Reported {
             found,
@@ -788,33 +779,51 @@ impl Feedback {
     /// site's gap after a pick. Shorter than a block's ban, since the same
     /// proxy is welcome again once the limit passes; kept in memory only.
     pub fn rest(&self, id: i64, site: &str, rest: Duration) {
-        self.note(id, site, Event::Rest(rest.min(BAN_FOR)));
-    }
-
-    /// `site` refused proxy `id` with a bare status (no ban page): the pair
-    /// rests for `rest`, and the refusal is counted and kept.
-    pub fn refused(&self, id: i64, site: &str, rest: Duration) {
-        self.note(id, site, Event::Refused(rest.min(BAN_FOR)));
+        let rest = rest.min(BAN_FOR);
+        self.note(id, site, Taught::blocked(Block::RateLimited, rest));
     }
 
     /// A use of proxy `id` at `site` worked in `latency`: counted as
     /// [`Feedback::worked`] does, and the pair is kept as one the site takes
     /// (see [`Feedback::pick`]).
     pub fn worked_at(&self, id: i64, site: &str, latency: Duration) {
-        self.note(id, site, Event::Worked(Some(latency)));
+        self.note(id, site, Taught::worked(Some(latency)));
         self.worked(id);
     }
 
-    fn ban(&self, id: i64, site: &str) {
-        self.note(id, site, Event::Refused(BAN_FOR));
+    /// `site` refused proxy `id` in a request sent at `sent`: a ban page
+    /// bans the pair for [`BAN_FOR`], a bare refusal rests it for
+    /// [`REFUSAL_REST`], a rate limit rests it for its `Retry-After`
+    /// (`wait`, else [`RATE_LIMIT_REST`]) and widens the site's gap between
+    /// requests through one proxy.
+    pub fn blocked(
+        &self,
+        id: i64,
+        site: &str,
+        block: Block,
+        wait: Option<Duration>,
+        sent: Instant,
+    ) {
+        match block {
+            Block::Banned => self.note(id, site, Taught::blocked(block, BAN_FOR)),
+            Block::Refused => self.note(id, site, Taught::blocked(block, REFUSAL_REST)),
+            Block::RateLimited => {
+                let rest = wait.unwrap_or(RATE_LIMIT_REST).max(Duration::from_secs(1));
+                self.rest(id, site, rest);
+                self.rate_limited(site, sent);
+            }
+        }
     }
 
-    fn note(&self, id: i64, site: &str, event: Event) {
+    fn note(&self, id: i64, site: &str, taught: Taught) {
         let mut book = lock(&self.inner.sites);
-        book.note(id, site, event, Instant::now(), crate::store::now_ms());
+        book.note(id, site, taught, Instant::now(), crate::store::now_ms());
         self.inner.site_pairs.store(book.len(), Ordering::Relaxed);
         drop(book);
-        if matches!(event, Event::Refused(_)) {
+        if matches!(
+            taught.verdict,
+            UseVerdict::Blocked(Block::Banned | Block::Refused)
+        ) {
             self.schedule_flush();
         }
     }
@@ -838,7 +847,7 @@ impl Feedback {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{Candidate, Hints, Outcome, SourceScheme};
+    use crate::model::{Candidate, Hints, Outcome, Reason, SourceScheme};
     use crate::proxy::Scheme;
     use crate::store::{ProxyFilter, SourceRun, now_ms};
 
@@ -936,7 +945,7 @@ mod tests {
 
         let wanted = feedback.recheck_wanted();
         let reported = feedback
-            .report(ids[0], Verdict::Failed(Some(Reason::Reset)), None)
+            .report(ids[0], UseVerdict::failed(Reason::Reset), None)
             .await
             .unwrap();
         assert_eq!(
@@ -954,7 +963,7 @@ mod tests {
             .expect("the check loop is woken");
 
         let missing = feedback
-            .report(ids[0] + 1000, Verdict::Failed(None), None)
+            .report(ids[0] + 1000, UseVerdict::ProxyFailed(None), None)
             .await
             .unwrap();
         assert!(!missing.found);
@@ -1015,7 +1024,11 @@ mod tests {
             .await
             .unwrap();
         feedback
-            .report(ids[0], Verdict::Blocked, Some("shop.example"))
+            .report(
+                ids[0],
+                UseVerdict::Blocked(Block::Banned),
+                Some("shop.example"),
+            )
             .await
             .unwrap();
         assert!(feedback.is_banned(ids[0], "shop.example"));

@@ -8,7 +8,9 @@ mod index;
 mod query;
 mod sites;
 
-pub use feedback::{BAN_FOR, Feedback, Reported, SERVED_RECHECK_AFTER, Verdict};
+pub use feedback::{
+    BAN_FOR, Feedback, RATE_LIMIT_REST, REFUSAL_REST, Reported, SERVED_RECHECK_AFTER,
+};
 pub use index::{BestOfTwo, Entry, HealthIndex, Matches, Strategy, score};
 pub use query::ProxyQuery;
 

@@ -8,6 +8,7 @@
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
+use crate::model::{Block, UseVerdict};
 use crate::store::SiteRecord;
 
 /// The most (proxy, site) pairs kept; expired rests and stale records are
@@ -104,17 +105,36 @@ pub(super) struct SiteBook {
     dirty: HashSet<(String, i64)>,
 }
 
-/// What a site did with a proxy.
+/// What one use of a proxy at a site taught: its verdict, and what the
+/// book keeps beside it.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub(super) enum Event {
-    /// A use worked, in this long when known.
-    Worked(Option<Duration>),
-    /// The site refused it: banned (a ban page, a report) or rested (a bare
-    /// refusal) for this long. Counted and kept.
-    Refused(Duration),
-    /// A rate limit (or the site's gap after a pick): rested for this
-    /// long, neither counted nor written.
-    Rest(Duration),
+pub(super) struct Taught {
+    pub verdict: UseVerdict,
+    /// How long a use that worked took, when known.
+    pub latency: Option<Duration>,
+    /// How long a block bans (a ban page, a report) or rests (a bare
+    /// refusal, a rate limit) the pair.
+    pub rest: Duration,
+}
+
+impl Taught {
+    /// A use that worked, in `latency` when known.
+    pub fn worked(latency: Option<Duration>) -> Taught {
+        Taught {
+            verdict: UseVerdict::Worked,
+            latency,
+            rest: Duration::ZERO,
+        }
+    }
+
+    /// A block that bans or rests the pair for `rest`.
+    pub fn blocked(block: Block, rest: Duration) -> Taught {
+        Taught {
+            verdict: UseVerdict::Blocked(block),
+            latency: None,
+            rest,
+        }
+    }
 }
 
 impl SiteBook {
@@ -128,17 +148,23 @@ impl SiteBook {
         self.sites.get(site)
     }
 
-    /// Records `event` for (`id`, `site`) at `now` (`now_ms` as unix ms).
-    /// A rest never cuts a longer ban short. False when the book is full of
-    /// live pairs and this is a new one.
+    /// Records what a use taught of (`id`, `site`) at `now` (`now_ms` as
+    /// unix ms): a use that worked and a refusal (a ban page, a bare
+    /// refusal) are counted and kept; a rate limit only rests the pair,
+    /// neither counted nor written; failures of the proxy or the target
+    /// teach the site nothing. A rest never cuts a longer ban short. False
+    /// when the book is full of live pairs and this is a new one.
     pub(super) fn note(
         &mut self,
         id: i64,
         site: &str,
-        event: Event,
+        taught: Taught,
         now: Instant,
         now_ms: i64,
     ) -> bool {
+        if !matches!(taught.verdict, UseVerdict::Worked | UseVerdict::Blocked(_)) {
+            return true;
+        }
         let known = self
             .sites
             .get(site)
@@ -161,28 +187,29 @@ impl SiteBook {
             let until = now + d;
             p.until = Some(p.until.map_or(until, |u| u.max(until)));
         };
-        match event {
-            Event::Worked(latency) => {
-                if p.worked == 0 {
-                    s.proven += 1;
-                }
-                p.worked += 1;
-                if let Some(latency) = latency {
-                    let ms = latency.as_secs_f64() * 1000.0;
-                    p.latency_ms = Some(p.latency_ms.map_or(ms, |l| l * 0.7 + ms * 0.3));
-                }
-                p.last_worked = Some(now_ms);
+        match taught.verdict {
+            UseVerdict::Blocked(Block::RateLimited) => {
+                rest(p, taught.rest);
+                return true;
             }
-            Event::Refused(d) => {
+            UseVerdict::Blocked(_) => {
+                let d = taught.rest;
                 rest(p, d);
                 p.blocked += 1;
                 p.last_blocked = Some(now_ms);
                 let until = now_ms + i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
                 p.banned_until = Some(p.banned_until.map_or(until, |u| u.max(until)));
             }
-            Event::Rest(d) => {
-                rest(p, d);
-                return true;
+            _ => {
+                if p.worked == 0 {
+                    s.proven += 1;
+                }
+                p.worked += 1;
+                if let Some(latency) = taught.latency {
+                    let ms = latency.as_secs_f64() * 1000.0;
+                    p.latency_ms = Some(p.latency_ms.map_or(ms, |l| l * 0.7 + ms * 0.3));
+                }
+                p.last_worked = Some(now_ms);
             }
         }
         p.updated = now_ms;
@@ -264,24 +291,26 @@ mod tests {
         let mut book = SiteBook::default();
         let now = Instant::now();
         let ms = 1_000_000;
-        book.note(1, "a", Event::Refused(Duration::from_secs(600)), now, ms);
-        book.note(1, "a", Event::Rest(Duration::from_secs(1)), now, ms);
+        let ban = Taught::blocked(Block::Banned, Duration::from_secs(600));
+        let limit = Taught::blocked(Block::RateLimited, Duration::from_secs(1));
+        book.note(1, "a", ban, now, ms);
+        book.note(1, "a", limit, now, ms);
         let site = book.site("a").unwrap();
         assert_eq!(site.until(1, now), Some(now + Duration::from_secs(600)));
-        book.note(2, "a", Event::Rest(Duration::from_secs(1)), now, ms);
-        book.note(
-            3,
-            "a",
-            Event::Worked(Some(Duration::from_millis(80))),
-            now,
-            ms,
-        );
+        book.note(2, "a", limit, now, ms);
+        let worked = Taught::worked(Some(Duration::from_millis(80)));
+        book.note(3, "a", worked, now, ms);
+        let failed = Taught {
+            verdict: UseVerdict::ProxyFailed(None),
+            ..worked
+        };
+        book.note(4, "a", failed, now, ms);
         let written = book.take_dirty();
         let ids: HashSet<i64> = written.iter().map(|r| r.proxy_id).collect();
         assert_eq!(
             ids,
             HashSet::from([1, 3]),
-            "a rate-limit rest is not written"
+            "a rate-limit rest is not written, a proxy failure not kept"
         );
         assert!(book.take_dirty().is_empty());
         let site = book.site("a").unwrap();

@@ -1,6 +1,5 @@
-//! The attempt loop: a request tried through one proxy after another, each
-//! answer classified and learnt from, redirects followed, backoff between
-//! tries.
+//! A pool fetch: one attempt through one proxy (redirects followed, the
+//! answer classified), carried from proxy to proxy by the rotation loop.
 
 use super::*;
 
@@ -30,182 +29,72 @@ impl Pool {
 
     pub(super) async fn fetch_inner(&self, req: &Request) -> Result<Page, FetchError> {
         let opts = &self.inner.opts;
-        let c = &self.inner.counters;
         let started = Instant::now();
-        let mut tried: HashSet<i64> = HashSet::new();
-        let (mut attempts, mut rotations, mut retries, mut unreached) = (0u32, 0u32, 0u32, 0u32);
-        let mut refusals = 0u32;
-        // Proxies that timed out on this URL: slow themselves, or the site
-        // is; the next proxy tells which.
-        let mut timed_out: Vec<Lease> = Vec::new();
-        let exhausted = |attempts, last: String, status| FetchError::Exhausted {
-            attempts,
-            last,
-            status,
+        let site = site_of(&req.url);
+        let want = Want {
+            query: &opts.query,
+            session: req.session.as_deref(),
+            site: &site,
+            https: req.url.scheme() == "https",
         };
-        loop {
-            let lease = match self.acquire(req, &tried, attempts).await {
-                Ok(l) => l,
-                Err(e) => {
-                    self.timed_out(&mut timed_out, req).await;
-                    return Err(e);
-                }
-            };
-            attempts += 1;
-            c.attempts.fetch_add(1, Ordering::Relaxed);
-            if lease.is_none() {
-                c.direct.fetch_add(1, Ordering::Relaxed);
+        let rot = Rotation {
+            no_proxy: opts.no_proxy,
+            rotations: opts.rotations,
+            target_retries: opts.target_retries,
+            retry_backoff: opts.retry_backoff,
+            rate_limits: RateLimits::Wait {
+                max: opts.max_retry_after,
+            },
+            unreached_quorum: UNREACHED_QUORUM,
+            refusal_quorum: REFUSAL_QUORUM,
+            alike_quorum: TIMEOUT_QUORUM,
+            alike_ends: true,
+            keep_refusal: false,
+        };
+        let mut fetch = Fetch { pool: self, req };
+        let Rotated { end, attempts } = self.rotate(&want, &rot, &mut fetch).await;
+        match end {
+            End::Answer(a) => Ok(self.page(req, a, attempts, started)),
+            End::Refused(a, site) => {
+                let status = a.answer.0.status.as_u16();
+                Err(FetchError::Exhausted {
+                    attempts,
+                    last: format!("blocked by {site} ({status})"),
+                    status: Some(status),
+                })
             }
-            let t0 = Instant::now();
-            let outcome = self.attempt(lease.as_ref(), req).await;
-            let id = lease.as_ref().map(|l| l.entry.id);
-            if matches!(
-                outcome,
-                Outcome::Page(..) | Outcome::SiteError(..) | Outcome::Blocked { .. }
-            ) {
-                // The site answered this proxy: those that timed out were slow.
-                self.timed_out(&mut timed_out, req).await;
-            }
-            match outcome {
-                Outcome::Page(answer, final_url) => {
-                    if let Some(l) = &lease {
-                        self.worked(l, t0.elapsed()).await;
-                    }
-                    return Ok(self.page(req, answer, final_url, &lease, attempts, started));
-                }
-                Outcome::SiteError(answer, final_url) => {
-                    if let Some(id) = id {
-                        self.report(id, Verdict::TargetError, None).await;
-                    }
-                    if retries >= opts.target_retries {
-                        return Ok(self.page(req, answer, final_url, &lease, attempts, started));
-                    }
-                    retries += 1;
-                    c.target_retries.fetch_add(1, Ordering::Relaxed);
-                    drop(lease);
-                    tokio::time::sleep(backoff(opts.retry_backoff, retries)).await;
-                }
-                Outcome::ProxyFailure(reason) => {
-                    let Some(l) = lease else {
-                        c.proxy_failures.fetch_add(1, Ordering::Relaxed);
-                        return Err(exhausted(attempts, reason.to_string(), None));
-                    };
-                    tried.insert(l.entry.id);
-                    if reason == Reason::Timeout {
-                        timed_out.push(l);
-                        if timed_out.len() >= TIMEOUT_QUORUM {
-                            for l in timed_out.drain(..) {
-                                self.report(l.entry.id, Verdict::TargetError, None).await;
-                            }
-                            return Err(FetchError::SiteTimeout { attempts });
-                        }
-                    } else {
-                        c.proxy_failures.fetch_add(1, Ordering::Relaxed);
-                        self.failed(&l, reason).await;
-                        self.tunnel_failed(&l, req).await;
-                    }
-                    if rotations >= opts.rotations {
-                        self.timed_out(&mut timed_out, req).await;
-                        return Err(exhausted(attempts, reason.to_string(), None));
-                    }
-                    rotations += 1;
-                    c.rotations.fetch_add(1, Ordering::Relaxed);
-                }
-                Outcome::Blocked {
-                    site,
-                    wait,
-                    page,
-                    answer,
-                    url,
-                } => {
-                    let status = answer.status;
-                    // Rate limits (429, 503) rest the pair for their
-                    // Retry-After and spend target retries; captcha and ban
-                    // pages ban the pair, bare refusals (403) rest it, and
-                    // both spend rotations.
-                    let limited = !page && matches!(status.as_u16(), 429 | 503);
-                    if let Some(id) = id {
-                        if limited {
-                            self.rate_limited(id, &site, wait, t0);
-                        } else {
-                            c.blocks.fetch_add(1, Ordering::Relaxed);
-                            self.blocked(id, &site, page).await;
-                            if !page {
-                                refusals += 1;
-                            }
-                        }
-                        tried.insert(id);
-                    }
-                    // Several proxies refused alike: the site means it for
-                    // this URL (a private page), not for these proxies.
-                    if refusals >= REFUSAL_QUORUM {
-                        return Ok(self.page(req, answer, url, &lease, attempts, started));
-                    }
-                    let last = format!("blocked by {site} ({})", status.as_u16());
-                    if limited {
-                        if retries >= opts.target_retries {
-                            return Err(exhausted(attempts, last, Some(status.as_u16())));
-                        }
-                        retries += 1;
-                        c.target_retries.fetch_add(1, Ordering::Relaxed);
-                    } else {
-                        if rotations >= opts.rotations || lease.is_none() {
-                            return Err(exhausted(attempts, last, Some(status.as_u16())));
-                        }
-                        rotations += 1;
-                        c.rotations.fetch_add(1, Ordering::Relaxed);
-                    }
-                    drop(lease);
-                    let pause = match wait {
-                        Some(w) if w > opts.max_retry_after => {
-                            return Err(FetchError::RetryAfterTooLong(w));
-                        }
-                        Some(w) => w,
-                        None if limited => backoff(opts.retry_backoff, retries),
-                        None => Duration::ZERO,
-                    };
-                    tokio::time::sleep(pause).await;
-                }
-                Outcome::Unreached => {
-                    unreached += 1;
-                    let Some(l) = lease else {
-                        return Err(FetchError::Unreachable { attempts });
-                    };
-                    self.report(l.entry.id, Verdict::TargetError, None).await;
-                    self.tunnel_failed(&l, req).await;
-                    tried.insert(l.entry.id);
-                    if unreached >= UNREACHED_QUORUM || rotations >= opts.rotations {
-                        return Err(FetchError::Unreachable { attempts });
-                    }
-                    rotations += 1;
-                    c.rotations.fetch_add(1, Ordering::Relaxed);
-                }
-                Outcome::TooLarge => {
-                    return Err(FetchError::TooLarge {
-                        attempts,
-                        limit: opts.max_body,
-                    });
-                }
-            }
+            End::NoProxy { error, .. } => Err(error),
+            End::Failed(reason) => Err(FetchError::Exhausted {
+                attempts,
+                last: reason.to_string(),
+                status: None,
+            }),
+            End::Unreachable => Err(FetchError::Unreachable { attempts }),
+            // Only timeouts wait for others to agree: the site is silent.
+            End::Alike { .. } => Err(FetchError::SiteTimeout { attempts }),
+            End::RetryAfterTooLong(w) => Err(FetchError::RetryAfterTooLong(w)),
+            End::Stopped(()) => Err(FetchError::TooLarge {
+                attempts,
+                limit: opts.max_body,
+            }),
         }
     }
 
-    pub(super) fn page(
+    fn page(
         &self,
         req: &Request,
-        answer: Answer,
-        final_url: Url,
-        lease: &Option<Lease>,
+        answered: Answered<(Answer, Url)>,
         attempts: u32,
         started: Instant,
     ) -> Page {
+        let (answer, final_url) = answered.answer;
         Page {
             url: req.url.clone(),
             final_url,
             status: answer.status,
             headers: answer.headers,
             body: answer.body,
-            carrier: match lease {
+            carrier: match answered.lease {
                 Some(l) => Carrier::Proxy {
                     id: l.entry.id,
                     proxy: l.entry.proxy.clone(),
@@ -219,7 +108,11 @@ impl Pool {
 
     /// One attempt through `lease` (or direct), following the redirects
     /// the request allows through the same proxy.
-    pub(super) async fn attempt(&self, lease: Option<&Lease>, req: &Request) -> Outcome {
+    async fn attempt(
+        &self,
+        lease: Option<&Lease>,
+        req: &Request,
+    ) -> Result<Tried<(Answer, Url)>, ()> {
         let opts = &self.inner.opts;
         let limits = Limits {
             connect: opts.connect_timeout,
@@ -240,7 +133,7 @@ impl Pool {
                     tokio::time::sleep(early).await;
                 }
             }
-            let pacer = req.pacer.as_deref();
+            let pacer = req.pacer.as_ref();
             let answer = match self
                 .inner
                 .shared
@@ -254,14 +147,14 @@ impl Pool {
                         p.answered(&url, None, None);
                     }
                     return match f {
-                        Failure::Proxy(r) => Outcome::ProxyFailure(r),
-                        Failure::BadEncoding => Outcome::ProxyFailure(Reason::ProtocolError),
-                        Failure::Unreached => Outcome::Unreached,
-                        Failure::TooLarge => Outcome::TooLarge,
+                        Failure::Proxy(r) => Ok(proxy_failed(r)),
+                        Failure::BadEncoding => Ok(proxy_failed(Reason::ProtocolError)),
+                        Failure::Unreached => Ok(Tried::ended(UseVerdict::Unreached)),
+                        Failure::TooLarge => Err(()),
                     };
                 }
             };
-            let class = opts.classifier.classify(
+            let (verdict, wait) = opts.classifier.classify(
                 answer.status,
                 &answer.headers,
                 &answer.body,
@@ -272,8 +165,8 @@ impl Pool {
                 let wait = crate::net::retry_after(&answer.headers, std::time::SystemTime::now());
                 p.answered(&url, Some(answer.status), wait);
             }
-            match class {
-                Class::Page => {
+            match verdict {
+                UseVerdict::Worked => {
                     if answer.status.is_redirection()
                         && redirects < opts.max_redirects
                         && let Some(next) = location(&url, &answer.headers)
@@ -287,21 +180,53 @@ impl Pool {
                         url = next;
                         continue;
                     }
-                    return Outcome::Page(answer, url);
+                    return Ok(Tried::answered(verdict, (answer, url), None));
                 }
-                Class::ProxyFailure(r) => return Outcome::ProxyFailure(r),
-                Class::Blocked(wait, page) => {
-                    return Outcome::Blocked {
-                        site: site_of(&url),
-                        wait,
-                        page,
-                        answer,
-                        url,
-                    };
+                UseVerdict::ProxyFailed(r) => {
+                    return Ok(proxy_failed(r.unwrap_or(Reason::ProtocolError)));
                 }
-                Class::SiteError => return Outcome::SiteError(answer, url),
+                UseVerdict::Blocked(_) => {
+                    let site = site_of(&url);
+                    return Ok(Tried {
+                        site: Some(site),
+                        ..Tried::answered(verdict, (answer, url), wait)
+                    });
+                }
+                UseVerdict::TargetError | UseVerdict::Unreached => {
+                    return Ok(Tried::answered(verdict, (answer, url), None));
+                }
             }
         }
+    }
+}
+
+/// A fetch through the pool, one attempt at a time.
+struct Fetch<'a> {
+    pool: &'a Pool,
+    req: &'a Request,
+}
+
+impl Attempt for Fetch<'_> {
+    type Answer = (Answer, Url);
+    /// The body was too large.
+    type Stop = ();
+
+    async fn attempt(&mut self, lease: Option<&Lease>) -> Result<Tried<(Answer, Url)>, ()> {
+        self.pool.attempt(lease, self.req).await
+    }
+
+    async fn learnt(&mut self, lease: &Lease, _verdict: UseVerdict) {
+        self.pool.tunnel_failed(lease, self.req).await;
+    }
+}
+
+/// A proxy failure: a timeout may be the site's (slow or silent) until
+/// another proxy gets through, so it is charged only then.
+fn proxy_failed(reason: Reason) -> Tried<(Answer, Url)> {
+    if reason == Reason::Timeout {
+        Tried::failed_after_sending(reason)
+    } else {
+        Tried::ended(UseVerdict::failed(reason))
     }
 }
 
@@ -319,28 +244,10 @@ pub(super) fn location(base: &Url, headers: &HeaderMap) -> Option<Url> {
     next.set_fragment(None);
     matches!(next.scheme(), "http" | "https").then_some(next)
 }
-/// `base × 2^(n-1)`, between half and all of it at random.
-pub(super) fn backoff(base: Duration, n: u32) -> Duration {
-    let full = base.saturating_mul(2u32.saturating_pow(n.saturating_sub(1).min(16)));
-    let full = full.min(Duration::from_secs(60));
-    full.mul_f64(rand::rng().random_range(0.5..=1.0))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::pool::site_of;
-
-    #[test]
-    fn backoff_doubles_with_jitter_and_a_ceiling() {
-        let base = Duration::from_millis(100);
-        for n in 1..=4 {
-            let full = base * 2u32.pow(n - 1);
-            let b = backoff(base, n);
-            assert!(b >= full / 2 && b <= full, "{n}: {b:?}");
-        }
-        assert!(backoff(base, 40) <= Duration::from_secs(60));
-    }
 
     #[test]
     fn redirects_resolve_against_the_page() {

@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime};
 use http::{HeaderMap, StatusCode};
 use regex::Regex;
 
-use crate::model::Reason;
+use crate::model::{Block, Reason, UseVerdict};
 
 /// How much of a body the patterns look at: block and portal pages say
 /// what they are near the top, and scanning megabytes per page would cost
@@ -61,23 +61,10 @@ impl Default for Classifier {
     }
 }
 
-/// The class of one answer.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Class {
-    /// The page: success, or a status the site meant (404, 410, …).
-    Page,
-    /// The proxy failed or lied.
-    ProxyFailure(Reason),
-    /// The site refused this proxy; wait this long (Retry-After) before
-    /// the next request to it, if it said. True when the body says so (a
-    /// captcha or ban page), false for a bare status.
-    Blocked(Option<Duration>, bool),
-    /// The site failed on its own (a 5xx): retry later, no penalty.
-    SiteError,
-}
-
 impl Classifier {
-    /// Classifies an answer. `forward` is true when an HTTP proxy fetched
+    /// What an answer says of the proxy that carried it, and the
+    /// `Retry-After` of a block. A page the site meant (404, 410, …) is
+    /// [`UseVerdict::Worked`]. `forward` is true when an HTTP proxy fetched
     /// the URL itself (absolute-form): its 502/504 are its own failures.
     /// `tls` is true when the answer came over TLS verified end to end.
     pub(crate) fn classify(
@@ -87,26 +74,34 @@ impl Classifier {
         body: &[u8],
         forward: bool,
         tls: bool,
-    ) -> Class {
+    ) -> (UseVerdict, Option<Duration>) {
         let code = status.as_u16();
         if forward && matches!(code, 502 | 504) {
-            return Class::ProxyFailure(Reason::BadStatus);
+            return (UseVerdict::failed(Reason::BadStatus), None);
         }
         if code == 407 {
-            return Class::ProxyFailure(Reason::ProxyAuthRequired);
+            return (UseVerdict::failed(Reason::ProxyAuthRequired), None);
         }
         let head = String::from_utf8_lossy(&body[..body.len().min(SCAN)]);
         if !tls && self.portal_patterns.iter().any(|p| p.is_match(&head)) {
-            return Class::ProxyFailure(Reason::ContentMismatch);
+            return (UseVerdict::failed(Reason::ContentMismatch), None);
         }
         let page = self.block_patterns.iter().any(|p| p.is_match(&head));
         if page || self.block_statuses.contains(&code) {
-            return Class::Blocked(crate::net::retry_after(headers, SystemTime::now()), page);
+            let block = if page {
+                Block::Banned
+            } else if matches!(code, 429 | 503) {
+                Block::RateLimited
+            } else {
+                Block::Refused
+            };
+            let wait = crate::net::retry_after(headers, SystemTime::now());
+            return (UseVerdict::Blocked(block), wait);
         }
         if status.is_server_error() {
-            return Class::SiteError;
+            return (UseVerdict::TargetError, None);
         }
-        Class::Page
+        (UseVerdict::Worked, None)
     }
 }
 
@@ -114,51 +109,59 @@ impl Classifier {
 mod tests {
     use super::*;
 
-    fn class(status: u16, body: &str, forward: bool, tls: bool) -> Class {
-        Classifier::default().classify(
-            StatusCode::from_u16(status).unwrap(),
-            &HeaderMap::new(),
-            body.as_bytes(),
-            forward,
-            tls,
-        )
+    fn class(status: u16, body: &str, forward: bool, tls: bool) -> UseVerdict {
+        Classifier::default()
+            .classify(
+                StatusCode::from_u16(status).unwrap(),
+                &HeaderMap::new(),
+                body.as_bytes(),
+                forward,
+                tls,
+            )
+            .0
     }
 
     #[test]
     fn statuses_map_to_classes() {
-        assert_eq!(class(200, "<p>hi</p>", true, false), Class::Page);
-        assert_eq!(class(404, "gone", true, false), Class::Page);
-        assert_eq!(class(410, "gone", false, true), Class::Page);
-        assert_eq!(class(403, "no", false, false), Class::Blocked(None, false));
+        assert_eq!(class(200, "<p>hi</p>", true, false), UseVerdict::Worked);
+        assert_eq!(class(404, "gone", true, false), UseVerdict::Worked);
+        assert_eq!(class(410, "gone", false, true), UseVerdict::Worked);
+        assert_eq!(
+            class(403, "no", false, false),
+            UseVerdict::Blocked(Block::Refused)
+        );
         assert_eq!(
             class(429, "slow", false, false),
-            Class::Blocked(None, false)
+            UseVerdict::Blocked(Block::RateLimited)
         );
-        assert_eq!(class(500, "oops", true, false), Class::SiteError);
+        assert_eq!(class(500, "oops", true, false), UseVerdict::TargetError);
         // A 502 through a tunnel is the site's; from a forwarding proxy, the proxy's.
-        assert_eq!(class(502, "bad", false, false), Class::SiteError);
+        assert_eq!(class(502, "bad", false, false), UseVerdict::TargetError);
         assert_eq!(
             class(502, "bad", true, false),
-            Class::ProxyFailure(Reason::BadStatus)
+            UseVerdict::failed(Reason::BadStatus)
         );
         assert_eq!(
             class(407, "auth", true, false),
-            Class::ProxyFailure(Reason::ProxyAuthRequired)
+            UseVerdict::failed(Reason::ProxyAuthRequired)
         );
     }
 
     #[test]
     fn bodies_reveal_captchas_and_portals() {
         let captcha = "<html><head><title>Attention Required!</title></head></html>";
-        assert_eq!(class(200, captcha, false, true), Class::Blocked(None, true));
+        assert_eq!(
+            class(200, captcha, false, true),
+            UseVerdict::Blocked(Block::Banned)
+        );
         let portal = "<html>Welcome to FreeWifi, please log in</html>";
         assert_eq!(
             class(200, portal, true, false),
-            Class::ProxyFailure(Reason::ContentMismatch)
+            UseVerdict::failed(Reason::ContentMismatch)
         );
         // Over verified TLS the page is the site's own words.
-        assert_eq!(class(200, portal, false, true), Class::Page);
+        assert_eq!(class(200, portal, false, true), UseVerdict::Worked);
         let article = "<title>How captchas work</title><p>Free software.</p>";
-        assert_eq!(class(200, article, true, false), Class::Page);
+        assert_eq!(class(200, article, true, false), UseVerdict::Worked);
     }
 }

@@ -4,9 +4,10 @@
 //! brotli decoding, and idle connections kept per (proxy, origin) for the
 //! next request to the same place.
 
-use std::collections::HashMap;
 use std::io::Read;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -14,24 +15,27 @@ use http::{HeaderMap, HeaderValue, StatusCode, header};
 use http_body_util::{BodyExt, Empty, Limited};
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
-use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Instant;
 use url::Url;
 
 use crate::model::Reason;
-use crate::net::{self, DialOptions, hyper_reason, proxy_authorization};
+use crate::net::{
+    self, DialOptions, IdleConns, IdleLimits, Reusable, hyper_reason, proxy_authorization,
+};
 use crate::proxy::{Proxy, Scheme};
 
 use super::Pacer;
 use crate::lock;
 
-/// Idle connections kept per (proxy, origin); more are closed.
-const IDLE_PER_KEY: usize = 2;
-/// Idle connections kept in all.
-const IDLE_TOTAL: usize = 1024;
-/// An idle connection older than this is not reused: servers close theirs
-/// after a few seconds and a request on a closing one fails.
-const IDLE_FOR: Duration = Duration::from_secs(15);
+/// Idle connections kept: two per (proxy, origin), 1024 in all, each for
+/// at most 15 s (servers close theirs after a few seconds and a request on
+/// a closing one fails).
+const IDLE: IdleLimits = IdleLimits {
+    per_key: 2,
+    total: 1024,
+    keep_for: Duration::from_secs(15),
+};
 
 /// Limits of one request, and the user agent it is sent with (the
 /// client's: one pool carries clients with their own).
@@ -74,27 +78,39 @@ pub(crate) enum Failure {
 type Key = (Option<i64>, String);
 
 /// A connection ready for a request: its sender, whether it is TLS end to
-/// end, whether it speaks to a forward proxy, and whether it is new.
-type Conn = (SendRequest<Empty<Bytes>>, bool, bool, bool);
+/// end, whether it speaks to a forward proxy, its send mark, and whether it
+/// is new.
+type Conn = (SendRequest<Empty<Bytes>>, bool, bool, SendMark, bool);
 
+/// A new connection: its sender, TLS end to end, to a forward proxy, and
+/// its send mark.
+type Dialed = (SendRequest<Empty<Bytes>>, bool, bool, SendMark);
+
+/// A connection kept for the next request to the same place.
 struct Idle {
     sender: SendRequest<Empty<Bytes>>,
-    since: Instant,
     tls: bool,
     forward: bool,
+    mark: SendMark,
+}
+
+impl Reusable for Idle {
+    fn usable(&self) -> bool {
+        self.sender.is_ready()
+    }
 }
 
 /// Sends requests; holds the TLS configuration and idle connections.
 pub(crate) struct Client {
     tls: Arc<rustls::ClientConfig>,
-    idle: Mutex<IdleConns>,
+    idle: IdleConns<Key, Idle>,
 }
 
 impl Client {
     pub fn new(tls: Arc<rustls::ClientConfig>) -> Client {
         Client {
             tls,
-            idle: Mutex::default(),
+            idle: IdleConns::new(IDLE),
         }
     }
 
@@ -108,7 +124,7 @@ impl Client {
         proxy: Option<(i64, &Proxy)>,
         url: &Url,
         limits: Limits<'_>,
-        pacer: Option<&dyn Pacer>,
+        pacer: Option<&Arc<dyn Pacer>>,
     ) -> Result<Answer, Failure> {
         let https = url.scheme() == "https";
         let host = url
@@ -120,8 +136,8 @@ impl Client {
         let target = net::Target::new(host, port).map_err(|_| Failure::Unreached)?;
         let key: Key = (proxy.map(|(id, _)| id), origin(url));
         let t0 = Instant::now();
-        let mut conn: Conn = match self.take_idle(&key) {
-            Some(idle) => (idle.sender, idle.tls, idle.forward, false),
+        let mut conn: Conn = match self.idle.take(&key) {
+            Some(idle) => (idle.sender, idle.tls, idle.forward, idle.mark, false),
             None => {
                 let c = tokio::time::timeout(
                     limits.total,
@@ -129,12 +145,15 @@ impl Client {
                 )
                 .await
                 .map_err(|_| Failure::Proxy(Reason::Timeout))??;
-                (c.0, c.1, c.2, true)
+                (c.0, c.1, c.2, c.3, true)
             }
         };
         let connecting = t0.elapsed();
         if let Some(p) = pacer {
             p.wait(url).await;
+            // The turn counts from when the request's bytes leave, which a
+            // busy connection task or a redial (below) may put off.
+            conn.3.arm(p.clone(), url.clone());
         }
         let left = limits.total.saturating_sub(connecting);
         let exchange = async {
@@ -150,7 +169,10 @@ impl Client {
                         let c = self
                             .connect(proxy.map(|(_, p)| p), &target, https, limits)
                             .await?;
-                        conn = (c.0, c.1, c.2, true);
+                        if let Some(p) = pacer {
+                            c.3.arm(p.clone(), url.clone());
+                        }
+                        conn = (c.0, c.1, c.2, c.3, true);
                     }
                     Err(Some(f)) => return Err(f),
                     Ok(a) => return Ok(a),
@@ -174,7 +196,7 @@ impl Client {
         proxy: Option<(i64, &Proxy)>,
         limits: Limits<'_>,
     ) -> Result<Answer, Option<Failure>> {
-        let (mut sender, tls, forward, fresh) = conn;
+        let (mut sender, tls, forward, mark, fresh) = conn;
         let req = self.request(
             url,
             target,
@@ -183,6 +205,8 @@ impl Client {
             limits.user_agent,
         )?;
         let sent = tokio::time::timeout(limits.first_byte, sender.send_request(req)).await;
+        // Unfired (the request never left): the turn stays as granted.
+        mark.disarm();
         let resp = match sent {
             Err(_) => return Err(Some(Failure::Proxy(Reason::Timeout))),
             Ok(Err(e)) if !fresh && closed_when_reused(&e) => return Err(None),
@@ -199,13 +223,13 @@ impl Client {
             })?
             .to_bytes();
         if sender.is_ready() && keep_alive(&parts.headers) {
-            self.put_idle(
+            self.idle.put(
                 key,
                 Idle {
                     sender,
-                    since: Instant::now(),
                     tls,
                     forward,
+                    mark,
                 },
             );
         }
@@ -226,7 +250,7 @@ impl Client {
         target: &net::Target,
         https: bool,
         limits: Limits<'_>,
-    ) -> Result<(SendRequest<Empty<Bytes>>, bool, bool), Failure> {
+    ) -> Result<Dialed, Failure> {
         let opts = DialOptions {
             connect_timeout: limits.connect,
             handshake_timeout: limits.first_byte,
@@ -240,6 +264,11 @@ impl Client {
             r if proxy.is_none() && r.unreachable() => Failure::Unreached,
             r => Failure::Proxy(r),
         })?;
+        let mark = SendMark::default();
+        let stream = Marked {
+            inner: dialed.stream,
+            mark: mark.clone(),
+        };
         if https {
             let name = match target.host() {
                 net::Host::Domain(d) => d.clone(),
@@ -247,15 +276,15 @@ impl Client {
             };
             let tls = tokio::time::timeout(
                 limits.first_byte,
-                net::tls::connect(&self.tls, &name, dialed.stream),
+                net::tls::connect(&self.tls, &name, stream),
             )
             .await
             .map_err(|_| Failure::Proxy(Reason::Timeout))?
             .map_err(Failure::Proxy)?;
-            Ok((handshake(tls).await?, true, false))
+            Ok((handshake(tls).await?, true, false, mark))
         } else {
             let forward = dialed.forward;
-            Ok((handshake(dialed.stream).await?, false, forward))
+            Ok((handshake(stream).await?, false, forward, mark))
         }
     }
 
@@ -296,60 +325,95 @@ impl Client {
             .map_err(|_| Failure::Proxy(Reason::ProtocolError))
     }
 
-    fn take_idle(&self, key: &Key) -> Option<Idle> {
-        let mut idle = lock(&self.idle);
-        let pool = &mut *idle;
-        let list = pool.conns.get_mut(key)?;
-        let found = loop {
-            match list.pop() {
-                Some(c) => {
-                    pool.count -= 1;
-                    if c.since.elapsed() < IDLE_FOR && c.sender.is_ready() {
-                        break Some(c);
-                    }
-                }
-                None => break None,
-            }
-        };
-        if list.is_empty() {
-            pool.conns.remove(key);
-        }
-        found
-    }
-
-    fn put_idle(&self, key: Key, conn: Idle) {
-        let mut idle = lock(&self.idle);
-        let pool = &mut *idle;
-        if pool.count >= IDLE_TOTAL {
-            pool.conns.retain(|_, list| {
-                list.retain(|c| c.since.elapsed() < IDLE_FOR);
-                !list.is_empty()
-            });
-            pool.count = pool.conns.values().map(Vec::len).sum();
-            if pool.count >= IDLE_TOTAL {
-                return;
-            }
-        }
-        let list = pool.conns.entry(key).or_default();
-        if list.len() < IDLE_PER_KEY {
-            list.push(conn);
-            pool.count += 1;
-        }
-    }
-
     /// Drops the idle connections through proxy `id` (it failed).
     pub fn forget(&self, id: i64) {
-        let mut idle = lock(&self.idle);
-        idle.conns.retain(|(p, _), _| *p != Some(id));
-        idle.count = idle.conns.values().map(Vec::len).sum();
+        self.idle.forget(|(p, _)| *p == Some(id));
     }
 }
 
-/// Idle connections by (proxy, origin), and how many in all.
-#[derive(Default)]
-struct IdleConns {
-    conns: HashMap<Key, Vec<Idle>>,
-    count: usize,
+/// When a paced request's first bytes leave its connection: armed once the
+/// site's turn is granted, fired by the connection's next write, which
+/// tells the pacer (see [`Pacer::sent`]). The turn is granted just before
+/// the request is handed to the connection, but the bytes go only when its
+/// task runs, or after a redial when a kept connection turns out closed.
+#[derive(Clone, Default)]
+struct SendMark(Arc<Mutex<Option<Armed>>>);
+
+/// Whom a [`SendMark`] tells, of which request.
+type Armed = (Arc<dyn Pacer>, Url);
+
+impl SendMark {
+    fn arm(&self, pacer: Arc<dyn Pacer>, url: Url) {
+        *lock(&self.0) = Some((pacer, url));
+    }
+
+    fn disarm(&self) {
+        lock(&self.0).take();
+    }
+
+    fn fire(&self) {
+        // Taken out first: the pacer is never called under this lock.
+        let armed = lock(&self.0).take();
+        if let Some((pacer, url)) = armed {
+            pacer.sent(&url);
+        }
+    }
+}
+
+/// A stream whose writes fire its [`SendMark`].
+struct Marked<S> {
+    inner: S,
+    mark: SendMark,
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Marked<S> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Marked<S> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let this = self.get_mut();
+        let r = Pin::new(&mut this.inner).poll_write(cx, buf);
+        if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
+            this.mark.fire();
+        }
+        r
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        let this = self.get_mut();
+        let r = Pin::new(&mut this.inner).poll_write_vectored(cx, bufs);
+        if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
+            this.mark.fire();
+        }
+        r
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
 }
 
 /// `scheme://host:port` of `url`.

@@ -22,16 +22,15 @@ mod classify;
 mod fetch;
 mod learn;
 mod refresh;
+mod rotate;
 mod select;
 mod strategy;
 
-pub(crate) use classify::Class;
 pub use classify::{Classifier, DEFAULT_BLOCK_PATTERNS, DEFAULT_PORTAL_PATTERNS};
-pub use learn::Used;
 pub use select::Shortage;
 pub use strategy::StrategyKind;
 
-use learn::Outcome;
+pub(crate) use rotate::{Answered, Attempt, End, RateLimits, Rotated, Rotation, Tried};
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::fmt;
@@ -49,8 +48,8 @@ use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 use url::Url;
 
-use crate::health::{Entry, Feedback, HealthIndex, ProxyQuery, Verdict};
-use crate::model::Reason;
+use crate::health::{Entry, Feedback, HealthIndex, ProxyQuery};
+use crate::model::{Block, Reason, UseVerdict};
 use crate::proxy::{Proxy, Scheme, Status};
 use crate::store::{ProxyFilter, Store, StoreError};
 
@@ -364,6 +363,9 @@ pub trait Pacer: Send + Sync {
     fn ready_in(&self, _url: &Url) -> Duration {
         Duration::ZERO
     }
+    /// The request to `url` whose turn [`Pacer::wait`] granted last is
+    /// being written only now: the time between requests counts from here.
+    fn sent(&self, _url: &Url) {}
 }
 
 /// The pool connects to a proxy this long before the site's turn comes
@@ -464,12 +466,6 @@ pub struct PoolStats {
     pub banned_by_site: BTreeMap<String, u64>,
 }
 
-/// How long a (proxy, site) pair rests after a 429 or 503 that gave no
-/// Retry-After.
-const RATE_LIMIT_REST: Duration = Duration::from_secs(30);
-/// How long a (proxy, site) pair rests after a bare 403: shorter than a
-/// ban, since the refusal may be the page's, not the proxy's.
-const REFUSAL_REST: Duration = Duration::from_secs(120);
 /// Proxies refused alike (bare 403) before the answer is the page.
 const REFUSAL_QUORUM: u32 = 3;
 /// Sticky sessions kept.
@@ -599,8 +595,6 @@ pub struct Lease {
     entry: Arc<Entry>,
     /// The site it was taken for (see [`site_of`]).
     site: String,
-    /// When it was handed out.
-    taken: Instant,
 }
 
 impl Lease {
@@ -633,7 +627,7 @@ impl Drop for Lease {
     }
 }
 
-/// What a caller of [`Pool::take`] wants of one proxy.
+/// What a use of the pool wants of one proxy.
 #[derive(Clone, Copy, Debug)]
 pub struct Want<'a> {
     /// The filters (instead of [`PoolOptions::query`]).

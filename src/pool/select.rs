@@ -5,24 +5,6 @@
 use super::*;
 
 impl Pool {
-    /// A proxy for an attempt of `req`, or `None` to go direct when the
-    /// policy says so.
-    pub(super) async fn acquire(
-        &self,
-        req: &Request,
-        tried: &HashSet<i64>,
-        attempts: u32,
-    ) -> Result<Option<Lease>, FetchError> {
-        let want = Want {
-            query: &self.inner.opts.query,
-            session: req.session.as_deref(),
-            site: &site_of(&req.url),
-            https: req.url.scheme() == "https",
-        };
-        self.acquire_for(&want, tried, attempts, self.inner.opts.no_proxy)
-            .await
-    }
-
     /// A proxy for `want`, waiting as `policy` allows; `None` only under
     /// [`NoProxy::Direct`].
     pub(super) async fn acquire_for(
@@ -186,28 +168,6 @@ impl Pool {
         s
     }
 
-    /// A proxy for a caller that does its own I/O through it (the
-    /// gateway): picked like [`Pool::fetch`]'s, under `want`'s filters and
-    /// session, never one in `tried`; waits as [`PoolOptions::no_proxy`]
-    /// says, except that it never goes direct. Report how the use ended
-    /// with [`Pool::settle`].
-    pub async fn take(&self, want: &Want<'_>, tried: &HashSet<i64>) -> Result<Lease, FetchError> {
-        let c = &self.inner.counters;
-        c.attempts.fetch_add(1, Ordering::Relaxed);
-        let policy = match self.inner.opts.no_proxy {
-            NoProxy::Direct => NoProxy::Fail,
-            p => p,
-        };
-        match self.acquire_for(want, tried, 0, policy).await? {
-            Some(lease) => Ok(lease),
-            None => Err(FetchError::NoProxy {
-                waited: Duration::ZERO,
-                attempts: 0,
-                hint: None,
-            }),
-        }
-    }
-
     /// Picks and reserves a proxy; otherwise says when the first cooldown
     /// ends.
     pub(super) fn try_pick(
@@ -325,7 +285,6 @@ impl Pool {
                 shared: inner.shared.clone(),
                 entry,
                 site: site.to_owned(),
-                taken: now,
             }),
             None,
         )
