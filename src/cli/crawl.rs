@@ -238,7 +238,7 @@ pub(super) async fn run(config_path: Option<&Path>, args: CrawlArgs) -> anyhow::
         crawl: options,
         pool: opts,
     } = args.validate(config.api.max_age)?;
-    let store = open_store(&config)?;
+    let store = open_store(&config).await?;
     let pool = if args.direct {
         // No proxy at all: an empty index, so every request goes direct.
         let feedback =

@@ -236,7 +236,7 @@ impl CrawlJobs {
             Err(e) => return Some(("failed", None, Some(e.to_string()))),
         };
         let opts = CrawlOptions {
-            state: Some(dir.join("state.db")),
+            job: Some((self.inner.store.clone(), id)),
             output: Some(dir.join("pages.jsonl")),
             ..v.crawl
         };

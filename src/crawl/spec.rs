@@ -166,7 +166,8 @@ fn bad(field: impl Into<String>, message: impl Into<String>) -> SpecError {
 /// A job's options made real.
 #[derive(Clone, Debug)]
 pub struct Validated {
-    /// The crawl's options (state and output are the job's own files).
+    /// The crawl's options (a job keeps its frontier in the store under its
+    /// id, and writes its output to a file of its own).
     pub crawl: CrawlOptions,
     /// The pool's, on the daemon's index.
     pub pool: PoolOptions,

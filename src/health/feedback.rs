@@ -1001,6 +1001,7 @@ mod tests {
     /// `reports_ok` of proxy `id`.
     async fn reports_ok(store: &Store, id: i64) -> i64 {
         store
+            .sqlite()
             .read(move |c| {
                 Ok(
                     c.query_row("SELECT reports_ok FROM proxies WHERE id = ?1", [id], |r| {

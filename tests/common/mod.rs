@@ -4,11 +4,13 @@
 
 #![allow(dead_code)]
 
+pub mod backend;
 pub mod binary;
 pub mod config;
 pub mod daemon;
 pub mod fakes;
 pub mod judges;
+pub mod postgres;
 pub mod site;
 pub mod tmpfs;
 

@@ -1,7 +1,11 @@
 //! The store on real SQLite files: migrations from empty, re-opening, and
-//! refusing a database written by a newer version.
+//! refusing a database written by a newer version; and the suite of the
+//! store's surface on both backends, SQLite and a real PostgreSQL server.
 
 use crate::common;
+use crate::on_both_backends;
+
+use common::backend::TestDb;
 
 use std::collections::BTreeSet;
 use std::net::{IpAddr, Ipv4Addr};
@@ -9,7 +13,8 @@ use std::net::{IpAddr, Ipv4Addr};
 use proxywarden::model::{Candidate, Hints, SourceScheme};
 use proxywarden::proxy::Scheme;
 use proxywarden::store::{
-    DueCursor, DueLane, ProxyFilter, ProxySort, SCHEMA_VERSION, SourceRun, Store, StoreError,
+    DueCursor, DueLane, POSTGRES_SCHEMA_VERSION, ProxyFilter, ProxySort, SCHEMA_VERSION, SourceRun,
+    Store, StoreError,
 };
 
 fn run(name: &str, at: i64) -> SourceRun {
@@ -54,6 +59,15 @@ async fn store_of(path: &std::path::Path, n: u32) -> Store {
         .await
         .unwrap();
     store
+}
+
+/// `db`'s store holding `candidates(n)`, listed by one run of `a`.
+async fn listing_of(db: &TestDb, n: u32) -> Store {
+    db.store
+        .record_source_run(run("a", 1_000), candidates(n))
+        .await
+        .unwrap();
+    db.store.clone()
 }
 
 #[tokio::test]
@@ -264,10 +278,8 @@ async fn record_verdicts(store: &Store, alive: &[i64], dead: &[i64], at: i64) {
 
 /// A candidate on port 0 is refused with an error naming it, on either
 /// write path, and its chunk leaves nothing behind.
-#[tokio::test]
-async fn a_candidate_on_port_0_is_refused_by_name() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(&dir.path().join("p.db")).unwrap();
+async fn a_candidate_on_port_0_is_refused_by_name(db: TestDb) {
+    let store = db.store;
     let mut list = candidates(10);
     list[4].proxy.port = 0;
     // Batched (distinct addresses), then row by row (one repeated).
@@ -369,10 +381,8 @@ async fn a_large_purge_deletes_every_qualifying_proxy() {
 
 /// A listing page is filtered, sorted and cut in SQL, with the total of
 /// all matches.
-#[tokio::test]
-async fn listing_pages_are_cut_in_sql() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = store_of(&dir.path().join("page.db"), 25).await;
+async fn listing_pages_are_cut_in_sql(db: TestDb) {
+    let store = listing_of(&db, 25).await;
     let all = store.list_proxies(ProxyFilter::default()).await.unwrap();
     let ids: Vec<i64> = all.iter().map(|r| r.id).collect();
     let page = store
@@ -424,10 +434,8 @@ async fn a_write_waits_out_another_process_holding_the_lock() {
 /// A round pages through what is due in the order it fell due, through the
 /// due-time index: every due proxy comes exactly once, across pages and
 /// across proxies that fell due at the same moment, and none that is not.
-#[tokio::test]
-async fn due_proxies_page_once_each_in_due_order() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = store_of(&dir.path().join("due.db"), 2_500).await;
+async fn due_proxies_page_once_each_in_due_order(db: TestDb) {
+    let store = listing_of(&db, 2_500).await;
     let ids: Vec<i64> = common::ids_of(&store).await;
     let now = proxywarden::store::now_ms();
     // A third not due for an hour; the rest due together, at one moment.
@@ -618,10 +626,8 @@ async fn a_changed_hint_updates_only_that_row() {
 
 /// A proxy a new list leaves out keeps the time it was last listed; the
 /// rest are seen by the new run; one listed again is seen again.
-#[tokio::test]
-async fn a_proxy_left_out_keeps_its_last_sighting() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(&dir.path().join("p.db")).unwrap();
+async fn a_proxy_left_out_keeps_its_last_sighting(db: TestDb) {
+    let store = db.store;
     let list = candidates(10);
     store
         .record_source_run(run("a", 1_000), list.clone())
@@ -763,10 +769,8 @@ async fn a_run_of_new_proxies_meeting_known_ones_stores_each_once() {
 
 /// Two sources listing overlapping proxies in one round: each proxy counts
 /// once among those seen since the round began.
-#[tokio::test]
-async fn proxies_seen_by_two_sources_count_once() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(&dir.path().join("p.db")).unwrap();
+async fn proxies_seen_by_two_sources_count_once(db: TestDb) {
+    let store = db.store;
     let all = candidates(30);
     store
         .record_source_run(run("old", 1_000), all.clone())
@@ -789,10 +793,8 @@ async fn proxies_seen_by_two_sources_count_once() {
 /// An entry whose scheme is to be detected is the proxy already stored at
 /// its address, whatever scheme that row has, and only an address no row
 /// holds is new.
-#[tokio::test]
-async fn a_detected_entry_is_the_proxy_known_at_its_address() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(&dir.path().join("p.db")).unwrap();
+async fn a_detected_entry_is_the_proxy_known_at_its_address(db: TestDb) {
+    let store = db.store;
     let entry = |url: &str, detect: bool| {
         let proxy = proxywarden::proxy::Proxy::parse_url(url).unwrap();
         Candidate::new(
@@ -861,14 +863,16 @@ async fn rebuilding_the_proxies_table_keeps_rows_links_and_rules() {
     let before = store.list_proxies(ProxyFilter::default()).await.unwrap();
     drop(store);
     // Back to the version before the rebuild (6), so that opening runs it
-    // and the migrations after it: without what 0008, 0009, 0012, 0013 and 0014
-    // add.
+    // and the migrations after it: without what 0008, 0009, 0012, 0013, 0014
+    // and 0015 add.
     let conn = rusqlite::Connection::open(&path).unwrap();
     conn.execute_batch(
         "ALTER TABLE sources DROP COLUMN last_private;
          DROP TABLE proxy_sites;
          DROP TABLE snapshots;
          DROP TABLE proxy_counts;
+         DROP TABLE crawl_urls;
+         DROP TABLE crawl_meta;
          DROP TRIGGER proxies_delete_links;
          DROP TRIGGER sources_delete_links;",
     )
@@ -895,6 +899,8 @@ async fn rebuilding_the_proxies_table_keeps_rows_links_and_rules() {
         tables,
         [
             "crawl_jobs",
+            "crawl_meta",
+            "crawl_urls",
             "meta",
             "proxies",
             "proxy_counts",
@@ -1171,4 +1177,370 @@ async fn changed_rows_of_known_change_numbers_are_skipped_not_lost() {
     // Without the known numbers every changed row is read.
     let (records, _, _) = store.changed_since(before, 100, vec![]).await.unwrap();
     assert_eq!(records.len(), 3);
+}
+
+/// Verdicts land on their rows, move them between statuses in listings
+/// and counts, and carry a change number that a follower reading changes
+/// since its mark finds, once.
+async fn verdicts_are_listed_counted_and_followed(db: TestDb) {
+    let store = listing_of(&db, 6).await;
+    let ids = common::ids_of(&store).await;
+    let mark = store.change_seq().await.unwrap();
+    let now = proxywarden::store::now_ms();
+    record_verdicts(&store, &ids[..2], &ids[2..3], now).await;
+    let alive = store
+        .list_proxies(ProxyFilter {
+            status: Some(proxywarden::proxy::Status::Alive),
+            ..ProxyFilter::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(alive.iter().map(|r| r.id).collect::<Vec<_>>(), ids[..2]);
+    assert!(
+        alive
+            .iter()
+            .all(|r| r.checks_ok == 1 && r.last_alive == Some(now))
+    );
+    let stats = store.stats().await.unwrap();
+    assert_eq!(
+        (
+            stats.by_status["alive"],
+            stats.by_status["dead"],
+            stats.by_status["unknown"]
+        ),
+        (2, 1, 3)
+    );
+    assert_eq!(stats.by_reason["refused"], 1);
+    // Checked proxies are due again later; the unchecked ones still now,
+    // and those whose checks are pulled in or asked for.
+    assert_eq!(store.count_due(now, false).await.unwrap(), 3);
+    store.pull_checks_in(vec![(ids[0], now)]).await.unwrap();
+    store.mark_due_many(vec![ids[1]], now).await.unwrap();
+    assert_eq!(store.count_due(now, false).await.unwrap(), 5);
+    assert_eq!(store.next_due_at().await.unwrap(), Some(1_000));
+    let (changed, next, full) = store.changed_since(mark, 100, Vec::new()).await.unwrap();
+    let mut changed: Vec<i64> = changed.iter().map(|r| r.id).collect();
+    changed.sort_unstable();
+    assert_eq!(changed, ids[..3]);
+    assert!(!full && next > mark);
+    let (again, _, _) = store.changed_since(next, 100, Vec::new()).await.unwrap();
+    assert!(again.is_empty(), "a change read twice");
+    assert_eq!(
+        store.proxies_by_ids(vec![ids[2]]).await.unwrap()[0]
+            .reason
+            .as_deref(),
+        Some("refused")
+    );
+}
+
+/// What use teaches lands on the rows: reports, worked uses (a sighting
+/// alive), a failed report asking for a check; proxies are found by
+/// identity; and a purge takes the long-dead proxies no list names.
+async fn uses_reports_lookups_and_purge(db: TestDb) {
+    let store = listing_of(&db, 4).await;
+    let ids = common::ids_of(&store).await;
+    assert!(store.record_report(ids[0], true, 5).await.unwrap());
+    assert!(!store.record_report(ids[3] + 100, true, 5).await.unwrap());
+    store
+        .record_worked(vec![(ids[1], 3, 7_000), (ids[1], 2, 6_000)])
+        .await
+        .unwrap();
+    let r = &store.proxies_by_ids(vec![ids[1]]).await.unwrap()[0];
+    assert_eq!(r.last_alive, Some(7_000));
+    let mut wanted: Vec<proxywarden::proxy::Proxy> =
+        candidates(2).into_iter().map(|c| c.proxy).collect();
+    wanted.push(proxywarden::proxy::Proxy::parse_url("socks5://10.9.9.9:1080").unwrap());
+    assert_eq!(
+        store.proxy_ids(wanted).await.unwrap(),
+        [Some(ids[0]), Some(ids[1]), None]
+    );
+    // Dead since 2 s, listed by no source since: purged after a day, but
+    // only once the source's list is older than the cut too.
+    record_verdicts(&store, &[], &ids[2..], 2_000).await;
+    let day = std::time::Duration::from_secs(86_400);
+    assert_eq!(store.purge(500, day).await.unwrap(), 0);
+    assert_eq!(store.purge(10 * 86_400_000, day).await.unwrap(), 2);
+    assert_eq!(common::ids_of(&store).await, ids[..2]);
+}
+
+/// Site records and snapshots are kept, read back, bounded.
+async fn site_records_and_snapshots_round_trip(db: TestDb) {
+    let store = listing_of(&db, 2).await;
+    let ids = common::ids_of(&store).await;
+    let site = |proxy_id: i64, at: i64| proxywarden::store::SiteRecord {
+        site: "example.com".into(),
+        proxy_id,
+        worked: 3,
+        blocked: 1,
+        latency_ms: Some(120),
+        last_worked_at: Some(at),
+        last_blocked_at: None,
+        banned_until: Some(at + 60_000),
+        updated_at: at,
+    };
+    // A record of a proxy that is gone is dropped, not an error.
+    store
+        .save_site_records(vec![
+            site(ids[0], 1_000),
+            site(ids[1], 2_000),
+            site(ids[1] + 9, 3_000),
+        ])
+        .await
+        .unwrap();
+    store
+        .save_site_records(vec![site(ids[0], 4_000)])
+        .await
+        .unwrap();
+    let loaded = store.load_site_records(0, 10).await.unwrap();
+    assert_eq!(loaded, [site(ids[0], 4_000), site(ids[1], 2_000)]);
+
+    let snap = |at: i64, alive: i64| proxywarden::store::Snapshot {
+        at,
+        alive,
+        servable: alive,
+        ..Default::default()
+    };
+    for (at, alive) in [(0, 2), (60_000, 4), (120_000, 7), (180_000, 9)] {
+        store
+            .record_snapshot(snap(at, alive), 60_000)
+            .await
+            .unwrap();
+    }
+    // The first fell out of the window; buckets of two minutes average.
+    let got = store.snapshots(0, 120_000).await.unwrap();
+    assert_eq!(got, [snap(0, 4), snap(120_000, 8)]);
+}
+
+/// Crawl jobs: queued within the bound, listed newest first without their
+/// long lists, run and ended, and the unended ones found for a restart.
+async fn crawl_jobs_are_queued_run_and_ended(db: TestDb) {
+    let store = db.store;
+    let spec = |seed: &str| format!(r#"{{"seeds":["{seed}","{seed}2"],"max_pages":5}}"#);
+    let a = store.insert_crawl_job(spec("http://a/")).await.unwrap();
+    let b = store
+        .insert_crawl_job_bounded(spec("http://b/"), 2)
+        .await
+        .unwrap()
+        .expect("room for a second");
+    assert_eq!(
+        store
+            .insert_crawl_job_bounded(spec("http://c/"), 2)
+            .await
+            .unwrap(),
+        None
+    );
+    assert_eq!((a.state.as_str(), b.id > a.id), ("queued", true));
+    store.crawl_job_running(a.id).await.unwrap();
+    store.crawl_job_paused(a.id, "{}".into()).await.unwrap();
+    store
+        .crawl_job_ended(b.id, "failed", None, Some("no proxy".into()))
+        .await
+        .unwrap();
+    let unended = store.unended_crawl_jobs().await.unwrap();
+    assert_eq!(unended.len(), 1);
+    assert_eq!(
+        (unended[0].id, unended[0].state.as_str()),
+        (a.id, "running")
+    );
+    assert_eq!(unended[0].summary.as_deref(), Some("{}"));
+    let ended = store.crawl_job(b.id).await.unwrap().unwrap();
+    assert_eq!(ended.error.as_deref(), Some("no proxy"));
+    assert!(ended.finished_at.is_some());
+    let listing = store.crawl_job_listing(10, None).await.unwrap();
+    assert_eq!(
+        listing.iter().map(|(r, n)| (r.id, *n)).collect::<Vec<_>>(),
+        [(b.id, 2), (a.id, 2)]
+    );
+    let options: serde_json::Value = serde_json::from_str(&listing[0].0.spec).unwrap();
+    assert_eq!(options, serde_json::json!({"max_pages": 5}));
+    assert_eq!(
+        store.crawl_job_listing(10, Some(b.id)).await.unwrap().len(),
+        1
+    );
+    assert_eq!(store.crawl_jobs(1).await.unwrap()[0].id, b.id);
+}
+
+/// Two nodes leasing due checks at once take disjoint proxies that cover
+/// all that is due; while the leases hold nothing more is leased; a
+/// deferral or a verdict ends a lease, and a lease that expires (its node
+/// died) lets another node take the proxy.
+async fn due_checks_are_leased_once_across_nodes(db: TestDb) {
+    let a = listing_of(&db, 300).await;
+    let b = db.second_node().await;
+    let now = proxywarden::store::now_ms();
+    let lease = std::time::Duration::from_secs(60);
+    let lane = DueLane::Others;
+    let (mut got_a, mut got_b) = (Vec::new(), Vec::new());
+    loop {
+        let (pa, pb) = tokio::join!(
+            a.lease_due("a".into(), now, lane, 25, lease),
+            b.lease_due("b".into(), now, lane, 25, lease)
+        );
+        let (pa, pb) = (pa.unwrap(), pb.unwrap());
+        if pa.is_empty() && pb.is_empty() {
+            break;
+        }
+        assert!(
+            pa.windows(2)
+                .all(|w| (w[0].next_check_at, w[0].id) < (w[1].next_check_at, w[1].id)),
+            "in due order"
+        );
+        got_a.extend(pa.iter().map(|d| d.id));
+        got_b.extend(pb.iter().map(|d| d.id));
+    }
+    let mut all: Vec<i64> = got_a.iter().chain(&got_b).copied().collect();
+    all.sort_unstable();
+    assert_eq!(all, common::ids_of(&a).await, "every due proxy leased once");
+    if db.is_postgres() {
+        assert!(
+            !got_a.is_empty() && !got_b.is_empty(),
+            "both nodes took work"
+        );
+    }
+
+    // A deferral ends the lease: due again, another node takes it.
+    let deferred: Vec<i64> = got_a.iter().take(10).copied().collect();
+    a.defer_checks(deferred.clone(), now).await.unwrap();
+    let retaken = b
+        .lease_due("b".into(), now, lane, 100, lease)
+        .await
+        .unwrap();
+    assert_eq!(retaken.iter().map(|d| d.id).collect::<Vec<_>>(), deferred);
+    // A verdict ends it too (and the proxy is due later, not now).
+    record_verdicts(&a, &got_a[10..20], &[], now).await;
+    let after = now + 61_000;
+    // Node a died holding the rest: its leases expire, b takes them.
+    let expired = b
+        .lease_due("b".into(), after, lane, 1_000, lease)
+        .await
+        .unwrap();
+    let mut expired: Vec<i64> = expired.iter().map(|d| d.id).collect();
+    expired.sort_unstable();
+    let mut expected: Vec<i64> = got_a[20..]
+        .iter()
+        .chain(&got_b)
+        .chain(&deferred)
+        .copied()
+        .collect();
+    expected.sort_unstable();
+    assert_eq!(expired, expected);
+}
+
+on_both_backends!(
+    due_checks_are_leased_once_across_nodes,
+    uses_reports_lookups_and_purge,
+    site_records_and_snapshots_round_trip,
+    crawl_jobs_are_queued_run_and_ended,
+    a_candidate_on_port_0_is_refused_by_name,
+    listing_pages_are_cut_in_sql,
+    due_proxies_page_once_each_in_due_order,
+    a_proxy_left_out_keeps_its_last_sighting,
+    proxies_seen_by_two_sources_count_once,
+    a_detected_entry_is_the_proxy_known_at_its_address,
+    verdicts_are_listed_counted_and_followed,
+);
+
+/// Nodes starting together on one PostgreSQL database migrate it once
+/// (the advisory lock), and both then write and read the same rows; a
+/// database from a newer proxywarden is refused, not written.
+#[tokio::test]
+async fn postgres_nodes_starting_together_share_one_migrated_database() {
+    let server = tokio::task::spawn_blocking(common::postgres::PgServer::start)
+        .await
+        .unwrap();
+    let url = server.url();
+    let (a, b) = tokio::join!(Store::connect(&url), Store::connect(&url));
+    let (a, b) = (a.unwrap(), b.unwrap());
+    assert_eq!(a.schema_version().await.unwrap(), POSTGRES_SCHEMA_VERSION);
+    assert_eq!(b.schema_version().await.unwrap(), POSTGRES_SCHEMA_VERSION);
+    a.record_source_run(run("a", 1_000), candidates(5))
+        .await
+        .unwrap();
+    assert_eq!(b.stats().await.unwrap().total, 5);
+
+    let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    client
+        .execute(
+            "INSERT INTO schema_migrations (version, applied_at) VALUES (99, 0)",
+            &[],
+        )
+        .await
+        .unwrap();
+    let err = Store::connect(&url).await.unwrap_err();
+    assert!(matches!(err, StoreError::TooNew { found: 99, .. }), "{err}");
+    assert!(
+        err.to_string().contains(&format!(
+            "only knows up to {POSTGRES_SCHEMA_VERSION}; upgrade proxywarden"
+        )),
+        "{err}"
+    );
+}
+
+/// `database.url` picks PostgreSQL for the commands: `harvest` writes
+/// there (no SQLite file appears), `stats` reads it back, and `config
+/// check` names the database without its password.
+#[tokio::test]
+async fn commands_use_the_postgres_database_the_config_names() {
+    let server = tokio::task::spawn_blocking(common::postgres::PgServer::start)
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("list.txt"),
+        "1.2.3.4:8080\n5.6.7.8:3128\nsocks5://9.9.9.9:1080\n",
+    )
+    .unwrap();
+    // The server trusts every local user: the password is only shown, not checked.
+    let url = server.url().replace("postgres@", "postgres:s3cret@");
+    let config = dir.path().join("proxywarden.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[database]\nurl = {url:?}\npath = {:?}\n\
+             [[sources]]\nname = \"list\"\nurl = {:?}\n",
+            dir.path().join("local.db"),
+            dir.path().join("list.txt"),
+        ),
+    )
+    .unwrap();
+    let bin = env!("CARGO_BIN_EXE_proxywarden");
+    let text = |o: &std::process::Output| {
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        )
+    };
+
+    let out = common::binary::run(bin, &config, &["config", "check"])
+        .await
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        text(&out).contains("database postgres://postgres:***@127.0.0.1:"),
+        "{}",
+        text(&out)
+    );
+    assert!(!text(&out).contains("s3cret"));
+
+    let out = common::binary::run(bin, &config, &["harvest"])
+        .await
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        !dir.path().join("local.db").exists(),
+        "a SQLite file was made"
+    );
+    let out = common::binary::run(bin, &config, &["stats", "--json"])
+        .await
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let stats: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(stats["total"], 3);
+    assert_eq!(stats["sources"][0]["last_found"], 3);
+    let store = Store::connect(&server.url()).await.unwrap();
+    assert_eq!(store.list_sources().await.unwrap()[0].name, "list");
 }

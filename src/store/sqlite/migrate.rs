@@ -10,26 +10,30 @@ use super::StoreError;
 /// Every migration, in order; the version after applying `MIGRATIONS[i]` is
 /// `i + 1`. Never edit an applied migration: add a new file.
 const MIGRATIONS: &[&str] = &[
-    include_str!("../../migrations/0001_init.sql"),
-    include_str!("../../migrations/0002_reports.sql"),
-    include_str!("../../migrations/0003_change_seq.sql"),
-    include_str!("../../migrations/0004_https_checked.sql"),
-    include_str!("../../migrations/0005_crawl_jobs.sql"),
-    include_str!("../../migrations/0006_listed.sql"),
-    include_str!("../../migrations/0007_check_comparisons.sql"),
-    include_str!("../../migrations/0008_proxy_counts.sql"),
-    include_str!("../../migrations/0009_lean_new_rows.sql"),
-    include_str!("../../migrations/0010_partial_status_index.sql"),
-    include_str!("../../migrations/0011_links_by_source.sql"),
-    include_str!("../../migrations/0012_source_private.sql"),
-    include_str!("../../migrations/0013_proxy_sites.sql"),
-    include_str!("../../migrations/0014_snapshots.sql"),
+    include_str!("../../../migrations/0001_init.sql"),
+    include_str!("../../../migrations/0002_reports.sql"),
+    include_str!("../../../migrations/0003_change_seq.sql"),
+    include_str!("../../../migrations/0004_https_checked.sql"),
+    include_str!("../../../migrations/0005_crawl_jobs.sql"),
+    include_str!("../../../migrations/0006_listed.sql"),
+    include_str!("../../../migrations/0007_check_comparisons.sql"),
+    include_str!("../../../migrations/0008_proxy_counts.sql"),
+    include_str!("../../../migrations/0009_lean_new_rows.sql"),
+    include_str!("../../../migrations/0010_partial_status_index.sql"),
+    include_str!("../../../migrations/0011_links_by_source.sql"),
+    include_str!("../../../migrations/0012_source_private.sql"),
+    include_str!("../../../migrations/0013_proxy_sites.sql"),
+    include_str!("../../../migrations/0014_snapshots.sql"),
+    include_str!("../../../migrations/0015_crawl_frontier.sql"),
+    include_str!("../../../migrations/0016_check_leases.sql"),
 ];
 
 /// Every table the migrations create: a database holding any other is
 /// another application's.
 pub const TABLES: &[&str] = &[
     "crawl_jobs",
+    "crawl_meta",
+    "crawl_urls",
     "meta",
     "proxies",
     "proxy_counts",
@@ -67,10 +71,10 @@ pub fn apply(conn: &mut Connection, path: &Path) -> Result<(), StoreError> {
 fn apply_from(conn: &mut Connection, path: &Path, current: i64) -> Result<(), StoreError> {
     for (i, sql) in MIGRATIONS.iter().enumerate().skip(current as usize) {
         let version = i as i64 + 1;
-        let migrate_err = |source| StoreError::Migrate {
+        let migrate_err = |source: rusqlite::Error| StoreError::Migrate {
             path: path.to_path_buf(),
             version,
-            source,
+            source: source.into(),
         };
         let tx = conn.transaction().map_err(migrate_err)?;
         tx.execute_batch(sql).map_err(migrate_err)?;
