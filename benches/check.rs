@@ -26,6 +26,11 @@
 //! (CPU from our `cutime`/`cstime` once it is reaped); verdicts are read
 //! from its database and must have precision and recall 1.0 with every
 //! liar dead. `cargo bench --bench check -- versus` runs this pass alone.
+//! `BENCH_ROUND=first` measures a first round instead (a fresh database of
+//! the list each time: every HTTPS support is due, no proxy was alive
+//! before), `BENCH_HTTPS=off` turns the HTTPS test off, and `BENCH_REPEAT=N`
+//! alternates the contenders N times. The older build must know
+//! `harvest.allow_private_addresses` (the farm is on loopback).
 
 #[allow(dead_code)]
 #[path = "../tests/common/fakes.rs"]
@@ -1045,14 +1050,10 @@ struct VersusRound {
 
 impl Contender {
     fn config(&self, farm: &MixedFarm) -> String {
-        // The farm listens on loopback, which this build drops from lists
-        // unless told to keep it; older builds know no such key (and
-        // refuse unknown ones), and keep loopback anyway.
-        let harvest = if self.name == "new" {
-            "[harvest]\nallow_private_addresses = true\n"
-        } else {
-            ""
-        };
+        // The farm listens on loopback, which builds drop from lists unless
+        // told to keep it.
+        let harvest = "[harvest]\nallow_private_addresses = true\n";
+        let https = !std::env::var("BENCH_HTTPS").is_ok_and(|v| v == "off");
         format!(
             r#"[database]
 path = "{db}"
@@ -1064,7 +1065,7 @@ extra_ca_file = "{ca}"
 concurrency = {VERSUS_CONCURRENCY}
 connect_timeout = "{connect}ms"
 timeout = "{timeout}ms"
-https = true
+https = {https}
 
 [[sources]]
 name = "farm"
@@ -1085,9 +1086,12 @@ url = "{list}"
         std::fs::write(self.dir.join("list.txt"), farm.list())?;
         std::fs::write(self.dir.join("proxywarden.toml"), self.config(farm))?;
         self.run(&["harvest"])?;
-        // The unmeasured first round: afterwards every proxy has a verdict
-        // and the measured round re-checks them, as a daemon's rounds do.
-        self.run(&["check", "--all"])?;
+        if !first_round() {
+            // The unmeasured first round: afterwards every proxy has a
+            // verdict and the measured round re-checks them, as a daemon's
+            // rounds do.
+            self.run(&["check", "--all"])?;
+        }
         Ok(())
     }
 
@@ -1116,6 +1120,12 @@ url = "{list}"
     }
 
     fn measure(&self, farm: &MixedFarm) -> anyhow::Result<VersusRound> {
+        if first_round() {
+            for name in ["bench.db", "bench.db-wal", "bench.db-shm"] {
+                let _ = std::fs::remove_file(self.dir.join(name));
+            }
+            self.run(&["harvest"])?;
+        }
         let (wall, cpu) = self.run(&["check", "--all"])?;
         let db = rusqlite::Connection::open(self.dir.join("bench.db"))?;
         let mut stmt = db.prepare("SELECT scheme, host, port, status, last_reason FROM proxies")?;
@@ -1160,6 +1170,11 @@ url = "{list}"
     }
 }
 
+/// `BENCH_ROUND=first`: `versus` measures first rounds, not re-checks.
+fn first_round() -> bool {
+    std::env::var("BENCH_ROUND").is_ok_and(|v| v == "first")
+}
+
 /// User plus system CPU time of this process's reaped children, from
 /// /proc/self/stat (cutime and cstime, fields 16 and 17).
 fn children_cpu() -> Option<Duration> {
@@ -1199,7 +1214,7 @@ fn versus() -> anyhow::Result<()> {
         dir: tmp.path().join("new"),
     });
     println!(
-        "[versus] {} proxies ({}), concurrency {VERSUS_CONCURRENCY}, connect {:?}, total {:?}, https judge on",
+        "[versus] {} proxies ({}), concurrency {VERSUS_CONCURRENCY}, connect {:?}, total {:?}, https judge on, {} round, https test {}",
         farm.proxies.len(),
         MIX.iter()
             .map(|(k, s, n)| format!("{n} {} {s}", k.name()))
@@ -1207,6 +1222,8 @@ fn versus() -> anyhow::Result<()> {
             .join(", "),
         CONNECT_TIMEOUT,
         TIMEOUT,
+        if first_round() { "first" } else { "re-check" },
+        std::env::var("BENCH_HTTPS").unwrap_or_else(|_| "on".into()),
     );
     for c in &contenders {
         c.prepare(&farm)?;

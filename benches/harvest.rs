@@ -5,7 +5,9 @@
 //! new) and a re-harvest of the unchanged list (every proxy known). Each
 //! run reports its wall time, the part of it spent storing (the source's
 //! time in the harvest table minus the fetch-and-parse time the source's
-//! row records), both per candidate, and the child's peak RSS. Targets:
+//! row records), both per candidate, the child's CPU time (user + system,
+//! per candidate: the steadiest figure on a shared machine) and its peak
+//! RSS. Targets:
 //! at most 3 µs per candidate stored, for new and for known proxies, and a
 //! peak RSS of at most 300 MB.
 //!
@@ -71,6 +73,11 @@ fn measure_child(args: &[String]) -> ExitCode {
     // Linux reports ru_maxrss in KiB.
     println!("wall_us {}", wall.as_micros());
     println!("maxrss_kib {}", usage.max_rss());
+    let micros = |t: nix::sys::time::TimeVal| t.tv_sec() * 1_000_000 + t.tv_usec();
+    println!(
+        "cpu_us {}",
+        micros(usage.user_time()) + micros(usage.system_time())
+    );
     println!("status {}", status.code().unwrap_or(-1));
     ExitCode::SUCCESS
 }
@@ -137,6 +144,7 @@ struct Contender {
 struct Run {
     wall: Duration,
     store: Duration,
+    cpu: Duration,
     rss_kib: u64,
     found: u64,
     new: u64,
@@ -219,6 +227,7 @@ scheme = "http"
         )?;
         Ok(Run {
             wall: Duration::from_micros(field("wall_us ")?),
+            cpu: Duration::from_micros(field("cpu_us ")?),
             store: Duration::from_secs_f64((secs - fetch_parse_ms as f64 / 1e3).max(0.0)),
             rss_kib: field("maxrss_kib ")?,
             found: row.get(1).and_then(|v| v.parse().ok()).unwrap_or(0),
@@ -301,34 +310,37 @@ fn orchestrate() -> anyhow::Result<()> {
     };
     for pass in 0..2 {
         let per = |d: Duration| d.as_secs_f64() * 1e6 / n as f64;
-        let figures: Vec<(f64, f64, f64)> = results
+        let figures: Vec<(f64, f64, f64, f64)> = results
             .iter()
             .map(|r| {
                 (
                     median(&r[pass], &|x| per(x.store)),
                     median(&r[pass], &|x| per(x.wall)),
+                    median(&r[pass], &|x| per(x.cpu)),
                     median(&r[pass], &|x| x.rss_kib as f64 * 1024.0 / 1e6),
                 )
             })
             .collect();
         if let [
-            (old_store, old_wall, old_rss),
-            (new_store, new_wall, new_rss),
+            (old_store, old_wall, old_cpu, old_rss),
+            (new_store, new_wall, new_cpu, new_rss),
         ] = figures[..]
         {
             println!(
                 "[{}] new/old: store {new_store:.2} / {old_store:.2} µs per candidate = {:.3}x; \
-                 whole harvest {new_wall:.2} / {old_wall:.2} µs = {:.3}x; peak RSS {new_rss:.0} / {old_rss:.0} MB = {:.2}x",
+                 whole harvest {new_wall:.2} / {old_wall:.2} µs = {:.3}x; CPU {new_cpu:.2} / {old_cpu:.2} µs = {:.3}x; \
+                 peak RSS {new_rss:.0} / {old_rss:.0} MB = {:.2}x",
                 pass_name(pass),
                 new_store / old_store,
                 new_wall / old_wall,
+                new_cpu / old_cpu,
                 new_rss / old_rss,
             );
         }
-        if let Some(&(store, _, rss)) = figures.last() {
+        if let Some(&(store, _, cpu, rss)) = figures.last() {
             println!(
                 "[{}] this build: store {store:.2} µs per candidate (target <= {TARGET_US:.1}), \
-                 peak RSS {rss:.0} MB (target <= {TARGET_RSS_MB:.0})",
+                 CPU {cpu:.2} µs per candidate, peak RSS {rss:.0} MB (target <= {TARGET_RSS_MB:.0})",
                 pass_name(pass)
             );
         }
@@ -345,12 +357,13 @@ fn print_run(name: &str, round: usize, pass: usize, n: usize, r: &Run) {
     let per = |d: Duration| d.as_secs_f64() * 1e6 / n as f64;
     println!(
         "[{}] {name:>3} #{round}: wall {:.2} s ({:.2} µs per candidate), store {:.2} s ({:.2} µs per candidate), \
-         peak RSS {:.0} MB; found {}, new {}",
+         CPU {:.2} µs per candidate, peak RSS {:.0} MB; found {}, new {}",
         pass_name(pass),
         r.wall.as_secs_f64(),
         per(r.wall),
         r.store.as_secs_f64(),
         per(r.store),
+        per(r.cpu),
         r.rss_kib as f64 * 1024.0 / 1e6,
         r.found,
         r.new,

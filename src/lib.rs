@@ -9,7 +9,7 @@
 //! - [`config`]: raw TOML over the example's defaults → validated [`config::Config`]
 //! - [`html`]: bounded HTML parsing (nesting depth and time caps) shared by harvest and crawl
 //! - [`net`]: the dialer: a stream to host:port directly or through any proxy; TLS setup
-//! - [`store`]: SQLite (WAL): one writer thread, read-only connections, migrations, listings, what sites taught
+//! - [`store`]: the durable record behind one surface: SQLite (embedded default; WAL, one writer thread) or PostgreSQL (several nodes, leases), migrations per backend, listings, what sites taught, crawl jobs and frontiers
 //! - [`health`]: the in-memory index of servable proxies, the filters' values, selection, the one feedback path with the (proxy, site) records
 //! - [`harvest`]: fetch sources with limits; parse text, HTML and JSON lists
 //! - [`check`]: probes per scheme over the dialer, judges, anonymity, the batched check round

@@ -145,10 +145,7 @@ impl Checker {
         opts: &CheckOptions,
         geoip: Option<Arc<geoip::Geoip>>,
     ) -> Result<Checker, CheckError> {
-        let tls = crate::net::tls::client_config(
-            config.check.extra_ca_file.as_deref(),
-            crate::net::tls::ALPN_H1,
-        )?;
+        let tls = crate::net::tls::probe_configs(config.check.extra_ca_file.as_deref())?;
         let prober = Prober::new(
             tls,
             opts.connect_timeout,
@@ -179,6 +176,10 @@ impl Checker {
                             hook(jc.url.as_str(), Ok(took));
                         }
                         own.learn(&Echo::parse(&body));
+                        let target = match target.tls {
+                            true => with_tls12_if_spoken(&prober, jc, target).await,
+                            false => target,
+                        };
                         let ready = ReadyJudge {
                             config: jc.clone(),
                             target,
@@ -311,11 +312,19 @@ impl Checker {
         })
     }
 
-    /// One request through `route` to `judge`, judged; a reset or refused
-    /// connection is tried once more before it counts.
-    async fn ask(&self, route: Route<'_>, judge: &ReadyJudge) -> Result<Pass, Failure> {
+    /// One request through `route` to `judge`, judged. For a proxy that
+    /// passed its last check (`was_alive`), a reset or refused connection
+    /// is tried once more before it counts: a working proxy's hiccup. Any
+    /// other proxy would refuse again: the retry would double the cost of
+    /// every refusing address in a list for no verdict that differs.
+    async fn ask(
+        &self,
+        route: Route<'_>,
+        judge: &ReadyJudge,
+        was_alive: bool,
+    ) -> Result<Pass, Failure> {
         match self.ask_once(route, judge).await {
-            Err(f) if f.retryable() => self.ask_once(route, judge).await,
+            Err(f) if was_alive && f.retryable() => self.ask_once(route, judge).await,
             done => done,
         }
     }
@@ -381,11 +390,17 @@ impl Checker {
 
     /// The main request: absolute-form through HTTP proxies to a plain
     /// judge, a tunnel otherwise.
-    async fn ask_main(&self, proxy: &Proxy, j: &ReadyJudge) -> Result<Pass, Failure> {
-        let asked = match proxy.scheme {
-            Scheme::Http if !j.target.tls => self.ask(Route::Forward(proxy), j).await,
-            _ => self.ask(Route::Tunnel(proxy), j).await,
+    async fn ask_main(
+        &self,
+        proxy: &Proxy,
+        j: &ReadyJudge,
+        was_alive: bool,
+    ) -> Result<Pass, Failure> {
+        let route = match proxy.scheme {
+            Scheme::Http if !j.target.tls => Route::Forward(proxy),
+            _ => Route::Tunnel(proxy),
         };
+        let asked = self.ask(route, j, was_alive).await;
         if asked.is_ok() {
             j.health.passed();
         }
@@ -405,7 +420,7 @@ impl Checker {
         let Some(first) = self.pick(kind) else {
             return Verdict::Checked(Outcome::dead(Reason::ProtocolError));
         };
-        let main = match self.ask_main(proxy, first).await {
+        let main = match self.ask_main(proxy, first, prior.alive).await {
             Ok(pass) => Ok(pass),
             Err(f) => self.settle(proxy, first, f, prior.alive).await,
         };
@@ -462,7 +477,7 @@ impl Checker {
             return Err(Settled::Dead(f.reason));
         }
         if let Some(other) = self.confirmer(proxy, judge) {
-            return match self.ask_main(proxy, other).await {
+            return match self.ask_main(proxy, other, was_alive).await {
                 Ok(pass) => {
                     if blame == Blame::Judge && judge.health.wrong() {
                         self.log_standing(judge, "answers contradicted by another judge");
@@ -562,6 +577,23 @@ impl Checker {
             country,
             detected: None,
         }
+    }
+}
+
+/// `target`, to be probed with TLS 1.2 when the judge answers a direct
+/// request so (see [`crate::net::tls::ProbeTls`]); as it was otherwise.
+async fn with_tls12_if_spoken(prober: &Prober, judge: &JudgeConfig, target: Target) -> Target {
+    let mut tls12 = target.clone();
+    tls12.tls12 = true;
+    let n = nonce();
+    match prober.fetch(Route::Direct, &tls12, &n).await {
+        Ok(a)
+            if (200..300).contains(&a.status)
+                && judge::genuine(judge, &String::from_utf8_lossy(&a.body), &n) =>
+        {
+            tls12
+        }
+        _ => target,
     }
 }
 

@@ -36,6 +36,9 @@ pub struct Target {
     pub path: String,
     /// True for https judges.
     pub tls: bool,
+    /// An https judge known to speak TLS 1.2, which its probes then use
+    /// (see [`net::tls::ProbeTls`]).
+    pub tls12: bool,
     /// `host` and `port` as a CONNECT asks for them: the name, unresolved.
     named: net::Target,
 }
@@ -68,6 +71,7 @@ impl Target {
             addr,
             path,
             tls: url.scheme() == "https",
+            tls12: false,
             named,
         })
     }
@@ -126,9 +130,9 @@ impl std::fmt::Display for Failure {
 }
 
 impl Failure {
-    /// True for the failures worth one more try within the same check: a
-    /// reset or refused connection, which flaky proxies produce now and
-    /// then and which cost next to nothing to repeat.
+    /// True for the failures worth one more try within the same check of a
+    /// proxy that worked before: a reset or refused connection, which flaky
+    /// proxies produce now and then.
     pub fn retryable(&self) -> bool {
         matches!(self.reason, Reason::Reset | Reason::Refused)
     }
@@ -152,7 +156,7 @@ pub struct Answer {
 /// Shared probe settings: cheap to clone.
 #[derive(Clone)]
 pub struct Prober {
-    tls: Arc<rustls::ClientConfig>,
+    tls: net::tls::ProbeTls,
     connect_timeout: Duration,
     timeout: Duration,
     user_agent: Arc<str>,
@@ -170,7 +174,7 @@ impl std::fmt::Debug for Prober {
 impl Prober {
     /// A prober using `tls` for every https judge.
     pub fn new(
-        tls: Arc<rustls::ClientConfig>,
+        tls: net::tls::ProbeTls,
         connect_timeout: Duration,
         timeout: Duration,
         user_agent: &str,
@@ -285,7 +289,11 @@ impl Prober {
     ) -> Result<(u16, Bytes), Failure> {
         if target.tls {
             *phase = Phase::Tls;
-            let tls = net::tls::connect(&self.tls, &target.host, stream)
+            let config = match target.tls12 {
+                true => &self.tls.tls12,
+                false => &self.tls.any,
+            };
+            let tls = net::tls::connect(config, &target.host, stream)
                 .await
                 .map_err(Failure::at(Phase::Tls))?;
             *phase = Phase::Request;

@@ -84,7 +84,7 @@ pub(super) async fn run(config_path: Option<&Path>, args: CheckArgs) -> anyhow::
     }
     let (config, origin) = load(config_path)?;
     config.check_runtime_files(&origin.to_string())?;
-    let store = open_store(&config)?;
+    let store = open_store(&config).await?;
     if store.counts().await?.total == 0 {
         eprintln!(
             "error: the database {} holds no proxies yet: run `proxywarden harvest` first",

@@ -443,7 +443,7 @@ async fn store_working(
     let (kept, own_dropped): (Vec<_>, Vec<_>) = working
         .iter()
         .partition(|(c, _)| !own.is_own(c.proxy.host, c.proxy.port));
-    let store = open_store(config)?;
+    let store = open_store(config).await?;
     let name = if list == Path::new("-") {
         "list:stdin".to_owned()
     } else {

@@ -36,7 +36,7 @@ pub(super) fn run(config_path: Option<&Path>, command: ConfigCommand) -> anyhow:
             println!(
                 "{origin}: ok ({} sources, {enabled} enabled; database {})",
                 config.sources.len(),
-                config.database.path.display()
+                config.database.shown()
             );
             Ok(ExitCode::SUCCESS)
         }

@@ -4,10 +4,11 @@
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use clap::{Args, Parser};
 
-use crate::model::{ScopeKind, StrategyKind};
+use crate::crawl::spec::{CrawlSpec, SpecContext, Validated};
+use crate::model::StrategyKind;
 
 use super::{Cli, Command, ProxyFilterArgs, Signals, checkpoint, load, open_store, parse_duration};
 
@@ -18,6 +19,8 @@ pub struct CrawlArgs {
     /// with the options it was started with.
     #[arg(value_name = "URL")]
     pub urls: Vec<String>,
+    // The options a crawl job takes too are read as the job reads its
+    // JSON, and checked by its validator: same defaults, bounds and words.
     /// Links followed from a start URL (default: no limit).
     #[arg(long, value_name = "N")]
     pub max_depth: Option<u32>,
@@ -34,19 +37,19 @@ pub struct CrawlArgs {
     /// A field to extract: the text of the first element matching a CSS
     /// selector (repeatable), e.g. --select price=.price
     #[arg(long = "select", value_name = "NAME=CSS", value_parser = parse_select)]
-    pub selects: Vec<crate::crawl::Select>,
+    pub selects: Vec<(String, String)>,
     /// Extract every match of each --select, as an array.
     #[arg(long)]
     pub select_all: bool,
-    /// Which hosts links may lead to.
-    #[arg(long, value_enum, default_value = "same-host")]
-    pub scope: ScopeKind,
+    /// Which hosts links may lead to: same-host (default), same-site or any.
+    #[arg(long, value_name = "SCOPE")]
+    pub scope: Option<String>,
     /// Only URLs matching this regex (repeatable: any of them).
-    #[arg(long, value_name = "REGEX", value_parser = parse_regex)]
-    pub include: Vec<regex::Regex>,
+    #[arg(long, value_name = "REGEX")]
+    pub include: Vec<String>,
     /// No URL matching this regex (repeatable).
-    #[arg(long, value_name = "REGEX", value_parser = parse_regex)]
-    pub exclude: Vec<regex::Regex>,
+    #[arg(long, value_name = "REGEX")]
+    pub exclude: Vec<String>,
     /// Drop this query parameter before comparing URLs (repeatable; utm_*,
     /// ref, fbclid, gclid and other trackers always are).
     #[arg(long = "strip-param", value_name = "NAME")]
@@ -57,16 +60,16 @@ pub struct CrawlArgs {
     /// Put the pages that used up their retries back in the queue.
     #[arg(long, requires = "state")]
     pub retry_failed: bool,
-    /// Pages in flight.
-    #[arg(long, value_name = "N", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=10_000))]
-    pub concurrency: u32,
-    /// Pages in flight per host.
-    #[arg(long, value_name = "N", default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=1_000))]
-    pub per_host_concurrency: u32,
+    /// Pages in flight (default 16, at most 1,024).
+    #[arg(long, value_name = "N")]
+    pub concurrency: Option<u32>,
+    /// Pages in flight per host (default 2, at most 256).
+    #[arg(long, value_name = "N")]
+    pub per_host_concurrency: Option<u32>,
     /// Least time between requests to one host (robots.txt's Crawl-delay
-    /// applies when longer), e.g. 500ms.
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration_or_zero)]
-    pub delay: Option<std::time::Duration>,
+    /// applies when longer), e.g. 500ms (at most 1h).
+    #[arg(long, value_name = "DURATION")]
+    pub delay: Option<String>,
     /// Do not fetch or obey robots.txt.
     #[arg(long)]
     pub ignore_robots: bool,
@@ -82,9 +85,9 @@ pub struct CrawlArgs {
     /// What a request does when no proxy can take it.
     #[arg(long, value_enum, default_value = "wait")]
     pub on_no_proxy: NoProxyArg,
-    /// How long --on-no-proxy wait waits.
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "60s")]
-    pub no_proxy_wait: std::time::Duration,
+    /// How long --on-no-proxy wait waits (default 60s, at most 1h).
+    #[arg(long, value_name = "DURATION")]
+    pub no_proxy_wait: Option<String>,
     /// Fetch without proxies, directly from this machine.
     #[arg(long, conflicts_with = "on_no_proxy")]
     pub direct: bool,
@@ -125,12 +128,9 @@ pub enum NoProxyArg {
     Direct,
 }
 
-fn parse_select(s: &str) -> Result<crate::crawl::Select, String> {
-    crate::crawl::Select::parse(s)
-}
-
-fn parse_regex(s: &str) -> Result<regex::Regex, String> {
-    regex::Regex::new(s).map_err(|e| e.to_string())
+/// `--select NAME=CSS` split; the selector is checked with the others.
+fn parse_select(s: &str) -> Result<(String, String), String> {
+    crate::crawl::Select::split(s).map(|(name, css)| (name.to_owned(), css.to_owned()))
 }
 
 fn parse_size(s: &str) -> Result<u64, String> {
@@ -140,12 +140,81 @@ fn parse_size(s: &str) -> Result<u64, String> {
         .map_err(|e| format!("expected a size like 5MiB ({e})"))
 }
 
-fn parse_duration_or_zero(s: &str) -> Result<std::time::Duration, String> {
-    match crate::config::parse_duration(s) {
-        Err(_) if humantime::parse_duration(s.trim()).is_ok_and(|d| d.is_zero()) => {
-            Ok(std::time::Duration::ZERO)
+impl CrawlArgs {
+    /// The options a crawl job takes too, as a job's spec. The proxy
+    /// filters are not among them: `ProxyFilterArgs` reads them with the
+    /// same parser (`health::filters`) for every command.
+    fn spec(&self) -> CrawlSpec {
+        CrawlSpec {
+            seeds: self.urls.clone(),
+            max_depth: self.max_depth,
+            max_pages: self.max_pages,
+            scope: self.scope.clone(),
+            include: self.include.clone(),
+            exclude: self.exclude.clone(),
+            strip_params: self.strip_params.clone(),
+            concurrency: self.concurrency,
+            per_host_concurrency: self.per_host_concurrency,
+            delay: self.delay.clone(),
+            ignore_robots: self.ignore_robots,
+            select: self.selects.iter().cloned().collect(),
+            select_all: self.select_all,
+            user_agent: self.user_agent.clone(),
+            no_proxy_wait: self.no_proxy_wait.clone(),
+            ..CrawlSpec::default()
         }
-        other => other,
+    }
+
+    /// The crawl's and the pool's options: the job's validator on the
+    /// shared options (an error names the flag), then the command line's
+    /// own; `max_age` defaults to `default_age`.
+    fn validate(&self, default_age: std::time::Duration) -> anyhow::Result<Validated> {
+        use crate::pool::NoProxy;
+        let ctx = SpecContext {
+            page_cap: None,
+            default_age,
+            resuming: self.urls.is_empty() && self.state.as_ref().is_some_and(|s| s.exists()),
+        };
+        let Validated {
+            mut crawl,
+            mut pool,
+        } = self
+            .spec()
+            .validate(&ctx)
+            .map_err(|e| anyhow::Error::msg(e.for_command_line()))?;
+        pool.query = self.filter.query(default_age);
+        pool.strategy = self.strategy;
+        match (self.direct, self.on_no_proxy) {
+            (true, _) | (_, NoProxyArg::Direct) => pool.no_proxy = NoProxy::Direct,
+            (_, NoProxyArg::Fail) => pool.no_proxy = NoProxy::Fail,
+            // --no-proxy-wait, read by the validator.
+            (_, NoProxyArg::Wait) => {}
+        }
+        pool.extra_ca = self.ca_file.clone();
+        if let Some(t) = self.connect_timeout {
+            pool.connect_timeout = t;
+        }
+        if let Some(t) = self.first_byte_timeout {
+            pool.first_byte_timeout = t;
+        }
+        if let Some(t) = self.timeout {
+            pool.total_timeout = t;
+        }
+        if let Some(b) = self.max_body {
+            pool.max_body = usize::try_from(b).unwrap_or(usize::MAX);
+        }
+        if let Some(n) = self.rotations {
+            pool.rotations = n;
+        }
+        if let Some(n) = self.retries {
+            pool.target_retries = n;
+        }
+        crawl.output = self.output.clone();
+        crawl.bodies = self.bodies.clone();
+        crawl.state = self.state.clone();
+        crawl.retry_failed = self.retry_failed;
+        crawl.grace = self.grace;
+        Ok(Validated { crawl, pool })
     }
 }
 
@@ -160,51 +229,16 @@ pub(super) async fn run(config_path: Option<&Path>, args: CrawlArgs) -> anyhow::
     use std::io::IsTerminal;
     use std::sync::Arc;
 
-    use crate::crawl::{CrawlOptions, Progress};
-    use crate::pool::{NoProxy, Pool, PoolOptions};
+    use crate::crawl::Progress;
+    use crate::pool::Pool;
 
     let args = resume_args(args)?;
-    let mut seeds = Vec::new();
-    for u in &args.urls {
-        seeds.push(crate::crawl::url::parse_seed(u).map_err(anyhow::Error::msg)?);
-    }
-    if seeds.is_empty() && args.state.as_ref().is_none_or(|s| !s.exists()) {
-        bail!("give a URL to crawl (or --state FILE of a crawl to resume)");
-    }
     let (config, _) = load(config_path)?;
-    let store = open_store(&config)?;
-    let mut opts = PoolOptions {
-        query: args.filter.query(config.api.max_age),
-        strategy: args.strategy,
-        no_proxy: match (args.direct, args.on_no_proxy) {
-            (true, _) | (_, NoProxyArg::Direct) => NoProxy::Direct,
-            (_, NoProxyArg::Fail) => NoProxy::Fail,
-            (_, NoProxyArg::Wait) => NoProxy::Wait(args.no_proxy_wait),
-        },
-        extra_ca: args.ca_file.clone(),
-        ..PoolOptions::default()
-    };
-    if let Some(ua) = &args.user_agent {
-        opts.user_agent = ua.clone();
-    }
-    if let Some(t) = args.connect_timeout {
-        opts.connect_timeout = t;
-    }
-    if let Some(t) = args.first_byte_timeout {
-        opts.first_byte_timeout = t;
-    }
-    if let Some(t) = args.timeout {
-        opts.total_timeout = t;
-    }
-    if let Some(b) = args.max_body {
-        opts.max_body = usize::try_from(b).unwrap_or(usize::MAX);
-    }
-    if let Some(n) = args.rotations {
-        opts.rotations = n;
-    }
-    if let Some(n) = args.retries {
-        opts.target_retries = n;
-    }
+    let Validated {
+        crawl: options,
+        pool: opts,
+    } = args.validate(config.api.max_age)?;
+    let store = open_store(&config).await?;
     let pool = if args.direct {
         // No proxy at all: an empty index, so every request goes direct.
         let feedback =
@@ -224,28 +258,6 @@ pub(super) async fn run(config_path: Option<&Path>, args: CrawlArgs) -> anyhow::
     if let Some(dir) = &args.bodies {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     }
-    let options = CrawlOptions {
-        seeds,
-        max_depth: args.max_depth,
-        max_pages: args.max_pages,
-        scope: args.scope,
-        include: args.include.clone(),
-        exclude: args.exclude.clone(),
-        strip_params: args.strip_params.clone(),
-        concurrency: args.concurrency as usize,
-        per_host_concurrency: args.per_host_concurrency as usize,
-        delay: args.delay.unwrap_or_default(),
-        ignore_robots: args.ignore_robots,
-        output: args.output.clone(),
-        bodies: args.bodies.clone(),
-        selects: args.selects.clone(),
-        select_all: args.select_all,
-        state: args.state.clone(),
-        retry_failed: args.retry_failed,
-        grace: args.grace,
-        ..CrawlOptions::default()
-    };
-
     let cancel = tokio_util::sync::CancellationToken::new();
     {
         let cancel = cancel.clone();
@@ -357,7 +369,72 @@ fn crawl_progress_line(
 }
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
+
+    fn crawl_args(argv: &[&str]) -> CrawlArgs {
+        let argv = ["proxywarden", "crawl"].iter().chain(argv);
+        match Cli::try_parse_from(argv).unwrap().command {
+            Command::Crawl(args) => *args,
+            _ => unreachable!("a crawl command line"),
+        }
+    }
+
+    #[test]
+    fn the_command_line_and_a_job_have_the_same_defaults() {
+        let age = Duration::from_secs(1800);
+        let cli = crawl_args(&["http://a/"]).validate(age).unwrap();
+        let ctx = SpecContext {
+            page_cap: None,
+            default_age: age,
+            resuming: false,
+        };
+        let job = CrawlSpec::from_json(br#"{"seeds": ["http://a/"]}"#)
+            .unwrap()
+            .validate(&ctx)
+            .unwrap();
+        let crawl = |v: &Validated| {
+            let c = &v.crawl;
+            (
+                c.seeds.iter().map(|u| u.to_string()).collect::<Vec<_>>(),
+                (c.max_depth, c.max_pages, c.scope),
+                (c.include.len(), c.exclude.len(), c.strip_params.clone()),
+                (c.concurrency, c.per_host_concurrency, c.delay),
+                (c.ignore_robots, c.selects.len(), c.select_all),
+            )
+        };
+        assert_eq!(crawl(&cli), crawl(&job));
+        assert_eq!(cli.crawl.concurrency, 16);
+        assert_eq!(cli.crawl.per_host_concurrency, 2);
+        let pool = |v: &Validated| {
+            let p = &v.pool;
+            (p.query.clone(), p.no_proxy, p.user_agent.clone())
+        };
+        assert_eq!(pool(&cli), pool(&job));
+        // The command line's own: no page cap, a longer grace.
+        assert_eq!(cli.crawl.max_pages, None);
+        assert_eq!(cli.crawl.grace, Duration::from_secs(30));
+    }
+
+    #[test]
+    fn the_command_line_names_the_flag_of_a_bad_option() {
+        let age = Duration::from_secs(1800);
+        let err = |argv: &[&str]| crawl_args(argv).validate(age).unwrap_err().to_string();
+        assert_eq!(
+            err(&["http://a/", "--concurrency", "5000"]),
+            "--concurrency: must be between 1 and 1024, found 5000"
+        );
+        assert_eq!(
+            err(&["http://a/", "--per-host-concurrency", "0"]),
+            "--per-host-concurrency: must be between 1 and 256, found 0"
+        );
+        assert_eq!(err(&["http://a/", "--delay", "2h"]), "--delay: at most 1h");
+        assert!(err(&["http://a/", "--include", "("]).starts_with("--include: "));
+        assert!(err(&["http://a/", "--select", "t="]).starts_with("--select t: "));
+        assert!(err(&["ftp://a/"]).starts_with("URL: "));
+        assert_eq!(err(&[]), "URL: give at least one URL to start from");
+    }
 
     #[test]
     fn the_crawl_progress_line_shows_pages_rate_and_proxies() {

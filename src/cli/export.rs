@@ -65,7 +65,7 @@ impl From<ExportFormat> for Format {
 /// Runs `export`.
 pub(super) async fn run(config_path: Option<&Path>, args: ExportArgs) -> anyhow::Result<ExitCode> {
     let (config, _) = load(config_path)?;
-    let store = Store::open_read_only(&config.database.path)?;
+    let store = Store::open_configured_read_only(&config.database).await?;
     let mut q = args.filter.query(config.api.max_age);
     let records: Vec<crate::store::ProxyRecord> = if args.status == StatusFilter::Alive {
         // The healthy list, chosen exactly as the API's /export does.

@@ -34,7 +34,7 @@ pub(super) async fn run(config_path: Option<&Path>, args: HarvestArgs) -> anyhow
             s.enabled = true;
         }
     }
-    let store = open_store(&config)?;
+    let store = open_store(&config).await?;
     // On a terminal each source is shown as it finishes, so a slow
     // one does not look like a hang; piped, only the table is printed.
     let terminal = std::io::stderr().is_terminal();

@@ -220,8 +220,8 @@ fn load(explicit: Option<&Path>) -> anyhow::Result<(Config, ConfigOrigin)> {
     Ok(Config::discover(explicit)?)
 }
 
-fn open_store(config: &Config) -> anyhow::Result<Store> {
-    Ok(Store::open(&config.database.path)?)
+async fn open_store(config: &Config) -> anyhow::Result<Store> {
+    Ok(Store::open_configured(&config.database).await?)
 }
 
 /// Leaves every commit in the database file itself before the command

@@ -8,7 +8,7 @@ use super::{checkpoint, load, open_store};
 /// Runs `purge`.
 pub(super) async fn run(config_path: Option<&Path>) -> anyhow::Result<ExitCode> {
     let (config, _) = load(config_path)?;
-    let store = open_store(&config)?;
+    let store = open_store(&config).await?;
     let purged = store
         .purge(crate::store::now_ms(), config.check.purge_after)
         .await?;

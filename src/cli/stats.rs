@@ -19,7 +19,7 @@ pub struct StatsArgs {
 /// Runs `stats`.
 pub(super) async fn run(config_path: Option<&Path>, args: StatsArgs) -> anyhow::Result<ExitCode> {
     let (config, _) = load(config_path)?;
-    let store = Store::open_read_only(&config.database.path)?;
+    let store = Store::open_configured_read_only(&config.database).await?;
     let stats = store.stats().await?;
     let mut out = std::io::stdout().lock();
     if args.json {

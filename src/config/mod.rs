@@ -26,7 +26,7 @@ use toml::Table;
 pub use api::{ApiConfig, MIN_PUBLIC_TOKEN, Secret};
 pub use check::{CheckConfig, JudgeConfig};
 pub use crawls::CrawlsConfig;
-pub use database::DatabaseConfig;
+pub use database::{DatabaseConfig, PostgresUrl, redact_password};
 pub use duration::parse_duration;
 pub use gateway::GatewayConfig;
 pub use geoip::GeoipConfig;
@@ -493,6 +493,39 @@ mod tests {
             err.problems[0].to_string(),
             "database.path: must not be empty"
         );
+    }
+
+    #[test]
+    fn database_url_picks_the_backend_and_names_a_bad_one() {
+        let db = |url: &str| Config::from_toml(&format!("[database]\nurl = {url:?}\n"), "t");
+        let c = db("sqlite:/var/lib/pw/store.db").unwrap();
+        assert_eq!(c.database.path, PathBuf::from("/var/lib/pw/store.db"));
+        assert_eq!(c.database.postgres, None);
+        assert_eq!(
+            db("store.db").unwrap().database.path,
+            PathBuf::from("store.db")
+        );
+        let c = db("postgres://pw:s3cret@db.example:5432/pw").unwrap();
+        let url = c.database.postgres.clone().expect("a PostgreSQL URL");
+        assert_eq!(url.as_str(), "postgres://pw:s3cret@db.example:5432/pw");
+        assert!(!format!("{url:?}").contains("s3cret"), "{url:?}");
+        assert_eq!(c.database.shown(), "postgres://pw:***@db.example:5432/pw");
+        for (bad, says) in [
+            (
+                "postgres://db.example:notaport/pw",
+                "not a usable PostgreSQL URL",
+            ),
+            (
+                "mysql://db.example/pw",
+                "expected a file path, a sqlite: URL or a postgres:// URL",
+            ),
+            ("sqlite:", "expected a file path"),
+        ] {
+            let err = db(bad).unwrap_err();
+            let shown = err.problems[0].to_string();
+            assert!(shown.starts_with("database.url: "), "{bad}: {shown}");
+            assert!(shown.contains(says), "{bad}: {shown}");
+        }
     }
 
     #[test]

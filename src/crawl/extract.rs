@@ -23,11 +23,15 @@ pub struct Select {
 }
 
 impl Select {
+    /// Splits `name=css` into its name and selector, unchecked.
+    pub fn split(spec: &str) -> Result<(&str, &str), String> {
+        spec.split_once('=')
+            .ok_or_else(|| format!("{spec:?} is not name=css-selector"))
+    }
+
     /// Parses `name=css`.
     pub fn parse(spec: &str) -> Result<Select, String> {
-        let (name, css) = spec
-            .split_once('=')
-            .ok_or_else(|| format!("{spec:?} is not name=css-selector"))?;
+        let (name, css) = Select::split(spec)?;
         let name = name.trim();
         if name.is_empty() {
             return Err(format!("{spec:?} has an empty name"));

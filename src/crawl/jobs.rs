@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::spec::JOB_GRACE;
-pub use super::spec::{JobSpec, SpecError, Validated};
+pub use super::spec::{CrawlSpec, SpecContext, SpecError, Validated};
 use super::{CrawlOptions, Progress, Summary, crawl};
 use crate::config::{Config, CrawlsConfig};
 use crate::lock;
@@ -124,8 +124,8 @@ impl CrawlJobs {
         match self.inner.store.unended_crawl_jobs().await {
             Ok(jobs) => {
                 for rec in jobs {
-                    let spec = JobSpec::from_json(rec.spec.as_bytes())
-                        .and_then(|s| s.validate(&self.inner.limits, self.inner.default_age));
+                    let spec = CrawlSpec::from_json(rec.spec.as_bytes())
+                        .and_then(|s| s.validate(&self.spec_context()));
                     match spec {
                         Ok(v) => {
                             tracing::info!(job = rec.id, "continuing a crawl job");
@@ -149,13 +149,18 @@ impl CrawlJobs {
         self.inner.tracker.wait().await;
     }
 
+    /// What a job's options are validated against.
+    fn spec_context(&self) -> SpecContext {
+        SpecContext::job(&self.inner.limits, self.inner.default_age)
+    }
+
     /// Starts a job from a JSON body; returns its view.
     pub async fn start(&self, body: &[u8]) -> Result<JobView, JobError> {
         if self.inner.shutdown.is_cancelled() {
             return Err(JobError::Stopping);
         }
-        let spec = JobSpec::from_json(body)?;
-        let v = spec.validate(&self.inner.limits, self.inner.default_age)?;
+        let spec = CrawlSpec::from_json(body)?;
+        let v = spec.validate(&self.spec_context())?;
         let json = serde_json::to_string(&spec).expect("options serialize");
         let max_queued = self.inner.limits.max_queued;
         let rec = self
@@ -231,7 +236,7 @@ impl CrawlJobs {
             Err(e) => return Some(("failed", None, Some(e.to_string()))),
         };
         let opts = CrawlOptions {
-            state: Some(dir.join("state.db")),
+            job: Some((self.inner.store.clone(), id)),
             output: Some(dir.join("pages.jsonl")),
             ..v.crawl
         };

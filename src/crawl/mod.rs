@@ -1,7 +1,7 @@
 //! The polite crawler on the pool: breadth-first from seed URLs within a
 //! scope, de-duplicated on normalised URLs, robots.txt obeyed (fetched
 //! through the pool), per-host delay and concurrency whichever proxy
-//! carries a request, a frontier in SQLite that resumes after a crash, and
+//! carries a request, a frontier in the store that resumes after a crash, and
 //! one JSON line per page. The crawl's loop (frontier and output writes)
 //! runs on a blocking thread of its own and pages are parsed on the
 //! blocking pool, so a crawl never holds up the async workers.
@@ -83,6 +83,9 @@ pub struct CrawlOptions {
     pub select_all: bool,
     /// The crawl state file; a temporary one when `None`.
     pub state: Option<PathBuf>,
+    /// A daemon job: its frontier lives in this store under the job's id,
+    /// and `state` is not used.
+    pub job: Option<(crate::store::Store, i64)>,
     /// Put the pages that failed for good back in the queue.
     pub retry_failed: bool,
     /// After Ctrl-C, how long the pages in flight may take to finish.
@@ -112,6 +115,7 @@ impl Default for CrawlOptions {
             selects: Vec::new(),
             select_all: false,
             state: None,
+            job: None,
             retry_failed: false,
             grace: Duration::from_secs(30),
             max_hosts: MAX_HOSTS,
@@ -125,6 +129,9 @@ pub enum CrawlError {
     /// The crawl state failed.
     #[error(transparent)]
     State(#[from] FrontierError),
+    /// The crawl state failed while the crawl ran.
+    #[error("crawl state: {0}")]
+    Store(#[from] crate::store::StoreError),
     /// An output could not be written.
     #[error("cannot write {what}: {source}")]
     Output {
@@ -287,7 +294,10 @@ async fn crawl_here(
     progress: Arc<Progress>,
 ) -> Result<Summary, CrawlError> {
     let started = Instant::now();
-    let mut frontier = Frontier::open(opts.state.as_deref())?;
+    let mut frontier = match &opts.job {
+        Some((store, id)) => Frontier::of_job(store, *id)?,
+        None => Frontier::open(opts.state.as_deref())?,
+    };
     if opts.retry_failed {
         let n = frontier.requeue_failed()?;
         tracing::info!(requeued = n, "re-queued failed pages");

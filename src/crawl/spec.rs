@@ -1,6 +1,7 @@
-//! A crawl job's options as JSON (those of `proxywarden crawl`), read and
-//! validated into the crawl's and the pool's options, naming the option
-//! that is wrong.
+//! A crawl's options, as a job's JSON or from `proxywarden crawl`'s
+//! flags, validated by one function into the crawl's and the pool's
+//! options: the same defaults and bounds either way, errors naming the
+//! option (the field, or the flag on the command line).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -17,14 +18,20 @@ use crate::pool::{NoProxy, PoolOptions};
 pub(super) const JOB_GRACE: Duration = Duration::from_secs(5);
 /// Seeds one job may start from.
 const MAX_SEEDS: usize = 1000;
-/// The longest a job's request may wait for a proxy: a job waiting longer
-/// looks stuck.
+/// The longest a crawl's request may wait for a proxy: a crawl waiting
+/// longer looks stuck.
 const MAX_NO_PROXY_WAIT: Duration = Duration::from_secs(3600);
+/// The longest `delay`: a site slower than one page an hour is not crawled.
+const MAX_DELAY: Duration = Duration::from_secs(3600);
+/// Pages in flight by default, and at most.
+pub const CONCURRENCY: (u32, u32) = (16, 1024);
+/// Pages of one host in flight by default, and at most.
+pub const PER_HOST_CONCURRENCY: (u32, u32) = (2, 256);
 
-/// A job's options as JSON: the options of `proxywarden crawl`.
+/// A crawl's options: a job's JSON and the shared options of `proxywarden crawl`.
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
-pub struct JobSpec {
+pub struct CrawlSpec {
     /// Where to start (http or https URLs).
     pub seeds: Vec<String>,
     /// Links followed from a seed.
@@ -45,13 +52,14 @@ pub struct JobSpec {
     /// Query parameters dropped besides `utm_*`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub strip_params: Vec<String>,
-    /// Pages in flight (default 16).
+    /// Pages in flight (default 16, at most 1,024).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub concurrency: Option<u32>,
-    /// Pages in flight per host (default 2).
+    /// Pages in flight per host (default 2, at most 256).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub per_host_concurrency: Option<u32>,
-    /// Least time between request starts to a host, like `"500ms"`.
+    /// Least time between request starts to a host, like `"500ms"` (at
+    /// most 1h).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub delay: Option<String>,
     /// Skip robots.txt.
@@ -86,12 +94,12 @@ pub struct JobSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user_agent: Option<String>,
     /// How long a request waits for a usable proxy, like `"30s"` (default
-    /// 60 s); a job whose filters match no proxy fails after it.
+    /// 60 s, at most 1h); a job whose filters match no proxy fails after it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub no_proxy_wait: Option<String>,
 }
 
-/// A job option that is not valid: which one, and why.
+/// A crawl option that is not valid: which one, and why.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{field}: {message}")]
 pub struct SpecError {
@@ -99,6 +107,53 @@ pub struct SpecError {
     pub field: String,
     /// What is wrong.
     pub message: String,
+}
+
+impl SpecError {
+    /// The option as `proxywarden crawl` spells it: `--max-pages`,
+    /// `--include` for `include[2]`, `--select price` for `select.price`,
+    /// `URL` for a seed.
+    pub fn flag(&self) -> String {
+        let field = self.field.as_str();
+        if let Some(name) = field.strip_prefix("select.") {
+            return format!("--select {name}");
+        }
+        // A list's items are repeated or comma-separated flags.
+        let field = field.split_once('[').map_or(field, |(list, _)| list);
+        if field == "seeds" {
+            return "URL".to_owned();
+        }
+        format!("--{}", field.replace('_', "-"))
+    }
+
+    /// The error as the command line shows it, naming the flag.
+    pub fn for_command_line(&self) -> String {
+        format!("{}: {}", self.flag(), self.message)
+    }
+}
+
+/// What differs between a job and `proxywarden crawl`: the options'
+/// defaults and bounds do not.
+#[derive(Clone, Copy, Debug)]
+pub struct SpecContext {
+    /// A job's `crawls.max_pages`: the cap on `max_pages` and its default;
+    /// none on the command line, whose operator owns the machine.
+    pub page_cap: Option<u64>,
+    /// `max_age` when none is given (`api.max_age`).
+    pub default_age: Duration,
+    /// No seed is needed: the command line resumes a crawl's state file.
+    pub resuming: bool,
+}
+
+impl SpecContext {
+    /// For a job under `limits`.
+    pub fn job(limits: &CrawlsConfig, default_age: Duration) -> SpecContext {
+        SpecContext {
+            page_cap: Some(limits.max_pages),
+            default_age,
+            resuming: false,
+        }
+    }
 }
 
 fn bad(field: impl Into<String>, message: impl Into<String>) -> SpecError {
@@ -111,15 +166,16 @@ fn bad(field: impl Into<String>, message: impl Into<String>) -> SpecError {
 /// A job's options made real.
 #[derive(Clone, Debug)]
 pub struct Validated {
-    /// The crawl's options (state and output are the job's own files).
+    /// The crawl's options (a job keeps its frontier in the store under its
+    /// id, and writes its output to a file of its own).
     pub crawl: CrawlOptions,
     /// The pool's, on the daemon's index.
     pub pool: PoolOptions,
 }
 
-impl JobSpec {
+impl CrawlSpec {
     /// Reads a job's options from a JSON body; the error names the field.
-    pub fn from_json(body: &[u8]) -> Result<JobSpec, SpecError> {
+    pub fn from_json(body: &[u8]) -> Result<CrawlSpec, SpecError> {
         // serde would take a struct from an array too.
         if body.trim_ascii_start().first() != Some(&b'{') {
             return Err(bad("body", "expected a JSON object of crawl options"));
@@ -138,14 +194,10 @@ impl JobSpec {
         })
     }
 
-    /// Checks every option against `limits` and builds the crawl's and the
-    /// pool's options; `max_age` defaults to `default_age`.
-    pub fn validate(
-        &self,
-        limits: &CrawlsConfig,
-        default_age: Duration,
-    ) -> Result<Validated, SpecError> {
-        if self.seeds.is_empty() {
+    /// Checks every option and builds the crawl's and the pool's options;
+    /// the one validator of a job and of `proxywarden crawl`.
+    pub fn validate(&self, ctx: &SpecContext) -> Result<Validated, SpecError> {
+        if self.seeds.is_empty() && !ctx.resuming {
             return Err(bad("seeds", "give at least one URL to start from"));
         }
         if self.seeds.len() > MAX_SEEDS {
@@ -156,16 +208,16 @@ impl JobSpec {
             let url = super::url::parse_seed(s).map_err(|e| bad(format!("seeds[{i}]"), e))?;
             seeds.push(url);
         }
-        let max_pages = match self.max_pages {
-            None => limits.max_pages,
-            Some(0) => return Err(bad("max_pages", "must be at least 1")),
-            Some(n) if n > limits.max_pages => {
+        let max_pages = match (self.max_pages, ctx.page_cap) {
+            (Some(0), _) => return Err(bad("max_pages", "must be at least 1")),
+            (Some(n), Some(cap)) if n > cap => {
                 return Err(bad(
                     "max_pages",
-                    format!("at most {} (crawls.max_pages), found {n}", limits.max_pages),
+                    format!("at most {cap} (crawls.max_pages), found {n}"),
                 ));
             }
-            Some(n) => n,
+            (None, cap) => cap,
+            (Some(n), _) => Some(n),
         };
         let scope = match self.scope.as_deref() {
             None => ScopeKind::default(),
@@ -181,13 +233,17 @@ impl JobSpec {
         };
         let include = regexes("include", &self.include)?;
         let exclude = regexes("exclude", &self.exclude)?;
-        let count = |name: &str, v: Option<u32>, default: usize, max: u32| match v {
-            None => Ok(default),
+        let count = |name: &str, v: Option<u32>, (default, max): (u32, u32)| match v {
+            None => Ok(default as usize),
             Some(n) if (1..=max).contains(&n) => Ok(n as usize),
             Some(n) => Err(bad(name, format!("must be between 1 and {max}, found {n}"))),
         };
-        let concurrency = count("concurrency", self.concurrency, 16, 1024)?;
-        let per_host = count("per_host_concurrency", self.per_host_concurrency, 2, 256)?;
+        let concurrency = count("concurrency", self.concurrency, CONCURRENCY)?;
+        let per_host = count(
+            "per_host_concurrency",
+            self.per_host_concurrency,
+            PER_HOST_CONCURRENCY,
+        )?;
         let duration = |name: &str, v: &Option<String>| -> Result<Option<Duration>, SpecError> {
             v.as_deref()
                 .map(|s| {
@@ -198,11 +254,11 @@ impl JobSpec {
                 .transpose()
         };
         let delay = duration("delay", &self.delay)?.unwrap_or_default();
-        if delay > Duration::from_secs(3600) {
+        if delay > MAX_DELAY {
             return Err(bad("delay", "at most 1h"));
         }
         let max_age = match self.max_age.as_deref() {
-            None => default_age,
+            None => ctx.default_age,
             Some(a) => filters::max_age(a)
                 .map_err(|e| bad("max_age", format!("expected {e}, found {a:?}")))?,
         };
@@ -273,7 +329,7 @@ impl JobSpec {
         let crawl = CrawlOptions {
             seeds,
             max_depth: self.max_depth,
-            max_pages: Some(max_pages),
+            max_pages,
             scope,
             include,
             exclude,
@@ -305,7 +361,8 @@ mod tests {
     }
 
     fn check(json: &str) -> Result<Validated, SpecError> {
-        JobSpec::from_json(json.as_bytes())?.validate(&limits(), Duration::from_secs(1800))
+        CrawlSpec::from_json(json.as_bytes())?
+            .validate(&SpecContext::job(&limits(), Duration::from_secs(1800)))
     }
 
     #[test]

@@ -4,6 +4,7 @@
 
 use std::collections::HashSet;
 
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, percent_decode_str, percent_encode};
 use regex::Regex;
 use url::Url;
 
@@ -109,34 +110,39 @@ pub fn parse_seed(text: &str) -> Result<Url, String> {
 
 /// `%xx` escapes of unreserved characters decoded, the others upper case.
 fn normalize_escapes(s: &str) -> String {
-    let b = s.as_bytes();
     let mut out = String::with_capacity(s.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'%'
-            && i + 2 < b.len()
-            && let (Some(h), Some(l)) = (hex(b[i + 1]), hex(b[i + 2]))
-        {
-            let c = h * 16 + l;
-            if c.is_ascii_alphanumeric() || matches!(c, b'-' | b'.' | b'_' | b'~') {
-                out.push(c as char);
-            } else {
-                out.push('%');
-                out.push(b[i + 1].to_ascii_uppercase() as char);
-                out.push(b[i + 2].to_ascii_uppercase() as char);
+    let mut rest = s;
+    while let Some(at) = rest.find('%') {
+        out.push_str(&rest[..at]);
+        let byte = rest.get(at..at + 3).and_then(|e| {
+            let mut bytes = percent_decode_str(e);
+            // Three characters in, one byte out: a whole escape.
+            match (bytes.next(), bytes.next()) {
+                (Some(c), None) => Some(c),
+                _ => None,
             }
-            i += 3;
-            continue;
+        });
+        match byte {
+            Some(c) => {
+                out.extend(percent_encode(&[c], ESCAPED));
+                rest = &rest[at + 3..];
+            }
+            None => {
+                out.push('%');
+                rest = &rest[at + 1..];
+            }
         }
-        out.push(b[i] as char);
-        i += 1;
     }
+    out.push_str(rest);
     out
 }
 
-fn hex(c: u8) -> Option<u8> {
-    (c as char).to_digit(16).map(|d| d as u8)
-}
+/// What stays escaped: all but RFC 3986's unreserved characters.
+const ESCAPED: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
 
 /// The crawl's scope: a kind, the seeds it is measured from, and regexes
 /// that URLs must (`include`, any of them when given) and must not
@@ -195,6 +201,21 @@ mod tests {
 
     fn norm(s: &str) -> Option<String> {
         normalize(&Url::parse(s).unwrap(), &["sessionid".to_owned()]).map(|u| u.to_string())
+    }
+
+    #[test]
+    fn escapes_of_unreserved_characters_are_decoded_the_others_upper_cased() {
+        for (path, normal) in [
+            ("/%61%2d%2E%5f%7E", "/a-._~"),
+            ("/%2f%3a%c3%a9", "/%2F%3A%C3%A9"),
+            ("/100%", "/100%"),
+            ("/%4", "/%4"),
+            ("/%zz%41", "/%zzA"),
+            ("/%%41", "/%A"),
+            ("/a%20b%", "/a%20b%"),
+        ] {
+            assert_eq!(normalize_escapes(path), normal, "{path}");
+        }
     }
 
     #[test]

@@ -66,7 +66,7 @@ pub async fn run(
         config.gateway.listen = gateway.local_addr()?;
     }
     let config = Arc::new(config);
-    let store = Store::open(&config.database.path)?;
+    let store = Store::open_configured(&config.database).await?;
     // Read before the index, so rows changed while it loads are read again.
     let mark = store.change_seq().await?;
     let index = health::load_index(&store)

@@ -435,13 +435,19 @@ impl Feedback {
     /// Suspect proxies are served only while none matching has passed a
     /// check since.
     pub fn reverify_all(&self, now: i64) {
+        let ids = self.inner.index.ids();
+        if ids.is_empty() {
+            // Nothing served is nothing to suspect, and no sweep whose
+            // re-checks the next must wait for: after a start on an empty
+            // database, the first burst among what it then checked is swept.
+            return;
+        }
         let fresh = self.inner.fresh_within.load(Ordering::Relaxed);
         let hold = if fresh > 0 { fresh } else { 60_000 };
         self.inner.suspect_before.store(now, Ordering::Relaxed);
         self.inner
             .suspect_until
             .store(now + hold, Ordering::Relaxed);
-        let ids = self.inner.index.ids();
         let mut queue = lock(&self.inner.recheck);
         queue.extend(ids);
         drop(queue);
@@ -969,9 +975,33 @@ mod tests {
         assert!(!missing.found);
     }
 
+    /// A start on an empty database sweeps nothing, so it holds back no
+    /// sweep: a burst of failures among the proxies checked since, however
+    /// soon, puts every other served one up for a re-check.
+    #[tokio::test]
+    async fn a_burst_soon_after_a_start_on_an_empty_index_is_swept() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, ids) = store_with(dir.path(), 8).await;
+        let feedback = Feedback::new(HealthIndex::new(), store);
+        let start = now_ms();
+        feedback.reverify_all(start);
+        let alive = ids.iter().map(|id| checked(*id, start, None)).collect();
+        feedback.commit_checks(alive, POLICY).await.unwrap();
+        assert!(feedback.take_rechecks().is_empty());
+
+        let refused = Outcome::dead(Reason::Refused);
+        for id in &ids[..BURST_MIN] {
+            feedback.checked(*id, &refused, start + 1_000);
+        }
+        let mut queued = feedback.take_rechecks();
+        queued.sort_unstable();
+        assert_eq!(queued, ids[BURST_MIN..], "the survivors are re-checked");
+    }
+
     /// `reports_ok` of proxy `id`.
     async fn reports_ok(store: &Store, id: i64) -> i64 {
         store
+            .sqlite()
             .read(move |c| {
                 Ok(
                     c.query_row("SELECT reports_ok FROM proxies WHERE id = ?1", [id], |r| {
@@ -985,7 +1015,13 @@ mod tests {
 
     #[test]
     fn worked_uses_are_written_together_not_one_write_each() {
-        let rt = tokio::runtime::Runtime::new().unwrap();
+        // On tokio's paused clock: the flush's wait passes as soon as
+        // nothing else is to be done.
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .start_paused(true)
+            .build()
+            .unwrap();
         let dir = tempfile::tempdir().unwrap();
         let (store, ids) = rt.block_on(store_with(dir.path(), 2));
         let feedback = Feedback::new(HealthIndex::new(), store.clone());
@@ -1003,13 +1039,16 @@ mod tests {
             feedback.flush().await.unwrap();
             assert_eq!(reports_ok(&store, ids[0]).await, 5, "counted once");
 
-            // Inside the runtime a use schedules the flush itself.
+            // Inside the runtime a use schedules the flush itself, for
+            // WORKED_FLUSH_AFTER later.
+            let used = tokio::time::Instant::now();
             feedback.worked(ids[1]);
-            let deadline = Instant::now() + WORKED_FLUSH_AFTER + Duration::from_secs(20);
+            let deadline = Instant::now() + Duration::from_secs(20);
             while reports_ok(&store, ids[1]).await != 2 {
                 assert!(Instant::now() < deadline, "the batch was never written");
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
+            assert!(used.elapsed() >= WORKED_FLUSH_AFTER, "{:?}", used.elapsed());
         });
     }
 

@@ -4,10 +4,7 @@
 
 use std::time::Duration;
 
-use rusqlite::{Connection, OptionalExtension, params};
-
-use super::rows::{bump_change_seq, proxies_by_ids};
-use super::{ProxyRecord, Store, StoreError};
+use super::{ProxyRecord, Store, StoreError, dispatch};
 use crate::model::{Outcome, RecheckPolicy};
 use crate::proxy::{Credentials, Proxy, Scheme};
 
@@ -28,7 +25,52 @@ pub struct DueProxy {
     pub next_check_at: i64,
 }
 
+/// A due row's columns as both backends read them, in this order: id,
+/// scheme, host, port, username, password, scheme_detect, alive,
+/// https_checked_at, next_check_at.
+pub(crate) type DueColumns = (
+    i64,
+    String,
+    String,
+    i64,
+    String,
+    Option<String>,
+    bool,
+    bool,
+    Option<i64>,
+    i64,
+);
+
 impl DueProxy {
+    /// The proxy of a due row; `None`, with a warning, for a row that does
+    /// not parse: it was not written by us, and a round skips it rather
+    /// than fail.
+    pub(crate) fn from_columns(c: DueColumns) -> Option<DueProxy> {
+        let (id, scheme, host, port, username, password, detect, alive, https_checked_at, due) = c;
+        let (Ok(scheme), Ok(host), Ok(port)) =
+            (scheme.parse::<Scheme>(), host.parse(), u16::try_from(port))
+        else {
+            tracing::warn!(id, "skipping a proxy row that does not parse");
+            return None;
+        };
+        Some(DueProxy {
+            id,
+            proxy: Proxy {
+                scheme,
+                host,
+                port,
+                auth: (!username.is_empty()).then(|| Credentials {
+                    username,
+                    password: password.unwrap_or_default(),
+                }),
+            },
+            detect,
+            alive,
+            https_checked_at,
+            next_check_at: due,
+        })
+    }
+
     /// The cursor for the page after this proxy.
     pub fn cursor(&self) -> DueCursor {
         DueCursor {
@@ -45,8 +87,8 @@ impl DueProxy {
 /// new due time must not bring it round again.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DueCursor {
-    at: i64,
-    id: i64,
+    pub(crate) at: i64,
+    pub(crate) id: i64,
 }
 
 impl DueCursor {
@@ -55,6 +97,31 @@ impl DueCursor {
         at: i64::MIN,
         id: i64::MIN,
     };
+}
+
+/// One page of changed rows read after change number `after`: `rows`
+/// (id, change number) in change order, at most `limit`. Returns the ids
+/// to read (those whose change number is not in `known`, sorted), the
+/// mark to ask from next, and whether the page was full. A full page may
+/// end inside one change number: the mark is then just below it, so none
+/// of its rows is skipped (unless the page holds nothing else, which would
+/// never move on).
+pub(crate) fn change_page(
+    rows: Vec<(i64, i64)>,
+    after: i64,
+    limit: usize,
+    known: &[i64],
+) -> (Vec<i64>, i64, bool) {
+    let first = rows.first().map_or(after, |(_, seq)| *seq);
+    let last = rows.last().map_or(after, |(_, seq)| *seq);
+    let full = rows.len() == limit;
+    let mark = if full && first < last { last - 1 } else { last };
+    let ids = rows
+        .into_iter()
+        .filter(|(_, seq)| known.binary_search(seq).is_err())
+        .map(|(id, _)| id)
+        .collect();
+    (ids, mark.max(after), full)
 }
 
 /// What [`Store::record_checks`] committed.
@@ -76,10 +143,6 @@ pub struct CheckRecord {
     pub checked_at: i64,
     /// What it found.
     pub outcome: Outcome,
-}
-
-fn ms(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
 /// Which due proxies a page holds. A round takes the alive ones, the ones
@@ -107,8 +170,9 @@ impl DueLane {
     /// The other lanes, in the order a round takes them.
     pub const REST: [DueLane; 2] = [DueLane::Alive, DueLane::Others];
 
-    /// The lane's condition on a `proxies` row.
-    fn condition(self) -> &'static str {
+    /// The lane's condition on a `proxies` row, in SQL every backend
+    /// speaks.
+    pub(crate) fn condition(self) -> &'static str {
         match self {
             DueLane::Alive => "status = 'alive'",
             DueLane::LongTimeout => {
@@ -128,30 +192,12 @@ impl DueLane {
 impl Store {
     /// How many proxies are due at `now` (all of them with `all`).
     pub async fn count_due(&self, now: i64, all: bool) -> Result<i64, StoreError> {
-        self.read(move |c| {
-            let sql = if all {
-                "SELECT count(*) FROM proxies"
-            } else {
-                "SELECT count(*) FROM proxies WHERE next_check_at <= ?1"
-            };
-            let mut stmt = c.prepare_cached(sql)?;
-            let count = if all {
-                stmt.query_row([], |r| r.get(0))?
-            } else {
-                stmt.query_row([now], |r| r.get(0))?
-            };
-            Ok(count)
-        })
-        .await
+        dispatch!(self.count_due(now, all))
     }
 
     /// When the next check is due (unix ms), if any proxy is stored.
     pub async fn next_due_at(&self) -> Result<Option<i64>, StoreError> {
-        self.read(|c| {
-            Ok(c.prepare_cached("SELECT min(next_check_at) FROM proxies")?
-                .query_row([], |r| r.get(0))?)
-        })
-        .await
+        dispatch!(self.next_due_at())
     }
 
     /// Up to `limit` due proxies of `lane` (every proxy of the lane with
@@ -164,8 +210,7 @@ impl Store {
         after: DueCursor,
         limit: usize,
     ) -> Result<Vec<DueProxy>, StoreError> {
-        self.read(move |c| due_page(c, now, all, lane, after, limit))
-            .await
+        dispatch!(self.due_page(now, all, lane, after, limit))
     }
 
     /// Records a batch of results and schedules each proxy's next check:
@@ -178,22 +223,13 @@ impl Store {
         batch: Vec<CheckRecord>,
         policy: RecheckPolicy,
     ) -> Result<Recorded, StoreError> {
-        self.write_weighted(batch.len(), move |tx| {
-            let ids = record_checks(tx, &batch, policy)?;
-            let seq = tx.query_row("SELECT change_seq FROM meta", [], |r| r.get(0))?;
-            Ok(Recorded {
-                records: proxies_by_ids(tx, &ids)?,
-                seq,
-            })
-        })
-        .await
+        dispatch!(self.record_checks(batch, policy))
     }
 
     /// The latest change number: rows changed after this are newer than
     /// anything read before.
     pub async fn change_seq(&self) -> Result<i64, StoreError> {
-        self.read(|c| Ok(c.query_row("SELECT change_seq FROM meta", [], |r| r.get(0))?))
-            .await
+        dispatch!(self.change_seq())
     }
 
     /// The proxies changed after change number `after` (at most `limit`,
@@ -207,354 +243,67 @@ impl Store {
         limit: usize,
         known: Vec<i64>,
     ) -> Result<(Vec<ProxyRecord>, i64, bool), StoreError> {
-        self.read(move |c| {
-            let ids: Vec<(i64, i64)> = c
-                .prepare_cached(
-                    "SELECT id, changed_seq FROM proxies WHERE changed_seq > ?1 AND changed_seq > 0
-                     ORDER BY changed_seq LIMIT ?2",
-                )?
-                .query_map(params![after, limit as i64], |r| Ok((r.get(0)?, r.get(1)?)))?
-                .collect::<Result<_, _>>()?;
-            let first = ids.first().map_or(after, |(_, seq)| *seq);
-            let last = ids.last().map_or(after, |(_, seq)| *seq);
-            // A full page may end inside one change number: ask again from
-            // just below it so none of its rows is skipped (unless the page
-            // holds nothing else, which would never move on).
-            let mark = if ids.len() == limit && first < last {
-                last - 1
-            } else {
-                last
-            };
-            let full = ids.len() == limit;
-            let ids: Vec<i64> = ids
-                .into_iter()
-                .filter(|(_, seq)| known.binary_search(seq).is_err())
-                .map(|(id, _)| id)
-                .collect();
-            Ok((proxies_by_ids(c, &ids)?, mark.max(after), full))
-        })
-        .await
+        dispatch!(self.changed_since(after, limit, known))
     }
 
-    /// Runs `sql` (with `?1` the id and `?2` the time) for each of `ids`,
-    /// in one write.
-    async fn update_each(
+    /// Leases to `node`, until `now + lease`, up to `limit` proxies of
+    /// `lane` due at `now` that no node holds (or whose lease expired), in
+    /// the order they fell due. Nodes sharing a database lease disjoint
+    /// proxies: on PostgreSQL a row another node is leasing is skipped, not
+    /// waited for. The verdict ([`Store::record_checks`]) or a deferral
+    /// ([`Store::defer_checks`]) ends the lease; a node that dies loses its
+    /// leases when they expire.
+    pub async fn lease_due(
         &self,
-        sql: &'static str,
-        ids: Vec<i64>,
-        at: i64,
-    ) -> Result<(), StoreError> {
-        let weight = ids.len();
-        self.write_weighted(weight, move |tx| {
-            let mut stmt = tx.prepare_cached(sql)?;
-            for id in ids {
-                stmt.execute(params![id, at])?;
-            }
-            Ok(())
-        })
-        .await
+        node: String,
+        now: i64,
+        lane: DueLane,
+        limit: usize,
+        lease: Duration,
+    ) -> Result<Vec<DueProxy>, StoreError> {
+        dispatch!(self.lease_due(node, now, lane, limit, lease))
     }
 
     /// Schedules the next check of these proxies at `at` (unix ms) without
     /// recording a check: for proxies whose check reached no verdict.
     pub async fn defer_checks(&self, ids: Vec<i64>, at: i64) -> Result<(), StoreError> {
-        self.update_each(
-            "UPDATE proxies SET next_check_at = ?2 WHERE id = ?1",
-            ids,
-            at,
-        )
-        .await
+        dispatch!(self.defer_checks(ids, at))
     }
 
     /// Asks for the HTTPS support of these proxies to be tested again at
     /// their next check, and makes them due now: for a tunnel (CONNECT)
     /// that failed in use, whatever `check.https_recheck` says.
     pub async fn request_https_recheck(&self, ids: Vec<i64>, now: i64) -> Result<(), StoreError> {
-        self.update_each(
-            "UPDATE proxies SET https_checked_at = NULL,
-                 next_check_at = min(next_check_at, ?2) WHERE id = ?1",
-            ids,
-            now,
-        )
-        .await
+        dispatch!(self.request_https_recheck(ids, now))
     }
 
     /// Brings the next check of each `(proxy id, time)` forward to that
     /// time (unix ms); a check already due sooner stays as it is.
     pub async fn pull_checks_in(&self, due: Vec<(i64, i64)>) -> Result<(), StoreError> {
-        self.write_weighted(due.len(), move |tx| {
-            let mut stmt = tx.prepare_cached(
-                "UPDATE proxies SET next_check_at = min(next_check_at, ?2) WHERE id = ?1",
-            )?;
-            for (id, at) in due {
-                stmt.execute(params![id, at])?;
-            }
-            Ok(())
-        })
-        .await
+        dispatch!(self.pull_checks_in(due))
     }
 
     /// Makes these proxies due now.
     pub async fn mark_due_many(&self, ids: Vec<i64>, now: i64) -> Result<(), StoreError> {
-        self.update_each(
-            "UPDATE proxies SET next_check_at = min(next_check_at, ?2) WHERE id = ?1",
-            ids,
-            now,
-        )
-        .await
+        dispatch!(self.mark_due_many(ids, now))
     }
 
     /// Counts a verdict from the use of a proxy; a failure also makes it
     /// due now. False when there is no such proxy.
     pub async fn record_report(&self, id: i64, ok: bool, now: i64) -> Result<bool, StoreError> {
-        self.write(move |c| {
-            // Cached statements: every page a pool or crawl fetches lands here.
-            let changed = if ok {
-                c.prepare_cached("UPDATE proxies SET reports_ok = reports_ok + 1 WHERE id = ?1")?
-                    .execute([id])?
-            } else {
-                c.prepare_cached(
-                    "UPDATE proxies SET reports_failed = reports_failed + 1,
-                         next_check_at = min(next_check_at, ?2) WHERE id = ?1",
-                )?
-                .execute(params![id, now])?
-            };
-            Ok(changed > 0)
-        })
-        .await
+        dispatch!(self.record_report(id, ok, now))
     }
 
     /// Adds uses that worked, `(proxy id, count, last use at)`, to the proxies' counters
     /// in one write: the feedback path collects them instead of writing once
     /// per use.
     pub async fn record_worked(&self, uses: Vec<(i64, u64, i64)>) -> Result<(), StoreError> {
-        if uses.is_empty() {
-            return Ok(());
-        }
-        self.write_weighted(uses.len(), move |c| {
-            // A use that worked is a sighting of the proxy alive, as a
-            // passed check is: `last_alive` is what freshness bounds read.
-            let mut stmt = c.prepare_cached(
-                "UPDATE proxies SET reports_ok = reports_ok + ?2,
-                     last_alive = max(coalesce(last_alive, 0), ?3) WHERE id = ?1",
-            )?;
-            for (id, n, at) in uses {
-                stmt.execute(params![id, i64::try_from(n).unwrap_or(i64::MAX), at])?;
-            }
-            Ok(())
-        })
-        .await
+        dispatch!(self.record_worked(uses))
     }
 
     /// Deletes proxies dead for longer than `after` that no source has
     /// listed for that long. Returns how many went.
     pub async fn purge(&self, now: i64, after: Duration) -> Result<usize, StoreError> {
-        let cutoff = now.saturating_sub(ms(after));
-        // In bounded transactions: a purge of many proxies never holds the
-        // write lock for as long as another process waits for it.
-        let mut purged = 0;
-        loop {
-            let n = self
-                .write_weighted(PURGE_BATCH, move |c| {
-                    Ok(c.execute(PURGE, params![cutoff, PURGE_BATCH as i64])?)
-                })
-                .await?;
-            purged += n;
-            if n < PURGE_BATCH {
-                return Ok(purged);
-            }
-        }
+        dispatch!(self.purge(now, after))
     }
-}
-
-/// Proxies deleted per transaction of a purge.
-const PURGE_BATCH: usize = 5_000;
-
-/// Deletes up to `?2` of the proxies dead since before `?1` that no source
-/// has listed since.
-pub(super) const PURGE: &str = "DELETE FROM proxies WHERE id IN (
-     SELECT id FROM proxies WHERE status = 'dead'
-         AND coalesce(last_alive, first_seen) < ?1 AND last_seen < ?1
-         AND NOT EXISTS (SELECT 1 FROM sources s CROSS JOIN proxy_sources ps
-                           ON ps.source_id = s.id AND ps.proxy_id = proxies.id
-                         WHERE ps.listed = 1 AND s.listed_at >= ?1)
-     LIMIT ?2)";
-
-fn due_page(
-    conn: &Connection,
-    now: i64,
-    all: bool,
-    lane: DueLane,
-    after: DueCursor,
-    limit: usize,
-) -> Result<Vec<DueProxy>, StoreError> {
-    // Named, since without statistics SQLite would rather scan every alive
-    // row through the status index and sort them.
-    let (index, range, order) = if all {
-        ("", "id > ?3", "id")
-    } else {
-        (
-            "INDEXED BY proxies_next_check",
-            "next_check_at <= ?1 AND (next_check_at, id) > (?2, ?3)",
-            "next_check_at, id",
-        )
-    };
-    let mut stmt = conn.prepare_cached(&format!(
-        "SELECT id, scheme, host, port, username, password, scheme_detect, status = 'alive',
-                https_checked_at, next_check_at
-             FROM proxies {index} WHERE {range} AND {}
-             ORDER BY {order} LIMIT ?4",
-        lane.condition()
-    ))?;
-    let rows = stmt.query_map(params![now, after.at, after.id, limit as i64], |r| {
-        let scheme: String = r.get(1)?;
-        let host: String = r.get(2)?;
-        let username: String = r.get(4)?;
-        let password: Option<String> = r.get(5)?;
-        Ok((
-            r.get::<_, i64>(0)?,
-            scheme,
-            host,
-            r.get::<_, u16>(3)?,
-            username,
-            password,
-            r.get::<_, bool>(6)?,
-            r.get::<_, bool>(7)?,
-            r.get::<_, Option<i64>>(8)?,
-            r.get::<_, i64>(9)?,
-        ))
-    })?;
-    let mut out = Vec::new();
-    for row in rows {
-        let (id, scheme, host, port, username, password, detect, alive, https_checked_at, due_at) =
-            row?;
-        // Rows that do not parse were not written by us; skip them
-        // rather than fail the round.
-        let (Ok(scheme), Ok(host)) = (scheme.parse::<Scheme>(), host.parse()) else {
-            tracing::warn!(id, "skipping a proxy row that does not parse");
-            continue;
-        };
-        out.push(DueProxy {
-            id,
-            proxy: Proxy {
-                scheme,
-                host,
-                port,
-                auth: (!username.is_empty()).then(|| Credentials {
-                    username,
-                    password: password.unwrap_or_default(),
-                }),
-            },
-            detect,
-            alive,
-            https_checked_at,
-            next_check_at: due_at,
-        });
-    }
-    Ok(out)
-}
-
-/// Writes the batch; returns the ids the results landed on.
-fn record_checks(
-    tx: &Connection,
-    batch: &[CheckRecord],
-    policy: RecheckPolicy,
-) -> Result<Vec<i64>, StoreError> {
-    bump_change_seq(tx)?;
-    let mut ids = Vec::with_capacity(batch.len());
-    {
-        let mut alive = tx.prepare_cached(
-            "UPDATE proxies SET status = 'alive', last_checked = ?2, last_alive = ?2,
-                     latency_ms = ?3, anonymity = ?4, https = coalesce(?5, https),
-                     https_checked_at = CASE WHEN ?5 IS NULL THEN https_checked_at ELSE ?2 END,
-                     exit_ip = ?6,
-                     country = coalesce(?7, country),
-                     country_source = CASE WHEN ?7 IS NULL THEN country_source ELSE 'geoip' END,
-                     last_reason = NULL, checks_total = checks_total + 1,
-                     checks_ok = checks_ok + 1, consecutive_failures = 0,
-                     next_check_at = ?2 + ?8 - abs(random() % (?9 + 1)),
-                     changed_seq = (SELECT change_seq FROM meta)
-                 WHERE id = ?1",
-        )?;
-        // The shift uses the failures before this one: 1×, 2×, 4×, …
-        let mut dead = tx.prepare_cached(
-            "UPDATE proxies SET status = 'dead', last_checked = ?2, last_reason = ?3,
-                     checks_total = checks_total + 1,
-                     consecutive_failures = consecutive_failures + 1,
-                     next_check_at = ?2 + min(?4 << min(consecutive_failures, 40), ?5),
-                     changed_seq = (SELECT change_seq FROM meta)
-                 WHERE id = ?1",
-        )?;
-        for rec in batch {
-            let o = &rec.outcome;
-            let mut id = rec.id;
-            if let Some(scheme) = o.detected {
-                id = settle_scheme(tx, id, scheme)?;
-            }
-            ids.push(id);
-            match o.failure {
-                None => {
-                    alive.execute(params![
-                        id,
-                        rec.checked_at,
-                        o.latency.map(ms),
-                        o.anonymity.map(|a| a.as_str()),
-                        o.https,
-                        o.exit_ip.map(|ip| ip.to_string()),
-                        o.country.map(|c| c.as_str().to_owned()),
-                        ms(policy.alive),
-                        ms(policy.alive_jitter.min(policy.alive)),
-                    ])?;
-                }
-                Some(reason) => {
-                    dead.execute(params![
-                        id,
-                        rec.checked_at,
-                        reason.as_str(),
-                        ms(policy.dead),
-                        ms(policy.dead_max),
-                    ])?;
-                }
-            }
-        }
-    }
-    Ok(ids)
-}
-
-/// Gives a detected proxy its real scheme. If a row with that identity
-/// already exists, the placeholder row is merged into it (its source links
-/// move over) and the existing row's id is returned.
-fn settle_scheme(tx: &Connection, id: i64, scheme: Scheme) -> Result<i64, StoreError> {
-    let changed = tx.execute(
-        "UPDATE OR IGNORE proxies SET scheme = ?2, scheme_detect = 0,
-             changed_seq = (SELECT change_seq FROM meta) WHERE id = ?1",
-        params![id, scheme.as_str()],
-    )?;
-    if changed > 0 {
-        return Ok(id);
-    }
-    let other: Option<i64> = tx
-        .query_row(
-            "SELECT o.id FROM proxies o JOIN proxies p
-                 ON o.host = p.host AND o.port = p.port AND o.username = p.username
-             WHERE p.id = ?1 AND o.scheme = ?2",
-            params![id, scheme.as_str()],
-            |r| r.get(0),
-        )
-        .optional()?;
-    let Some(other) = other else {
-        return Ok(id);
-    };
-    tx.execute(
-        "INSERT INTO proxy_sources (proxy_id, source_id, first_seen, last_seen, listed)
-         SELECT ?2, source_id, first_seen, last_seen, listed FROM proxy_sources
-         WHERE source_id IN (SELECT id FROM sources) AND proxy_id = ?1
-         ON CONFLICT (proxy_id, source_id) DO UPDATE SET
-             first_seen = min(first_seen, excluded.first_seen),
-             last_seen = max(last_seen, excluded.last_seen),
-             listed = max(listed, excluded.listed)",
-        params![id, other],
-    )?;
-    tx.execute("DELETE FROM proxies WHERE id = ?1", [id])?;
-    Ok(other)
 }

@@ -1,10 +1,9 @@
 //! The daemon's crawl jobs: one row per job with its options, state,
-//! times and summary. The crawl itself (frontier, pages) lives in the
-//! job's own files; the store only knows the JSON it is handed.
+//! times and summary. The job's frontier is in `frontier`, keyed by the
+//! job's id; its pages are in the job's own files, and of its options the
+//! store only knows the JSON it is handed.
 
-use rusqlite::{Connection, OptionalExtension, Row, params};
-
-use super::{Store, StoreError, now_ms};
+use super::{Store, StoreError, dispatch};
 
 /// A crawl job as stored.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -27,35 +26,6 @@ pub struct CrawlJobRecord {
     pub error: Option<String>,
 }
 
-const COLUMNS: &str = "id, spec, state, created_at, started_at, finished_at, summary, error";
-
-fn record(r: &Row<'_>) -> rusqlite::Result<CrawlJobRecord> {
-    Ok(CrawlJobRecord {
-        id: r.get(0)?,
-        spec: r.get(1)?,
-        state: r.get(2)?,
-        created_at: r.get(3)?,
-        started_at: r.get(4)?,
-        finished_at: r.get(5)?,
-        summary: r.get(6)?,
-        error: r.get(7)?,
-    })
-}
-
-fn by_id(c: &Connection, id: i64) -> rusqlite::Result<Option<CrawlJobRecord>> {
-    c.query_row(
-        &format!("SELECT {COLUMNS} FROM crawl_jobs WHERE id = ?1"),
-        [id],
-        record,
-    )
-    .optional()
-}
-
-/// The options a job listing leaves out: lists a client may make long
-/// (up to the 1 MiB a job's body may hold), shown by the job's own view.
-const LISTING_DROPS: &str =
-    "'$.seeds', '$.include', '$.exclude', '$.strip_params', '$.select', '$.user_agent'";
-
 impl Store {
     /// Records a new job, queued, unless `max_queued` jobs are queued
     /// already (`Ok(None)` then); returns it. Counted and inserted in one
@@ -66,48 +36,17 @@ impl Store {
         spec: String,
         max_queued: usize,
     ) -> Result<Option<CrawlJobRecord>, StoreError> {
-        self.write(move |c| {
-            let queued: i64 = c.query_row(
-                "SELECT count(*) FROM crawl_jobs WHERE state = 'queued'",
-                [],
-                |r| r.get(0),
-            )?;
-            if queued as u64 >= max_queued as u64 {
-                return Ok(None);
-            }
-            c.execute(
-                "INSERT INTO crawl_jobs (spec, state, created_at) VALUES (?1, 'queued', ?2)",
-                params![spec, now_ms()],
-            )?;
-            let id = c.last_insert_rowid();
-            Ok(by_id(c, id)?)
-        })
-        .await
+        dispatch!(self.insert_crawl_job_bounded(spec, max_queued))
     }
 
     /// Records a new job, queued; returns it.
     pub async fn insert_crawl_job(&self, spec: String) -> Result<CrawlJobRecord, StoreError> {
-        self.write(move |c| {
-            c.execute(
-                "INSERT INTO crawl_jobs (spec, state, created_at) VALUES (?1, 'queued', ?2)",
-                params![spec, now_ms()],
-            )?;
-            let id = c.last_insert_rowid();
-            Ok(by_id(c, id)?.expect("the row just inserted"))
-        })
-        .await
+        dispatch!(self.insert_crawl_job(spec))
     }
 
     /// Marks job `id` running (now).
     pub async fn crawl_job_running(&self, id: i64) -> Result<(), StoreError> {
-        self.write(move |c| {
-            c.execute(
-                "UPDATE crawl_jobs SET state = 'running', started_at = ?2 WHERE id = ?1",
-                params![id, now_ms()],
-            )?;
-            Ok(())
-        })
-        .await
+        dispatch!(self.crawl_job_running(id))
     }
 
     /// Marks job `id` ended in `state` (`finished`, `cancelled`, `failed`)
@@ -119,45 +58,23 @@ impl Store {
         summary: Option<String>,
         error: Option<String>,
     ) -> Result<(), StoreError> {
-        self.write(move |c| {
-            c.execute(
-                "UPDATE crawl_jobs SET state = ?2, finished_at = ?3, summary = ?4, error = ?5
-                 WHERE id = ?1",
-                params![id, state, now_ms(), summary, error],
-            )?;
-            Ok(())
-        })
-        .await
+        dispatch!(self.crawl_job_ended(id, state, summary, error))
     }
 
     /// Keeps the summary of the part of job `id` that ran before a
     /// shutdown, for the summary of the whole once it ends.
     pub async fn crawl_job_paused(&self, id: i64, summary: String) -> Result<(), StoreError> {
-        self.write(move |c| {
-            c.execute(
-                "UPDATE crawl_jobs SET summary = ?2 WHERE id = ?1",
-                params![id, summary],
-            )?;
-            Ok(())
-        })
-        .await
+        dispatch!(self.crawl_job_paused(id, summary))
     }
 
     /// Job `id`, if there is one.
     pub async fn crawl_job(&self, id: i64) -> Result<Option<CrawlJobRecord>, StoreError> {
-        self.read(move |c| Ok(by_id(c, id)?)).await
+        dispatch!(self.crawl_job(id))
     }
 
     /// Every job, newest first, at most `limit`.
     pub async fn crawl_jobs(&self, limit: usize) -> Result<Vec<CrawlJobRecord>, StoreError> {
-        self.read(move |c| {
-            let mut st = c.prepare(&format!(
-                "SELECT {COLUMNS} FROM crawl_jobs ORDER BY id DESC LIMIT ?1"
-            ))?;
-            let rows = st.query_map([limit as i64], record)?;
-            Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
-        })
-        .await
+        dispatch!(self.crawl_jobs(limit))
     }
 
     /// A page of jobs for a listing, newest first: at most `limit` of those
@@ -170,30 +87,12 @@ impl Store {
         limit: usize,
         before: Option<i64>,
     ) -> Result<Vec<(CrawlJobRecord, i64)>, StoreError> {
-        self.read(move |c| {
-            let mut st = c.prepare_cached(&format!(
-                "SELECT id, json_remove(spec, {LISTING_DROPS}), state, created_at, started_at,
-                        finished_at, summary, error, coalesce(json_array_length(spec, '$.seeds'), 0)
-                 FROM crawl_jobs WHERE id < ?2 ORDER BY id DESC LIMIT ?1"
-            ))?;
-            let rows = st.query_map(params![limit as i64, before.unwrap_or(i64::MAX)], |r| {
-                Ok((record(r)?, r.get(8)?))
-            })?;
-            Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
-        })
-        .await
+        dispatch!(self.crawl_job_listing(limit, before))
     }
 
     /// Jobs that had not ended (queued or running), oldest first: what a
     /// restarted daemon continues.
     pub async fn unended_crawl_jobs(&self) -> Result<Vec<CrawlJobRecord>, StoreError> {
-        self.read(move |c| {
-            let mut st = c.prepare(&format!(
-                "SELECT {COLUMNS} FROM crawl_jobs WHERE state IN ('queued', 'running') ORDER BY id"
-            ))?;
-            let rows = st.query_map([], record)?;
-            Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
-        })
-        .await
+        dispatch!(self.unended_crawl_jobs())
     }
 }

@@ -1,9 +1,7 @@
 //! What each site taught about each proxy that reached it, kept so that a
 //! restart remembers which proxies a site bans and which it takes.
 
-use rusqlite::{Connection, Row, params};
-
-use super::{Store, StoreError};
+use super::{Store, StoreError, dispatch};
 
 /// One (proxy, site) pair as stored.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -29,32 +27,11 @@ pub struct SiteRecord {
     pub updated_at: i64,
 }
 
-const COLUMNS: &str = "site, proxy_id, worked, blocked, latency_ms, last_worked_at, \
-                       last_blocked_at, banned_until, updated_at";
-
-fn record(r: &Row<'_>) -> rusqlite::Result<SiteRecord> {
-    Ok(SiteRecord {
-        site: r.get(0)?,
-        proxy_id: r.get(1)?,
-        worked: r.get(2)?,
-        blocked: r.get(3)?,
-        latency_ms: r.get(4)?,
-        last_worked_at: r.get(5)?,
-        last_blocked_at: r.get(6)?,
-        banned_until: r.get(7)?,
-        updated_at: r.get(8)?,
-    })
-}
-
 impl Store {
     /// Writes these pairs as they are now (each replaces its row). Pairs
     /// of proxies the store no longer has are skipped.
     pub async fn save_site_records(&self, records: Vec<SiteRecord>) -> Result<(), StoreError> {
-        if records.is_empty() {
-            return Ok(());
-        }
-        self.write_weighted(records.len(), move |tx| save(tx, &records))
-            .await
+        dispatch!(self.save_site_records(records))
     }
 
     /// The `limit` most recently changed pairs changed at or after `since`
@@ -64,41 +41,6 @@ impl Store {
         since: i64,
         limit: usize,
     ) -> Result<Vec<SiteRecord>, StoreError> {
-        self.read(move |c| {
-            let mut stmt = c.prepare_cached(&format!(
-                "SELECT {COLUMNS} FROM proxy_sites WHERE updated_at >= ?1
-                 ORDER BY updated_at DESC LIMIT ?2"
-            ))?;
-            let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-            let rows = stmt.query_map(params![since, limit], record)?;
-            Ok(rows.collect::<Result<Vec<_>, _>>()?)
-        })
-        .await
+        dispatch!(self.load_site_records(since, limit))
     }
-}
-
-fn save(tx: &Connection, records: &[SiteRecord]) -> Result<(), StoreError> {
-    let mut stmt = tx.prepare_cached(&format!(
-        "INSERT INTO proxy_sites ({COLUMNS})
-         SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9 WHERE EXISTS (SELECT 1 FROM proxies WHERE id = ?2)
-         ON CONFLICT (site, proxy_id) DO UPDATE SET
-             worked = excluded.worked, blocked = excluded.blocked,
-             latency_ms = excluded.latency_ms, last_worked_at = excluded.last_worked_at,
-             last_blocked_at = excluded.last_blocked_at, banned_until = excluded.banned_until,
-             updated_at = excluded.updated_at"
-    ))?;
-    for r in records {
-        stmt.execute(params![
-            r.site,
-            r.proxy_id,
-            r.worked,
-            r.blocked,
-            r.latency_ms,
-            r.last_worked_at,
-            r.last_blocked_at,
-            r.banned_until,
-            r.updated_at,
-        ])?;
-    }
-    Ok(())
 }

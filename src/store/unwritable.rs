@@ -44,7 +44,7 @@ impl WriteFailure {
     }
 
     /// The kind of a failed SQLite call, if the disk refused it.
-    pub fn of(e: &rusqlite::Error) -> Option<WriteFailure> {
+    pub(crate) fn of(e: &rusqlite::Error) -> Option<WriteFailure> {
         match e.sqlite_error_code()? {
             ErrorCode::DiskFull => Some(WriteFailure::DiskFull),
             ErrorCode::ReadOnly => Some(WriteFailure::ReadOnly),

@@ -1,16 +1,14 @@
 //! Loopback proxies for checker and dialer tests: HTTP forward proxies,
 //! SOCKS4/4a and SOCKS5 servers that behave or misbehave on request and
-//! record the targets asked of them, a farm of thousands of them, an echo
-//! judge that reports what it saw and a raw TCP echo server. Every server is
-//! bound before `start` returns and stops, with all its connections, when
-//! dropped.
+//! record the targets asked of them, a farm of thousands of them and a raw
+//! TCP echo server. Every server is bound before `start` returns and stops,
+//! with all its connections, when dropped.
 //!
 //! Written by hand rather than with a proxy crate: fixtures must be able to
 //! break the protocols on purpose. Targets are limited to loopback (`localhost`
 //! or an IP literal, never DNS), so a checker under test that asks for the
 //! wrong URL cannot reach the internet through them.
 
-use std::collections::BTreeMap;
 use std::fmt;
 use std::future::Future;
 use std::io;
@@ -20,7 +18,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use base64::Engine as _;
-use serde::Deserialize;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::task::{JoinHandle, JoinSet};
@@ -607,7 +604,9 @@ async fn http_proxy_conn(
             if opts.close_after.is_some_and(|n| served >= n) {
                 // Hangs up once the next request arrives, unanswered: the
                 // client finds its kept connection closed only by using it.
-                let _ = read_head(&mut client).await;
+                if let Ok(Some(_)) = read_head(&mut client).await {
+                    count.fetch_add(1, Ordering::SeqCst);
+                }
                 return finish(client).await;
             }
             let Some((raw_head, rest)) = read_head(&mut client).await? else {
@@ -1282,9 +1281,13 @@ pub fn raise_nofile_limit() -> u64 {
     rlimit::increase_nofile_limit(u64::MAX).unwrap_or(0)
 }
 
+/// Where a [`FakeFarm`] listens: a loopback address of its own.
+pub const FARM_IP: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 100, 1));
+
 /// Many proxies at once for scale tests: working elite HTTP proxies and
 /// silent listeners that accept and never answer, each on its own
-/// 127.0.0.1 port. One small task per listener. Dropping it stops them all.
+/// port of [`FARM_IP`]. One small task per listener. Dropping it stops
+/// them all.
 pub struct FakeFarm {
     alive: Vec<FakeHttpProxy>,
     silent: Vec<Server>,
@@ -1294,7 +1297,9 @@ impl FakeFarm {
     /// Starts `alive` elite proxies (forwarding from `upstream_bind` if
     /// given; CONNECT allowed) and `silent` mute listeners. Raises the
     /// open-file limit first. 10,000 listeners need about as many
-    /// descriptors, plus two per proxied connection.
+    /// descriptors, plus two per proxied connection. They listen on
+    /// [`FARM_IP`], whose ports are its own: a farm leaves 127.0.0.1's
+    /// to the servers of the tests running beside it.
     pub async fn start(alive: usize, silent: usize, upstream_bind: Option<IpAddr>) -> FakeFarm {
         raise_nofile_limit();
         let opts = Arc::new(HttpProxyOpts {
@@ -1304,12 +1309,12 @@ impl FakeFarm {
         });
         let mut alive_proxies = Vec::with_capacity(alive);
         for _ in 0..alive {
-            let listener = bind(None);
+            let listener = bind(Some(FARM_IP));
             alive_proxies.push(FakeHttpProxy::serve(listener, opts.clone()));
         }
         let mut silent_servers = Vec::with_capacity(silent);
         for _ in 0..silent {
-            let listener = bind(None);
+            let listener = bind(Some(FARM_IP));
             silent_servers.push(serve(listener, |mut stream, _| async move {
                 drain(&mut stream).await
             }));
@@ -1360,110 +1365,6 @@ impl EchoServer {
     pub fn addr(&self) -> SocketAddr {
         self.server.addr
     }
-}
-
-// ---------------------------------------------------------------------------
-// Echo judge
-
-/// A minimal judge for self-tests: any `GET` answers 200 with JSON
-/// `{"remote_addr", "url", "headers"}` describing the request it saw.
-pub struct EchoJudge {
-    server: Server,
-    /// Requests answered.
-    count: Arc<AtomicUsize>,
-}
-
-/// What an [`EchoJudge`] reports, parsed from its body.
-#[derive(Clone, Debug, Deserialize)]
-pub struct JudgeEcho {
-    /// The peer of the judge's socket (the proxy's outgoing address).
-    pub remote_addr: SocketAddr,
-    /// The request target as received (origin-form through a proxy).
-    pub url: String,
-    /// Header fields by name as sent; repeated fields joined with ", ".
-    pub headers: BTreeMap<String, String>,
-}
-
-impl JudgeEcho {
-    /// Parses a judge body; `None` if it is not one (a liar's page, say).
-    pub fn parse(body: &str) -> Option<JudgeEcho> {
-        serde_json::from_str(body).ok()
-    }
-
-    /// A header's value, name matched case-insensitively.
-    pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(n, _)| n.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
-    }
-}
-
-impl EchoJudge {
-    /// Binds 127.0.0.1:0 and starts serving.
-    pub async fn start() -> EchoJudge {
-        let listener = bind(None);
-        let count = Arc::new(AtomicUsize::new(0));
-        let counter = count.clone();
-        let server = serve(listener, move |stream, peer| {
-            judge_conn(stream, peer, counter.clone())
-        });
-        EchoJudge { server, count }
-    }
-
-    /// Where it listens.
-    pub fn addr(&self) -> SocketAddr {
-        self.server.addr
-    }
-
-    /// `http://ip:port{path}`.
-    pub fn url(&self, path: &str) -> String {
-        format!("http://{}{path}", self.server.addr)
-    }
-
-    /// How many requests it has answered.
-    pub fn requests(&self) -> usize {
-        self.count.load(Ordering::SeqCst)
-    }
-}
-
-async fn judge_conn(
-    mut stream: TcpStream,
-    peer: SocketAddr,
-    count: Arc<AtomicUsize>,
-) -> io::Result<()> {
-    let Some((raw_head, _)) = read_head(&mut stream).await? else {
-        return Ok(());
-    };
-    let Some(head) = Head::parse(&raw_head) else {
-        return respond(stream, 400, &[], b"bad request").await;
-    };
-    count.fetch_add(1, Ordering::SeqCst);
-    let mut headers = serde_json::Map::new();
-    for (name, value) in head.headers {
-        match headers.get_mut(&name) {
-            Some(serde_json::Value::String(prev)) => {
-                prev.push_str(", ");
-                prev.push_str(&value);
-            }
-            _ => {
-                headers.insert(name, serde_json::Value::String(value));
-            }
-        }
-    }
-    let body = serde_json::json!({
-        "remote_addr": peer.to_string(),
-        "url": head.second,
-        "headers": headers,
-    })
-    .to_string();
-    respond(
-        stream,
-        200,
-        &[("Content-Type", "application/json")],
-        body.as_bytes(),
-    )
-    .await
 }
 
 /// 127.0.0.`last`: a distinct loopback address, so that a site can tell

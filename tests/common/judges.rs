@@ -1,9 +1,11 @@
-//! Judges on loopback: proxywarden's own `/judge` over plain HTTP and over
-//! TLS (with a CA made for the test), and an httpbin-style judge whose
-//! reported origin can be mapped (to give a loopback exit address a
-//! country in the GeoIP test database).
+//! The one judge of the tests, on loopback: proxywarden's own `/judge` over
+//! plain HTTP and over TLS (with a CA made for the test), turned faulty on
+//! request, answering at every path for the fakes' self-tests, or
+//! httpbin-style with a reported origin that can be mapped (to give a
+//! loopback exit address a country in the GeoIP test database). It counts
+//! the requests it answers.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -16,6 +18,7 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use hyper_util::rt::TokioIo;
 use hyper_util::service::TowerToHyperService;
+use serde::Deserialize;
 use tokio::net::TcpListener;
 
 /// How a judge made with [`Judge::turning`] misbehaves.
@@ -36,6 +39,35 @@ pub struct Judge {
     ca_file: Option<PathBuf>,
     tls: bool,
     path: &'static str,
+    /// Requests that reached the router.
+    count: Arc<AtomicUsize>,
+}
+
+/// What a judge answered, parsed from its body: proxywarden's judge answer
+/// as a test reads it.
+#[derive(Clone, Debug, Deserialize)]
+pub struct JudgeEcho {
+    /// The peer of the judge's socket (the proxy's outgoing address).
+    pub remote_addr: SocketAddr,
+    /// The request target as received (origin-form through a proxy).
+    pub url: String,
+    /// Header fields by name; repeated fields joined with ", ".
+    pub headers: BTreeMap<String, String>,
+}
+
+impl JudgeEcho {
+    /// Parses a judge body; `None` if it is not one (a liar's page, say).
+    pub fn parse(body: &str) -> Option<JudgeEcho> {
+        serde_json::from_str(body).ok()
+    }
+
+    /// A header's value, name matched case-insensitively.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
 }
 
 impl Drop for Judge {
@@ -61,6 +93,21 @@ impl Judge {
         Judge::serve_on(listen_on(addr), proxywarden::api::judge::router(), "/judge").await
     }
 
+    /// proxywarden's judge answer at every path, with the request target
+    /// as it arrived (a proxy that failed to rewrite an absolute-form
+    /// target shows): for the fakes' self-tests, which ask through a proxy
+    /// for any path.
+    pub async fn echo() -> Judge {
+        let app = axum::Router::new().fallback(
+            |info: ConnectInfo<SocketAddr>, m: Method, u: Uri, h: HeaderMap| async move {
+                let mut answer = proxywarden::api::judge::judge(info, m, u.clone(), h).await;
+                answer.0.url = u.to_string();
+                answer
+            },
+        );
+        Judge::serve(app, "/judge").await
+    }
+
     /// Serves `app` on plain HTTP with the peer address available.
     async fn serve(app: axum::Router, path: &'static str) -> Judge {
         Judge::serve_on(listen(), app, path).await
@@ -68,6 +115,7 @@ impl Judge {
 
     async fn serve_on(listener: TcpListener, app: axum::Router, path: &'static str) -> Judge {
         let addr = listener.local_addr().unwrap();
+        let (count, app) = counted(app);
         let task = tokio::spawn(async move {
             let _ = axum::serve(
                 listener,
@@ -81,6 +129,7 @@ impl Judge {
             ca_file: None,
             tls: false,
             path,
+            count,
         }
     }
 
@@ -90,10 +139,26 @@ impl Judge {
         Judge::tls_with(dir, proxywarden::api::judge::router()).await
     }
 
+    /// [`Judge::tls`] speaking TLS 1.3 only, as some servers do.
+    pub async fn tls13_only(dir: &Path) -> Judge {
+        let versions: &[&rustls::SupportedProtocolVersion] = &[&rustls::version::TLS13];
+        let (acceptor, ca_file) = tls_acceptor_with(dir, "ca.pem", versions);
+        Judge::serve_tls(acceptor, ca_file, proxywarden::api::judge::router())
+    }
+
     /// Serves `app`, a router answering `/judge`, over TLS as [`Judge::tls`]
     /// does.
     pub async fn tls_with(dir: &Path, app: axum::Router) -> Judge {
         let (acceptor, ca_file) = tls_acceptor(dir, "ca.pem");
+        Judge::serve_tls(acceptor, ca_file, app)
+    }
+
+    fn serve_tls(
+        acceptor: tokio_rustls::TlsAcceptor,
+        ca_file: PathBuf,
+        app: axum::Router,
+    ) -> Judge {
+        let (count, app) = counted(app);
         let listener = listen();
         let addr = listener.local_addr().unwrap();
         let task = tokio::spawn(async move {
@@ -120,6 +185,7 @@ impl Judge {
             ca_file: Some(ca_file),
             tls: true,
             path: "/judge",
+            count,
         }
     }
 
@@ -243,10 +309,33 @@ impl Judge {
         format!("{scheme}://{}{}", self.addr, self.path)
     }
 
+    /// `http://addr{path}`: any path, for a judge made with [`Judge::echo`].
+    pub fn at(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    /// How many requests it has answered (or is answering).
+    pub fn requests(&self) -> usize {
+        self.count.load(Ordering::SeqCst)
+    }
+
     /// The CA file for a TLS judge.
     pub fn ca_file(&self) -> &Path {
         self.ca_file.as_deref().expect("only TLS judges have a CA")
     }
+}
+
+/// `app` counting the requests it gets, and the count.
+fn counted(app: axum::Router) -> (Arc<AtomicUsize>, axum::Router) {
+    let count = Arc::new(AtomicUsize::new(0));
+    let counter = count.clone();
+    let app = app.layer(tower::util::MapRequestLayer::new(
+        move |req: axum::extract::Request| {
+            counter.fetch_add(1, Ordering::SeqCst);
+            req
+        },
+    ));
+    (count, app)
 }
 
 /// A listener on 127.0.0.1:0 with a deep accept queue. Every check's
@@ -268,12 +357,21 @@ fn listen_on(addr: SocketAddr) -> TcpListener {
 /// A TLS acceptor with a new certificate for 127.0.0.1, and the file
 /// `dir/ca_name` holding the CA that signed it.
 pub fn tls_acceptor(dir: &Path, ca_name: &str) -> (tokio_rustls::TlsAcceptor, PathBuf) {
+    tls_acceptor_with(dir, ca_name, rustls::DEFAULT_VERSIONS)
+}
+
+/// [`tls_acceptor`] speaking only `versions`.
+pub fn tls_acceptor_with(
+    dir: &Path,
+    ca_name: &str,
+    versions: &[&'static rustls::SupportedProtocolVersion],
+) -> (tokio_rustls::TlsAcceptor, PathBuf) {
     let (ca_pem, cert, key) = make_certs();
     let ca_file = dir.join(ca_name);
     std::fs::write(&ca_file, ca_pem).unwrap();
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let config = rustls::ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
+        .with_protocol_versions(versions)
         .unwrap()
         .with_no_client_auth()
         .with_single_cert(vec![cert], key)

@@ -1,286 +1,22 @@
-//! Loopback servers for integration tests: a fake source site that serves
-//! lists and misbehaves on request, plus helpers to build configs.
+//! What the integration tests (and the benches) share: loopback servers
+//! (the fake site, proxies of every kind, judges), the daemon in-process,
+//! configs and stores to start from.
 
 #![allow(dead_code)]
 
+pub mod backend;
 pub mod binary;
 pub mod config;
 pub mod daemon;
 pub mod fakes;
 pub mod judges;
+pub mod postgres;
 pub mod site;
 pub mod tmpfs;
 
 pub use config::TestConfig;
 
-use std::collections::HashMap;
-use std::io::Write;
-use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
-
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
-
-/// How the fake site answers one path.
-#[derive(Clone, Debug)]
-pub enum Behavior {
-    /// A complete response.
-    Respond {
-        status: u16,
-        headers: Vec<(String, String)>,
-        body: Vec<u8>,
-    },
-    /// The body gzip-compressed, with `Content-Encoding: gzip`.
-    Gzip(Vec<u8>),
-    /// The body brotli-compressed, with `Content-Encoding: br`.
-    Brotli(Vec<u8>),
-    /// A 302 to another path.
-    Redirect(String),
-    /// 200 with no length, then bytes forever.
-    Endless,
-    /// Accepts the request and never answers.
-    Hang,
-    /// Answers `503` with `Retry-After` for the first `failures` hits,
-    /// then behaves like `then`.
-    Flaky {
-        failures: usize,
-        retry_after: u64,
-        then: Box<Behavior>,
-    },
-    /// Writes the head and half of the body, then closes.
-    Truncated(Vec<u8>),
-}
-
-impl Behavior {
-    /// `200 OK` with a body.
-    pub fn ok(body: impl Into<Vec<u8>>) -> Behavior {
-        Behavior::Respond {
-            status: 200,
-            headers: Vec::new(),
-            body: body.into(),
-        }
-    }
-
-    /// A bare status with a short body.
-    pub fn status(status: u16) -> Behavior {
-        Behavior::Respond {
-            status,
-            headers: Vec::new(),
-            body: format!("status {status}").into_bytes(),
-        }
-    }
-}
-
-/// A fake source site on 127.0.0.1. Dropping it stops the server.
-pub struct FakeSite {
-    pub addr: SocketAddr,
-    hits: Arc<Mutex<HashMap<String, usize>>>,
-    heads: Arc<Mutex<HashMap<String, String>>>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for FakeSite {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-impl FakeSite {
-    /// Serves `routes` (path with query → behaviour); other paths are 404.
-    pub async fn start(routes: Vec<(&str, Behavior)>) -> FakeSite {
-        let routes: Arc<HashMap<String, Behavior>> =
-            Arc::new(routes.into_iter().map(|(p, b)| (p.to_owned(), b)).collect());
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let hits: Arc<Mutex<HashMap<String, usize>>> = Arc::default();
-        let heads: Arc<Mutex<HashMap<String, String>>> = Arc::default();
-        let task = {
-            let hits = hits.clone();
-            let heads = heads.clone();
-            tokio::spawn(async move {
-                loop {
-                    let Ok((stream, _)) = listener.accept().await else {
-                        continue;
-                    };
-                    let routes = routes.clone();
-                    let hits = hits.clone();
-                    let heads = heads.clone();
-                    tokio::spawn(async move {
-                        let _ = serve_conn(stream, &routes, &hits, &heads).await;
-                    });
-                }
-            })
-        };
-        FakeSite {
-            addr,
-            hits,
-            heads,
-            task,
-        }
-    }
-
-    /// `http://127.0.0.1:port{path}`.
-    pub fn url(&self, path: &str) -> String {
-        format!("http://{}{path}", self.addr)
-    }
-
-    /// How many requests reached `path`.
-    pub fn hits(&self, path: &str) -> usize {
-        self.hits.lock().unwrap().get(path).copied().unwrap_or(0)
-    }
-
-    /// The value of request header `name` (case-insensitive) in the last
-    /// request for `path`.
-    pub fn last_header(&self, path: &str, name: &str) -> Option<String> {
-        let heads = self.heads.lock().unwrap();
-        heads.get(path)?.lines().skip(1).find_map(|line| {
-            let (n, v) = line.split_once(':')?;
-            n.trim()
-                .eq_ignore_ascii_case(name)
-                .then(|| v.trim().to_owned())
-        })
-    }
-}
-
-async fn serve_conn(
-    mut stream: TcpStream,
-    routes: &HashMap<String, Behavior>,
-    hits: &Mutex<HashMap<String, usize>>,
-    heads: &Mutex<HashMap<String, String>>,
-) -> std::io::Result<()> {
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 4096];
-    while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
-        let n = stream.read(&mut chunk).await?;
-        if n == 0 {
-            return Ok(());
-        }
-        buf.extend_from_slice(&chunk[..n]);
-    }
-    let head = String::from_utf8_lossy(&buf);
-    let path = head.split_whitespace().nth(1).unwrap_or("/").to_owned();
-    let hit = {
-        let mut h = hits.lock().unwrap();
-        let n = h.entry(path.clone()).or_insert(0);
-        *n += 1;
-        *n
-    };
-    heads
-        .lock()
-        .unwrap()
-        .insert(path.clone(), head.into_owned());
-    let behavior = routes
-        .get(&path)
-        .cloned()
-        .unwrap_or_else(|| Behavior::status(404));
-    respond(&mut stream, behavior, hit).await
-}
-
-async fn respond(stream: &mut TcpStream, behavior: Behavior, hit: usize) -> std::io::Result<()> {
-    let mut b = behavior;
-    // Resolve flaky behaviours for this hit.
-    while let Behavior::Flaky {
-        failures,
-        retry_after,
-        then,
-    } = b
-    {
-        if hit <= failures {
-            b = Behavior::Respond {
-                status: 503,
-                headers: vec![("Retry-After".into(), retry_after.to_string())],
-                body: b"try later".to_vec(),
-            };
-        } else {
-            b = *then;
-        }
-    }
-    match b {
-        Behavior::Respond {
-            status,
-            headers,
-            body,
-        } => write_response(stream, status, &headers, &body).await,
-        Behavior::Gzip(body) => {
-            let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
-            enc.write_all(&body)?;
-            let gz = enc.finish()?;
-            write_response(
-                stream,
-                200,
-                &[("Content-Encoding".into(), "gzip".into())],
-                &gz,
-            )
-            .await
-        }
-        Behavior::Brotli(body) => {
-            let mut br = Vec::new();
-            brotli::BrotliCompress(
-                &mut body.as_slice(),
-                &mut br,
-                &brotli::enc::BrotliEncoderParams::default(),
-            )?;
-            write_response(
-                stream,
-                200,
-                &[("Content-Encoding".into(), "br".into())],
-                &br,
-            )
-            .await
-        }
-        Behavior::Redirect(to) => {
-            write_response(stream, 302, &[("Location".into(), to)], b"moved").await
-        }
-        Behavior::Endless => {
-            stream
-                .write_all(
-                    b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nConnection: close\r\n\r\n",
-                )
-                .await?;
-            let line = b"10.0.0.1:8080\n".repeat(4096);
-            loop {
-                stream.write_all(&line).await?;
-            }
-        }
-        Behavior::Hang => {
-            // Keep the connection open without answering until the client
-            // gives up (the read returns when it closes).
-            let mut sink = [0u8; 1024];
-            while stream.read(&mut sink).await? > 0 {}
-            Ok(())
-        }
-        Behavior::Truncated(body) => {
-            let head = format!(
-                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-                body.len()
-            );
-            stream.write_all(head.as_bytes()).await?;
-            stream.write_all(&body[..body.len() / 2]).await?;
-            stream.shutdown().await
-        }
-        Behavior::Flaky { .. } => unreachable!("resolved above"),
-    }
-}
-
-async fn write_response(
-    stream: &mut TcpStream,
-    status: u16,
-    headers: &[(String, String)],
-    body: &[u8],
-) -> std::io::Result<()> {
-    let mut head = format!(
-        "HTTP/1.1 {status} X\r\nContent-Length: {}\r\nConnection: close\r\n",
-        body.len()
-    );
-    for (k, v) in headers {
-        head.push_str(&format!("{k}: {v}\r\n"));
-    }
-    head.push_str("\r\n");
-    stream.write_all(head.as_bytes()).await?;
-    stream.write_all(body).await?;
-    stream.shutdown().await
-}
 
 /// A config with fast timeouts (see [`TestConfig::new`]) and `sources`
 /// (TOML `[[sources]]` blocks) appended.
@@ -363,6 +99,38 @@ pub fn cpu_seconds(pid: u32) -> f64 {
         .filter_map(|v| v.parse().ok())
         .collect();
     f.iter().sum::<u64>() as f64 / 100.0
+}
+
+/// Held by the tests that start farms of thousands of listeners: in one
+/// test process they share one open-file limit, and two at once would
+/// exhaust it.
+pub static THOUSANDS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Polls `done` (every 20 ms) until it holds, failing the test with `what`
+/// after `within`: the wait for something a user would see happen.
+pub async fn until<F, Fut>(what: &str, within: std::time::Duration, mut done: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = std::time::Instant::now() + within;
+    while !done().await {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what}: not within {within:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+/// A port on 127.0.0.1 free a moment ago, for a process started with it in
+/// its config (a listener cannot be handed to another process).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 /// Awaits `f`, failing the test after 60 s instead of hanging it.

@@ -1,8 +1,10 @@
-//! A target site for pool and crawl tests: pages from a handler, robots.txt,
-//! per-peer bans (a captcha page for the addresses of chosen proxies), a
-//! per-peer rate limit answering 429 with Retry-After, latency, optional
-//! TLS, keep-alive; it records every request (path, peer, time) and the
-//! most requests it served at once.
+//! The one fake web site of the tests, a proxy list's source as much as a
+//! crawl's target: pages from a handler, robots.txt, per-peer bans (a
+//! captcha page for the addresses of chosen proxies), a per-peer rate limit
+//! answering 429 with Retry-After, latency, optional TLS, keep-alive, and
+//! answers that break on purpose (never sent, endless, cut short); it
+//! records every request (path, peer, time, the last head per path) and
+//! the most requests it served at once.
 
 use std::collections::{HashMap, HashSet};
 use std::convert::Infallible;
@@ -12,7 +14,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http_body_util::Full;
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::Frame;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
@@ -23,15 +27,88 @@ pub struct Reply {
     pub status: u16,
     pub headers: Vec<(String, String)>,
     pub body: Vec<u8>,
+    /// How the answer goes out: whole, or broken on purpose.
+    pub delivery: Delivery,
+}
+
+/// How a [`Reply`] goes out.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Delivery {
+    /// Head and body, whole.
+    #[default]
+    Whole,
+    /// Never: the request is read and left unanswered, the connection
+    /// held until the client gives up.
+    Never,
+    /// `200` with no length, then proxy-list lines forever.
+    Endless,
+    /// The head with the body's whole length, half the body, then the
+    /// connection closes.
+    Cut,
 }
 
 impl Reply {
+    /// `200` with a body and no headers.
+    pub fn ok(body: impl Into<Vec<u8>>) -> Reply {
+        Reply {
+            status: 200,
+            headers: Vec::new(),
+            body: body.into(),
+            delivery: Delivery::Whole,
+        }
+    }
+
+    /// `200` with `body` gzip-compressed and `Content-Encoding: gzip`.
+    pub fn gzip(body: &[u8]) -> Reply {
+        use std::io::Write as _;
+        let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        enc.write_all(body).unwrap();
+        Reply::ok(enc.finish().unwrap()).with("Content-Encoding", "gzip")
+    }
+
+    /// `200` with `body` brotli-compressed and `Content-Encoding: br`.
+    pub fn brotli(body: &[u8]) -> Reply {
+        let mut br = Vec::new();
+        brotli::BrotliCompress(
+            &mut &body[..],
+            &mut br,
+            &brotli::enc::BrotliEncoderParams::default(),
+        )
+        .unwrap();
+        Reply::ok(br).with("Content-Encoding", "br")
+    }
+
+    /// No answer at all (see [`Delivery::Never`]).
+    pub fn hang() -> Reply {
+        Reply {
+            delivery: Delivery::Never,
+            ..Reply::ok("")
+        }
+    }
+
+    /// An answer without end (see [`Delivery::Endless`]).
+    pub fn endless() -> Reply {
+        Reply {
+            delivery: Delivery::Endless,
+            ..Reply::ok("")
+        }
+    }
+
+    /// `body` cut in half (see [`Delivery::Cut`]).
+    pub fn cut(body: impl Into<Vec<u8>>) -> Reply {
+        Reply {
+            delivery: Delivery::Cut,
+            ..Reply::ok(body)
+        }
+    }
+
     /// `200` with an HTML body.
     pub fn html(body: impl Into<String>) -> Reply {
         Reply {
             status: 200,
             headers: vec![("Content-Type".into(), "text/html; charset=utf-8".into())],
             body: body.into().into_bytes(),
+            delivery: Delivery::Whole,
         }
     }
 
@@ -41,6 +118,7 @@ impl Reply {
             status: 200,
             headers: vec![("Content-Type".into(), "text/plain".into())],
             body: body.into().into_bytes(),
+            delivery: Delivery::Whole,
         }
     }
 
@@ -50,6 +128,7 @@ impl Reply {
             status,
             headers: vec![("Content-Type".into(), "text/plain".into())],
             body: format!("status {status}").into_bytes(),
+            delivery: Delivery::Whole,
         }
     }
 
@@ -59,6 +138,7 @@ impl Reply {
             status,
             headers: vec![("Location".into(), to.into())],
             body: b"moved".to_vec(),
+            delivery: Delivery::Whole,
         }
     }
 
@@ -115,6 +195,20 @@ impl SiteOpts {
             latency: Duration::ZERO,
             tls_dir: None,
         }
+    }
+
+    /// A site serving `path` that answers its first `failures` requests
+    /// with `503` and `Retry-After: retry_after` (seconds), then `then`;
+    /// other paths are 404.
+    pub fn flaky(path: &str, failures: usize, retry_after: u64, then: Reply) -> SiteOpts {
+        let path = path.to_owned();
+        SiteOpts::new(move |p, hit| match p {
+            p if p != path => Reply::status(404),
+            _ if hit <= failures => {
+                Reply::status(503).with("Retry-After", &retry_after.to_string())
+            }
+            _ => then.clone(),
+        })
     }
 
     /// A site of fixed routes; other paths are 404.
@@ -175,7 +269,14 @@ struct Log {
     connections: usize,
     /// Recent request times per peer, for the rate limit.
     recent: HashMap<IpAddr, Vec<Instant>>,
+    /// The header fields of the last request for each path (the first
+    /// [`MAX_HEADS`] paths).
+    heads: HashMap<String, hyper::HeaderMap>,
 }
+
+/// Paths whose last request head a site keeps: a crawl of thousands of
+/// pages keeps a fixed footprint.
+const MAX_HEADS: usize = 1024;
 
 /// A running site; dropping it stops it.
 pub struct Site {
@@ -199,6 +300,11 @@ impl Site {
         let mut opts = SiteOpts::new(move |p, _| tree_page(p, n, fanout));
         opts.latency = latency;
         Site::start(opts).await
+    }
+
+    /// A site of fixed routes (see [`SiteOpts::routes`]).
+    pub async fn routes(routes: Vec<(&str, Reply)>) -> Site {
+        Site::start(SiteOpts::routes(routes)).await
     }
 
     /// Binds 127.0.0.1:0 and serves.
@@ -285,6 +391,13 @@ impl Site {
             .unwrap_or(0)
     }
 
+    /// The value of request header `name` in the last request for `path`.
+    pub fn last_header(&self, path: &str, name: &str) -> Option<String> {
+        let log = self.log.lock().unwrap();
+        let value = log.heads.get(path)?.get(name)?;
+        Some(String::from_utf8_lossy(value.as_bytes()).into_owned())
+    }
+
     /// Every request so far, in arrival order.
     pub fn log(&self) -> Vec<Hit> {
         self.log.lock().unwrap().hits.clone()
@@ -322,7 +435,7 @@ async fn answer(
     log: &Mutex<Log>,
     peer: IpAddr,
     req: hyper::Request<hyper::body::Incoming>,
-) -> hyper::Response<Full<Bytes>> {
+) -> hyper::Response<BoxBody<Bytes, std::io::Error>> {
     let path = req
         .uri()
         .path_and_query()
@@ -341,6 +454,9 @@ async fn answer(
             peer,
             user_agent,
         });
+        if log.heads.len() < MAX_HEADS || log.heads.contains_key(&path) {
+            log.heads.insert(path.clone(), req.headers().clone());
+        }
         let n = log.per_path.entry(path.clone()).or_insert(0);
         *n += 1;
         let hit = *n;
@@ -386,7 +502,27 @@ async fn answer(
     for (k, v) in &reply.headers {
         resp = resp.header(k, v);
     }
-    resp.body(Full::new(Bytes::from(reply.body))).unwrap()
+    let body = match reply.delivery {
+        Delivery::Whole => Full::new(Bytes::from(reply.body))
+            .map_err(|never| match never {})
+            .boxed(),
+        Delivery::Never => std::future::pending().await,
+        Delivery::Endless => {
+            let lines = Bytes::from("10.0.0.1:8080\n".repeat(4096));
+            let forever = futures::stream::repeat_with(move || Ok(Frame::data(lines.clone())));
+            StreamBody::new(forever).boxed()
+        }
+        Delivery::Cut => {
+            resp = resp.header("Content-Length", reply.body.len());
+            let half = Bytes::from(reply.body[..reply.body.len() / 2].to_vec());
+            let cut = futures::stream::iter([
+                Ok(Frame::data(half)),
+                Err(std::io::Error::other("cut short on purpose")),
+            ]);
+            StreamBody::new(cut).boxed()
+        }
+    };
+    resp.body(body).unwrap()
 }
 
 /// One row of the crawl politeness table: robots.txt obeyed or not, the

@@ -1,0 +1,173 @@
+//! PostgreSQL: the crawl jobs' rows.
+
+use deadpool_postgres::GenericClient;
+use tokio_postgres::Row;
+
+use super::Postgres;
+use crate::store::{CrawlJobRecord, StoreError, now_ms};
+
+const COLUMNS: &str = "id, spec, state, created_at, started_at, finished_at, summary, error";
+
+fn record(r: &Row) -> CrawlJobRecord {
+    CrawlJobRecord {
+        id: r.get(0),
+        spec: r.get(1),
+        state: r.get(2),
+        created_at: r.get(3),
+        started_at: r.get(4),
+        finished_at: r.get(5),
+        summary: r.get(6),
+        error: r.get(7),
+    }
+}
+
+/// The options a job listing leaves out: lists a client may make long,
+/// shown by the job's own view.
+const LISTING_DROPS: &str = "'{seeds,include,exclude,strip_params,select,user_agent}'::text[]";
+
+async fn insert(c: &impl GenericClient, spec: &str) -> Result<CrawlJobRecord, StoreError> {
+    let row = c
+        .query_one(
+            &format!(
+                "INSERT INTO crawl_jobs (spec, state, created_at) VALUES ($1, 'queued', $2)
+                 RETURNING {COLUMNS}"
+            ),
+            &[&spec, &now_ms()],
+        )
+        .await?;
+    Ok(record(&row))
+}
+
+impl Postgres {
+    async fn jobs(&self, sql: &str) -> Result<Vec<CrawlJobRecord>, StoreError> {
+        let rows = self.client().await?.query(sql, &[]).await?;
+        Ok(rows.iter().map(record).collect())
+    }
+
+    async fn update_job(
+        &self,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<(), StoreError> {
+        self.client().await?.execute(sql, params).await?;
+        Ok(())
+    }
+
+    /// Counted and inserted under a lock on the table's queued count, so
+    /// submissions to several nodes at once cannot pass the limit together.
+    pub(crate) async fn insert_crawl_job_bounded(
+        &self,
+        spec: String,
+        max_queued: usize,
+    ) -> Result<Option<CrawlJobRecord>, StoreError> {
+        let mut c = self.client().await?;
+        let tx = c.transaction().await?;
+        tx.execute("LOCK TABLE crawl_jobs IN SHARE ROW EXCLUSIVE MODE", &[])
+            .await?;
+        let queued: i64 = tx
+            .query_one(
+                "SELECT count(*) FROM crawl_jobs WHERE state = 'queued'",
+                &[],
+            )
+            .await?
+            .get(0);
+        if queued as u64 >= max_queued as u64 {
+            return Ok(None);
+        }
+        let rec = insert(&tx, &spec).await?;
+        tx.commit().await?;
+        Ok(Some(rec))
+    }
+
+    pub(crate) async fn insert_crawl_job(
+        &self,
+        spec: String,
+    ) -> Result<CrawlJobRecord, StoreError> {
+        insert(&self.client().await?, &spec).await
+    }
+
+    pub(crate) async fn crawl_job_running(&self, id: i64) -> Result<(), StoreError> {
+        self.update_job(
+            "UPDATE crawl_jobs SET state = 'running', started_at = $2 WHERE id = $1",
+            &[&id, &now_ms()],
+        )
+        .await
+    }
+
+    pub(crate) async fn crawl_job_ended(
+        &self,
+        id: i64,
+        state: &'static str,
+        summary: Option<String>,
+        error: Option<String>,
+    ) -> Result<(), StoreError> {
+        self.update_job(
+            "UPDATE crawl_jobs SET state = $2, finished_at = $3, summary = $4, error = $5
+             WHERE id = $1",
+            &[&id, &state, &now_ms(), &summary, &error],
+        )
+        .await
+    }
+
+    pub(crate) async fn crawl_job_paused(
+        &self,
+        id: i64,
+        summary: String,
+    ) -> Result<(), StoreError> {
+        self.update_job(
+            "UPDATE crawl_jobs SET summary = $2 WHERE id = $1",
+            &[&id, &summary],
+        )
+        .await
+    }
+
+    pub(crate) async fn crawl_job(&self, id: i64) -> Result<Option<CrawlJobRecord>, StoreError> {
+        let row = self
+            .client()
+            .await?
+            .query_opt(
+                &format!("SELECT {COLUMNS} FROM crawl_jobs WHERE id = $1"),
+                &[&id],
+            )
+            .await?;
+        Ok(row.as_ref().map(record))
+    }
+
+    pub(crate) async fn crawl_jobs(&self, limit: usize) -> Result<Vec<CrawlJobRecord>, StoreError> {
+        self.jobs(&format!(
+            "SELECT {COLUMNS} FROM crawl_jobs ORDER BY id DESC LIMIT {}",
+            limit as i64
+        ))
+        .await
+    }
+
+    pub(crate) async fn crawl_job_listing(
+        &self,
+        limit: usize,
+        before: Option<i64>,
+    ) -> Result<Vec<(CrawlJobRecord, i64)>, StoreError> {
+        let rows = self
+            .client()
+            .await?
+            .query(
+                &format!(
+                    "SELECT id, (spec::jsonb - {LISTING_DROPS})::text, state, created_at,
+                            started_at, finished_at, summary, error,
+                            coalesce(jsonb_array_length(
+                                CASE jsonb_typeof(spec::jsonb -> 'seeds')
+                                    WHEN 'array' THEN spec::jsonb -> 'seeds' END), 0)::bigint
+                     FROM crawl_jobs WHERE id < $2 ORDER BY id DESC LIMIT $1"
+                ),
+                &[&(limit as i64), &before.unwrap_or(i64::MAX)],
+            )
+            .await?;
+        Ok(rows.iter().map(|r| (record(r), r.get(8))).collect())
+    }
+
+    pub(crate) async fn unended_crawl_jobs(&self) -> Result<Vec<CrawlJobRecord>, StoreError> {
+        self.jobs(&format!(
+            "SELECT {COLUMNS} FROM crawl_jobs WHERE state IN ('queued', 'running') ORDER BY id"
+        ))
+        .await
+    }
+}

@@ -1,0 +1,374 @@
+//! PostgreSQL: proxy records, filtered listings, pages, sources and the
+//! counts for `stats`.
+
+use deadpool_postgres::GenericClient;
+use tokio_postgres::Row;
+use tokio_postgres::types::ToSql;
+
+use super::Postgres;
+use crate::proxy::{Anonymity, Country, Credentials, Proxy, Scheme, Status};
+use crate::store::{
+    Page, Presence, ProxyFilter, ProxyRecord, ProxySort, SourceRecord, Stats, StoreError,
+};
+
+/// A proxy's columns in [`proxy_from_row`]'s order, over `proxies p`.
+const PROXY_COLUMNS: &str = "p.id, p.scheme, p.host, p.port, p.username, p.password, \
+    p.scheme_detect, p.status, p.country, p.country_source, p.anonymity, p.https, \
+    p.latency_ms, p.exit_ip, p.last_checked, p.last_alive, p.first_seen, \
+    greatest(p.last_seen, coalesce((SELECT max(s.listed_at) FROM sources s \
+       JOIN proxy_sources ps ON ps.source_id = s.id AND ps.proxy_id = p.id \
+       WHERE ps.listed), 0)), \
+    p.last_reason, p.hint_anonymity, p.hint_https, p.checks_total, p.checks_ok, \
+    p.consecutive_failures, p.next_check_at, \
+    (SELECT string_agg(s.name, E'\\n') FROM sources s \
+       JOIN proxy_sources ps ON ps.source_id = s.id AND ps.proxy_id = p.id)";
+
+/// A text column as an enum; a value we did not write is an error that
+/// names it, not a panic.
+fn parse_col<T: std::str::FromStr<Err = crate::proxy::ParseError>>(
+    row: &Row,
+    idx: usize,
+) -> Result<Option<T>, StoreError> {
+    let v: Option<String> = row.try_get(idx)?;
+    v.map(|s| {
+        s.parse::<T>().map_err(|e| {
+            StoreError::Database(crate::store::DbError::unexpected(format!(
+                "column {idx} holds {s:?}: {e}"
+            )))
+        })
+    })
+    .transpose()
+}
+
+fn proxy_from_row(row: &Row) -> Result<ProxyRecord, StoreError> {
+    let host: String = row.try_get(2)?;
+    let host = host.parse().map_err(|e: std::net::AddrParseError| {
+        StoreError::Database(crate::store::DbError::unexpected(format!(
+            "host {host:?}: {e}"
+        )))
+    })?;
+    let port: i32 = row.try_get(3)?;
+    let username: String = row.try_get(4)?;
+    let password: Option<String> = row.try_get(5)?;
+    let sources: Option<String> = row.try_get(25)?;
+    Ok(ProxyRecord {
+        id: row.try_get(0)?,
+        proxy: Proxy {
+            scheme: parse_col(row, 1)?.unwrap_or(Scheme::Http),
+            host,
+            port: u16::try_from(port).unwrap_or(0),
+            auth: (!username.is_empty()).then(|| Credentials {
+                username,
+                password: password.unwrap_or_default(),
+            }),
+        },
+        scheme_detect: row.try_get(6)?,
+        status: parse_col(row, 7)?.unwrap_or(Status::Unknown),
+        country: row
+            .try_get::<_, Option<String>>(8)?
+            .as_deref()
+            .and_then(Country::parse),
+        country_source: row.try_get(9)?,
+        anonymity: parse_col(row, 10)?,
+        https: row.try_get(11)?,
+        latency_ms: row.try_get(12)?,
+        exit_ip: row.try_get(13)?,
+        last_checked: row.try_get(14)?,
+        last_alive: row.try_get(15)?,
+        first_seen: row.try_get(16)?,
+        last_seen: row.try_get(17)?,
+        reason: row.try_get(18)?,
+        hint_anonymity: parse_col(row, 19)?,
+        hint_https: row.try_get(20)?,
+        checks_total: row.try_get(21)?,
+        checks_ok: row.try_get(22)?,
+        consecutive_failures: row.try_get(23)?,
+        next_check_at: row.try_get(24)?,
+        sources: sources
+            .map(|s| {
+                let mut v: Vec<String> = s.split('\n').map(str::to_owned).collect();
+                v.sort();
+                v
+            })
+            .unwrap_or_default(),
+    })
+}
+
+/// The proxies with these ids, by id (missing ids are skipped).
+pub(super) async fn proxies_by_ids(
+    c: &impl GenericClient,
+    ids: &[i64],
+) -> Result<Vec<ProxyRecord>, StoreError> {
+    let rows = c
+        .query(
+            &format!("SELECT {PROXY_COLUMNS} FROM proxies p WHERE p.id = ANY($1) ORDER BY p.id"),
+            &[&ids],
+        )
+        .await?;
+    rows.iter().map(proxy_from_row).collect()
+}
+
+type Args = Vec<Box<dyn ToSql + Sync + Send>>;
+
+/// The `WHERE` clause (over `proxies p`) of `filter` and its arguments.
+fn filter_sql(f: &ProxyFilter) -> (String, Args) {
+    let mut sql = String::from("true");
+    let mut args: Args = Vec::new();
+    let arg = |v: Box<dyn ToSql + Sync + Send>, args: &mut Args| {
+        args.push(v);
+        format!("${}", args.len())
+    };
+    if let Some(s) = f.status {
+        let a = arg(Box::new(s.as_str().to_owned()), &mut args);
+        sql.push_str(&format!(" AND p.status = {a}"));
+    }
+    let mut any_of = |column: &str, values: Vec<String>, args: &mut Args| {
+        if !values.is_empty() {
+            let a = arg(Box::new(values), args);
+            sql.push_str(&format!(" AND {column} = ANY({a}::text[])"));
+        }
+    };
+    any_of(
+        "p.country",
+        f.countries.iter().map(|c| c.to_string()).collect(),
+        &mut args,
+    );
+    any_of(
+        "p.scheme",
+        f.schemes.iter().map(|s| s.as_str().to_owned()).collect(),
+        &mut args,
+    );
+    if let Some(min) = f.min_anonymity {
+        let levels = [
+            Anonymity::Transparent,
+            Anonymity::Anonymous,
+            Anonymity::Elite,
+        ]
+        .into_iter()
+        .filter(|a| *a >= min)
+        .map(|a| a.as_str().to_owned())
+        .collect();
+        any_of("p.anonymity", levels, &mut args);
+    }
+    if f.https {
+        sql.push_str(" AND p.https");
+    }
+    if let Some(max) = f.max_latency_ms {
+        let a = arg(Box::new(max), &mut args);
+        sql.push_str(&format!(" AND p.latency_ms <= {a}"));
+    }
+    if let Some(since) = f.alive_since {
+        let a = arg(Box::new(since), &mut args);
+        sql.push_str(&format!(" AND p.last_alive >= {a}"));
+    }
+    if !f.exclude_ids.is_empty() {
+        let a = arg(Box::new(f.exclude_ids.clone()), &mut args);
+        sql.push_str(&format!(" AND NOT (p.id = ANY({a}::bigint[]))"));
+    }
+    if !f.exclude_addrs.is_empty() {
+        let hosts: Vec<String> = f.exclude_addrs.iter().map(|a| a.ip().to_string()).collect();
+        let ports: Vec<i32> = f
+            .exclude_addrs
+            .iter()
+            .map(|a| i32::from(a.port()))
+            .collect();
+        let h = arg(Box::new(hosts), &mut args);
+        let p = arg(Box::new(ports), &mut args);
+        sql.push_str(&format!(
+            " AND NOT EXISTS (SELECT 1 FROM unnest({h}::text[], {p}::integer[]) x(host, port)
+                   WHERE x.host = p.host AND x.port = p.port)"
+        ));
+    }
+    (sql, args)
+}
+
+fn refs(args: &Args) -> Vec<&(dyn ToSql + Sync)> {
+    args.iter()
+        .map(|a| a.as_ref() as &(dyn ToSql + Sync))
+        .collect()
+}
+
+impl Postgres {
+    pub(crate) async fn list_proxies(
+        &self,
+        filter: ProxyFilter,
+    ) -> Result<Vec<ProxyRecord>, StoreError> {
+        let (clause, args) = filter_sql(&filter);
+        let rows = self
+            .client()
+            .await?
+            .query(
+                &format!("SELECT {PROXY_COLUMNS} FROM proxies p WHERE {clause} ORDER BY p.id"),
+                &refs(&args),
+            )
+            .await?;
+        rows.iter().map(proxy_from_row).collect()
+    }
+
+    pub(crate) async fn list_page(
+        &self,
+        filter: ProxyFilter,
+        sort: ProxySort,
+        limit: usize,
+        offset: usize,
+    ) -> Result<Page, StoreError> {
+        let (clause, mut args) = filter_sql(&filter);
+        let c = self.client().await?;
+        let total: i64 = c
+            .query_one(
+                &format!("SELECT count(*) FROM proxies p WHERE {clause}"),
+                &refs(&args),
+            )
+            .await?
+            .get(0);
+        let order = match sort {
+            ProxySort::Id => "p.id",
+            ProxySort::Latency => "p.latency_ms IS NULL, p.latency_ms, p.id",
+            ProxySort::LastChecked => "p.last_checked IS NULL, p.last_checked DESC, p.id",
+            ProxySort::Uptime => {
+                "CASE WHEN p.checks_total = 0 THEN 0.0
+                      ELSE p.checks_ok::double precision / p.checks_total END DESC, p.id"
+            }
+        };
+        args.push(Box::new(limit as i64));
+        args.push(Box::new(i64::try_from(offset).unwrap_or(i64::MAX)));
+        let n = args.len();
+        let rows = c
+            .query(
+                &format!(
+                    "SELECT {PROXY_COLUMNS} FROM proxies p WHERE {clause} ORDER BY {order}
+                     LIMIT ${} OFFSET ${n}",
+                    n - 1
+                ),
+                &refs(&args),
+            )
+            .await?;
+        Ok(Page {
+            total,
+            proxies: rows.iter().map(proxy_from_row).collect::<Result<_, _>>()?,
+        })
+    }
+
+    pub(crate) async fn proxies_by_ids(
+        &self,
+        ids: Vec<i64>,
+    ) -> Result<Vec<ProxyRecord>, StoreError> {
+        proxies_by_ids(&self.client().await?, &ids).await
+    }
+
+    pub(crate) async fn count_by_status_scheme(
+        &self,
+    ) -> Result<Vec<(String, String, i64)>, StoreError> {
+        let rows = self
+            .client()
+            .await?
+            .query(
+                "SELECT st.s, sc.s, (SELECT count(*) FROM proxies p
+                                     WHERE p.status = st.s AND p.scheme = sc.s)
+                 FROM (VALUES (1, 'unknown'), (2, 'alive'), (3, 'dead')) st(o, s),
+                      (VALUES (1, 'http'), (2, 'socks4'), (3, 'socks5')) sc(o, s)
+                 ORDER BY st.o, sc.o",
+                &[],
+            )
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| (r.get(0), r.get(1), r.get(2)))
+            .collect())
+    }
+
+    pub(crate) async fn list_sources(&self) -> Result<Vec<SourceRecord>, StoreError> {
+        let rows = self
+            .client()
+            .await?
+            .query(
+                "SELECT s.name, s.url, s.format, s.last_fetch_at, s.last_ok_at, s.last_http_status,
+                        s.last_duration_ms, s.last_found, s.last_new, s.last_error,
+                        s.fetches_total, s.fetches_failed,
+                        (SELECT count(*) FROM proxy_sources ps WHERE ps.source_id = s.id),
+                        (SELECT count(*) FROM proxy_sources ps JOIN proxies p ON p.id = ps.proxy_id
+                          WHERE ps.source_id = s.id AND p.status = 'alive'),
+                        s.last_private
+                 FROM sources s ORDER BY s.name",
+                &[],
+            )
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| SourceRecord {
+                name: r.get(0),
+                url: r.get(1),
+                format: r.get(2),
+                last_fetch_at: r.get(3),
+                last_ok_at: r.get(4),
+                last_http_status: r.get(5),
+                last_duration_ms: r.get(6),
+                last_found: r.get(7),
+                last_new: r.get(8),
+                last_error: r.get(9),
+                fetches_total: r.get(10),
+                fetches_failed: r.get(11),
+                proxies: r.get(12),
+                alive: r.get(13),
+                last_private: r.get(14),
+            })
+            .collect())
+    }
+
+    pub(crate) async fn presence(&self) -> Result<Presence, StoreError> {
+        let r = self
+            .client()
+            .await?
+            .query_one(
+                "SELECT EXISTS (SELECT 1 FROM proxies),
+                        EXISTS (SELECT 1 FROM proxies WHERE status IN ('alive', 'dead'))",
+                &[],
+            )
+            .await?;
+        Ok(Presence {
+            stored: r.get(0),
+            checked: r.get(1),
+        })
+    }
+
+    pub(crate) async fn count_seen_since(&self, since: i64) -> Result<i64, StoreError> {
+        let row = self
+            .client()
+            .await?
+            .query_one(
+                "SELECT count(*) FROM proxies p WHERE p.last_seen >= $1
+                     OR EXISTS (SELECT 1 FROM proxy_sources ps JOIN sources s ON s.id = ps.source_id
+                                WHERE ps.proxy_id = p.id AND ps.listed AND s.listed_at >= $1)",
+                &[&since],
+            )
+            .await?;
+        Ok(row.get(0))
+    }
+
+    /// Counted from the table: PostgreSQL aggregates it in one scan.
+    pub(crate) async fn counts(&self) -> Result<Stats, StoreError> {
+        let rows = self
+            .client()
+            .await?
+            .query(
+                "SELECT status, scheme, coalesce(country, ''), coalesce(anonymity, ''),
+                        coalesce(last_reason, ''), count(*)
+                 FROM proxies GROUP BY 1, 2, 3, 4, 5",
+                &[],
+            )
+            .await?;
+        let mut stats = Stats::default();
+        for r in rows {
+            stats.add_count((r.get(0), r.get(1), r.get(2), r.get(3), r.get(4), r.get(5)));
+        }
+        stats.by_status_complete();
+        Ok(stats)
+    }
+
+    pub(crate) async fn stats(&self) -> Result<Stats, StoreError> {
+        Ok(Stats {
+            sources: self.list_sources().await?,
+            ..self.counts().await?
+        })
+    }
+}

@@ -1,0 +1,253 @@
+//! The backend for several nodes: one PostgreSQL database reached through
+//! a pool of connections (deadpool-postgres over tokio-postgres). Its own
+//! SQL, and its own numbered migrations in `migrations/postgres/`, applied
+//! under an advisory lock so that nodes starting together migrate once.
+//! Every call is async I/O on the runtime: nothing here blocks a worker.
+//! A file per topic of the store's surface, each an `impl Postgres`; crawl
+//! frontiers are not written yet and answer [`StoreError::Unsupported`].
+
+mod checks;
+mod crawls;
+mod ingest;
+mod listing;
+mod sites;
+
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use tokio_postgres::NoTls;
+use tokio_postgres::error::SqlState;
+
+use super::unwritable::{WriteFailure, WriteHealth, WriteTrouble};
+use super::{DbError, Frontier, StoreError};
+
+/// Every migration, in order; the version after applying `MIGRATIONS[i]`
+/// is `i + 1`. Never edit an applied migration: add a new file.
+const MIGRATIONS: &[&str] = &[
+    include_str!("../../../migrations/postgres/0001_init.sql"),
+    include_str!("../../../migrations/postgres/0002_check_leases.sql"),
+];
+
+/// The schema version this binary writes.
+pub(crate) const LATEST: i64 = MIGRATIONS.len() as i64;
+
+/// The advisory lock nodes take to migrate one at a time (any number the
+/// application keeps for itself: "pwmigrat" in ASCII).
+const MIGRATE_LOCK: i64 = 0x7077_6d69_6772_6174;
+
+/// Connections kept: the API's listings, a check round's writes and a
+/// harvest at once, on a server that other nodes share.
+const CONNECTIONS: usize = 8;
+
+/// How long a node waits for a connection of its pool, or for the server
+/// to answer a new one.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+impl From<tokio_postgres::Error> for DbError {
+    fn from(e: tokio_postgres::Error) -> DbError {
+        let failure = e.code().and_then(|c| match *c {
+            SqlState::DISK_FULL => Some(WriteFailure::DiskFull),
+            SqlState::READ_ONLY_SQL_TRANSACTION => Some(WriteFailure::ReadOnly),
+            SqlState::IO_ERROR => Some(WriteFailure::Io),
+            _ => None,
+        });
+        // The server's own message and detail, not the driver's summary.
+        let source: Box<dyn std::error::Error + Send + Sync> = match e.as_db_error() {
+            Some(db) => db.to_string().into(),
+            None => Box::new(e),
+        };
+        DbError { failure, source }
+    }
+}
+
+/// The PostgreSQL code's `?`: its driver's errors become [`DbError`]s.
+#[doc(hidden)]
+impl From<tokio_postgres::Error> for StoreError {
+    fn from(e: tokio_postgres::Error) -> StoreError {
+        StoreError::Database(e.into())
+    }
+}
+
+#[doc(hidden)]
+impl From<deadpool_postgres::PoolError> for StoreError {
+    fn from(e: deadpool_postgres::PoolError) -> StoreError {
+        match e {
+            deadpool_postgres::PoolError::Backend(e) => e.into(),
+            other => StoreError::Database(DbError {
+                failure: None,
+                source: Box::new(other),
+            }),
+        }
+    }
+}
+
+/// A cheap, cloneable handle to one PostgreSQL database.
+#[derive(Clone)]
+pub(crate) struct Postgres {
+    inner: Arc<Shared>,
+}
+
+struct Shared {
+    pool: Pool,
+    /// The URL without its password: what logs and errors show.
+    shown: PathBuf,
+    /// Whether writes work (what the daemon's write monitor reads).
+    health: WriteHealth,
+}
+
+impl Postgres {
+    /// Connects to the database at `url` (a `postgres://` URL), applies
+    /// pending migrations and keeps a pool of connections.
+    pub(crate) async fn connect(url: &str) -> Result<Postgres, StoreError> {
+        let shown = PathBuf::from(crate::config::redact_password(url));
+        let open_err = |reason: String| StoreError::Open {
+            path: shown.clone(),
+            reason,
+        };
+        let mut config =
+            tokio_postgres::Config::from_str(url).map_err(|e| open_err(e.to_string()))?;
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(CONNECT_TIMEOUT);
+        }
+        config.application_name("proxywarden");
+        let manager = Manager::from_config(
+            config,
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(CONNECTIONS)
+            .wait_timeout(Some(CONNECT_TIMEOUT))
+            .create_timeout(Some(CONNECT_TIMEOUT))
+            .runtime(deadpool_postgres::Runtime::Tokio1)
+            .build()
+            .map_err(|e| open_err(e.to_string()))?;
+        let mut client = pool.get().await.map_err(|e| open_err(e.to_string()))?;
+        migrate(&mut client, &shown).await?;
+        drop(client);
+        Ok(Postgres {
+            inner: Arc::new(Shared {
+                pool,
+                shown,
+                health: WriteHealth::default(),
+            }),
+        })
+    }
+
+    /// A connection of the pool.
+    async fn client(&self) -> Result<deadpool_postgres::Object, StoreError> {
+        Ok(self.inner.pool.get().await?)
+    }
+
+    pub(crate) fn path(&self) -> &Path {
+        &self.inner.shown
+    }
+
+    pub(crate) fn write_trouble(&self) -> Option<WriteTrouble> {
+        self.inner.health.trouble()
+    }
+
+    pub(crate) fn write_failures(&self) -> Vec<(WriteFailure, u64)> {
+        self.inner.health.failures()
+    }
+
+    pub(crate) fn watch_writes(&self) -> tokio::sync::watch::Receiver<Option<WriteTrouble>> {
+        self.inner.health.subscribe()
+    }
+
+    pub(crate) async fn probe_writes(&self) -> Result<(), StoreError> {
+        self.client()
+            .await?
+            .execute("UPDATE meta SET change_seq = change_seq", &[])
+            .await?;
+        Ok(())
+    }
+
+    /// The server keeps its own log: there is nothing to copy.
+    pub(crate) async fn checkpoint(&self) -> Result<bool, StoreError> {
+        Ok(true)
+    }
+
+    pub(crate) async fn schema_version(&self) -> Result<i64, StoreError> {
+        let row = self
+            .client()
+            .await?
+            .query_one("SELECT max(version) FROM schema_migrations", &[])
+            .await?;
+        Ok(row.get::<_, Option<i64>>(0).unwrap_or(0))
+    }
+
+    pub(crate) fn frontier(&self, _job: i64) -> Result<Frontier, StoreError> {
+        Err(StoreError::Unsupported("crawl frontiers"))
+    }
+}
+
+/// Brings the database up to [`LATEST`] in one transaction, holding an
+/// advisory lock so that a node starting beside another waits for its
+/// migration instead of racing it. Refuses a database from a newer
+/// version and one that holds another application's `proxies` table.
+async fn migrate(client: &mut deadpool_postgres::Object, shown: &Path) -> Result<(), StoreError> {
+    let tx = client.transaction().await?;
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATE_LOCK])
+        .await?;
+    let tables: Vec<String> = tx
+        .query(
+            "SELECT table_name::text FROM information_schema.tables
+             WHERE table_schema = current_schema() AND table_name IN ('proxies', 'schema_migrations')",
+            &[],
+        )
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    if tables.iter().any(|t| t == "proxies") && !tables.iter().any(|t| t == "schema_migrations") {
+        return Err(StoreError::Foreign {
+            path: shown.to_path_buf(),
+            what: "it holds a proxies table that is not proxywarden's".into(),
+        });
+    }
+    tx.batch_execute(
+        "CREATE TABLE IF NOT EXISTS schema_migrations (
+             version BIGINT PRIMARY KEY,
+             applied_at BIGINT NOT NULL
+         )",
+    )
+    .await?;
+    let current: i64 = tx
+        .query_one(
+            "SELECT coalesce(max(version), 0) FROM schema_migrations",
+            &[],
+        )
+        .await?
+        .get(0);
+    if current > LATEST {
+        return Err(StoreError::TooNew {
+            path: shown.to_path_buf(),
+            found: current,
+            supported: LATEST,
+        });
+    }
+    for (i, sql) in MIGRATIONS.iter().enumerate().skip(current as usize) {
+        let version = i as i64 + 1;
+        let migrate_err = |e: tokio_postgres::Error| StoreError::Migrate {
+            path: shown.to_path_buf(),
+            version,
+            source: e.into(),
+        };
+        tx.batch_execute(sql).await.map_err(migrate_err)?;
+        tx.execute(
+            "INSERT INTO schema_migrations (version, applied_at) VALUES ($1, $2)",
+            &[&version, &super::now_ms()],
+        )
+        .await
+        .map_err(migrate_err)?;
+        tracing::debug!(database = %shown.display(), version, "applied database migration");
+    }
+    tx.commit().await?;
+    Ok(())
+}

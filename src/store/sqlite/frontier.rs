@@ -1,0 +1,298 @@
+//! SQLite: crawl frontiers, each on a connection of its own.
+
+use rusqlite::{Connection, OptionalExtension, params};
+
+use super::BUSY_TIMEOUT;
+use super::Sqlite;
+use crate::store::{NewUrl, Queued, StoreError, UrlState};
+
+/// One crawl's frontier and seen set. Its methods block: it belongs to
+/// the crawl's own thread, never to the async workers.
+pub struct Frontier {
+    conn: Connection,
+    job: i64,
+    /// A transaction is open: writes since the last [`Frontier::commit`].
+    open: bool,
+    /// Keeps the database (and its writer) open while the crawl runs.
+    db: Sqlite,
+}
+
+impl std::fmt::Debug for Frontier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Frontier")
+            .field("path", &self.db.path())
+            .field("job", &self.job)
+            .finish()
+    }
+}
+
+impl Sqlite {
+    pub(crate) fn frontier(&self, job: i64) -> Result<Frontier, StoreError> {
+        if self.inner.writer.is_none() {
+            return Err(StoreError::ReadOnly);
+        }
+        let path = self.path();
+        let conn = Connection::open(path).map_err(|e| StoreError::Open {
+            path: path.to_path_buf(),
+            reason: e.to_string(),
+        })?;
+        conn.busy_timeout(BUSY_TIMEOUT)?;
+        // A small page cache: the frontier lives on disk, not in memory.
+        conn.execute_batch("PRAGMA synchronous = NORMAL; PRAGMA cache_size = -8000;")?;
+        Ok(Frontier {
+            conn,
+            job,
+            open: false,
+            db: self.clone(),
+        })
+    }
+}
+
+const SET_META: &str = "INSERT INTO crawl_meta (job, key, value) VALUES (?1, ?2, ?3)
+     ON CONFLICT (job, key) DO UPDATE SET value = excluded.value";
+
+impl Frontier {
+    /// A stored setting.
+    pub fn meta(&self, key: &str) -> Result<Option<String>, StoreError> {
+        Ok(self
+            .conn
+            .query_row(
+                "SELECT value FROM crawl_meta WHERE job = ?1 AND key = ?2",
+                params![self.job, key],
+                |r| r.get(0),
+            )
+            .optional()?)
+    }
+
+    /// Stores a setting (in the open batch, if there is one).
+    pub fn set_meta(&mut self, key: &str, value: &str) -> Result<(), StoreError> {
+        self.conn
+            .prepare_cached(SET_META)?
+            .execute(params![self.job, key, value])?;
+        Ok(())
+    }
+
+    /// Opens the batch's transaction unless one is open.
+    fn begin(&mut self) -> Result<(), StoreError> {
+        if !self.open {
+            self.conn.execute_batch("BEGIN IMMEDIATE")?;
+            self.open = true;
+        }
+        Ok(())
+    }
+
+    /// Commits what was written since the last commit, with `meta` (the
+    /// output lengths that include the lines of the pages it finishes).
+    pub fn commit(&mut self, meta: &[(&str, String)]) -> Result<(), StoreError> {
+        if !self.open {
+            return Ok(());
+        }
+        let run = |conn: &Connection, job: i64| -> rusqlite::Result<()> {
+            let mut st = conn.prepare_cached(SET_META)?;
+            for (k, v) in meta {
+                st.execute(params![job, k, v])?;
+            }
+            conn.execute_batch("COMMIT")
+        };
+        let r = run(&self.conn, self.job);
+        self.open = false;
+        if r.is_err() {
+            let _ = self.conn.execute_batch("ROLLBACK");
+        }
+        Ok(r?)
+    }
+
+    /// True while writes wait for [`Frontier::commit`].
+    pub fn dirty(&self) -> bool {
+        self.open
+    }
+
+    /// Adds `urls` not seen before and commits; returns those it added.
+    pub fn add(&mut self, urls: &[NewUrl]) -> Result<Vec<Queued>, StoreError> {
+        self.begin()?;
+        let added = insert(&self.conn, self.job, urls)?;
+        self.commit(&[])?;
+        Ok(added)
+    }
+
+    /// Records page `id`'s end (its state and attempts) and adds the URLs
+    /// it linked to, in the open batch: nothing is durable before
+    /// [`Frontier::commit`], which also stores the output lengths.
+    pub fn finish(
+        &mut self,
+        id: i64,
+        state: UrlState,
+        attempts: u32,
+        links: &[NewUrl],
+    ) -> Result<Vec<Queued>, StoreError> {
+        self.begin()?;
+        self.conn
+            .prepare_cached(
+                "UPDATE crawl_urls SET state = ?2, attempts = attempts + ?3 WHERE id = ?1",
+            )?
+            .execute(params![id, state as i64, attempts])?;
+        Ok(insert(&self.conn, self.job, links)?)
+    }
+
+    /// Marks a URL done without fetching it (it was reached through a
+    /// redirect), if it is still waiting.
+    pub fn mark_seen_done(&mut self, url: &str, host: &str, depth: u32) -> Result<(), StoreError> {
+        self.begin()?;
+        self.conn
+            .prepare_cached(
+                "INSERT INTO crawl_urls (job, url, host, depth, state) VALUES (?1, ?2, ?3, ?4, 2)
+                 ON CONFLICT (job, url) DO UPDATE SET state = 2 WHERE state = 0",
+            )?
+            .execute(params![self.job, url, host, depth])?;
+        Ok(())
+    }
+
+    /// Up to `limit` hosts with waiting URLs named after `after`, by name.
+    pub fn hosts_with_work_after(
+        &self,
+        after: &str,
+        limit: usize,
+    ) -> Result<Vec<String>, StoreError> {
+        let mut st = self.conn.prepare_cached(
+            "SELECT DISTINCT host FROM crawl_urls WHERE job = ?1 AND state = 0 AND host > ?2
+             ORDER BY host LIMIT ?3",
+        )?;
+        let hosts = st
+            .query_map(params![self.job, after, limit as i64], |r| r.get(0))?
+            .collect::<rusqlite::Result<_>>()?;
+        Ok(hosts)
+    }
+
+    /// Up to `limit` waiting URLs of `host` after row `after`, in
+    /// discovery order.
+    pub fn waiting(&self, host: &str, after: i64, limit: usize) -> Result<Vec<Queued>, StoreError> {
+        let mut st = self.conn.prepare_cached(
+            "SELECT id, url, host, depth, parent FROM crawl_urls
+             WHERE job = ?1 AND host = ?2 AND state = 0 AND id > ?3 ORDER BY id LIMIT ?4",
+        )?;
+        let rows = st
+            .query_map(params![self.job, host, after, limit as i64], |r| {
+                Ok(Queued {
+                    id: r.get(0)?,
+                    url: r.get(1)?,
+                    host: r.get(2)?,
+                    depth: r.get(3)?,
+                    parent: r.get(4)?,
+                })
+            })?
+            .collect::<rusqlite::Result<_>>()?;
+        Ok(rows)
+    }
+
+    /// URLs in `state`.
+    pub fn count(&self, state: UrlState) -> Result<u64, StoreError> {
+        let n: i64 = self.conn.query_row(
+            "SELECT count(*) FROM crawl_urls WHERE job = ?1 AND state = ?2",
+            params![self.job, state as i64],
+            |r| r.get(0),
+        )?;
+        Ok(n as u64)
+    }
+
+    /// Every URL the crawl knows.
+    pub fn total(&self) -> Result<u64, StoreError> {
+        let n: i64 = self.conn.query_row(
+            "SELECT count(*) FROM crawl_urls WHERE job = ?1",
+            [self.job],
+            |r| r.get(0),
+        )?;
+        Ok(n as u64)
+    }
+
+    /// Puts the pages that failed for good back in the queue; how many.
+    pub fn requeue_failed(&mut self) -> Result<usize, StoreError> {
+        self.commit(&[])?;
+        Ok(self.conn.execute(
+            "UPDATE crawl_urls SET state = 0 WHERE job = ?1 AND state = ?2",
+            params![self.job, UrlState::Failed as i64],
+        )?)
+    }
+}
+
+fn insert(conn: &Connection, job: i64, urls: &[NewUrl]) -> rusqlite::Result<Vec<Queued>> {
+    let mut added = Vec::new();
+    let mut st = conn.prepare_cached(
+        "INSERT INTO crawl_urls (job, url, host, depth, parent) VALUES (?1, ?2, ?3, ?4, ?5)
+         ON CONFLICT (job, url) DO NOTHING",
+    )?;
+    for u in urls {
+        if st.execute(params![job, u.url, u.host, u.depth, u.parent])? > 0 {
+            added.push(Queued {
+                id: conn.last_insert_rowid(),
+                url: u.url.clone(),
+                host: u.host.clone(),
+                depth: u.depth,
+                parent: u.parent.clone(),
+            });
+        }
+    }
+    Ok(added)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::Store;
+
+    fn new(url: &str, depth: u32) -> NewUrl {
+        NewUrl {
+            url: url.into(),
+            host: "h".into(),
+            depth,
+            parent: None,
+        }
+    }
+
+    #[test]
+    fn urls_are_added_once_per_job_and_survive_a_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.db");
+        let store = Store::open(&path).unwrap();
+        let mut f = store.frontier(1).unwrap();
+        let added = f
+            .add(&[new("http://h/a", 0), new("http://h/b", 0)])
+            .unwrap();
+        assert_eq!(added.len(), 2);
+        assert!(f.add(&[new("http://h/a", 1)]).unwrap().is_empty());
+        let more = f
+            .finish(added[0].id, UrlState::Done, 2, &[new("http://h/c", 1)])
+            .unwrap();
+        assert_eq!(more[0].url, "http://h/c");
+        f.commit(&[("out_len", "10".into())]).unwrap();
+        // A batch never committed (a crash) is not kept.
+        f.finish(added[1].id, UrlState::Done, 1, &[new("http://h/d", 1)])
+            .unwrap();
+        assert!(f.dirty());
+        drop(f);
+        // Another job's frontier is its own.
+        let mut other = store.frontier(2).unwrap();
+        assert_eq!(other.add(&[new("http://h/a", 0)]).unwrap().len(), 1);
+        assert_eq!(other.meta("out_len").unwrap(), None);
+        drop((other, store));
+
+        let store = Store::open(&path).unwrap();
+        let mut f = store.frontier(1).unwrap();
+        assert_eq!(f.meta("out_len").unwrap().as_deref(), Some("10"));
+        assert_eq!(f.hosts_with_work_after("", 10).unwrap(), ["h"]);
+        assert!(f.hosts_with_work_after("h", 10).unwrap().is_empty());
+        let waiting: Vec<String> = f
+            .waiting("h", 0, 10)
+            .unwrap()
+            .into_iter()
+            .map(|q| q.url)
+            .collect();
+        assert_eq!(waiting, ["http://h/b", "http://h/c"]);
+        assert_eq!(f.count(UrlState::Done).unwrap(), 1);
+        let b = f.waiting("h", 0, 1).unwrap().remove(0);
+        f.finish(b.id, UrlState::Failed, 1, &[]).unwrap();
+        assert_eq!(f.requeue_failed().unwrap(), 1);
+        f.mark_seen_done("http://h/c", "h", 1).unwrap();
+        assert_eq!(f.waiting("h", 0, 10).unwrap().len(), 1);
+        assert_eq!(f.total().unwrap(), 3);
+    }
+}

@@ -1,0 +1,319 @@
+//! SQLite: filtered listings, pages and counts.
+
+use rusqlite::{Connection, params};
+
+use super::Sqlite;
+use super::rows::{PROXY_COLUMNS, proxies_by_ids, proxy_from_row};
+use crate::proxy::Anonymity;
+use crate::store::{
+    Page, Presence, ProxyFilter, ProxyRecord, ProxySort, SourceRecord, Stats, StoreError,
+};
+
+impl ProxyFilter {
+    /// The `WHERE` clause (over `proxies p`) and its arguments.
+    fn sql(&self) -> (String, Vec<rusqlite::types::Value>) {
+        use rusqlite::types::Value;
+        let mut sql = String::from("1 = 1");
+        let mut args: Vec<Value> = Vec::new();
+        let arg = |v: Value, args: &mut Vec<Value>| {
+            args.push(v);
+            format!("?{}", args.len())
+        };
+        if let Some(s) = self.status {
+            let a = arg(Value::Text(s.as_str().into()), &mut args);
+            sql.push_str(&format!(" AND p.status = {a}"));
+        }
+        let mut any_of = |column: &str, values: Vec<String>, args: &mut Vec<Value>| {
+            if !values.is_empty() {
+                let list = serde_json::to_string(&values).unwrap_or_else(|_| "[]".into());
+                let a = arg(Value::Text(list), args);
+                sql.push_str(&format!(
+                    " AND {column} IN (SELECT value FROM json_each({a}))"
+                ));
+            }
+        };
+        any_of(
+            "p.country",
+            self.countries.iter().map(|c| c.to_string()).collect(),
+            &mut args,
+        );
+        any_of(
+            "p.scheme",
+            self.schemes.iter().map(|s| s.as_str().to_owned()).collect(),
+            &mut args,
+        );
+        if let Some(min) = self.min_anonymity {
+            let levels: Vec<String> = [
+                Anonymity::Transparent,
+                Anonymity::Anonymous,
+                Anonymity::Elite,
+            ]
+            .into_iter()
+            .filter(|a| *a >= min)
+            .map(|a| a.as_str().to_owned())
+            .collect();
+            any_of("p.anonymity", levels, &mut args);
+        }
+        if self.https {
+            sql.push_str(" AND p.https = 1");
+        }
+        if let Some(max) = self.max_latency_ms {
+            let a = arg(Value::Integer(max), &mut args);
+            sql.push_str(&format!(" AND p.latency_ms <= {a}"));
+        }
+        if let Some(since) = self.alive_since {
+            let a = arg(Value::Integer(since), &mut args);
+            sql.push_str(&format!(" AND p.last_alive >= {a}"));
+        }
+        if !self.exclude_ids.is_empty() {
+            let list = serde_json::to_string(&self.exclude_ids).unwrap_or_else(|_| "[]".into());
+            let a = arg(Value::Text(list), &mut args);
+            sql.push_str(&format!(
+                " AND p.id NOT IN (SELECT value FROM json_each({a}))"
+            ));
+        }
+        if !self.exclude_addrs.is_empty() {
+            let pairs: Vec<(String, u16)> = self
+                .exclude_addrs
+                .iter()
+                .map(|a| (a.ip().to_string(), a.port()))
+                .collect();
+            let list = serde_json::to_string(&pairs).unwrap_or_else(|_| "[]".into());
+            let a = arg(Value::Text(list), &mut args);
+            sql.push_str(&format!(
+                " AND NOT EXISTS (SELECT 1 FROM json_each({a}) x
+                   WHERE x.value ->> 0 = p.host AND x.value ->> 1 = p.port)"
+            ));
+        }
+        (sql, args)
+    }
+}
+
+impl Sqlite {
+    pub(crate) async fn list_proxies(
+        &self,
+        filter: ProxyFilter,
+    ) -> Result<Vec<ProxyRecord>, StoreError> {
+        self.read(move |c| list_proxies(c, &filter)).await
+    }
+
+    pub(crate) async fn list_page(
+        &self,
+        filter: ProxyFilter,
+        sort: ProxySort,
+        limit: usize,
+        offset: usize,
+    ) -> Result<Page, StoreError> {
+        self.read(move |c| list_page(c, &filter, sort, limit, offset))
+            .await
+    }
+
+    pub(crate) async fn proxies_by_ids(
+        &self,
+        ids: Vec<i64>,
+    ) -> Result<Vec<ProxyRecord>, StoreError> {
+        self.read(move |c| proxies_by_ids(c, &ids)).await
+    }
+
+    pub(crate) async fn count_by_status_scheme(
+        &self,
+    ) -> Result<Vec<(String, String, i64)>, StoreError> {
+        self.read(count_by_status_scheme).await
+    }
+
+    pub(crate) async fn presence(&self) -> Result<Presence, StoreError> {
+        self.read(|c| {
+            Ok(c.query_row(
+                "SELECT EXISTS (SELECT 1 FROM proxies),
+                        EXISTS (SELECT 1 FROM proxies WHERE status = 'alive')
+                     OR EXISTS (SELECT 1 FROM proxies WHERE status = 'dead')",
+                [],
+                |r| {
+                    Ok(Presence {
+                        stored: r.get(0)?,
+                        checked: r.get(1)?,
+                    })
+                },
+            )?)
+        })
+        .await
+    }
+
+    pub(crate) async fn list_sources(&self) -> Result<Vec<SourceRecord>, StoreError> {
+        self.read(list_sources).await
+    }
+
+    pub(crate) async fn count_seen_since(&self, since: i64) -> Result<i64, StoreError> {
+        self.read(move |c| count_seen_since(c, since)).await
+    }
+
+    pub(crate) async fn stats(&self) -> Result<Stats, StoreError> {
+        self.read(stats).await
+    }
+
+    pub(crate) async fn counts(&self) -> Result<Stats, StoreError> {
+        self.read(counts).await
+    }
+}
+
+/// Distinct proxies listed at or after `since`: those the latest list of
+/// a source taken since then names (counted from the links, each proxy
+/// once), and any other whose own `last_seen` is that recent.
+fn count_seen_since(c: &Connection, since: i64) -> Result<i64, StoreError> {
+    let recent: Vec<i64> = c
+        .prepare_cached("SELECT id FROM sources WHERE listed_at >= ?1 ORDER BY id")?
+        .query_map([since], |r| r.get(0))?
+        .collect::<Result<_, _>>()?;
+    let mut n: i64 = 0;
+    for (i, source) in recent.iter().enumerate() {
+        n += if i == 0 {
+            c.prepare_cached(
+                "SELECT count(*) FROM proxy_sources WHERE source_id = ?1 AND listed = 1",
+            )?
+            .query_row([source], |r| r.get::<_, i64>(0))?
+        } else {
+            // Each proxy once: leave out those an earlier source lists.
+            let earlier = serde_json::to_string(&recent[..i]).unwrap_or_else(|_| "[]".into());
+            c.prepare_cached(
+                "SELECT count(*) FROM proxy_sources a WHERE a.source_id = ?1 AND a.listed = 1
+                     AND NOT EXISTS (SELECT 1 FROM proxy_sources b
+                         WHERE b.proxy_id = a.proxy_id AND b.listed = 1
+                           AND b.source_id IN (SELECT value FROM json_each(?2)))",
+            )?
+            .query_row(params![source, earlier], |r| r.get::<_, i64>(0))?
+        };
+    }
+    let all = serde_json::to_string(&recent).unwrap_or_else(|_| "[]".into());
+    n += c
+        .prepare_cached(
+            "SELECT count(*) FROM proxies p WHERE p.last_seen >= ?1
+                 AND NOT EXISTS (SELECT 1 FROM proxy_sources ps
+                     WHERE ps.proxy_id = p.id AND ps.listed = 1
+                       AND ps.source_id IN (SELECT value FROM json_each(?2)))",
+        )?
+        .query_row(params![since, all], |r| r.get::<_, i64>(0))?;
+    Ok(n)
+}
+
+fn list_proxies(conn: &Connection, filter: &ProxyFilter) -> Result<Vec<ProxyRecord>, StoreError> {
+    let (clause, args) = filter.sql();
+    let mut stmt = conn.prepare(&format!(
+        "SELECT {PROXY_COLUMNS} FROM proxies p WHERE {clause} ORDER BY p.id"
+    ))?;
+    let rows = stmt.query_map(rusqlite::params_from_iter(args), proxy_from_row)?;
+    Ok(rows.collect::<Result<Vec<_>, _>>()?)
+}
+
+fn list_page(
+    conn: &Connection,
+    filter: &ProxyFilter,
+    sort: ProxySort,
+    limit: usize,
+    offset: usize,
+) -> Result<Page, StoreError> {
+    let (clause, mut args) = filter.sql();
+    let total: i64 = conn.query_row(
+        &format!("SELECT count(*) FROM proxies p WHERE {clause}"),
+        rusqlite::params_from_iter(args.iter()),
+        |r| r.get(0),
+    )?;
+    let order = match sort {
+        ProxySort::Id => "p.id",
+        ProxySort::Latency => "p.latency_ms IS NULL, p.latency_ms, p.id",
+        ProxySort::LastChecked => "p.last_checked IS NULL, p.last_checked DESC, p.id",
+        ProxySort::Uptime => {
+            "CASE WHEN p.checks_total = 0 THEN 0.0
+                  ELSE CAST(p.checks_ok AS REAL) / p.checks_total END DESC, p.id"
+        }
+    };
+    args.push(rusqlite::types::Value::Integer(limit as i64));
+    args.push(rusqlite::types::Value::Integer(
+        i64::try_from(offset).unwrap_or(i64::MAX),
+    ));
+    let n = args.len();
+    let mut stmt = conn.prepare(&format!(
+        "SELECT {PROXY_COLUMNS} FROM proxies p WHERE {clause} ORDER BY {order} LIMIT ?{} OFFSET ?{n}",
+        n - 1
+    ))?;
+    let rows = stmt.query_map(rusqlite::params_from_iter(args), proxy_from_row)?;
+    Ok(Page {
+        total,
+        proxies: rows.collect::<Result<Vec<_>, _>>()?,
+    })
+}
+
+fn count_by_status_scheme(conn: &Connection) -> Result<Vec<(String, String, i64)>, StoreError> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT st.s, sc.s, (SELECT coalesce(sum(c.n), 0) FROM proxy_counts c
+                              WHERE c.status = st.s AND c.scheme = sc.s)
+         FROM (SELECT 'unknown' AS s UNION ALL SELECT 'alive' UNION ALL SELECT 'dead') st,
+              (SELECT 'http' AS s UNION ALL SELECT 'socks4' UNION ALL SELECT 'socks5') sc",
+    )?;
+    let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
+    Ok(rows.collect::<Result<Vec<_>, _>>()?)
+}
+
+fn list_sources(conn: &Connection) -> Result<Vec<SourceRecord>, StoreError> {
+    let mut stmt = conn.prepare(
+        "SELECT s.name, s.url, s.format, s.last_fetch_at, s.last_ok_at, s.last_http_status,
+                    s.last_duration_ms, s.last_found, s.last_new, s.last_error,
+                    s.fetches_total, s.fetches_failed,
+                    (SELECT count(*) FROM proxy_sources ps WHERE ps.source_id = s.id),
+                    (SELECT count(*) FROM proxy_sources ps JOIN proxies p ON p.id = ps.proxy_id
+                      WHERE ps.source_id = s.id AND p.status = 'alive'),
+                    s.last_private
+             FROM sources s ORDER BY s.name",
+    )?;
+    let rows = stmt.query_map([], |r| {
+        Ok(SourceRecord {
+            name: r.get(0)?,
+            url: r.get(1)?,
+            format: r.get(2)?,
+            last_fetch_at: r.get(3)?,
+            last_ok_at: r.get(4)?,
+            last_http_status: r.get(5)?,
+            last_duration_ms: r.get(6)?,
+            last_found: r.get(7)?,
+            last_new: r.get(8)?,
+            last_error: r.get(9)?,
+            fetches_total: r.get(10)?,
+            fetches_failed: r.get(11)?,
+            proxies: r.get(12)?,
+            alive: r.get(13)?,
+            last_private: r.get(14)?,
+        })
+    })?;
+    Ok(rows.collect::<Result<Vec<_>, _>>()?)
+}
+
+fn stats(conn: &Connection) -> Result<Stats, StoreError> {
+    Ok(Stats {
+        sources: list_sources(conn)?,
+        ..counts(conn)?
+    })
+}
+
+/// The proxy counts of [`Stats`] (no sources), from the few rows of
+/// `proxy_counts` that triggers keep exact (migration 0005): no scan of the
+/// proxies table, whatever its size.
+fn counts(conn: &Connection) -> Result<Stats, StoreError> {
+    let mut stats = Stats::default();
+    let mut stmt = conn.prepare_cached(
+        "SELECT status, scheme, country, anonymity, reason, n FROM proxy_counts WHERE n > 0",
+    )?;
+    let rows = stmt.query_map([], |r| {
+        Ok((
+            r.get::<_, String>(0)?,
+            r.get::<_, String>(1)?,
+            r.get::<_, String>(2)?,
+            r.get::<_, String>(3)?,
+            r.get::<_, String>(4)?,
+            r.get::<_, i64>(5)?,
+        ))
+    })?;
+    for row in rows {
+        stats.add_count(row?);
+    }
+    stats.by_status_complete();
+    Ok(stats)
+}

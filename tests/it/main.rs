@@ -1,0 +1,30 @@
+//! The integration tests, one test crate so the suite links once: a module
+//! per area, all on the loopback servers and helpers of `tests/common`
+//! (shared with the benches). One area runs alone with
+//! `cargo test --test it gateway::`.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod api;
+mod attacks;
+mod check;
+mod cli;
+mod crawl;
+mod crawl_jobs;
+mod daemon;
+mod dashboard;
+mod deploy;
+mod disk_full;
+mod fakes_selftest;
+mod gateway;
+mod harvest;
+mod net;
+mod openapi;
+mod operator_logs;
+mod parsers_fuzz;
+mod pool;
+mod serving;
+mod sites;
+mod stop;
+mod store;
