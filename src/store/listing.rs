@@ -52,6 +52,25 @@ pub struct Page {
     pub proxies: Vec<ProxyRecord>,
 }
 
+impl ProxyFilter {
+    /// The anonymity levels `min_anonymity` lets through, as stored (none
+    /// when it is not set): both backends' `WHERE` clauses list them.
+    pub(super) fn anonymity_levels(&self) -> Vec<String> {
+        let Some(min) = self.min_anonymity else {
+            return Vec::new();
+        };
+        [
+            Anonymity::Transparent,
+            Anonymity::Anonymous,
+            Anonymity::Elite,
+        ]
+        .into_iter()
+        .filter(|a| *a >= min)
+        .map(|a| a.as_str().to_owned())
+        .collect()
+    }
+}
+
 impl Store {
     /// Proxies matching `filter`, ordered by id.
     pub async fn list_proxies(&self, filter: ProxyFilter) -> Result<Vec<ProxyRecord>, StoreError> {

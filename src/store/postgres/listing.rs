@@ -6,7 +6,7 @@ use tokio_postgres::Row;
 use tokio_postgres::types::ToSql;
 
 use super::Postgres;
-use crate::proxy::{Anonymity, Country, Credentials, Proxy, Scheme, Status};
+use crate::proxy::{Country, Credentials, Proxy, Scheme, Status};
 use crate::store::{
     Page, Presence, ProxyFilter, ProxyRecord, ProxySort, SourceRecord, Stats, StoreError,
 };
@@ -138,18 +138,7 @@ fn filter_sql(f: &ProxyFilter) -> (String, Args) {
         f.schemes.iter().map(|s| s.as_str().to_owned()).collect(),
         &mut args,
     );
-    if let Some(min) = f.min_anonymity {
-        let levels = [
-            Anonymity::Transparent,
-            Anonymity::Anonymous,
-            Anonymity::Elite,
-        ]
-        .into_iter()
-        .filter(|a| *a >= min)
-        .map(|a| a.as_str().to_owned())
-        .collect();
-        any_of("p.anonymity", levels, &mut args);
-    }
+    any_of("p.anonymity", f.anonymity_levels(), &mut args);
     if f.https {
         sql.push_str(" AND p.https");
     }

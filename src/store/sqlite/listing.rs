@@ -4,7 +4,6 @@ use rusqlite::{Connection, params};
 
 use super::Sqlite;
 use super::rows::{PROXY_COLUMNS, proxies_by_ids, proxy_from_row};
-use crate::proxy::Anonymity;
 use crate::store::{
     Page, Presence, ProxyFilter, ProxyRecord, ProxySort, SourceRecord, Stats, StoreError,
 };
@@ -42,18 +41,7 @@ impl ProxyFilter {
             self.schemes.iter().map(|s| s.as_str().to_owned()).collect(),
             &mut args,
         );
-        if let Some(min) = self.min_anonymity {
-            let levels: Vec<String> = [
-                Anonymity::Transparent,
-                Anonymity::Anonymous,
-                Anonymity::Elite,
-            ]
-            .into_iter()
-            .filter(|a| *a >= min)
-            .map(|a| a.as_str().to_owned())
-            .collect();
-            any_of("p.anonymity", levels, &mut args);
-        }
+        any_of("p.anonymity", self.anonymity_levels(), &mut args);
         if self.https {
             sql.push_str(" AND p.https = 1");
         }
