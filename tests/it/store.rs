@@ -261,19 +261,23 @@ async fn the_log_is_copied_into_the_database_in_the_background() {
 
 /// Records at `at` (unix ms) a passed check of each of `alive` and a
 /// refused one of each of `dead`.
-async fn record_verdicts(store: &Store, alive: &[i64], dead: &[i64], at: i64) {
-    let policy = proxywarden::model::RecheckPolicy {
+/// The re-check policy the verdicts of these tests are recorded under.
+fn policy() -> proxywarden::model::RecheckPolicy {
+    proxywarden::model::RecheckPolicy {
         alive: std::time::Duration::from_secs(600),
         alive_jitter: std::time::Duration::ZERO,
         dead: std::time::Duration::from_secs(60),
         dead_max: std::time::Duration::from_secs(3600),
-    };
+    }
+}
+
+async fn record_verdicts(store: &Store, alive: &[i64], dead: &[i64], at: i64) {
     let verdicts = alive
         .iter()
         .map(|&id| common::alive_at(id, at))
         .chain(dead.iter().map(|&id| common::refused_at(id, at)))
         .collect();
-    store.record_checks(verdicts, policy).await.unwrap();
+    store.record_checks(verdicts, policy()).await.unwrap();
 }
 
 /// A candidate on port 0 is refused with an error naming it, on either
@@ -1233,6 +1237,46 @@ async fn verdicts_are_listed_counted_and_followed(db: TestDb) {
     );
 }
 
+/// `min_anonymity` lists the proxies at that level or above, and none
+/// whose anonymity is unknown.
+async fn a_minimum_anonymity_lists_that_level_and_above(db: TestDb) {
+    use proxywarden::proxy::Anonymity;
+    let store = listing_of(&db, 4).await;
+    let ids = common::ids_of(&store).await;
+    let now = proxywarden::store::now_ms();
+    let levels = [
+        Anonymity::Transparent,
+        Anonymity::Anonymous,
+        Anonymity::Elite,
+    ];
+    let verdicts = ids
+        .iter()
+        .zip(levels)
+        .map(|(&id, level)| {
+            let mut v = common::alive_at(id, now);
+            v.outcome.anonymity = Some(level);
+            v
+        })
+        .collect();
+    store.record_checks(verdicts, policy()).await.unwrap();
+    for (min, want) in [
+        (Anonymity::Transparent, &ids[..3]),
+        (Anonymity::Anonymous, &ids[1..3]),
+        (Anonymity::Elite, &ids[2..3]),
+    ] {
+        let listed = store
+            .list_proxies(ProxyFilter {
+                min_anonymity: Some(min),
+                ..ProxyFilter::default()
+            })
+            .await
+            .unwrap();
+        let mut listed: Vec<i64> = listed.iter().map(|r| r.id).collect();
+        listed.sort_unstable();
+        assert_eq!(listed, want, "min_anonymity {min:?}");
+    }
+}
+
 /// What use teaches lands on the rows: reports, worked uses (a sighting
 /// alive), a failed report asking for a check; proxies are found by
 /// identity; and a purge takes the long-dead proxies no list names.
@@ -1438,6 +1482,7 @@ on_both_backends!(
     proxies_seen_by_two_sources_count_once,
     a_detected_entry_is_the_proxy_known_at_its_address,
     verdicts_are_listed_counted_and_followed,
+    a_minimum_anonymity_lists_that_level_and_above,
 );
 
 /// Nodes starting together on one PostgreSQL database migrate it once
