@@ -192,7 +192,7 @@ impl Postgres {
                 &format!(
                     "UPDATE crawl_jobs SET lease_node = $1, lease_until = $2 WHERE id IN (
                          SELECT id FROM crawl_jobs WHERE state IN ('queued', 'running')
-                           AND (lease_until IS NULL OR lease_until < $3)
+                           AND (lease_until IS NULL OR lease_until <= $3)
                          ORDER BY id LIMIT $4 FOR UPDATE SKIP LOCKED)
                      RETURNING {COLUMNS}"
                 ),
@@ -265,7 +265,7 @@ impl Postgres {
                 "UPDATE crawl_jobs SET state = 'cancelled', finished_at = $2,
                         lease_node = NULL, lease_until = NULL
                  WHERE id = $1 AND state IN ('queued', 'running')
-                   AND (lease_until IS NULL OR lease_until < $2)",
+                   AND (lease_until IS NULL OR lease_until <= $2)",
                 &[&id, &now],
             )
             .await?;
@@ -312,10 +312,10 @@ impl Postgres {
             .client()
             .await?
             .query_one(
-                "INSERT INTO crawl_hosts (job, host, next_at) VALUES ($1, $2, $3 + $4)
+                "INSERT INTO crawl_hosts (job, host, next_at) VALUES ($1, $2, $3::bigint + $4::bigint)
                  ON CONFLICT (job, host)
-                 DO UPDATE SET next_at = greatest(crawl_hosts.next_at, $3) + $4
-                 RETURNING next_at - $4",
+                 DO UPDATE SET next_at = greatest(crawl_hosts.next_at, $3::bigint) + $4::bigint
+                 RETURNING next_at - $4::bigint",
                 &[&job, &host, &now, &delay],
             )
             .await?;

@@ -265,7 +265,7 @@ impl Frontier {
                     "SELECT DISTINCT host FROM crawl_urls
                      WHERE job = $1 AND state = 0 AND host > $2
                        AND ($4::text IS NULL OR lease_node IS NULL OR lease_node = $4
-                            OR lease_until < $5)
+                            OR lease_until <= $5)
                      ORDER BY host LIMIT $3",
                     &[&job, &after, &limit, &node, &now],
                 )
@@ -302,7 +302,7 @@ impl Frontier {
                         "UPDATE crawl_urls SET lease_node = $5, lease_until = $6 WHERE id IN (
                              SELECT id FROM crawl_urls
                              WHERE job = $1 AND host = $2 AND state = 0 AND id > $3
-                               AND (lease_node IS NULL OR lease_node = $5 OR lease_until < $7)
+                               AND (lease_node IS NULL OR lease_node = $5 OR lease_until <= $7)
                              ORDER BY id LIMIT $4 FOR UPDATE SKIP LOCKED)
                          RETURNING id, url, host, depth, parent",
                         &[&job, &host, &after, &limit, &node, &until, &now],

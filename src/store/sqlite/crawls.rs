@@ -179,7 +179,7 @@ impl Sqlite {
             let mut st = c.prepare_cached(&format!(
                 "UPDATE crawl_jobs SET lease_node = ?1, lease_until = ?2 WHERE id IN (
                      SELECT id FROM crawl_jobs WHERE state IN ('queued', 'running')
-                       AND (lease_until IS NULL OR lease_until < ?3)
+                       AND (lease_until IS NULL OR lease_until <= ?3)
                      ORDER BY id LIMIT ?4)
                  RETURNING {COLUMNS}"
             ))?;
@@ -249,7 +249,7 @@ impl Sqlite {
                 "UPDATE crawl_jobs SET state = 'cancelled', finished_at = ?2,
                         lease_node = NULL, lease_until = NULL
                  WHERE id = ?1 AND state IN ('queued', 'running')
-                   AND (lease_until IS NULL OR lease_until < ?2)",
+                   AND (lease_until IS NULL OR lease_until <= ?2)",
                 params![id, now],
             )?;
             if ended > 0 {

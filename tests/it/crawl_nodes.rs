@@ -1,0 +1,239 @@
+//! Crawl jobs across nodes: two `serve` processes on one real PostgreSQL
+//! server. A job started on one is taken over by the other when the first
+//! is killed with `kill -9`; few pages are fetched twice and the site's
+//! Crawl-delay holds across both. A cancel asked on either node stops it.
+
+use crate::common;
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use common::daemon::{client, status_json};
+use common::postgres::PgServer;
+use common::site::{Reply, Site, SiteOpts, tree_page};
+use common::{TestConfig, put_alive, until, working_proxies};
+use proxywarden::store::Store;
+
+/// Pages of the site.
+const PAGES: usize = 30;
+/// Its robots.txt's Crawl-delay.
+const CRAWL_DELAY: Duration = Duration::from_millis(250);
+
+/// A `serve` process of its own, on the shared database.
+struct Node {
+    child: tokio::process::Child,
+    port: u16,
+    http: reqwest::Client,
+}
+
+impl Node {
+    /// `serve` in `dir` on the PostgreSQL database at `url`, its API on a
+    /// free port, one crawl job at a time, nothing to harvest.
+    async fn start(dir: &Path, url: &str) -> Node {
+        std::fs::create_dir_all(dir).unwrap();
+        let port = common::free_port();
+        let empty = dir.join("empty.txt");
+        std::fs::write(&empty, "").unwrap();
+        let config: PathBuf = TestConfig::new(dir)
+            .set("database", "url", &format!("\"{url}\""))
+            .set("api", "listen", &format!("\"127.0.0.1:{port}\""))
+            .set("gateway", "listen", "\"127.0.0.1:0\"")
+            .set("harvest", "schedule", "\"0 0 0 1 1 *\"")
+            .set("check", "https", "false")
+            .set("crawls", "max_running", "1")
+            .judges(&format!(
+                "[{{ url = \"http://127.0.0.1:{port}/judge\", marker = \"proxywarden-judge\" }}]"
+            ))
+            .source("empty", &empty.display().to_string(), "")
+            .write();
+        let log = std::fs::File::create(dir.join("serve.log")).unwrap();
+        let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_proxywarden"))
+            .arg("serve")
+            .arg("-c")
+            .arg(&config)
+            .current_dir(dir)
+            .env_remove("PROXYWARDEN_CONFIG")
+            .env("RUST_LOG", "proxywarden=info")
+            .stdin(std::process::Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let node = Node {
+            child,
+            port,
+            http: client(Duration::from_secs(30)),
+        };
+        until("the node answers", Duration::from_secs(30), || async {
+            node.http
+                .get(node.url("/healthz"))
+                .send()
+                .await
+                .is_ok_and(|r| r.status().is_success())
+        })
+        .await;
+        node
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.port)
+    }
+
+    async fn json(&self, path: &str) -> (u16, serde_json::Value) {
+        status_json(self.http.get(self.url(path)).send().await.unwrap()).await
+    }
+
+    async fn post_crawl(&self, body: String) -> (u16, serde_json::Value) {
+        let resp = self
+            .http
+            .post(self.url("/crawls"))
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        status_json(resp).await
+    }
+
+    async fn state(&self, id: i64) -> String {
+        let (status, job) = self.json(&format!("/crawls/{id}")).await;
+        assert_eq!(status, 200, "{job}");
+        job["state"].as_str().unwrap_or_default().to_owned()
+    }
+
+    /// `kill -9`: no shutdown, its leases stay until they end.
+    async fn kill(mut self) {
+        self.child.start_kill().unwrap();
+        self.child.wait().await.unwrap();
+    }
+}
+
+/// A site of [`PAGES`] tree pages whose robots.txt asks for
+/// [`CRAWL_DELAY`] between requests.
+async fn polite_site() -> Site {
+    let mut opts = SiteOpts::new(|p, _| tree_page(p, PAGES, 3));
+    opts.robots = Some(Reply::text(format!(
+        "User-agent: *\nCrawl-delay: {}\n",
+        CRAWL_DELAY.as_secs_f64()
+    )));
+    Site::start(opts).await
+}
+
+/// The shortest time between two requests the site saw.
+fn smallest_gap(site: &Site) -> Duration {
+    let log = site.log();
+    log.windows(2)
+        .map(|w| w[1].at - w[0].at)
+        .min()
+        .unwrap_or(Duration::MAX)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crawl_job_is_finished_by_the_other_node_when_its_node_is_killed() {
+    tokio::time::timeout(Duration::from_secs(180), async {
+        let dir = tempfile::tempdir().unwrap();
+        let pg = tokio::task::spawn_blocking(PgServer::start).await.unwrap();
+        let site = polite_site().await;
+        let (_farm, alive) = working_proxies(3).await;
+        put_alive(&Store::connect(&pg.url()).await.unwrap(), &alive).await;
+
+        let a = Node::start(&dir.path().join("a"), &pg.url()).await;
+        let body = format!(
+            r#"{{"seeds": ["{}"], "per_host_concurrency": 2}}"#,
+            site.url("/")
+        );
+        let (status, job) = a.post_crawl(body).await;
+        assert_eq!(status, 201, "{job}");
+        let id = job["id"].as_i64().unwrap();
+        // The other node starts once the first crawls: it finds the job
+        // leased and leaves it alone.
+        until("node a crawls", Duration::from_secs(30), || async {
+            site.per_path()
+                .keys()
+                .filter(|p| p.starts_with("/p/"))
+                .count()
+                >= 5
+        })
+        .await;
+        let b = Node::start(&dir.path().join("b"), &pg.url()).await;
+        assert_eq!(b.state(id).await, "running");
+        let before_kill: HashSet<String> = site.per_path().into_keys().collect();
+        a.kill().await;
+        let killed_at = site.log().len();
+
+        until(
+            "node b finishes the job",
+            Duration::from_secs(90),
+            || async { b.state(id).await == "finished" },
+        )
+        .await;
+        let hits: HashMap<String, usize> = site.per_path();
+        let pages: Vec<&String> = hits.keys().filter(|p| *p != "/robots.txt").collect();
+        assert_eq!(pages.len(), PAGES, "every page fetched: {hits:?}");
+        let twice: usize = hits
+            .iter()
+            .filter(|(p, _)| *p != "/robots.txt")
+            .map(|(_, n)| n - 1)
+            .sum();
+        assert!(twice <= 4, "{twice} pages fetched twice: {hits:?}");
+        assert!(
+            site.log().len() > killed_at && before_kill.len() < PAGES,
+            "node b fetched the rest"
+        );
+        // Request starts arrive spaced by the delay, give or take the jitter
+        // of the proxy hop, across both nodes.
+        let gap = smallest_gap(&site);
+        assert!(
+            gap >= CRAWL_DELAY.mul_f64(0.8),
+            "two requests {gap:?} apart"
+        );
+        let (_, view) = b.json(&format!("/crawls/{id}")).await;
+        assert!(view["summary"]["pages_ok"].as_u64().unwrap() > 0, "{view}");
+    })
+    .await
+    .expect("timed out");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_asked_on_either_node_stops_the_job_where_it_runs() {
+    tokio::time::timeout(Duration::from_secs(120), async {
+        let dir = tempfile::tempdir().unwrap();
+        let pg = tokio::task::spawn_blocking(PgServer::start).await.unwrap();
+        let site = polite_site().await;
+        let (_farm, alive) = working_proxies(2).await;
+        put_alive(&Store::connect(&pg.url()).await.unwrap(), &alive).await;
+        let a = Node::start(&dir.path().join("a"), &pg.url()).await;
+        let (status, job) = a
+            .post_crawl(format!(r#"{{"seeds": ["{}"]}}"#, site.url("/")))
+            .await;
+        assert_eq!(status, 201, "{job}");
+        let id = job["id"].as_i64().unwrap();
+        until("node a crawls", Duration::from_secs(30), || async {
+            site.per_path().keys().any(|p| p.starts_with("/p/"))
+        })
+        .await;
+        let b = Node::start(&dir.path().join("b"), &pg.url()).await;
+        let resp = b
+            .http
+            .delete(b.url(&format!("/crawls/{id}")))
+            .send()
+            .await
+            .unwrap();
+        let (status, view) = status_json(resp).await;
+        assert_eq!(status, 200, "{view}");
+        assert_eq!(view["state"], "cancelled", "{view}");
+        assert_eq!(a.state(id).await, "cancelled");
+        // Node a stopped crawling it: the site hears nothing more.
+        let seen = site.log().len();
+        tokio::time::sleep(CRAWL_DELAY * 4).await;
+        assert_eq!(
+            site.log().len(),
+            seen,
+            "the job still fetches after its cancel"
+        );
+    })
+    .await
+    .expect("timed out");
+}
