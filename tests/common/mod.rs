@@ -10,6 +10,7 @@ pub mod config;
 pub mod daemon;
 pub mod fakes;
 pub mod judges;
+pub mod node;
 pub mod postgres;
 pub mod site;
 pub mod tmpfs;

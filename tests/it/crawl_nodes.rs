@@ -6,109 +6,19 @@
 use crate::common;
 
 use std::collections::{HashMap, HashSet};
-use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use common::daemon::{client, status_json};
+use common::daemon::status_json;
+use common::node::Node;
 use common::postgres::PgServer;
 use common::site::{Reply, Site, SiteOpts, tree_page};
-use common::{TestConfig, put_alive, until, working_proxies};
+use common::{put_alive, until, working_proxies};
 use proxywarden::store::Store;
 
 /// Pages of the site.
 const PAGES: usize = 30;
 /// Its robots.txt's Crawl-delay.
 const CRAWL_DELAY: Duration = Duration::from_millis(250);
-
-/// A `serve` process of its own, on the shared database.
-struct Node {
-    child: tokio::process::Child,
-    port: u16,
-    http: reqwest::Client,
-}
-
-impl Node {
-    /// `serve` in `dir` on the PostgreSQL database at `url`, its API on a
-    /// free port, one crawl job at a time, nothing to harvest.
-    async fn start(dir: &Path, url: &str) -> Node {
-        std::fs::create_dir_all(dir).unwrap();
-        let port = common::free_port();
-        let empty = dir.join("empty.txt");
-        std::fs::write(&empty, "").unwrap();
-        let config: PathBuf = TestConfig::new(dir)
-            .set("database", "url", &format!("\"{url}\""))
-            .set("api", "listen", &format!("\"127.0.0.1:{port}\""))
-            .set("gateway", "listen", "\"127.0.0.1:0\"")
-            .set("harvest", "schedule", "\"0 0 0 1 1 *\"")
-            .set("check", "https", "false")
-            .set("crawls", "max_running", "1")
-            .judges(&format!(
-                "[{{ url = \"http://127.0.0.1:{port}/judge\", marker = \"proxywarden-judge\" }}]"
-            ))
-            .source("empty", &empty.display().to_string(), "")
-            .write();
-        let log = std::fs::File::create(dir.join("serve.log")).unwrap();
-        let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_proxywarden"))
-            .arg("serve")
-            .arg("-c")
-            .arg(&config)
-            .current_dir(dir)
-            .env_remove("PROXYWARDEN_CONFIG")
-            .env("RUST_LOG", "proxywarden=info")
-            .stdin(std::process::Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
-        let node = Node {
-            child,
-            port,
-            http: client(Duration::from_secs(30)),
-        };
-        until("the node answers", Duration::from_secs(30), || async {
-            node.http
-                .get(node.url("/healthz"))
-                .send()
-                .await
-                .is_ok_and(|r| r.status().is_success())
-        })
-        .await;
-        node
-    }
-
-    fn url(&self, path: &str) -> String {
-        format!("http://127.0.0.1:{}{path}", self.port)
-    }
-
-    async fn json(&self, path: &str) -> (u16, serde_json::Value) {
-        status_json(self.http.get(self.url(path)).send().await.unwrap()).await
-    }
-
-    async fn post_crawl(&self, body: String) -> (u16, serde_json::Value) {
-        let resp = self
-            .http
-            .post(self.url("/crawls"))
-            .header("content-type", "application/json")
-            .body(body)
-            .send()
-            .await
-            .unwrap();
-        status_json(resp).await
-    }
-
-    async fn state(&self, id: i64) -> String {
-        let (status, job) = self.json(&format!("/crawls/{id}")).await;
-        assert_eq!(status, 200, "{job}");
-        job["state"].as_str().unwrap_or_default().to_owned()
-    }
-
-    /// `kill -9`: no shutdown, its leases stay until they end.
-    async fn kill(mut self) {
-        self.child.start_kill().unwrap();
-        self.child.wait().await.unwrap();
-    }
-}
 
 /// A site of [`PAGES`] tree pages whose robots.txt asks for
 /// [`CRAWL_DELAY`] between requests.
@@ -139,7 +49,12 @@ async fn a_crawl_job_is_finished_by_the_other_node_when_its_node_is_killed() {
         let (_farm, alive) = working_proxies(3).await;
         put_alive(&Store::connect(&pg.url()).await.unwrap(), &alive).await;
 
-        let a = Node::start(&dir.path().join("a"), &pg.url()).await;
+        let a = Node::start(
+            &dir.path().join("a"),
+            &pg.url(),
+            env!("CARGO_BIN_EXE_proxywarden"),
+        )
+        .await;
         let body = format!(
             r#"{{"seeds": ["{}"], "per_host_concurrency": 2}}"#,
             site.url("/")
@@ -157,7 +72,12 @@ async fn a_crawl_job_is_finished_by_the_other_node_when_its_node_is_killed() {
                 >= 5
         })
         .await;
-        let b = Node::start(&dir.path().join("b"), &pg.url()).await;
+        let b = Node::start(
+            &dir.path().join("b"),
+            &pg.url(),
+            env!("CARGO_BIN_EXE_proxywarden"),
+        )
+        .await;
         assert_eq!(b.state(id).await, "running");
         let before_kill: HashSet<String> = site.per_path().into_keys().collect();
         a.kill().await;
@@ -204,7 +124,12 @@ async fn a_cancel_asked_on_either_node_stops_the_job_where_it_runs() {
         let site = polite_site().await;
         let (_farm, alive) = working_proxies(2).await;
         put_alive(&Store::connect(&pg.url()).await.unwrap(), &alive).await;
-        let a = Node::start(&dir.path().join("a"), &pg.url()).await;
+        let a = Node::start(
+            &dir.path().join("a"),
+            &pg.url(),
+            env!("CARGO_BIN_EXE_proxywarden"),
+        )
+        .await;
         let (status, job) = a
             .post_crawl(format!(r#"{{"seeds": ["{}"]}}"#, site.url("/")))
             .await;
@@ -214,7 +139,12 @@ async fn a_cancel_asked_on_either_node_stops_the_job_where_it_runs() {
             site.per_path().keys().any(|p| p.starts_with("/p/"))
         })
         .await;
-        let b = Node::start(&dir.path().join("b"), &pg.url()).await;
+        let b = Node::start(
+            &dir.path().join("b"),
+            &pg.url(),
+            env!("CARGO_BIN_EXE_proxywarden"),
+        )
+        .await;
         let resp = b
             .http
             .delete(b.url(&format!("/crawls/{id}")))
