@@ -33,10 +33,9 @@ impl SharedPacer {
 
     async fn take_turn(&self, host: &str) {
         self.local.take_turn(host).await;
+        // Also with no delay of its own (robots.txt not read yet, say): the
+        // turn another node's last request set still holds.
         let delay = self.local.delay(host);
-        if delay.is_zero() {
-            return;
-        }
         let now = now_ms();
         match self.store.take_crawl_turn(self.job, host, now, delay).await {
             Ok(at) if at > now => {

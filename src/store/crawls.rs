@@ -125,6 +125,8 @@ impl Store {
     /// Leases to node `node`, until `now + ttl`, up to `limit` jobs that have
     /// not ended and that no node holds (or whose holder's lease ended),
     /// oldest first; returns them. Nodes asking at once get different jobs.
+    /// The pages of a job taken over that its last holder still leases are
+    /// let go: the job's lease decides who crawls it.
     pub async fn lease_crawl_jobs(
         &self,
         node: &str,

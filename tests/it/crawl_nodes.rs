@@ -6,6 +6,7 @@
 use crate::common;
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 use std::time::Duration;
 
 use common::daemon::status_json;
@@ -163,6 +164,113 @@ async fn a_cancel_asked_on_either_node_stops_the_job_where_it_runs() {
             seen,
             "the job still fetches after its cancel"
         );
+    })
+    .await
+    .expect("timed out");
+}
+
+/// The store's turn per (job, host) holds a site's Crawl-delay across a
+/// handover that comes sooner than the delay: a crawl of a job stopped
+/// abruptly on one node (as by `kill -9`), its job taken over at once by
+/// another node, whose first request waits out the delay the first node's
+/// last request started. Each node's own pacing knows nothing of the
+/// other's requests.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_taken_over_waits_out_the_crawl_delay_of_the_last_node_s_request() {
+    use proxywarden::crawl::{CrawlOptions, Progress, crawl};
+    use proxywarden::pool::{NoProxy, Pool, PoolOptions};
+    use tokio_util::sync::CancellationToken;
+
+    tokio::time::timeout(Duration::from_secs(120), async {
+        let delay = Duration::from_millis(1500);
+        let pg = tokio::task::spawn_blocking(PgServer::start).await.unwrap();
+        let mut opts = SiteOpts::new(|p, _| tree_page(p, 6, 2));
+        opts.robots = Some(Reply::text(format!(
+            "User-agent: *\nCrawl-delay: {}\n",
+            delay.as_secs_f64()
+        )));
+        let site = Site::start(opts).await;
+        let (_farm, alive) = working_proxies(2).await;
+        let store = Store::connect(&pg.url()).await.unwrap();
+        put_alive(&store, &alive).await;
+        let id = store.insert_crawl_job("{}".into()).await.unwrap().id;
+        let dir = tempfile::tempdir().unwrap();
+        let pool_opts = || PoolOptions {
+            connect_timeout: Duration::from_secs(2),
+            first_byte_timeout: Duration::from_secs(3),
+            total_timeout: Duration::from_secs(5),
+            no_proxy: NoProxy::Wait(Duration::from_secs(5)),
+            ..PoolOptions::default()
+        };
+        let crawl_opts = |node: &str, out: &str| CrawlOptions {
+            seeds: vec![site.url("/").parse().unwrap()],
+            output: Some(dir.path().join(out)),
+            job: Some((store.clone(), id)),
+            lease: Some((node.to_owned(), Duration::from_secs(60))),
+            ..CrawlOptions::default()
+        };
+        let now = proxywarden::store::now_ms();
+        assert_eq!(
+            store
+                .lease_crawl_jobs("a", now, Duration::ZERO, 1)
+                .await
+                .unwrap()
+                .len(),
+            1
+        );
+        let pool_a = Pool::from_store(&store, pool_opts()).unwrap();
+        {
+            // Node a: robots.txt and two pages, then it is gone at once.
+            let a = crawl(
+                &pool_a,
+                crawl_opts("a", "a.jsonl"),
+                CancellationToken::new(),
+                Arc::new(Progress::default()),
+            );
+            tokio::pin!(a);
+            tokio::select! {
+                _ = &mut a => panic!("node a crawled the whole site"),
+                _ = until("node a fetched two pages", Duration::from_secs(30), || async {
+                    site.log().len() >= 3
+                }) => {}
+            }
+        }
+        let a_requests = site.log().len();
+        // Node b takes the job over at once (a's lease ended) and finishes it.
+        let now = proxywarden::store::now_ms();
+        assert_eq!(
+            store
+                .lease_crawl_jobs("b", now, Duration::from_secs(60), 1)
+                .await
+                .unwrap()
+                .len(),
+            1
+        );
+        let pool_b = Pool::from_store(&store, pool_opts()).unwrap();
+        let summary = crawl(
+            &pool_b,
+            crawl_opts("b", "b.jsonl"),
+            CancellationToken::new(),
+            Arc::new(Progress::default()),
+        )
+        .await
+        .unwrap();
+        assert!(summary.ok() > 0, "node b fetched pages");
+        let log = site.log();
+        assert!(log.len() > a_requests, "node b sent requests");
+        let pages: HashSet<&str> = log
+            .iter()
+            .map(|h| h.path.as_str())
+            .filter(|p| *p != "/robots.txt")
+            .collect();
+        assert_eq!(pages.len(), 6, "every page fetched: {:?}", site.per_path());
+        let handover = log[a_requests].at - log[a_requests - 1].at;
+        assert!(
+            handover >= delay.mul_f64(0.9),
+            "node b's first request came {handover:?} after node a's last"
+        );
+        let gap = smallest_gap(&site);
+        assert!(gap >= delay.mul_f64(0.9), "two requests {gap:?} apart");
     })
     .await
     .expect("timed out");

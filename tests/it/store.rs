@@ -1754,6 +1754,23 @@ async fn crawl_pages_are_leased_to_one_node_until_they_end(db: TestDb) {
     })
     .await;
     assert_eq!(taken.len(), 9, "b's leases ended: a takes its pages");
+
+    // b takes the job over: the pages a still leases are b's to take.
+    let now = proxywarden::store::now_ms();
+    assert_eq!(
+        b.lease_crawl_jobs("b", now, minute, 1).await.unwrap().len(),
+        1
+    );
+    let sb = b.clone();
+    let got = blocking(move || {
+        let mut fb = sb.frontier(job).unwrap();
+        fb.lease_pages("b", minute);
+        let got = fb.waiting("h", 0, 100).unwrap();
+        fb.commit(&[]).unwrap();
+        got
+    })
+    .await;
+    assert_eq!(got.len(), 9, "the job's new holder takes its pages");
 }
 
 /// A job is leased by one node; its renewal keeps it; once the lease ends

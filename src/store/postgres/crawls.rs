@@ -185,9 +185,9 @@ impl Postgres {
         limit: usize,
     ) -> Result<Vec<CrawlJobRecord>, StoreError> {
         let until = now.saturating_add(lease_ms(ttl));
-        let rows = self
-            .client()
-            .await?
+        let mut c = self.client().await?;
+        let tx = c.transaction().await?;
+        let rows = tx
             .query(
                 &format!(
                     "UPDATE crawl_jobs SET lease_node = $1, lease_until = $2 WHERE id IN (
@@ -201,6 +201,16 @@ impl Postgres {
             .await?;
         let mut jobs: Vec<CrawlJobRecord> = rows.iter().map(record).collect();
         jobs.sort_by_key(|j| j.id);
+        // The job's lease decides: pages the node that held it before
+        // still holds are free for the new one.
+        let ids: Vec<i64> = jobs.iter().map(|j| j.id).collect();
+        tx.execute(
+            "UPDATE crawl_urls SET lease_node = NULL, lease_until = NULL
+             WHERE job = ANY($1) AND lease_node IS NOT NULL AND lease_node != $2",
+            &[&ids, &node],
+        )
+        .await?;
+        tx.commit().await?;
         Ok(jobs)
     }
 

@@ -187,6 +187,15 @@ impl Sqlite {
                 .query_map(params![node, until, now, limit as i64], record)?
                 .collect::<rusqlite::Result<Vec<_>>>()?;
             jobs.sort_by_key(|j| j.id);
+            // The job's lease decides: pages the node that held it before
+            // still holds are free for the new one.
+            let mut free = c.prepare_cached(
+                "UPDATE crawl_urls SET lease_node = NULL, lease_until = NULL
+                 WHERE job = ?1 AND lease_node IS NOT NULL AND lease_node != ?2",
+            )?;
+            for j in &jobs {
+                free.execute(params![j.id, node])?;
+            }
             Ok(jobs)
         })
         .await
