@@ -868,11 +868,15 @@ async fn rebuilding_the_proxies_table_keeps_rows_links_and_rules() {
     let before = store.list_proxies(ProxyFilter::default()).await.unwrap();
     drop(store);
     // Back to the version before the rebuild (6), so that opening runs it
-    // and the migrations after it: without what 0008, 0009, 0012, 0013, 0014
-    // and 0015 add.
+    // and the migrations after it: without what 0008, 0009, 0012, 0013, 0014,
+    // 0015 and 0018 add.
     let conn = rusqlite::Connection::open(&path).unwrap();
     conn.execute_batch(
         "ALTER TABLE sources DROP COLUMN last_private;
+         ALTER TABLE crawl_jobs DROP COLUMN lease_node;
+         ALTER TABLE crawl_jobs DROP COLUMN lease_until;
+         ALTER TABLE crawl_jobs DROP COLUMN cancel_requested;
+         DROP TABLE crawl_hosts;
          DROP TABLE proxy_sites;
          DROP TABLE snapshots;
          DROP TABLE proxy_counts;
@@ -903,6 +907,7 @@ async fn rebuilding_the_proxies_table_keeps_rows_links_and_rules() {
     assert_eq!(
         tables,
         [
+            "crawl_hosts",
             "crawl_jobs",
             "crawl_meta",
             "crawl_urls",
