@@ -93,8 +93,11 @@ struct Inner {
     shutdown: CancellationToken,
     /// This node, as job and page leases name it.
     node: String,
-    /// Wakes the heartbeat to take jobs at once: one was posted or ended.
+    /// Wakes the heartbeat to take jobs at once: one ended.
     wake: Notify,
+    /// One look for jobs to take at a time, so that looks started by a
+    /// post and by the heartbeat together never take more than the room.
+    taking: tokio::sync::Mutex<()>,
 }
 
 /// The daemon's crawl jobs: a cheap, cloneable handle.
@@ -135,6 +138,7 @@ impl CrawlJobs {
                 shutdown: CancellationToken::new(),
                 node: node_id(),
                 wake: Notify::new(),
+                taking: tokio::sync::Mutex::new(()),
             }),
         }
     }
@@ -217,6 +221,7 @@ impl CrawlJobs {
     /// Leases and starts jobs no node holds while fewer than
     /// `crawls.max_running` crawl here.
     async fn take_jobs(&self) {
+        let _one = self.inner.taking.lock().await;
         if self.inner.shutdown.is_cancelled() {
             return;
         }
@@ -278,9 +283,10 @@ impl CrawlJobs {
             .insert_crawl_job_bounded(json, max_queued)
             .await?
             .ok_or(JobError::QueueFull(max_queued))?;
-        // The heartbeat takes it (here, or on another node with room).
+        // Taken here at once when this node has room (else by the first
+        // node, this one included, that has).
         drop(v);
-        self.inner.wake.notify_one();
+        self.take_jobs().await;
         Ok(self.view(&rec))
     }
 
@@ -493,7 +499,10 @@ impl CrawlJobs {
             let live = lock(&self.inner.live);
             // While it runs, `summary` is that of the runs before a restart.
             let before = summary.clone().unwrap_or_default();
-            match live.get(&rec.id) {
+            // An ended job's summary is all of it, though its task may
+            // not have left `live` yet.
+            let ended = !matches!(rec.state.as_str(), "queued" | "running");
+            match live.get(&rec.id).filter(|_| !ended) {
                 Some(l) => {
                     let p = &l.progress;
                     JobProgress {
