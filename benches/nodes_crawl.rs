@@ -200,6 +200,25 @@ fn measure() {
         .map(|w| w[1].0 - w[0].0)
         .min()
         .unwrap_or_default();
+    let gaps: Vec<Duration> = hits.windows(2).map(|w| w[1].0 - w[0].0).collect();
+    let short = gaps
+        .iter()
+        .filter(|g| **g < CRAWL_DELAY.mul_f64(0.9))
+        .count();
+    let mean_gap = match (hits.first(), hits.last()) {
+        (Some(f), Some(l)) if hits.len() > 1 => (l.0 - f.0) / (hits.len() as u32 - 1),
+        _ => Duration::ZERO,
+    };
+    // The most requests any 1 s window held: the delay allows 1 s / delay
+    // (+1 for the request that opens the window).
+    let mut max_1s = 0;
+    let mut j = 0;
+    for i in 0..hits.len() {
+        while hits[i].0 - hits[j].0 >= Duration::from_secs(1) {
+            j += 1;
+        }
+        max_1s = max_1s.max(i - j + 1);
+    }
     let last_a = hits.iter().filter(|h| !h.1).map(|h| h.0).max();
     let first_b = hits.iter().filter(|h| h.1).map(|h| h.0).min();
     let handover = match (last_a, first_b) {
@@ -216,6 +235,13 @@ fn measure() {
         "smallest gap between two requests: {:.1} ms (Crawl-delay {} ms)",
         smallest.as_secs_f64() * 1000.0,
         CRAWL_DELAY.as_millis()
+    );
+    println!(
+        "gaps under 90% of the delay: {short} of {}; mean gap {:.1} ms (node b's handover wait included); \
+         most requests in any 1 s: {max_1s} (the delay allows {})",
+        gaps.len(),
+        mean_gap.as_secs_f64() * 1000.0,
+        (Duration::from_secs(1).as_micros() / CRAWL_DELAY.as_micros()) + 1
     );
     println!("node a's last request to node b's first: {handover}");
     println!(
