@@ -10,6 +10,7 @@ mod checks;
 mod crawls;
 mod ingest;
 mod listing;
+mod nodes;
 mod sites;
 
 use std::path::{Path, PathBuf};
@@ -29,6 +30,7 @@ use super::{DbError, Frontier, StoreError};
 const MIGRATIONS: &[&str] = &[
     include_str!("../../../migrations/postgres/0001_init.sql"),
     include_str!("../../../migrations/postgres/0002_check_leases.sql"),
+    include_str!("../../../migrations/postgres/0003_nodes.sql"),
 ];
 
 /// The schema version this binary writes.
@@ -96,6 +98,11 @@ struct Shared {
     shown: PathBuf,
     /// Whether writes work (what the daemon's write monitor reads).
     health: WriteHealth,
+    /// How to connect: the connection that LISTENs for changes is its own.
+    config: tokio_postgres::Config,
+    /// Woken at every change number another connection commits, once
+    /// something asked for notices.
+    notices: std::sync::OnceLock<Arc<tokio::sync::Notify>>,
 }
 
 impl Postgres {
@@ -114,7 +121,7 @@ impl Postgres {
         }
         config.application_name("proxywarden");
         let manager = Manager::from_config(
-            config,
+            config.clone(),
             NoTls,
             ManagerConfig {
                 recycling_method: RecyclingMethod::Fast,
@@ -135,6 +142,8 @@ impl Postgres {
                 pool,
                 shown,
                 health: WriteHealth::default(),
+                config,
+                notices: std::sync::OnceLock::new(),
             }),
         })
     }
@@ -165,7 +174,23 @@ impl Postgres {
             .await?
             .execute("UPDATE meta SET change_seq = change_seq", &[])
             .await?;
+        self.inner.health.wrote();
         Ok(())
+    }
+
+    /// Passes `r` on, noting in the write health a write the server
+    /// refused for want of room or because it turned read-only, as the
+    /// SQLite writer notes its own: the daemon then says it is degraded
+    /// and backs off. A trial write ([`Postgres::probe_writes`]) that
+    /// works ends the trouble.
+    pub(crate) fn observed<T>(&self, r: Result<T, StoreError>) -> Result<T, StoreError> {
+        if let Err(e) = &r
+            && let Some(kind) = e.write_failure()
+        {
+            tracing::debug!(database = %self.inner.shown.display(), %kind, error = %e, "the database refused a write");
+            self.inner.health.failed(kind, e.to_string());
+        }
+        r
     }
 
     /// The server keeps its own log: there is nothing to copy.
