@@ -186,6 +186,9 @@ impl Harvester {
             {
                 Ok(true) => kept.push(source),
                 Ok(false) => skipped.push(source.name),
+                // A disk refusing writes is said once by the write
+                // component; the harvest then waits until it takes them.
+                Err(e) if e.write_failure().is_some() => kept.push(source),
                 Err(e) => {
                     tracing::warn!(source = %source.name, error = %e, "cannot claim the harvest of a source; harvesting it anyway");
                     kept.push(source);
