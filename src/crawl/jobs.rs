@@ -183,6 +183,7 @@ impl CrawlJobs {
     /// those cancelled on another node.
     async fn heartbeat(&self) {
         let ids: Vec<i64> = lock(&self.inner.live).keys().copied().collect();
+        let shared = self.inner.store.is_shared();
         for id in ids {
             let renewed = self
                 .inner
@@ -208,10 +209,15 @@ impl CrawlJobs {
                     l.lost.store(true, Ordering::SeqCst);
                     l.cancel.cancel();
                 }
-                Err(e) if l.renewed.elapsed() >= LEASE => {
+                // No other node can take a job on a database that is this
+                // node's alone: it goes on while writes fail.
+                Err(e) if l.renewed.elapsed() >= LEASE && shared => {
                     tracing::warn!(job = id, error = %e, "crawl job lease lapsed; stopping it here");
                     l.lost.store(true, Ordering::SeqCst);
                     l.cancel.cancel();
+                }
+                Err(e) if e.write_failure().is_some() => {
+                    tracing::debug!(job = id, error = %e, "cannot renew a crawl job's lease")
                 }
                 Err(e) => tracing::warn!(job = id, error = %e, "cannot renew a crawl job's lease"),
             }
@@ -237,6 +243,11 @@ impl CrawlJobs {
             .await;
         let jobs = match leased {
             Ok(jobs) => jobs,
+            // The write watch reports a disk that refuses writes, once.
+            Err(e) if e.write_failure().is_some() => {
+                tracing::debug!(error = %e, "cannot look for crawl jobs to run");
+                return;
+            }
             Err(e) => {
                 tracing::error!(error = %e, "cannot look for crawl jobs to run");
                 return;

@@ -458,7 +458,13 @@ impl Crawler {
             // One commit for what this turn of the loop finished.
             self.commit(sink)?;
             if running.is_empty() && (stop_at.is_some() || wake.is_none()) {
-                return Ok(());
+                match self.held_elsewhere(stop_at.is_some())? {
+                    // Pages another node leased before this one took the
+                    // job over (it may still be finishing its last turn):
+                    // not done until they end or their leases do.
+                    Some(at) => wake = Some(at),
+                    None => return Ok(()),
+                }
             }
             tokio::select! {
                 done = running.join_next(), if !running.is_empty() => {
@@ -500,6 +506,25 @@ impl Crawler {
                 }
             }
         }
+    }
+
+    /// When queued pages are leased to another node and this crawl would
+    /// otherwise end (not stopping, no page limit reached): when to look
+    /// again, with the frontier's hosts to be read afresh then.
+    fn held_elsewhere(&mut self, stopping: bool) -> Result<Option<Instant>, CrawlError> {
+        if stopping || self.opts.max_pages.is_some_and(|m| self.taken >= m) {
+            return Ok(None);
+        }
+        let Some(until) = self.frontier.held_elsewhere()? else {
+            return Ok(None);
+        };
+        self.hosts_left = true;
+        self.host_cursor.clear();
+        let left = u64::try_from(until.saturating_sub(crate::store::now_ms())).unwrap_or(0);
+        // Looked at again at least once a second: the other node may end
+        // its pages before their leases do.
+        let wait = Duration::from_millis(left.clamp(10, 1_000));
+        Ok(Some(Instant::now() + wait))
     }
 
     fn spawn(&mut self, running: &mut JoinSet<Done>, job: Job) {

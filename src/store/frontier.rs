@@ -192,6 +192,13 @@ impl Frontier {
         on_backend!(self.total())
     }
 
+    /// When pages are leased: the earliest end (unix ms) of the leases
+    /// another node holds on queued pages, which this node must not take
+    /// before then; `None` when there are none (or pages are not leased).
+    pub fn held_elsewhere(&self) -> Result<Option<i64>, StoreError> {
+        on_backend!(self.held_elsewhere())
+    }
+
     /// Puts the pages that failed for good back in the queue; how many.
     pub fn requeue_failed(&mut self) -> Result<usize, StoreError> {
         on_backend!(mut self.requeue_failed())

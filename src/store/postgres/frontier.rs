@@ -330,6 +330,26 @@ impl Frontier {
         })
     }
 
+    /// See [`crate::store::Frontier::held_elsewhere`].
+    pub fn held_elsewhere(&self) -> Result<Option<i64>, StoreError> {
+        let Some((node, _)) = self.lease.clone() else {
+            return Ok(None);
+        };
+        let job = self.job;
+        self.run(move |c| async move {
+            let at: Option<i64> = c
+                .query_one(
+                    "SELECT min(lease_until) FROM crawl_urls
+                     WHERE job = $1 AND state = 0 AND lease_node IS NOT NULL
+                       AND lease_node <> $2 AND lease_until > $3",
+                    &[&job, &node, &now_ms()],
+                )
+                .await?
+                .get(0);
+            Ok(at)
+        })
+    }
+
     pub fn total(&self) -> Result<u64, StoreError> {
         let job = self.job;
         self.run(move |c| async move {

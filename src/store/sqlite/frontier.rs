@@ -247,6 +247,21 @@ impl Frontier {
         Ok(n as u64)
     }
 
+    /// See [`crate::store::Frontier::held_elsewhere`].
+    pub fn held_elsewhere(&self) -> Result<Option<i64>, StoreError> {
+        let Some((node, _)) = &self.lease else {
+            return Ok(None);
+        };
+        let at: Option<i64> = self.conn.query_row(
+            "SELECT min(lease_until) FROM crawl_urls
+             WHERE job = ?1 AND state = 0 AND lease_node IS NOT NULL
+               AND lease_node <> ?2 AND lease_until > ?3",
+            params![self.job, node, now_ms()],
+            |r| r.get(0),
+        )?;
+        Ok(at)
+    }
+
     /// Every URL the crawl knows.
     pub fn total(&self) -> Result<u64, StoreError> {
         let n: i64 = self.conn.query_row(
