@@ -3,13 +3,15 @@
 //! SQL, and its own numbered migrations in `migrations/postgres/`, applied
 //! under an advisory lock so that nodes starting together migrate once.
 //! Every call is async I/O on the runtime: nothing here blocks a worker.
-//! A file per topic of the store's surface, each an `impl Postgres`; crawl
-//! frontiers are not written yet and answer [`StoreError::Unsupported`].
+//! A file per topic of the store's surface, each an `impl Postgres`; a
+//! crawl frontier has a connection of its own (`frontier`).
 
 mod checks;
 mod crawls;
+pub(crate) mod frontier;
 mod ingest;
 mod listing;
+mod nodes;
 mod sites;
 
 use std::path::{Path, PathBuf};
@@ -22,13 +24,15 @@ use tokio_postgres::NoTls;
 use tokio_postgres::error::SqlState;
 
 use super::unwritable::{WriteFailure, WriteHealth, WriteTrouble};
-use super::{DbError, Frontier, StoreError};
+use super::{DbError, StoreError};
 
 /// Every migration, in order; the version after applying `MIGRATIONS[i]`
 /// is `i + 1`. Never edit an applied migration: add a new file.
 const MIGRATIONS: &[&str] = &[
     include_str!("../../../migrations/postgres/0001_init.sql"),
     include_str!("../../../migrations/postgres/0002_check_leases.sql"),
+    include_str!("../../../migrations/postgres/0003_nodes.sql"),
+    include_str!("../../../migrations/postgres/0004_crawl_leases.sql"),
 ];
 
 /// The schema version this binary writes.
@@ -96,6 +100,12 @@ struct Shared {
     shown: PathBuf,
     /// Whether writes work (what the daemon's write monitor reads).
     health: WriteHealth,
+    /// How to connect: the connection that LISTENs for changes and each
+    /// crawl frontier's are their own.
+    config: tokio_postgres::Config,
+    /// Woken at every change number another connection commits, once
+    /// something asked for notices.
+    notices: std::sync::OnceLock<Arc<tokio::sync::Notify>>,
 }
 
 impl Postgres {
@@ -114,7 +124,7 @@ impl Postgres {
         }
         config.application_name("proxywarden");
         let manager = Manager::from_config(
-            config,
+            config.clone(),
             NoTls,
             ManagerConfig {
                 recycling_method: RecyclingMethod::Fast,
@@ -135,6 +145,8 @@ impl Postgres {
                 pool,
                 shown,
                 health: WriteHealth::default(),
+                config,
+                notices: std::sync::OnceLock::new(),
             }),
         })
     }
@@ -165,7 +177,23 @@ impl Postgres {
             .await?
             .execute("UPDATE meta SET change_seq = change_seq", &[])
             .await?;
+        self.inner.health.wrote();
         Ok(())
+    }
+
+    /// Passes `r` on, noting in the write health a write the server
+    /// refused for want of room or because it turned read-only, as the
+    /// SQLite writer notes its own: the daemon then says it is degraded
+    /// and backs off. A trial write ([`Postgres::probe_writes`]) that
+    /// works ends the trouble.
+    pub(crate) fn observed<T>(&self, r: Result<T, StoreError>) -> Result<T, StoreError> {
+        if let Err(e) = &r
+            && let Some(kind) = e.write_failure()
+        {
+            tracing::debug!(database = %self.inner.shown.display(), %kind, error = %e, "the database refused a write");
+            self.inner.health.failed(kind, e.to_string());
+        }
+        r
     }
 
     /// The server keeps its own log: there is nothing to copy.
@@ -180,10 +208,6 @@ impl Postgres {
             .query_one("SELECT max(version) FROM schema_migrations", &[])
             .await?;
         Ok(row.get::<_, Option<i64>>(0).unwrap_or(0))
-    }
-
-    pub(crate) fn frontier(&self, _job: i64) -> Result<Frontier, StoreError> {
-        Err(StoreError::Unsupported("crawl frontiers"))
     }
 }
 
