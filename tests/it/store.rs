@@ -773,7 +773,8 @@ async fn a_run_of_new_proxies_meeting_known_ones_stores_each_once() {
 }
 
 /// Two sources listing overlapping proxies in one round: each proxy counts
-/// once among those seen since the round began.
+/// once among those seen since the round began, and so does one a list
+/// left out after that.
 async fn proxies_seen_by_two_sources_count_once(db: TestDb) {
     let store = db.store;
     let all = candidates(30);
@@ -793,6 +794,17 @@ async fn proxies_seen_by_two_sources_count_once(db: TestDb) {
     assert_eq!(store.count_seen_since(5_100).await.unwrap(), 15);
     assert_eq!(store.count_seen_since(1_000).await.unwrap(), 30);
     assert_eq!(store.count_seen_since(6_000).await.unwrap(), 0);
+
+    // "a" lists five of its twenty again: the fifteen it left out were last
+    // listed at 5,000, and still count as seen since then, each once, five
+    // of them (5..10) through no recent source's list.
+    store
+        .record_source_run(run("a", 7_000), all[..5].to_vec())
+        .await
+        .unwrap();
+    assert_eq!(store.count_seen_since(5_000).await.unwrap(), 25);
+    assert_eq!(store.count_seen_since(5_100).await.unwrap(), 20);
+    assert_eq!(store.count_seen_since(7_000).await.unwrap(), 5);
 }
 
 /// An entry whose scheme is to be detected is the proxy already stored at

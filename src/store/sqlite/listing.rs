@@ -1,6 +1,6 @@
 //! SQLite: filtered listings, pages and counts.
 
-use rusqlite::{Connection, params};
+use rusqlite::Connection;
 
 use super::Sqlite;
 use super::rows::{PROXY_COLUMNS, proxies_by_ids, proxy_from_row};
@@ -145,41 +145,54 @@ impl Sqlite {
 }
 
 /// Distinct proxies listed at or after `since`: those the latest list of
-/// a source taken since then names (counted from the links, each proxy
-/// once), and any other whose own `last_seen` is that recent.
+/// a source taken since then names, and any other whose own `last_seen` is
+/// that recent, each proxy once. Every set comes out of its b-tree in id
+/// order, so one merge of the sorted streams counts their union: a probe of
+/// the links for every recently seen proxy (what an anti-join costs here)
+/// was a fifth of a harvest of a million new proxies.
 fn count_seen_since(c: &Connection, since: i64) -> Result<i64, StoreError> {
+    use std::cmp::Reverse;
+    use std::collections::BinaryHeap;
     let recent: Vec<i64> = c
         .prepare_cached("SELECT id FROM sources WHERE listed_at >= ?1 ORDER BY id")?
         .query_map([since], |r| r.get(0))?
         .collect::<Result<_, _>>()?;
-    let mut n: i64 = 0;
-    for (i, source) in recent.iter().enumerate() {
-        n += if i == 0 {
+    // One statement per stream: they step side by side.
+    let mut own = c.prepare_cached("SELECT id FROM proxies WHERE last_seen >= ?1 ORDER BY id")?;
+    let mut listed = recent
+        .iter()
+        .map(|_| {
             c.prepare_cached(
-                "SELECT count(*) FROM proxy_sources WHERE source_id = ?1 AND listed = 1",
-            )?
-            .query_row([source], |r| r.get::<_, i64>(0))?
-        } else {
-            // Each proxy once: leave out those an earlier source lists.
-            let earlier = serde_json::to_string(&recent[..i]).unwrap_or_else(|_| "[]".into());
-            c.prepare_cached(
-                "SELECT count(*) FROM proxy_sources a WHERE a.source_id = ?1 AND a.listed = 1
-                     AND NOT EXISTS (SELECT 1 FROM proxy_sources b
-                         WHERE b.proxy_id = a.proxy_id AND b.listed = 1
-                           AND b.source_id IN (SELECT value FROM json_each(?2)))",
-            )?
-            .query_row(params![source, earlier], |r| r.get::<_, i64>(0))?
-        };
+                "SELECT proxy_id FROM proxy_sources WHERE source_id = ?1 AND listed = 1
+                     ORDER BY proxy_id",
+            )
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    fn id(r: &rusqlite::Row) -> rusqlite::Result<i64> {
+        r.get(0)
     }
-    let all = serde_json::to_string(&recent).unwrap_or_else(|_| "[]".into());
-    n += c
-        .prepare_cached(
-            "SELECT count(*) FROM proxies p WHERE p.last_seen >= ?1
-                 AND NOT EXISTS (SELECT 1 FROM proxy_sources ps
-                     WHERE ps.proxy_id = p.id AND ps.listed = 1
-                       AND ps.source_id IN (SELECT value FROM json_each(?2)))",
-        )?
-        .query_row(params![since, all], |r| r.get::<_, i64>(0))?;
+    let mut streams = Vec::with_capacity(1 + recent.len());
+    streams.push(own.query_map([since], id)?);
+    for (stmt, source) in listed.iter_mut().zip(&recent) {
+        streams.push(stmt.query_map([source], id)?);
+    }
+    let mut heads = BinaryHeap::with_capacity(streams.len());
+    for (i, s) in streams.iter_mut().enumerate() {
+        if let Some(id) = s.next().transpose()? {
+            heads.push(Reverse((id, i)));
+        }
+    }
+    let mut n: i64 = 0;
+    let mut last = None;
+    while let Some(Reverse((id, i))) = heads.pop() {
+        if last != Some(id) {
+            n += 1;
+            last = Some(id);
+        }
+        if let Some(next) = streams[i].next().transpose()? {
+            heads.push(Reverse((next, i)));
+        }
+    }
     Ok(n)
 }
 
