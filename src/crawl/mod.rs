@@ -181,6 +181,17 @@ const ROBOTS_TRIES: u32 = 3;
 /// nesting cap): links and fields read until then are kept. A flat 10 MiB
 /// page parses in about a second.
 const PARSE_TIME: Duration = Duration::from_secs(10);
+/// Pages up to this size are hashed and parsed on the crawl's own thread
+/// as they land (tens of microseconds for most pages): no hop to the
+/// blocking pool and back. Larger ones are parsed on the blocking pool, so
+/// that one slow page never holds up the crawl's loop.
+const PARSE_HERE: usize = 64 * 1024;
+/// A host with no page in flight whose turn comes within this is handed
+/// its next page at once, and the page's task waits for the turn (as the
+/// pool's pacer makes every request do): the crawl's loop is not woken
+/// for the turn itself, only when the page lands. A polite crawl of one
+/// host then costs one wake-up of the loop per page.
+const EARLY_TURN: Duration = Duration::from_secs(1);
 /// URLs that need no request settled in one look for work, so that a
 /// frontier of disallowed links is worked through in committed batches
 /// between looks at the pages that finished.
@@ -210,6 +221,9 @@ struct HostQueue {
     /// Pages in a row that timed out on two proxies each: the site is slow
     /// or silent, and backs off instead of costing more proxies.
     silent: u32,
+    /// The turn a page handed out ahead of it waits for ([`EARLY_TURN`]),
+    /// until that page lands.
+    early: Option<Instant>,
 }
 
 impl HostQueue {
@@ -220,6 +234,7 @@ impl HostQueue {
             last_id: 0,
             in_flight: 0,
             silent: 0,
+            early: None,
             robots,
         }
     }
@@ -237,12 +252,22 @@ struct Fetched {
 }
 
 enum Job {
-    Page(Queued),
+    /// A page, and the turn it waits for when handed out ahead of it.
+    Page(Queued, Option<Instant>),
     Robots(String, ::url::Url),
 }
 
+/// A page as its task hands it over: digested there, or small enough to be
+/// digested on the crawl's thread ([`PARSE_HERE`]).
+enum Landed {
+    Digested(Fetched),
+    Raw(Page),
+}
+
 enum Done {
-    Page(Queued, Box<Result<Fetched, FetchError>>, Duration),
+    /// A page, what came of it, how long it took, and whether it was handed
+    /// out ahead of its host's turn.
+    Page(Queued, Box<Result<Landed, FetchError>>, Duration, bool),
     Robots(String, RobotsOutcome),
 }
 
@@ -369,6 +394,8 @@ async fn crawl_here(
         summary: Summary::default(),
         progress,
         frontier,
+        selects: opts.selects.clone().into(),
+        early_out: 0,
         opts,
     };
     c.take_in_hosts()?;
@@ -414,6 +441,11 @@ struct Crawler {
     summary: Summary,
     progress: Arc<Progress>,
     frontier: Frontier,
+    /// `opts.selects`, shared with the tasks that parse large pages.
+    selects: Arc<[Select]>,
+    /// Pages handed out ahead of their host's turn and not landed: at most
+    /// a quarter of the slots, so hosts ready now are not kept waiting.
+    early_out: usize,
     opts: CrawlOptions,
 }
 
@@ -501,15 +533,17 @@ impl Crawler {
                     Done::Robots(host, outcome)
                 });
             }
-            Job::Page(q) => {
+            Job::Page(q, early) => {
                 self.taken += 1;
                 self.unqueue();
                 let follow = self.follow_rule(&q.host);
-                let selects = self.opts.selects.clone();
+                let selects = self.selects.clone();
                 let all = self.opts.select_all;
                 let bodies = self.opts.bodies.clone();
                 running.spawn(async move {
-                    let t0 = Instant::now();
+                    // A page handed out ahead of its turn counts from the
+                    // turn.
+                    let t0 = early.map_or_else(Instant::now, |turn| turn.max(Instant::now()));
                     let result = match ::url::Url::parse(&q.url)
                         .map_err(|e| FetchError::InvalidUrl {
                             url: q.url.clone(),
@@ -521,10 +555,18 @@ impl Crawler {
                         Err(e) => Err(e),
                     };
                     let result = match result {
-                        Ok(page) => Ok(digest(page, selects, all, bodies.as_deref()).await),
+                        // Stored bodies are written from here, off the
+                        // crawl's thread.
+                        Ok(page) if page.body().len() <= PARSE_HERE && bodies.is_none() => {
+                            Ok(Landed::Raw(page))
+                        }
+                        Ok(page) => Ok(Landed::Digested(
+                            digest(page, selects, all, bodies.as_deref()).await,
+                        )),
                         Err(e) => Err(e),
                     };
-                    Done::Page(q, Box::new(result), t0.elapsed())
+                    let elapsed = Instant::now().saturating_duration_since(t0);
+                    Done::Page(q, Box::new(result), elapsed, early.is_some())
                 });
             }
         }
@@ -681,12 +723,27 @@ impl Crawler {
             }
             // A host no request has started to yet (robots.txt ignored)
             // is ready: it has no turn to wait for.
+            let mut early = None;
             if let Some(ready) = self.polite.ready_at(&key)
                 && ready > now
             {
-                wake = Some(wake.map_or(ready, |w| w.min(ready)));
-                self.order.push_back(key);
-                continue;
+                if h.in_flight == 0
+                    && ready <= now + EARLY_TURN
+                    && self.early_out < (self.opts.concurrency / 4).max(1)
+                {
+                    early = Some(ready);
+                } else {
+                    // The page handed out ahead for this turn takes it: look
+                    // again when it lands, or a delay after the turn if it
+                    // is slow (another page of the host may start then).
+                    let at = match h.early {
+                        Some(turn) if turn >= ready => ready + self.polite.delay(&key),
+                        _ => ready,
+                    };
+                    wake = Some(wake.map_or(at, |w| w.min(at)));
+                    self.order.push_back(key);
+                    continue;
+                }
             }
             let q = h.buf.pop_front().expect("not empty");
             self.buffered -= 1;
@@ -704,8 +761,12 @@ impl Crawler {
             };
             if let Verdict::Fetch = verdict {
                 h.in_flight += 1;
+                if early.is_some() {
+                    h.early = early;
+                    self.early_out += 1;
+                }
                 self.order.push_back(key);
-                return Ok((Some(Job::Page(q)), None));
+                return Ok((Some(Job::Page(q, early)), None));
             }
             match verdict {
                 Verdict::Fetch | Verdict::Redirected => {}
@@ -802,9 +863,15 @@ impl Crawler {
                     }
                 }
             }
-            Done::Page(q, result, elapsed) => {
+            Done::Page(q, result, elapsed, early) => {
+                if early {
+                    self.early_out -= 1;
+                }
                 if let Some(h) = self.hosts.get_mut(&q.host) {
                     h.in_flight = h.in_flight.saturating_sub(1);
+                    if early {
+                        h.early = None;
+                    }
                     h.silent = match &*result {
                         Err(FetchError::SiteTimeout { .. }) => h.silent + 1,
                         _ => 0,
@@ -815,7 +882,11 @@ impl Crawler {
                     None => return Ok(()),
                 };
                 match *result {
-                    Ok(f) => self.fetched(sink, q, f, elapsed)?,
+                    Ok(Landed::Digested(f)) => self.fetched(sink, q, f, elapsed)?,
+                    Ok(Landed::Raw(page)) => {
+                        let f = digest_here(page, &self.selects, self.opts.select_all);
+                        self.fetched(sink, q, f, elapsed)?
+                    }
                     Err(e) => {
                         if matches!(e, FetchError::NoProxy { .. })
                             && let Some(why) = self.no_proxy_matches(&e)
@@ -1053,7 +1124,7 @@ impl Crawler {
     /// done so [`ROBOTS_TRIES`] times in a row: the host backs off (as for
     /// robots.txt, doubled each time) and the page waits its turn again,
     /// neither fetched nor failed. Otherwise hands `q` back to be written.
-    fn site_silent(&mut self, q: Queued, result: &Result<Fetched, FetchError>) -> Option<Queued> {
+    fn site_silent(&mut self, q: Queued, result: &Result<Landed, FetchError>) -> Option<Queued> {
         if !matches!(result, Err(FetchError::SiteTimeout { .. })) {
             return Some(q);
         }
@@ -1124,36 +1195,76 @@ fn first_sight(seen: &Mutex<HashSet<u64>>, url: &str) -> bool {
     seen.insert(hash(url))
 }
 
-/// Hashes, parses and stores a page in its own task; hashing and parsing
-/// (CPU work that grows with the page) run on the blocking pool, bounded
-/// by [`PARSE_TIME`] and the parser's depth cap.
+/// Hashes and parses a page on the thread it is called on (one that may
+/// block), bounded by [`PARSE_TIME`] and the parser's depth cap.
+fn digest_here(page: Page, selects: &[Select], all: bool) -> Fetched {
+    let parsed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        hash_and_extract(page.body(), page.final_url(), is_html(&page), selects, all)
+    }));
+    let (sha256, e) = match parsed {
+        Ok(done) => done,
+        // A parser panic is a bug; it costs the page its extraction, not
+        // the crawl.
+        Err(_) => {
+            tracing::warn!(url = %page.final_url(), "parsing a page failed unexpectedly");
+            (sha256_hex(page.body()), extract::Extracted::default())
+        }
+    };
+    Fetched {
+        page,
+        sha256,
+        title: e.title,
+        links: e.links,
+        fields: e.fields,
+        parse_stopped: e.stopped,
+    }
+}
+
+/// The body's SHA-256 and, when it is `html`, its title, links and fields.
+fn hash_and_extract(
+    body: &[u8],
+    base: &::url::Url,
+    html: bool,
+    selects: &[Select],
+    all: bool,
+) -> (String, extract::Extracted) {
+    let e = if html {
+        let deadline = crate::html::Deadline {
+            started: std::time::Instant::now(),
+            allowed: PARSE_TIME,
+            setting: "the crawl's parse time",
+        };
+        let text = String::from_utf8_lossy(body);
+        extract::extract(&text, base, selects, all, Some(deadline))
+    } else {
+        extract::Extracted::default()
+    };
+    (sha256_hex(body), e)
+}
+
+/// A successful answer that is (or says nothing against being) HTML.
+fn is_html(page: &Page) -> bool {
+    page.status().is_success()
+        && page
+            .content_type()
+            .is_none_or(|t| t.to_ascii_lowercase().contains("html"))
+}
+
+/// Hashes, parses and stores a large page in its own task; hashing and
+/// parsing (CPU work that grows with the page) run on the blocking pool,
+/// bounded by [`PARSE_TIME`] and the parser's depth cap.
 async fn digest(
     page: Page,
-    selects: Vec<Select>,
+    selects: Arc<[Select]>,
     all: bool,
     bodies: Option<&std::path::Path>,
 ) -> Fetched {
-    let html = page.status().is_success()
-        && page
-            .content_type()
-            .is_none_or(|t| t.to_ascii_lowercase().contains("html"));
-    let deadline = crate::html::Deadline {
-        started: std::time::Instant::now(),
-        allowed: PARSE_TIME,
-        setting: "the crawl's parse time",
-    };
     let body = page.body().clone();
     let base = page.final_url().clone();
-    let joined = tokio::task::spawn_blocking(move || {
-        let e = if html {
-            let text = String::from_utf8_lossy(&body);
-            extract::extract(&text, &base, &selects, all, Some(deadline))
-        } else {
-            extract::Extracted::default()
-        };
-        (sha256_hex(&body), e)
-    })
-    .await;
+    let html = is_html(&page);
+    let joined =
+        tokio::task::spawn_blocking(move || hash_and_extract(&body, &base, html, &selects, all))
+            .await;
     let (sha256, e) = match joined {
         Ok(done) => done,
         // A parser panic is a bug; it costs the page its extraction, not
