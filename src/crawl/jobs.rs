@@ -3,16 +3,22 @@
 //! beside the database, so that a restarted daemon continues it, and its
 //! view. At most `crawls.max_running` crawl at once; the others wait,
 //! queued. Its options are read and validated in [`super::spec`].
+//!
+//! A node crawls a job while it holds the job's lease in the store, which
+//! its heartbeat renews every [`HEARTBEAT`]; when a node stops (killed, its
+//! database away) the lease ends after [`LEASE`] and another node sharing
+//! the database takes the job over from its frontier. A cancel asked on
+//! any node reaches the node crawling the job through the store.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::{Notify, Semaphore, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -22,7 +28,7 @@ use super::{CrawlOptions, Progress, Summary, crawl};
 use crate::config::{Config, CrawlsConfig};
 use crate::lock;
 use crate::pool::Pool;
-use crate::store::{CrawlJobRecord, Store, StoreError, rfc3339};
+use crate::store::{CancelAsk, CrawlJobRecord, Store, StoreError, now_ms, rfc3339};
 
 /// Jobs one page of `GET /crawls` lists at most, newest first.
 pub const MAX_LISTED: usize = 1000;
@@ -30,6 +36,12 @@ pub const MAX_LISTED: usize = 1000;
 pub const DEFAULT_LISTED: usize = 100;
 /// Bytes of pages read per chunk of a `/pages` stream.
 const CHUNK: usize = 64 * 1024;
+/// How often a node renews the leases of the jobs it crawls, reads the
+/// cancels asked elsewhere and looks for jobs to take.
+pub const HEARTBEAT: Duration = Duration::from_secs(2);
+/// How long a job's lease (and its pages') lasts without a renewal: a node
+/// that stops for this long loses its jobs to the other nodes.
+pub const LEASE: Duration = Duration::from_secs(8);
 
 /// Why a job request failed.
 #[derive(Debug, thiserror::Error)]
@@ -61,6 +73,10 @@ struct Live {
     by_user: Arc<AtomicBool>,
     progress: Arc<Progress>,
     ended: watch::Receiver<bool>,
+    /// Another node holds the job now: it stops here without an end.
+    lost: Arc<AtomicBool>,
+    /// When its lease was last renewed.
+    renewed: Instant,
 }
 
 struct Inner {
@@ -75,6 +91,13 @@ struct Inner {
     live: Mutex<HashMap<i64, Live>>,
     tracker: TaskTracker,
     shutdown: CancellationToken,
+    /// This node, as job and page leases name it.
+    node: String,
+    /// Wakes the heartbeat to take jobs at once: one ended.
+    wake: Notify,
+    /// One look for jobs to take at a time, so that looks started by a
+    /// post and by the heartbeat together never take more than the room.
+    taking: tokio::sync::Mutex<()>,
 }
 
 /// The daemon's crawl jobs: a cheap, cloneable handle.
@@ -113,40 +136,131 @@ impl CrawlJobs {
                 live: Mutex::default(),
                 tracker: TaskTracker::new(),
                 shutdown: CancellationToken::new(),
+                node: node_id(),
+                wake: Notify::new(),
+                taking: tokio::sync::Mutex::new(()),
             }),
         }
     }
 
-    /// The daemon's component: continues the jobs that had not ended, runs
-    /// jobs until `stop`, then stops them (pages in flight finish within
-    /// [`JOB_GRACE`]) with their state kept for the next start.
+    /// This node's name in the leases it holds.
+    pub fn node(&self) -> &str {
+        &self.inner.node
+    }
+
+    /// The daemon's component: every [`HEARTBEAT`] (and at once when a job
+    /// is posted or ends) renews the leases of the jobs this node crawls,
+    /// stops those lost or cancelled elsewhere, and takes jobs that no node
+    /// holds (queued, or left by a node that stopped) while it has room;
+    /// until `stop`, then stops its jobs (pages in flight finish within
+    /// [`JOB_GRACE`]) with their state kept and their leases let go.
     pub async fn run(self, stop: CancellationToken) {
-        match self.inner.store.unended_crawl_jobs().await {
-            Ok(jobs) => {
-                for rec in jobs {
-                    let spec = CrawlSpec::from_json(rec.spec.as_bytes())
-                        .and_then(|s| s.validate(&self.spec_context()));
-                    match spec {
-                        Ok(v) => {
-                            tracing::info!(job = rec.id, "continuing a crawl job");
-                            self.spawn(rec.id, v);
-                        }
-                        Err(e) => {
-                            let _ = self
-                                .inner
-                                .store
-                                .crawl_job_ended(rec.id, "failed", None, Some(e.to_string()))
-                                .await;
-                        }
-                    }
-                }
-            }
-            Err(e) => tracing::error!(error = %e, "cannot read the crawl jobs to continue"),
+        if !self.inner.store.is_shared()
+            && let Err(e) = self.inner.store.clear_crawl_leases().await
+        {
+            // A SQLite database is this node's alone: what its last run
+            // held is its own again.
+            tracing::error!(error = %e, "cannot take back the crawl jobs of the last run");
         }
-        stop.cancelled().await;
+        let mut beat = tokio::time::interval(HEARTBEAT);
+        beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = beat.tick() => {}
+                _ = self.inner.wake.notified() => {}
+                _ = stop.cancelled() => break,
+            }
+            self.heartbeat().await;
+            self.take_jobs().await;
+        }
         self.inner.shutdown.cancel();
         self.inner.tracker.close();
         self.inner.tracker.wait().await;
+    }
+
+    /// Renews the leases of the jobs crawling here; stops those another
+    /// node holds now, those whose lease could not be renewed in time, and
+    /// those cancelled on another node.
+    async fn heartbeat(&self) {
+        let ids: Vec<i64> = lock(&self.inner.live).keys().copied().collect();
+        for id in ids {
+            let renewed = self
+                .inner
+                .store
+                .renew_crawl_job(id, &self.inner.node, now_ms(), LEASE)
+                .await;
+            let mut live = lock(&self.inner.live);
+            let Some(l) = live.get_mut(&id) else { continue };
+            match renewed {
+                Ok(Some(cancel)) => {
+                    l.renewed = Instant::now();
+                    if cancel {
+                        tracing::info!(job = id, "crawl job cancelled on another node");
+                        l.by_user.store(true, Ordering::SeqCst);
+                        l.cancel.cancel();
+                    }
+                }
+                Ok(None) => {
+                    tracing::warn!(
+                        job = id,
+                        "another node took this crawl job over; stopping it here"
+                    );
+                    l.lost.store(true, Ordering::SeqCst);
+                    l.cancel.cancel();
+                }
+                Err(e) if l.renewed.elapsed() >= LEASE => {
+                    tracing::warn!(job = id, error = %e, "crawl job lease lapsed; stopping it here");
+                    l.lost.store(true, Ordering::SeqCst);
+                    l.cancel.cancel();
+                }
+                Err(e) => tracing::warn!(job = id, error = %e, "cannot renew a crawl job's lease"),
+            }
+        }
+    }
+
+    /// Leases and starts jobs no node holds while fewer than
+    /// `crawls.max_running` crawl here.
+    async fn take_jobs(&self) {
+        let _one = self.inner.taking.lock().await;
+        if self.inner.shutdown.is_cancelled() {
+            return;
+        }
+        let running = lock(&self.inner.live).len();
+        let room = self.inner.limits.max_running.max(1).saturating_sub(running);
+        if room == 0 {
+            return;
+        }
+        let leased = self
+            .inner
+            .store
+            .lease_crawl_jobs(&self.inner.node, now_ms(), LEASE, room)
+            .await;
+        let jobs = match leased {
+            Ok(jobs) => jobs,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot look for crawl jobs to run");
+                return;
+            }
+        };
+        for rec in jobs {
+            let spec = CrawlSpec::from_json(rec.spec.as_bytes())
+                .and_then(|s| s.validate(&self.spec_context()));
+            match spec {
+                Ok(v) => {
+                    if rec.state == "running" {
+                        tracing::info!(job = rec.id, "continuing a crawl job");
+                    }
+                    self.spawn(rec.id, v);
+                }
+                Err(e) => {
+                    let _ = self
+                        .inner
+                        .store
+                        .crawl_job_ended(rec.id, "failed", None, Some(e.to_string()))
+                        .await;
+                }
+            }
+        }
     }
 
     /// What a job's options are validated against.
@@ -169,7 +283,10 @@ impl CrawlJobs {
             .insert_crawl_job_bounded(json, max_queued)
             .await?
             .ok_or(JobError::QueueFull(max_queued))?;
-        self.spawn(rec.id, v);
+        // Taken here at once when this node has room (else by the first
+        // node, this one included, that has).
+        drop(v);
+        self.take_jobs().await;
         Ok(self.view(&rec))
     }
 
@@ -178,6 +295,7 @@ impl CrawlJobs {
         let by_user = Arc::new(AtomicBool::new(false));
         let progress = Arc::new(Progress::default());
         let (ended_tx, ended) = watch::channel(false);
+        let lost = Arc::new(AtomicBool::new(false));
         lock(&self.inner.live).insert(
             id,
             Live {
@@ -185,12 +303,15 @@ impl CrawlJobs {
                 by_user: by_user.clone(),
                 progress: progress.clone(),
                 ended,
+                lost: lost.clone(),
+                renewed: Instant::now(),
             },
         );
         let jobs = self.clone();
         self.inner.tracker.spawn(async move {
-            let end = jobs.run_job(id, v, cancel, by_user, progress).await;
+            let end = jobs.run_job(id, v, cancel, by_user, progress, &lost).await;
             if let Some((state, summary, error)) = end
+                && !lost.load(Ordering::SeqCst)
                 && let Err(e) = jobs
                     .inner
                     .store
@@ -201,6 +322,8 @@ impl CrawlJobs {
             }
             lock(&jobs.inner.live).remove(&id);
             let _ = ended_tx.send(true);
+            // Room for another job.
+            jobs.inner.wake.notify_one();
         });
     }
 
@@ -213,6 +336,7 @@ impl CrawlJobs {
         cancel: CancellationToken,
         by_user: Arc<AtomicBool>,
         progress: Arc<Progress>,
+        lost: &AtomicBool,
     ) -> Option<(&'static str, Option<String>, Option<String>)> {
         let stopped = |by_user: &AtomicBool| {
             by_user
@@ -237,6 +361,11 @@ impl CrawlJobs {
         };
         let opts = CrawlOptions {
             job: Some((self.inner.store.clone(), id)),
+            lease: self
+                .inner
+                .store
+                .is_shared()
+                .then(|| (self.inner.node.clone(), LEASE)),
             output: Some(dir.join("pages.jsonl")),
             ..v.crawl
         };
@@ -252,11 +381,22 @@ impl CrawlJobs {
             serde_json::to_string(&all).unwrap_or_default()
         };
         match result {
+            // Another node crawls it now and records its end.
+            _ if lost.load(Ordering::SeqCst) => None,
             Ok(summary) if summary.interrupted => match stopped(&by_user) {
                 Some((state, _, _)) => Some((state, Some(total(&summary)), None)),
                 None => {
                     if let Err(e) = self.inner.store.crawl_job_paused(id, total(&summary)).await {
                         tracing::warn!(job = id, error = %e, "cannot keep a crawl job's summary");
+                    }
+                    // Another node may continue it at once.
+                    if let Err(e) = self
+                        .inner
+                        .store
+                        .release_crawl_job(id, &self.inner.node)
+                        .await
+                    {
+                        tracing::warn!(job = id, error = %e, "cannot let go of a crawl job");
                     }
                     None
                 }
@@ -295,9 +435,9 @@ impl CrawlJobs {
         Ok(rec.map(|r| self.view(&r)))
     }
 
-    /// Cancels job `id`: its pages in flight finish, then it ends
-    /// `cancelled`. Returns its view once it ended (or the grace ran out),
-    /// `None` when there is no such job.
+    /// Cancels job `id`, on whichever node crawls it: its pages in flight
+    /// finish, then it ends `cancelled`. Returns its view once it ended (or
+    /// the grace ran out), `None` when there is no such job.
     pub async fn cancel(&self, id: i64) -> Result<Option<JobView>, StoreError> {
         let ended = {
             let live = lock(&self.inner.live);
@@ -307,10 +447,21 @@ impl CrawlJobs {
                 l.ended.clone()
             })
         };
+        let grace = JOB_GRACE + Duration::from_secs(2);
         if let Some(mut ended) = ended {
-            let _ =
-                tokio::time::timeout(JOB_GRACE + Duration::from_secs(2), ended.wait_for(|e| *e))
-                    .await;
+            let _ = tokio::time::timeout(grace, ended.wait_for(|e| *e)).await;
+            return self.get(id).await;
+        }
+        if self.inner.store.cancel_crawl_job(id, now_ms()).await? == CancelAsk::Asked {
+            // The node crawling it reads the request at its next heartbeat.
+            let deadline = Instant::now() + grace + HEARTBEAT;
+            while Instant::now() < deadline {
+                match self.inner.store.crawl_job(id).await? {
+                    Some(r) if matches!(r.state.as_str(), "queued" | "running") => {}
+                    _ => break,
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
         }
         self.get(id).await
     }
@@ -348,7 +499,10 @@ impl CrawlJobs {
             let live = lock(&self.inner.live);
             // While it runs, `summary` is that of the runs before a restart.
             let before = summary.clone().unwrap_or_default();
-            match live.get(&rec.id) {
+            // An ended job's summary is all of it, though its task may
+            // not have left `live` yet.
+            let ended = !matches!(rec.state.as_str(), "queued" | "running");
+            match live.get(&rec.id).filter(|_| !ended) {
                 Some(l) => {
                     let p = &l.progress;
                     JobProgress {
@@ -381,6 +535,22 @@ impl CrawlJobs {
             seeds_total: None,
         }
     }
+}
+
+/// This process's name in crawl leases: the host's name, the process id
+/// and a random part, so that two nodes on one machine differ and a
+/// restarted node is a new one.
+fn node_id() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "node".into());
+    format!(
+        "{host}-{}-{:08x}",
+        std::process::id(),
+        rand::random::<u32>()
+    )
 }
 
 /// A job's summary as stored and shown: what its runs did, added up.

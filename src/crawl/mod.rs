@@ -9,6 +9,7 @@
 pub mod extract;
 pub mod frontier;
 pub mod jobs;
+pub mod nodes;
 pub mod output;
 pub mod polite;
 pub mod robots;
@@ -86,6 +87,10 @@ pub struct CrawlOptions {
     /// A daemon job: its frontier lives in this store under the job's id,
     /// and `state` is not used.
     pub job: Option<(crate::store::Store, i64)>,
+    /// A job on a database several nodes share: the node crawling it and
+    /// how long its page leases last (its heartbeat renews them). Pages
+    /// are leased to the node and hosts paced through the store too.
+    pub lease: Option<(String, Duration)>,
     /// Put the pages that failed for good back in the queue.
     pub retry_failed: bool,
     /// After Ctrl-C, how long the pages in flight may take to finish.
@@ -116,6 +121,7 @@ impl Default for CrawlOptions {
             select_all: false,
             state: None,
             job: None,
+            lease: None,
             retry_failed: false,
             grace: Duration::from_secs(30),
             max_hosts: MAX_HOSTS,
@@ -323,6 +329,12 @@ async fn crawl_here(
         Some((store, id)) => Frontier::of_job(store, *id)?,
         None => Frontier::open(opts.state.as_deref())?,
     };
+    let polite = Arc::new(Politeness::new(opts.delay));
+    let mut pacer: Arc<dyn crate::pool::Pacer> = polite.clone();
+    if let (Some((store, id)), Some((node, ttl))) = (&opts.job, &opts.lease) {
+        frontier.lease_pages(node, *ttl);
+        pacer = Arc::new(nodes::SharedPacer::new(polite.clone(), store.clone(), *id));
+    }
     if opts.retry_failed {
         let n = frontier.requeue_failed()?;
         tracing::info!(requeued = n, "re-queued failed pages");
@@ -378,7 +390,8 @@ async fn crawl_here(
     let taken = frontier.count(UrlState::Done)? + frontier.count(UrlState::Failed)?;
     let mut c = Crawler {
         pool: pool.clone(),
-        polite: Arc::new(Politeness::new(opts.delay)),
+        polite,
+        pacer,
         robots: RobotsCache::default(),
         scope: Arc::new(scope),
         agent: robots_agent(&pool.options().user_agent),
@@ -414,6 +427,9 @@ async fn crawl_here(
 struct Crawler {
     pool: Pool,
     polite: Arc<Politeness>,
+    /// What paces the requests: `polite`, and the store's turns for a job
+    /// several nodes may crawl.
+    pacer: Arc<dyn crate::pool::Pacer>,
     /// The robots.txt rules read, bounded in hosts and age.
     robots: RobotsCache,
     scope: Arc<Scope>,
@@ -520,7 +536,7 @@ impl Crawler {
 
     fn spawn(&mut self, running: &mut JoinSet<Done>, job: Job) {
         let pool = self.pool.clone();
-        let polite: Arc<dyn crate::pool::Pacer> = self.polite.clone();
+        let polite = self.pacer.clone();
         match job {
             Job::Robots(host, url) => {
                 let agent = self.agent.clone();

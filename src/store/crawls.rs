@@ -3,7 +3,26 @@
 //! job's id; its pages are in the job's own files, and of its options the
 //! store only knows the JSON it is handed.
 
+use std::time::Duration;
+
 use super::{Store, StoreError, dispatch};
+
+/// What a cancel asked of a job found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CancelAsk {
+    /// No node held it: it is `cancelled` now.
+    Ended,
+    /// A node holds it: that node is asked to stop it (its heartbeat reads
+    /// the request) and records its end.
+    Asked,
+    /// It had ended already, or there is no such job.
+    NotRunning,
+}
+
+/// Milliseconds of `d`, for lease arithmetic on stored times.
+pub(crate) fn lease_ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
 
 /// A crawl job as stored.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -50,7 +69,7 @@ impl Store {
     }
 
     /// Marks job `id` ended in `state` (`finished`, `cancelled`, `failed`)
-    /// with its summary or error.
+    /// with its summary or error; whoever held its lease lets it go.
     pub async fn crawl_job_ended(
         &self,
         id: i64,
@@ -94,5 +113,77 @@ impl Store {
     /// restarted daemon continues.
     pub async fn unended_crawl_jobs(&self) -> Result<Vec<CrawlJobRecord>, StoreError> {
         dispatch!(self.unended_crawl_jobs())
+    }
+
+    /// Whether several nodes may share this database (PostgreSQL): crawl
+    /// jobs then lease their pages and pace their hosts through it. A
+    /// SQLite file is one node's.
+    pub fn is_shared(&self) -> bool {
+        matches!(self.backend, super::Backend::Postgres(_))
+    }
+
+    /// Leases to node `node`, until `now + ttl`, up to `limit` jobs that have
+    /// not ended and that no node holds (or whose holder's lease ended),
+    /// oldest first; returns them. Nodes asking at once get different jobs.
+    /// The pages of a job taken over that its last holder still leases are
+    /// let go: the job's lease decides who crawls it.
+    pub async fn lease_crawl_jobs(
+        &self,
+        node: &str,
+        now: i64,
+        ttl: Duration,
+        limit: usize,
+    ) -> Result<Vec<CrawlJobRecord>, StoreError> {
+        let node = node.to_owned();
+        dispatch!(self.lease_crawl_jobs(node, now, ttl, limit))
+    }
+
+    /// Renews node `node`'s lease on job `id` and on the pages of it the
+    /// node holds, until `now + ttl`: whether a cancel was asked, or `None`
+    /// when the node no longer holds the job (its lease ended and another
+    /// node took it, or the job ended).
+    pub async fn renew_crawl_job(
+        &self,
+        id: i64,
+        node: &str,
+        now: i64,
+        ttl: Duration,
+    ) -> Result<Option<bool>, StoreError> {
+        let node = node.to_owned();
+        dispatch!(self.renew_crawl_job(id, node, now, ttl))
+    }
+
+    /// Lets go of node `node`'s lease on job `id` and its pages, so that
+    /// another node may continue it at once.
+    pub async fn release_crawl_job(&self, id: i64, node: &str) -> Result<(), StoreError> {
+        let node = node.to_owned();
+        dispatch!(self.release_crawl_job(id, node))
+    }
+
+    /// Cancels job `id` from any node: ends it at once when no node holds
+    /// it, else asks its holder to.
+    pub async fn cancel_crawl_job(&self, id: i64, now: i64) -> Result<CancelAsk, StoreError> {
+        dispatch!(self.cancel_crawl_job(id, now))
+    }
+
+    /// Clears every crawl job's and page's lease: a node alone on its
+    /// database takes back at start what its previous run held.
+    pub async fn clear_crawl_leases(&self) -> Result<(), StoreError> {
+        dispatch!(self.clear_crawl_leases())
+    }
+
+    /// Takes job `job`'s next turn at host `host`: the turn starts at the
+    /// later of `now` and the host's next allowed time, which moves on to
+    /// that start plus `delay`, in one atomic step, so that nodes taking
+    /// turns at once get turns `delay` apart. Returns the turn's start.
+    pub async fn take_crawl_turn(
+        &self,
+        job: i64,
+        host: &str,
+        now: i64,
+        delay: Duration,
+    ) -> Result<i64, StoreError> {
+        let host = host.to_owned();
+        dispatch!(self.take_crawl_turn(job, host, now, delay))
     }
 }

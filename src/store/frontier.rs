@@ -6,8 +6,8 @@
 //! turn of its loop), so a crawl of millions of URLs keeps only queue
 //! heads in memory and resumes after `kill -9`.
 
-pub use super::sqlite::frontier::Frontier;
 use super::{Store, StoreError, dispatch};
+use super::{postgres, sqlite};
 
 /// A URL's state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -56,5 +56,144 @@ impl Store {
     /// connection of its own. Blocks: call it from a thread that may.
     pub fn frontier(&self, job: i64) -> Result<Frontier, StoreError> {
         dispatch!(self.frontier(job), sync)
+    }
+}
+
+/// One crawl's frontier and seen set, on a connection of its own. Its
+/// methods block: it belongs to the crawl's own thread, never to the async
+/// workers.
+#[derive(Debug)]
+pub struct Frontier {
+    backend: FrontierBackend,
+}
+
+#[derive(Debug)]
+enum FrontierBackend {
+    Sqlite(sqlite::frontier::Frontier),
+    Postgres(postgres::frontier::Frontier),
+}
+
+impl From<sqlite::frontier::Frontier> for Frontier {
+    fn from(f: sqlite::frontier::Frontier) -> Frontier {
+        Frontier {
+            backend: FrontierBackend::Sqlite(f),
+        }
+    }
+}
+
+impl From<postgres::frontier::Frontier> for Frontier {
+    fn from(f: postgres::frontier::Frontier) -> Frontier {
+        Frontier {
+            backend: FrontierBackend::Postgres(f),
+        }
+    }
+}
+
+/// Calls the method of the same name on the frontier's backend.
+macro_rules! on_backend {
+    ($self:ident . $method:ident ( $($arg:expr),* )) => {
+        match &$self.backend {
+            FrontierBackend::Sqlite(f) => f.$method($($arg),*),
+            FrontierBackend::Postgres(f) => f.$method($($arg),*),
+        }
+    };
+    (mut $self:ident . $method:ident ( $($arg:expr),* )) => {
+        match &mut $self.backend {
+            FrontierBackend::Sqlite(f) => f.$method($($arg),*),
+            FrontierBackend::Postgres(f) => f.$method($($arg),*),
+        }
+    };
+}
+
+impl Frontier {
+    /// From now on, pages this frontier hands out ([`Frontier::waiting`])
+    /// and adds are leased to node `node` for `ttl`: rows another node
+    /// leased are left to it until its lease ends, and the end of a page
+    /// clears its lease. A crawl job's heartbeat renews them
+    /// ([`Store::renew_crawl_job`]). Without it (a node alone on its
+    /// database), pages are read without leases.
+    pub fn lease_pages(&mut self, node: &str, ttl: std::time::Duration) {
+        on_backend!(mut self.lease_pages(node, ttl))
+    }
+
+    /// A stored setting.
+    pub fn meta(&self, key: &str) -> Result<Option<String>, StoreError> {
+        on_backend!(self.meta(key))
+    }
+
+    /// Stores a setting (in the open batch, if there is one).
+    pub fn set_meta(&mut self, key: &str, value: &str) -> Result<(), StoreError> {
+        on_backend!(mut self.set_meta(key, value))
+    }
+
+    /// Commits what was written since the last commit, with `meta` (the
+    /// output lengths that include the lines of the pages it finishes).
+    pub fn commit(&mut self, meta: &[(&str, String)]) -> Result<(), StoreError> {
+        on_backend!(mut self.commit(meta))
+    }
+
+    /// True while writes wait for [`Frontier::commit`].
+    pub fn dirty(&self) -> bool {
+        on_backend!(self.dirty())
+    }
+
+    /// Adds `urls` not seen before and commits; returns those it added.
+    pub fn add(&mut self, urls: &[NewUrl]) -> Result<Vec<Queued>, StoreError> {
+        on_backend!(mut self.add(urls))
+    }
+
+    /// Records page `id`'s end (its state and attempts) and adds the URLs
+    /// it linked to, in the open batch: nothing is durable before
+    /// [`Frontier::commit`], which also stores the output lengths.
+    pub fn finish(
+        &mut self,
+        id: i64,
+        state: UrlState,
+        attempts: u32,
+        links: &[NewUrl],
+    ) -> Result<Vec<Queued>, StoreError> {
+        on_backend!(mut self.finish(id, state, attempts, links))
+    }
+
+    /// Marks a URL done without fetching it (it was reached through a
+    /// redirect), if it is still waiting.
+    pub fn mark_seen_done(&mut self, url: &str, host: &str, depth: u32) -> Result<(), StoreError> {
+        on_backend!(mut self.mark_seen_done(url, host, depth))
+    }
+
+    /// Up to `limit` hosts with waiting URLs named after `after`, by name.
+    pub fn hosts_with_work_after(
+        &self,
+        after: &str,
+        limit: usize,
+    ) -> Result<Vec<String>, StoreError> {
+        on_backend!(self.hosts_with_work_after(after, limit))
+    }
+
+    /// Up to `limit` waiting URLs of `host` after row `after`, in
+    /// discovery order; leased, in the open batch, when the frontier
+    /// leases pages.
+    pub fn waiting(
+        &mut self,
+        host: &str,
+        after: i64,
+        limit: usize,
+    ) -> Result<Vec<Queued>, StoreError> {
+        on_backend!(mut self.waiting(host, after, limit))
+    }
+
+    /// URLs in `state`.
+    pub fn count(&self, state: UrlState) -> Result<u64, StoreError> {
+        on_backend!(self.count(state))
+    }
+
+    /// Every URL the crawl knows.
+    pub fn total(&self) -> Result<u64, StoreError> {
+        on_backend!(self.total())
+    }
+
+    /// Puts the pages that failed for good back in the queue; how many.
+    pub fn requeue_failed(&mut self) -> Result<usize, StoreError> {
+        on_backend!(mut self.requeue_failed())
     }
 }

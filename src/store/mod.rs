@@ -24,7 +24,7 @@ mod sqlite;
 mod unwritable;
 
 pub use checks::{CheckRecord, DueCursor, DueLane, DueProxy, Recorded};
-pub use crawls::CrawlJobRecord;
+pub use crawls::{CancelAsk, CrawlJobRecord};
 pub use frontier::{Frontier, NewUrl, Queued, UrlState};
 pub use ingest::{SourceRun, UpsertCounts};
 pub use listing::{Page, ProxyFilter, ProxySort};

@@ -10,6 +10,7 @@ pub mod config;
 pub mod daemon;
 pub mod fakes;
 pub mod judges;
+pub mod node;
 pub mod postgres;
 pub mod site;
 pub mod tmpfs;
@@ -215,10 +216,17 @@ pub async fn store_with_alive(
     path: &Path,
     proxies: &[AliveProxy],
 ) -> (proxywarden::store::Store, Vec<i64>) {
+    let store = proxywarden::store::Store::open(path).unwrap();
+    let ids = put_alive(&store, proxies).await;
+    (store, ids)
+}
+
+/// Records `proxies` in `store`, each passed by a check just now (as the
+/// checker records it); their ids, in the same order.
+pub async fn put_alive(store: &proxywarden::store::Store, proxies: &[AliveProxy]) -> Vec<i64> {
     use proxywarden::model::{Candidate, Hints, Outcome, RecheckPolicy, SourceScheme};
     use proxywarden::proxy::{Country, Proxy};
-    use proxywarden::store::{CheckRecord, ProxyFilter, Store, now_ms};
-    let store = Store::open(path).unwrap();
+    use proxywarden::store::{CheckRecord, ProxyFilter, now_ms};
     let parsed: Vec<Proxy> = proxies
         .iter()
         .map(|p| Proxy::parse_url(&p.url).unwrap())
@@ -280,5 +288,5 @@ pub async fn store_with_alive(
         dead_max: std::time::Duration::from_secs(86_400),
     };
     store.record_checks(checks, policy).await.unwrap();
-    (store, ids)
+    ids
 }

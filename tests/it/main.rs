@@ -12,6 +12,7 @@ mod check;
 mod cli;
 mod crawl;
 mod crawl_jobs;
+mod crawl_nodes;
 mod daemon;
 mod dashboard;
 mod deploy;

@@ -9,12 +9,13 @@ use common::backend::TestDb;
 
 use std::collections::BTreeSet;
 use std::net::{IpAddr, Ipv4Addr};
+use std::time::Duration;
 
 use proxywarden::model::{Candidate, Hints, SourceScheme};
 use proxywarden::proxy::Scheme;
 use proxywarden::store::{
-    DueCursor, DueLane, POSTGRES_SCHEMA_VERSION, ProxyFilter, ProxySort, SCHEMA_VERSION, SourceRun,
-    Store, StoreError,
+    CancelAsk, DueCursor, DueLane, NewUrl, POSTGRES_SCHEMA_VERSION, ProxyFilter, ProxySort,
+    SCHEMA_VERSION, SourceRun, Store, StoreError, UrlState,
 };
 
 fn run(name: &str, at: i64) -> SourceRun {
@@ -867,11 +868,15 @@ async fn rebuilding_the_proxies_table_keeps_rows_links_and_rules() {
     let before = store.list_proxies(ProxyFilter::default()).await.unwrap();
     drop(store);
     // Back to the version before the rebuild (6), so that opening runs it
-    // and the migrations after it: without what 0008, 0009, 0012, 0013, 0014
-    // and 0015 add.
+    // and the migrations after it: without what 0008, 0009, 0012, 0013, 0014,
+    // 0015 and 0018 add.
     let conn = rusqlite::Connection::open(&path).unwrap();
     conn.execute_batch(
         "ALTER TABLE sources DROP COLUMN last_private;
+         ALTER TABLE crawl_jobs DROP COLUMN lease_node;
+         ALTER TABLE crawl_jobs DROP COLUMN lease_until;
+         ALTER TABLE crawl_jobs DROP COLUMN cancel_requested;
+         DROP TABLE crawl_hosts;
          DROP TABLE proxy_sites;
          DROP TABLE snapshots;
          DROP TABLE proxy_counts;
@@ -902,6 +907,7 @@ async fn rebuilding_the_proxies_table_keeps_rows_links_and_rules() {
     assert_eq!(
         tables,
         [
+            "crawl_hosts",
             "crawl_jobs",
             "crawl_meta",
             "crawl_urls",
@@ -1483,6 +1489,10 @@ on_both_backends!(
     a_detected_entry_is_the_proxy_known_at_its_address,
     verdicts_are_listed_counted_and_followed,
     a_minimum_anonymity_lists_that_level_and_above,
+    crawl_frontiers_batch_their_writes_and_resume,
+    crawl_pages_are_leased_to_one_node_until_they_end,
+    crawl_jobs_are_leased_renewed_taken_over_and_cancelled_from_any_node,
+    crawl_turns_at_a_host_are_a_delay_apart_across_nodes,
 );
 
 /// Nodes starting together on one PostgreSQL database migrate it once
@@ -1588,4 +1598,320 @@ async fn commands_use_the_postgres_database_the_config_names() {
     assert_eq!(stats["sources"][0]["last_found"], 3);
     let store = Store::connect(&server.url()).await.unwrap();
     assert_eq!(store.list_sources().await.unwrap()[0].name, "list");
+}
+
+fn new_url(url: &str, depth: u32) -> NewUrl {
+    NewUrl {
+        url: url.into(),
+        host: "h".into(),
+        depth,
+        parent: None,
+    }
+}
+
+/// Runs `f` on a thread that may block, as a crawl's own thread is: the
+/// frontier's calls block.
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    tokio::task::spawn_blocking(f).await.unwrap()
+}
+
+/// A frontier keeps a batch of page ends and their links until it is
+/// committed with its output lengths; what was never committed (a crash)
+/// is not kept; a reopened frontier resumes with what was.
+async fn crawl_frontiers_batch_their_writes_and_resume(db: TestDb) {
+    let store = db.store.clone();
+    let job = store.insert_crawl_job("{}".into()).await.unwrap().id;
+    let s = store.clone();
+    blocking(move || {
+        let mut f = s.frontier(job).unwrap();
+        let added = f
+            .add(&[new_url("http://h/a", 0), new_url("http://h/b", 0)])
+            .unwrap();
+        assert_eq!(added.len(), 2);
+        assert!(f.add(&[new_url("http://h/a", 1)]).unwrap().is_empty());
+        let more = f
+            .finish(added[0].id, UrlState::Done, 2, &[new_url("http://h/c", 1)])
+            .unwrap();
+        assert_eq!(more.len(), 1);
+        assert_eq!(more[0].url, "http://h/c");
+        assert!(f.dirty());
+        // Reads in the batch see its writes.
+        assert_eq!(f.count(UrlState::Done).unwrap(), 1);
+        f.commit(&[("output_len", "10".into())]).unwrap();
+        assert!(!f.dirty());
+        f.finish(added[1].id, UrlState::Done, 1, &[new_url("http://h/d", 1)])
+            .unwrap();
+        // Dropped with the batch open: as after kill -9.
+    })
+    .await;
+    let s = store.clone();
+    blocking(move || {
+        let mut f = s.frontier(job).unwrap();
+        assert_eq!(f.meta("output_len").unwrap().as_deref(), Some("10"));
+        assert_eq!(f.hosts_with_work_after("", 10).unwrap(), ["h"]);
+        let waiting: Vec<String> = f
+            .waiting("h", 0, 10)
+            .unwrap()
+            .into_iter()
+            .map(|q| q.url)
+            .collect();
+        assert_eq!(waiting, ["http://h/b", "http://h/c"], "in discovery order");
+        assert_eq!(f.count(UrlState::Done).unwrap(), 1);
+        assert_eq!(f.total().unwrap(), 3);
+        let b = f.waiting("h", 0, 1).unwrap().remove(0);
+        f.finish(b.id, UrlState::Failed, 1, &[]).unwrap();
+        f.commit(&[]).unwrap();
+        assert_eq!(f.requeue_failed().unwrap(), 1);
+        f.mark_seen_done("http://h/c", "h", 1).unwrap();
+        f.commit(&[]).unwrap();
+        assert_eq!(f.waiting("h", 0, 10).unwrap().len(), 1);
+        // Another job's frontier is its own.
+        let mut other = s.frontier(job + 1).unwrap();
+        assert_eq!(other.meta("output_len").unwrap(), None);
+        assert_eq!(other.add(&[new_url("http://h/a", 0)]).unwrap().len(), 1);
+    })
+    .await;
+}
+
+/// Pages a node's frontier hands out are leased to it: another node's
+/// frontier of the same job gets the others, and none twice; the end of a
+/// page clears its lease, and a lease that ended (a node that stopped) is
+/// taken again. The heartbeat's renewal keeps them.
+async fn crawl_pages_are_leased_to_one_node_until_they_end(db: TestDb) {
+    let (a, b) = (db.store.clone(), db.second_node().await);
+    let job = a.insert_crawl_job("{}".into()).await.unwrap().id;
+    let minute = Duration::from_secs(60);
+    let urls: Vec<NewUrl> = (0..10)
+        .map(|i| new_url(&format!("http://h/{i}"), 0))
+        .collect();
+    let (sa, sb) = (a.clone(), b.clone());
+    let taken_by_a = blocking(move || {
+        let mut fa = sa.frontier(job).unwrap();
+        fa.lease_pages("a", minute);
+        fa.add(&urls).unwrap();
+        let got = fa.waiting("h", 0, 4).unwrap();
+        fa.commit(&[]).unwrap();
+        let mut fb = sb.frontier(job).unwrap();
+        fb.lease_pages("b", minute);
+        let got_b = fb.waiting("h", 0, 100).unwrap();
+        fb.commit(&[]).unwrap();
+        (got, got_b)
+    })
+    .await;
+    let (got_a, got_b) = taken_by_a;
+    let ids = |q: &[proxywarden::store::Queued]| q.iter().map(|q| q.id).collect::<Vec<_>>();
+    // Every URL added through a leasing frontier is leased to its node at
+    // once (the crawl keeps new links in memory): b finds none free.
+    assert_eq!(got_a.len(), 4);
+    assert!(got_b.is_empty(), "b took a's pages: {got_b:?}");
+    // The renewal keeps a's leases; a release lets them go.
+    let now = proxywarden::store::now_ms();
+    assert_eq!(
+        a.lease_crawl_jobs("a", now, minute, 1).await.unwrap().len(),
+        1
+    );
+    assert_eq!(
+        a.renew_crawl_job(job, "a", now, minute).await.unwrap(),
+        Some(false)
+    );
+    let (sa, sb) = (a.clone(), b.clone());
+    let first = got_a[0].id;
+    let (after_end, b_after_release) = blocking(move || {
+        let mut fa = sa.frontier(job).unwrap();
+        fa.lease_pages("a", minute);
+        fa.finish(first, UrlState::Done, 1, &[]).unwrap();
+        fa.commit(&[]).unwrap();
+        let mut fb = sb.frontier(job).unwrap();
+        fb.lease_pages("b", minute);
+        let none = fb.waiting("h", 0, 100).unwrap();
+        fb.commit(&[]).unwrap();
+        (none, fb)
+    })
+    .await;
+    assert!(
+        after_end.is_empty(),
+        "the page a finished is done, the rest a's"
+    );
+    a.release_crawl_job(job, "a").await.unwrap();
+    let mut fb = b_after_release;
+    let got_b = blocking(move || {
+        let got = fb.waiting("h", 0, 100).unwrap();
+        fb.commit(&[]).unwrap();
+        got
+    })
+    .await;
+    assert_eq!(got_b.len(), 9, "released: b takes all but the done one");
+    assert!(!ids(&got_b).contains(&first));
+
+    // A lease that ended is taken by another node.
+    let sb = b.clone();
+    let sa = a.clone();
+    let taken = blocking(move || {
+        let mut fb = sb.frontier(job).unwrap();
+        fb.lease_pages("b", Duration::ZERO);
+        fb.waiting("h", 0, 100).unwrap();
+        fb.commit(&[]).unwrap();
+        let mut fa = sa.frontier(job).unwrap();
+        fa.lease_pages("a", minute);
+        let got = fa.waiting("h", 0, 100).unwrap();
+        fa.commit(&[]).unwrap();
+        got
+    })
+    .await;
+    assert_eq!(taken.len(), 9, "b's leases ended: a takes its pages");
+
+    // b takes the job over: the pages a still leases are b's to take.
+    let now = proxywarden::store::now_ms();
+    assert_eq!(
+        b.lease_crawl_jobs("b", now, minute, 1).await.unwrap().len(),
+        1
+    );
+    let sb = b.clone();
+    let got = blocking(move || {
+        let mut fb = sb.frontier(job).unwrap();
+        fb.lease_pages("b", minute);
+        let got = fb.waiting("h", 0, 100).unwrap();
+        fb.commit(&[]).unwrap();
+        got
+    })
+    .await;
+    assert_eq!(got.len(), 9, "the job's new holder takes its pages");
+}
+
+/// A job is leased by one node; its renewal keeps it; once the lease ends
+/// another node takes it over, and the first learns it lost it. A cancel
+/// asked anywhere ends a job no node holds at once, and reaches the node
+/// holding one through its renewal.
+async fn crawl_jobs_are_leased_renewed_taken_over_and_cancelled_from_any_node(db: TestDb) {
+    let (a, b) = (db.store.clone(), db.second_node().await);
+    let lease = Duration::from_secs(10);
+    let j1 = a.insert_crawl_job("{}".into()).await.unwrap().id;
+    let j2 = a.insert_crawl_job("{}".into()).await.unwrap().id;
+    let now = proxywarden::store::now_ms();
+    let (la, lb) = tokio::join!(
+        a.lease_crawl_jobs("a", now, lease, 1),
+        b.lease_crawl_jobs("b", now, lease, 1)
+    );
+    let (la, lb) = (la.unwrap(), lb.unwrap());
+    let mut both: Vec<i64> = la.iter().chain(&lb).map(|j| j.id).collect();
+    both.sort_unstable();
+    assert_eq!(both, [j1, j2], "each job to one node");
+    let (held_a, held_b) = (la[0].id, lb[0].id);
+    assert!(
+        a.lease_crawl_jobs("c", now, lease, 5)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(
+        a.renew_crawl_job(held_a, "a", now, lease).await.unwrap(),
+        Some(false)
+    );
+    assert_eq!(
+        a.renew_crawl_job(held_a, "b", now, lease).await.unwrap(),
+        None
+    );
+
+    // a stops renewing: after its lease, c takes the job over.
+    let later = now + 11_000;
+    let taken = b.lease_crawl_jobs("c", later, lease, 5).await.unwrap();
+    let taken_ids: Vec<i64> = taken.iter().map(|j| j.id).collect();
+    assert_eq!(taken_ids, [j1, j2]);
+    assert_eq!(
+        a.renew_crawl_job(held_a, "a", later, lease).await.unwrap(),
+        None
+    );
+    assert_eq!(
+        b.renew_crawl_job(held_b, "c", later, lease).await.unwrap(),
+        Some(false)
+    );
+
+    // A cancel asked on a node that does not hold the job reaches c.
+    assert_eq!(
+        a.cancel_crawl_job(j1, later).await.unwrap(),
+        CancelAsk::Asked
+    );
+    assert_eq!(
+        b.renew_crawl_job(j1, "c", later, lease).await.unwrap(),
+        Some(true)
+    );
+    b.crawl_job_ended(j1, "cancelled", None, None)
+        .await
+        .unwrap();
+    assert_eq!(a.crawl_job(j1).await.unwrap().unwrap().state, "cancelled");
+    assert_eq!(
+        b.renew_crawl_job(j1, "c", later, lease).await.unwrap(),
+        None,
+        "ended"
+    );
+    assert_eq!(
+        a.cancel_crawl_job(j1, later).await.unwrap(),
+        CancelAsk::NotRunning
+    );
+
+    // A job no node holds (queued, or its node gone) ends at once.
+    let j3 = a.insert_crawl_job("{}".into()).await.unwrap().id;
+    assert_eq!(
+        b.cancel_crawl_job(j3, later).await.unwrap(),
+        CancelAsk::Ended
+    );
+    assert_eq!(a.crawl_job(j3).await.unwrap().unwrap().state, "cancelled");
+    assert_eq!(
+        b.cancel_crawl_job(j2, later + 20_000).await.unwrap(),
+        CancelAsk::Ended
+    );
+    assert_eq!(
+        b.cancel_crawl_job(999_999, later).await.unwrap(),
+        CancelAsk::NotRunning
+    );
+
+    // A node alone on its database takes back its last run's leases.
+    let j4 = a.insert_crawl_job("{}".into()).await.unwrap().id;
+    assert_eq!(
+        a.lease_crawl_jobs("old", later, lease, 5)
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
+    a.clear_crawl_leases().await.unwrap();
+    let back = a.lease_crawl_jobs("new", later, lease, 5).await.unwrap();
+    assert_eq!(back.iter().map(|j| j.id).collect::<Vec<_>>(), [j4]);
+}
+
+/// Turns at one host of one job, taken at once from two nodes, start a
+/// delay apart, whatever the order they arrive in; another host or job
+/// has turns of its own.
+async fn crawl_turns_at_a_host_are_a_delay_apart_across_nodes(db: TestDb) {
+    let (a, b) = (db.store.clone(), db.second_node().await);
+    let now = proxywarden::store::now_ms();
+    let delay = Duration::from_millis(1500);
+    let mut turns = Vec::new();
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..20 {
+        let s = if i % 2 == 0 { a.clone() } else { b.clone() };
+        tasks.spawn(async move { s.take_crawl_turn(7, "site:80", now, delay).await.unwrap() });
+    }
+    while let Some(t) = tasks.join_next().await {
+        turns.push(t.unwrap());
+    }
+    turns.sort_unstable();
+    assert_eq!(turns[0], now, "the first turn is now");
+    for w in turns.windows(2) {
+        assert_eq!(w[1] - w[0], 1500, "{turns:?}");
+    }
+    // A turn asked after the last one's time starts then.
+    let late = turns[19] + 10_000;
+    assert_eq!(
+        a.take_crawl_turn(7, "site:80", late, delay).await.unwrap(),
+        late
+    );
+    assert_eq!(
+        a.take_crawl_turn(7, "other:80", now, delay).await.unwrap(),
+        now
+    );
+    assert_eq!(
+        b.take_crawl_turn(8, "site:80", now, delay).await.unwrap(),
+        now
+    );
 }

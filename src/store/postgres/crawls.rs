@@ -4,7 +4,10 @@ use deadpool_postgres::GenericClient;
 use tokio_postgres::Row;
 
 use super::Postgres;
-use crate::store::{CrawlJobRecord, StoreError, now_ms};
+use std::time::Duration;
+
+use crate::store::crawls::lease_ms;
+use crate::store::{CancelAsk, CrawlJobRecord, StoreError, now_ms};
 
 const COLUMNS: &str = "id, spec, state, created_at, started_at, finished_at, summary, error";
 
@@ -102,7 +105,8 @@ impl Postgres {
         error: Option<String>,
     ) -> Result<(), StoreError> {
         self.update_job(
-            "UPDATE crawl_jobs SET state = $2, finished_at = $3, summary = $4, error = $5
+            "UPDATE crawl_jobs SET state = $2, finished_at = $3, summary = $4, error = $5,
+                    lease_node = NULL, lease_until = NULL, cancel_requested = false
              WHERE id = $1",
             &[&id, &state, &now_ms(), &summary, &error],
         )
@@ -169,5 +173,162 @@ impl Postgres {
             "SELECT {COLUMNS} FROM crawl_jobs WHERE state IN ('queued', 'running') ORDER BY id"
         ))
         .await
+    }
+
+    /// `FOR UPDATE SKIP LOCKED`: nodes leasing at once skip each other's
+    /// rows rather than wait for them or take them twice.
+    pub(crate) async fn lease_crawl_jobs(
+        &self,
+        node: String,
+        now: i64,
+        ttl: Duration,
+        limit: usize,
+    ) -> Result<Vec<CrawlJobRecord>, StoreError> {
+        let until = now.saturating_add(lease_ms(ttl));
+        let mut c = self.client().await?;
+        let tx = c.transaction().await?;
+        let rows = tx
+            .query(
+                &format!(
+                    "UPDATE crawl_jobs SET lease_node = $1, lease_until = $2 WHERE id IN (
+                         SELECT id FROM crawl_jobs WHERE state IN ('queued', 'running')
+                           AND (lease_until IS NULL OR lease_until <= $3)
+                         ORDER BY id LIMIT $4 FOR UPDATE SKIP LOCKED)
+                     RETURNING {COLUMNS}"
+                ),
+                &[&node, &until, &now, &(limit as i64)],
+            )
+            .await?;
+        let mut jobs: Vec<CrawlJobRecord> = rows.iter().map(record).collect();
+        jobs.sort_by_key(|j| j.id);
+        // The job's lease decides: pages the node that held it before
+        // still holds are free for the new one.
+        let ids: Vec<i64> = jobs.iter().map(|j| j.id).collect();
+        tx.execute(
+            "UPDATE crawl_urls SET lease_node = NULL, lease_until = NULL
+             WHERE job = ANY($1) AND lease_node IS NOT NULL AND lease_node != $2",
+            &[&ids, &node],
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(jobs)
+    }
+
+    pub(crate) async fn renew_crawl_job(
+        &self,
+        id: i64,
+        node: String,
+        now: i64,
+        ttl: Duration,
+    ) -> Result<Option<bool>, StoreError> {
+        let until = now.saturating_add(lease_ms(ttl));
+        let mut c = self.client().await?;
+        let tx = c.transaction().await?;
+        let cancel: Option<bool> = tx
+            .query_opt(
+                "UPDATE crawl_jobs SET lease_until = $3
+                 WHERE id = $1 AND lease_node = $2 AND state IN ('queued', 'running')
+                 RETURNING cancel_requested",
+                &[&id, &node, &until],
+            )
+            .await?
+            .map(|r| r.get(0));
+        if cancel.is_some() {
+            tx.execute(
+                "UPDATE crawl_urls SET lease_until = $3
+                 WHERE job = $1 AND lease_node = $2 AND state = 0",
+                &[&id, &node, &until],
+            )
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(cancel)
+    }
+
+    pub(crate) async fn release_crawl_job(&self, id: i64, node: String) -> Result<(), StoreError> {
+        let mut c = self.client().await?;
+        let tx = c.transaction().await?;
+        tx.execute(
+            "UPDATE crawl_jobs SET lease_node = NULL, lease_until = NULL
+             WHERE id = $1 AND lease_node = $2",
+            &[&id, &node],
+        )
+        .await?;
+        tx.execute(
+            "UPDATE crawl_urls SET lease_node = NULL, lease_until = NULL
+             WHERE job = $1 AND lease_node = $2",
+            &[&id, &node],
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    pub(crate) async fn cancel_crawl_job(
+        &self,
+        id: i64,
+        now: i64,
+    ) -> Result<CancelAsk, StoreError> {
+        let c = self.client().await?;
+        let ended = c
+            .execute(
+                "UPDATE crawl_jobs SET state = 'cancelled', finished_at = $2,
+                        lease_node = NULL, lease_until = NULL
+                 WHERE id = $1 AND state IN ('queued', 'running')
+                   AND (lease_until IS NULL OR lease_until <= $2)",
+                &[&id, &now],
+            )
+            .await?;
+        if ended > 0 {
+            return Ok(CancelAsk::Ended);
+        }
+        let asked = c
+            .execute(
+                "UPDATE crawl_jobs SET cancel_requested = true
+                 WHERE id = $1 AND state IN ('queued', 'running')",
+                &[&id],
+            )
+            .await?;
+        Ok(if asked > 0 {
+            CancelAsk::Asked
+        } else {
+            CancelAsk::NotRunning
+        })
+    }
+
+    pub(crate) async fn clear_crawl_leases(&self) -> Result<(), StoreError> {
+        self.client()
+            .await?
+            .batch_execute(
+                "UPDATE crawl_jobs SET lease_node = NULL, lease_until = NULL
+                 WHERE lease_node IS NOT NULL;
+                 UPDATE crawl_urls SET lease_node = NULL, lease_until = NULL
+                 WHERE lease_node IS NOT NULL;",
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// One statement: the row's lock orders nodes taking turns at once.
+    pub(crate) async fn take_crawl_turn(
+        &self,
+        job: i64,
+        host: String,
+        now: i64,
+        delay: Duration,
+    ) -> Result<i64, StoreError> {
+        let delay = lease_ms(delay);
+        let row = self
+            .client()
+            .await?
+            .query_one(
+                "INSERT INTO crawl_hosts (job, host, next_at) VALUES ($1, $2, $3::bigint + $4::bigint)
+                 ON CONFLICT (job, host)
+                 DO UPDATE SET next_at = greatest(crawl_hosts.next_at, $3::bigint) + $4::bigint
+                 RETURNING next_at - $4::bigint",
+                &[&job, &host, &now, &delay],
+            )
+            .await?;
+        Ok(row.get(0))
     }
 }

@@ -3,11 +3,12 @@
 //! SQL, and its own numbered migrations in `migrations/postgres/`, applied
 //! under an advisory lock so that nodes starting together migrate once.
 //! Every call is async I/O on the runtime: nothing here blocks a worker.
-//! A file per topic of the store's surface, each an `impl Postgres`; crawl
-//! frontiers are not written yet and answer [`StoreError::Unsupported`].
+//! A file per topic of the store's surface, each an `impl Postgres`; a
+//! crawl frontier has a connection of its own (`frontier`).
 
 mod checks;
 mod crawls;
+pub(crate) mod frontier;
 mod ingest;
 mod listing;
 mod sites;
@@ -22,13 +23,14 @@ use tokio_postgres::NoTls;
 use tokio_postgres::error::SqlState;
 
 use super::unwritable::{WriteFailure, WriteHealth, WriteTrouble};
-use super::{DbError, Frontier, StoreError};
+use super::{DbError, StoreError};
 
 /// Every migration, in order; the version after applying `MIGRATIONS[i]`
 /// is `i + 1`. Never edit an applied migration: add a new file.
 const MIGRATIONS: &[&str] = &[
     include_str!("../../../migrations/postgres/0001_init.sql"),
     include_str!("../../../migrations/postgres/0002_check_leases.sql"),
+    include_str!("../../../migrations/postgres/0004_crawl_leases.sql"),
 ];
 
 /// The schema version this binary writes.
@@ -92,6 +94,8 @@ pub(crate) struct Postgres {
 
 struct Shared {
     pool: Pool,
+    /// Where to connect: crawl frontiers open connections of their own.
+    config: tokio_postgres::Config,
     /// The URL without its password: what logs and errors show.
     shown: PathBuf,
     /// Whether writes work (what the daemon's write monitor reads).
@@ -114,7 +118,7 @@ impl Postgres {
         }
         config.application_name("proxywarden");
         let manager = Manager::from_config(
-            config,
+            config.clone(),
             NoTls,
             ManagerConfig {
                 recycling_method: RecyclingMethod::Fast,
@@ -133,6 +137,7 @@ impl Postgres {
         Ok(Postgres {
             inner: Arc::new(Shared {
                 pool,
+                config,
                 shown,
                 health: WriteHealth::default(),
             }),
@@ -180,10 +185,6 @@ impl Postgres {
             .query_one("SELECT max(version) FROM schema_migrations", &[])
             .await?;
         Ok(row.get::<_, Option<i64>>(0).unwrap_or(0))
-    }
-
-    pub(crate) fn frontier(&self, _job: i64) -> Result<Frontier, StoreError> {
-        Err(StoreError::Unsupported("crawl frontiers"))
     }
 }
 

@@ -3,7 +3,10 @@
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
 use super::Sqlite;
-use crate::store::{CrawlJobRecord, StoreError, now_ms};
+use std::time::Duration;
+
+use crate::store::crawls::lease_ms;
+use crate::store::{CancelAsk, CrawlJobRecord, StoreError, now_ms};
 
 const COLUMNS: &str = "id, spec, state, created_at, started_at, finished_at, summary, error";
 
@@ -94,7 +97,8 @@ impl Sqlite {
     ) -> Result<(), StoreError> {
         self.write(move |c| {
             c.execute(
-                "UPDATE crawl_jobs SET state = ?2, finished_at = ?3, summary = ?4, error = ?5
+                "UPDATE crawl_jobs SET state = ?2, finished_at = ?3, summary = ?4, error = ?5,
+                        lease_node = NULL, lease_until = NULL, cancel_requested = 0
                  WHERE id = ?1",
                 params![id, state, now_ms(), summary, error],
             )?;
@@ -159,6 +163,150 @@ impl Sqlite {
             ))?;
             let rows = st.query_map([], record)?;
             Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
+        })
+        .await
+    }
+
+    pub(crate) async fn lease_crawl_jobs(
+        &self,
+        node: String,
+        now: i64,
+        ttl: Duration,
+        limit: usize,
+    ) -> Result<Vec<CrawlJobRecord>, StoreError> {
+        let until = now.saturating_add(lease_ms(ttl));
+        self.write(move |c| {
+            let mut st = c.prepare_cached(&format!(
+                "UPDATE crawl_jobs SET lease_node = ?1, lease_until = ?2 WHERE id IN (
+                     SELECT id FROM crawl_jobs WHERE state IN ('queued', 'running')
+                       AND (lease_until IS NULL OR lease_until <= ?3)
+                     ORDER BY id LIMIT ?4)
+                 RETURNING {COLUMNS}"
+            ))?;
+            let mut jobs = st
+                .query_map(params![node, until, now, limit as i64], record)?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            jobs.sort_by_key(|j| j.id);
+            // The job's lease decides: pages the node that held it before
+            // still holds are free for the new one.
+            let mut free = c.prepare_cached(
+                "UPDATE crawl_urls SET lease_node = NULL, lease_until = NULL
+                 WHERE job = ?1 AND lease_node IS NOT NULL AND lease_node != ?2",
+            )?;
+            for j in &jobs {
+                free.execute(params![j.id, node])?;
+            }
+            Ok(jobs)
+        })
+        .await
+    }
+
+    pub(crate) async fn renew_crawl_job(
+        &self,
+        id: i64,
+        node: String,
+        now: i64,
+        ttl: Duration,
+    ) -> Result<Option<bool>, StoreError> {
+        let until = now.saturating_add(lease_ms(ttl));
+        self.write(move |c| {
+            let cancel: Option<bool> = c
+                .query_row(
+                    "UPDATE crawl_jobs SET lease_until = ?3
+                     WHERE id = ?1 AND lease_node = ?2 AND state IN ('queued', 'running')
+                     RETURNING cancel_requested != 0",
+                    params![id, node, until],
+                    |r| r.get(0),
+                )
+                .optional()?;
+            if cancel.is_some() {
+                c.execute(
+                    "UPDATE crawl_urls SET lease_until = ?3
+                     WHERE job = ?1 AND lease_node = ?2 AND state = 0",
+                    params![id, node, until],
+                )?;
+            }
+            Ok(cancel)
+        })
+        .await
+    }
+
+    pub(crate) async fn release_crawl_job(&self, id: i64, node: String) -> Result<(), StoreError> {
+        self.write(move |c| {
+            c.execute(
+                "UPDATE crawl_jobs SET lease_node = NULL, lease_until = NULL
+                 WHERE id = ?1 AND lease_node = ?2",
+                params![id, node],
+            )?;
+            c.execute(
+                "UPDATE crawl_urls SET lease_node = NULL, lease_until = NULL
+                 WHERE job = ?1 AND lease_node = ?2",
+                params![id, node],
+            )?;
+            Ok(())
+        })
+        .await
+    }
+
+    pub(crate) async fn cancel_crawl_job(
+        &self,
+        id: i64,
+        now: i64,
+    ) -> Result<CancelAsk, StoreError> {
+        self.write(move |c| {
+            let ended = c.execute(
+                "UPDATE crawl_jobs SET state = 'cancelled', finished_at = ?2,
+                        lease_node = NULL, lease_until = NULL
+                 WHERE id = ?1 AND state IN ('queued', 'running')
+                   AND (lease_until IS NULL OR lease_until <= ?2)",
+                params![id, now],
+            )?;
+            if ended > 0 {
+                return Ok(CancelAsk::Ended);
+            }
+            let asked = c.execute(
+                "UPDATE crawl_jobs SET cancel_requested = 1
+                 WHERE id = ?1 AND state IN ('queued', 'running')",
+                params![id],
+            )?;
+            Ok(if asked > 0 {
+                CancelAsk::Asked
+            } else {
+                CancelAsk::NotRunning
+            })
+        })
+        .await
+    }
+
+    pub(crate) async fn clear_crawl_leases(&self) -> Result<(), StoreError> {
+        self.write(move |c| {
+            c.execute_batch(
+                "UPDATE crawl_jobs SET lease_node = NULL, lease_until = NULL
+                 WHERE lease_node IS NOT NULL;
+                 UPDATE crawl_urls SET lease_node = NULL, lease_until = NULL
+                 WHERE lease_node IS NOT NULL;",
+            )?;
+            Ok(())
+        })
+        .await
+    }
+
+    pub(crate) async fn take_crawl_turn(
+        &self,
+        job: i64,
+        host: String,
+        now: i64,
+        delay: Duration,
+    ) -> Result<i64, StoreError> {
+        let delay = lease_ms(delay);
+        self.write(move |c| {
+            Ok(c.query_row(
+                "INSERT INTO crawl_hosts (job, host, next_at) VALUES (?1, ?2, ?3 + ?4)
+                 ON CONFLICT (job, host) DO UPDATE SET next_at = max(next_at, ?3) + ?4
+                 RETURNING next_at - ?4",
+                params![job, host, now, delay],
+                |r| r.get(0),
+            )?)
         })
         .await
     }

@@ -4,15 +4,16 @@ use rusqlite::{Connection, OptionalExtension, params};
 
 use super::BUSY_TIMEOUT;
 use super::Sqlite;
-use crate::store::{NewUrl, Queued, StoreError, UrlState};
+use crate::store::{NewUrl, Queued, StoreError, UrlState, now_ms};
 
-/// One crawl's frontier and seen set. Its methods block: it belongs to
-/// the crawl's own thread, never to the async workers.
-pub struct Frontier {
+/// One crawl's frontier on a SQLite connection of its own.
+pub(crate) struct Frontier {
     conn: Connection,
     job: i64,
-    /// A transaction is open: writes since the last [`Frontier::commit`].
+    /// A transaction is open: writes since the last commit.
     open: bool,
+    /// Pages are leased to this node for this long when handed out.
+    lease: Option<(String, std::time::Duration)>,
     /// Keeps the database (and its writer) open while the crawl runs.
     db: Sqlite,
 }
@@ -27,7 +28,7 @@ impl std::fmt::Debug for Frontier {
 }
 
 impl Sqlite {
-    pub(crate) fn frontier(&self, job: i64) -> Result<Frontier, StoreError> {
+    pub(crate) fn frontier(&self, job: i64) -> Result<crate::store::Frontier, StoreError> {
         if self.inner.writer.is_none() {
             return Err(StoreError::ReadOnly);
         }
@@ -43,8 +44,10 @@ impl Sqlite {
             conn,
             job,
             open: false,
+            lease: None,
             db: self.clone(),
-        })
+        }
+        .into())
     }
 }
 
@@ -52,6 +55,21 @@ const SET_META: &str = "INSERT INTO crawl_meta (job, key, value) VALUES (?1, ?2,
      ON CONFLICT (job, key) DO UPDATE SET value = excluded.value";
 
 impl Frontier {
+    pub(crate) fn lease_pages(&mut self, node: &str, ttl: std::time::Duration) {
+        self.lease = Some((node.to_owned(), ttl));
+    }
+
+    /// The lease's node and its end from now, or NULLs.
+    fn lease_now(&self) -> (Option<&str>, Option<i64>) {
+        match &self.lease {
+            Some((node, ttl)) => (
+                Some(node),
+                Some(now_ms().saturating_add(i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX))),
+            ),
+            None => (None, None),
+        }
+    }
+
     /// A stored setting.
     pub fn meta(&self, key: &str) -> Result<Option<String>, StoreError> {
         Ok(self
@@ -110,7 +128,7 @@ impl Frontier {
     /// Adds `urls` not seen before and commits; returns those it added.
     pub fn add(&mut self, urls: &[NewUrl]) -> Result<Vec<Queued>, StoreError> {
         self.begin()?;
-        let added = insert(&self.conn, self.job, urls)?;
+        let added = insert(&self.conn, self.job, urls, self.lease_now())?;
         self.commit(&[])?;
         Ok(added)
     }
@@ -128,10 +146,12 @@ impl Frontier {
         self.begin()?;
         self.conn
             .prepare_cached(
-                "UPDATE crawl_urls SET state = ?2, attempts = attempts + ?3 WHERE id = ?1",
+                "UPDATE crawl_urls SET state = ?2, attempts = attempts + ?3,
+                        lease_node = NULL, lease_until = NULL
+                 WHERE id = ?1",
             )?
             .execute(params![id, state as i64, attempts])?;
-        Ok(insert(&self.conn, self.job, links)?)
+        Ok(insert(&self.conn, self.job, links, self.lease_now())?)
     }
 
     /// Marks a URL done without fetching it (it was reached through a
@@ -141,7 +161,8 @@ impl Frontier {
         self.conn
             .prepare_cached(
                 "INSERT INTO crawl_urls (job, url, host, depth, state) VALUES (?1, ?2, ?3, ?4, 2)
-                 ON CONFLICT (job, url) DO UPDATE SET state = 2 WHERE state = 0",
+                 ON CONFLICT (job, url) DO UPDATE
+                 SET state = 2, lease_node = NULL, lease_until = NULL WHERE state = 0",
             )?
             .execute(params![self.job, url, host, depth])?;
         Ok(())
@@ -153,34 +174,66 @@ impl Frontier {
         after: &str,
         limit: usize,
     ) -> Result<Vec<String>, StoreError> {
+        let (node, _) = self.lease_now();
         let mut st = self.conn.prepare_cached(
             "SELECT DISTINCT host FROM crawl_urls WHERE job = ?1 AND state = 0 AND host > ?2
+               AND (?4 IS NULL OR lease_node IS NULL OR lease_node = ?4 OR lease_until <= ?5)
              ORDER BY host LIMIT ?3",
         )?;
         let hosts = st
-            .query_map(params![self.job, after, limit as i64], |r| r.get(0))?
+            .query_map(
+                params![self.job, after, limit as i64, node, now_ms()],
+                |r| r.get(0),
+            )?
             .collect::<rusqlite::Result<_>>()?;
         Ok(hosts)
     }
 
     /// Up to `limit` waiting URLs of `host` after row `after`, in
     /// discovery order.
-    pub fn waiting(&self, host: &str, after: i64, limit: usize) -> Result<Vec<Queued>, StoreError> {
+    pub fn waiting(
+        &mut self,
+        host: &str,
+        after: i64,
+        limit: usize,
+    ) -> Result<Vec<Queued>, StoreError> {
+        let row = |r: &rusqlite::Row<'_>| {
+            Ok(Queued {
+                id: r.get(0)?,
+                url: r.get(1)?,
+                host: r.get(2)?,
+                depth: r.get(3)?,
+                parent: r.get(4)?,
+            })
+        };
+        let (node, until) = self.lease_now();
+        let Some(node) = node else {
+            let mut st = self.conn.prepare_cached(
+                "SELECT id, url, host, depth, parent FROM crawl_urls
+                 WHERE job = ?1 AND host = ?2 AND state = 0 AND id > ?3 ORDER BY id LIMIT ?4",
+            )?;
+            let rows = st
+                .query_map(params![self.job, host, after, limit as i64], row)?
+                .collect::<rusqlite::Result<_>>()?;
+            return Ok(rows);
+        };
+        let node = node.to_owned();
+        self.begin()?;
         let mut st = self.conn.prepare_cached(
-            "SELECT id, url, host, depth, parent FROM crawl_urls
-             WHERE job = ?1 AND host = ?2 AND state = 0 AND id > ?3 ORDER BY id LIMIT ?4",
+            "UPDATE crawl_urls SET lease_node = ?5, lease_until = ?6 WHERE id IN (
+                 SELECT id FROM crawl_urls
+                 WHERE job = ?1 AND host = ?2 AND state = 0 AND id > ?3
+                   AND (lease_node IS NULL OR lease_node = ?5 OR lease_until <= ?7)
+                 ORDER BY id LIMIT ?4)
+             RETURNING id, url, host, depth, parent",
         )?;
-        let rows = st
-            .query_map(params![self.job, host, after, limit as i64], |r| {
-                Ok(Queued {
-                    id: r.get(0)?,
-                    url: r.get(1)?,
-                    host: r.get(2)?,
-                    depth: r.get(3)?,
-                    parent: r.get(4)?,
-                })
-            })?
+        let mut rows: Vec<Queued> = st
+            .query_map(
+                params![self.job, host, after, limit as i64, node, until, now_ms()],
+                row,
+            )?
             .collect::<rusqlite::Result<_>>()?;
+        rows.sort_by_key(|q| q.id);
         Ok(rows)
     }
 
@@ -208,20 +261,50 @@ impl Frontier {
     pub fn requeue_failed(&mut self) -> Result<usize, StoreError> {
         self.commit(&[])?;
         Ok(self.conn.execute(
-            "UPDATE crawl_urls SET state = 0 WHERE job = ?1 AND state = ?2",
+            "UPDATE crawl_urls SET state = 0, lease_node = NULL, lease_until = NULL
+             WHERE job = ?1 AND state = ?2",
             params![self.job, UrlState::Failed as i64],
         )?)
     }
 }
 
-fn insert(conn: &Connection, job: i64, urls: &[NewUrl]) -> rusqlite::Result<Vec<Queued>> {
+/// Adds the URLs not seen before, leased to `lease` (node, until) when it
+/// is set.
+fn insert(
+    conn: &Connection,
+    job: i64,
+    urls: &[NewUrl],
+    lease: (Option<&str>, Option<i64>),
+) -> rusqlite::Result<Vec<Queued>> {
     let mut added = Vec::new();
+    if lease.0.is_none() {
+        let mut st = conn.prepare_cached(
+            "INSERT INTO crawl_urls (job, url, host, depth, parent) VALUES (?1, ?2, ?3, ?4, ?5)
+             ON CONFLICT (job, url) DO NOTHING",
+        )?;
+        for u in urls {
+            if st.execute(params![job, u.url, u.host, u.depth, u.parent])? > 0 {
+                added.push(Queued {
+                    id: conn.last_insert_rowid(),
+                    url: u.url.clone(),
+                    host: u.host.clone(),
+                    depth: u.depth,
+                    parent: u.parent.clone(),
+                });
+            }
+        }
+        return Ok(added);
+    }
     let mut st = conn.prepare_cached(
-        "INSERT INTO crawl_urls (job, url, host, depth, parent) VALUES (?1, ?2, ?3, ?4, ?5)
+        "INSERT INTO crawl_urls (job, url, host, depth, parent, lease_node, lease_until)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
          ON CONFLICT (job, url) DO NOTHING",
     )?;
     for u in urls {
-        if st.execute(params![job, u.url, u.host, u.depth, u.parent])? > 0 {
+        if st.execute(params![
+            job, u.url, u.host, u.depth, u.parent, lease.0, lease.1
+        ])? > 0
+        {
             added.push(Queued {
                 id: conn.last_insert_rowid(),
                 url: u.url.clone(),

@@ -26,11 +26,13 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../../migrations/0014_snapshots.sql"),
     include_str!("../../../migrations/0015_crawl_frontier.sql"),
     include_str!("../../../migrations/0016_check_leases.sql"),
+    include_str!("../../../migrations/0018_crawl_leases.sql"),
 ];
 
 /// Every table the migrations create: a database holding any other is
 /// another application's.
 pub const TABLES: &[&str] = &[
+    "crawl_hosts",
     "crawl_jobs",
     "crawl_meta",
     "crawl_urls",
