@@ -192,12 +192,6 @@ const PARSE_TIME: Duration = Duration::from_secs(10);
 /// blocking pool and back. Larger ones are parsed on the blocking pool, so
 /// that one slow page never holds up the crawl's loop.
 const PARSE_HERE: usize = 64 * 1024;
-/// A host with no page in flight whose turn comes within this is handed
-/// its next page at once, and the page's task waits for the turn (as the
-/// pool's pacer makes every request do): the crawl's loop is not woken
-/// for the turn itself, only when the page lands. A polite crawl of one
-/// host then costs one wake-up of the loop per page.
-const EARLY_TURN: Duration = Duration::from_secs(1);
 /// URLs that need no request settled in one look for work, so that a
 /// frontier of disallowed links is worked through in committed batches
 /// between looks at the pages that finished.
@@ -227,9 +221,6 @@ struct HostQueue {
     /// Pages in a row that timed out on two proxies each: the site is slow
     /// or silent, and backs off instead of costing more proxies.
     silent: u32,
-    /// The turn a page handed out ahead of it waits for ([`EARLY_TURN`]),
-    /// until that page lands.
-    early: Option<Instant>,
 }
 
 impl HostQueue {
@@ -240,7 +231,6 @@ impl HostQueue {
             last_id: 0,
             in_flight: 0,
             silent: 0,
-            early: None,
             robots,
         }
     }
@@ -258,8 +248,7 @@ struct Fetched {
 }
 
 enum Job {
-    /// A page, and the turn it waits for when handed out ahead of it.
-    Page(Queued, Option<Instant>),
+    Page(Queued),
     Robots(String, ::url::Url),
 }
 
@@ -271,9 +260,7 @@ enum Landed {
 }
 
 enum Done {
-    /// A page, what came of it, how long it took, and whether it was handed
-    /// out ahead of its host's turn.
-    Page(Queued, Box<Result<Landed, FetchError>>, Duration, bool),
+    Page(Queued, Box<Result<Landed, FetchError>>, Duration),
     Robots(String, RobotsOutcome),
 }
 
@@ -408,7 +395,6 @@ async fn crawl_here(
         progress,
         frontier,
         selects: opts.selects.clone().into(),
-        early_out: 0,
         opts,
     };
     c.take_in_hosts()?;
@@ -459,9 +445,6 @@ struct Crawler {
     frontier: Frontier,
     /// `opts.selects`, shared with the tasks that parse large pages.
     selects: Arc<[Select]>,
-    /// Pages handed out ahead of their host's turn and not landed: at most
-    /// a quarter of the slots, so hosts ready now are not kept waiting.
-    early_out: usize,
     opts: CrawlOptions,
 }
 
@@ -549,7 +532,7 @@ impl Crawler {
                     Done::Robots(host, outcome)
                 });
             }
-            Job::Page(q, early) => {
+            Job::Page(q) => {
                 self.taken += 1;
                 self.unqueue();
                 let follow = self.follow_rule(&q.host);
@@ -557,9 +540,7 @@ impl Crawler {
                 let all = self.opts.select_all;
                 let bodies = self.opts.bodies.clone();
                 running.spawn(async move {
-                    // A page handed out ahead of its turn counts from the
-                    // turn.
-                    let t0 = early.map_or_else(Instant::now, |turn| turn.max(Instant::now()));
+                    let t0 = Instant::now();
                     let result = match ::url::Url::parse(&q.url)
                         .map_err(|e| FetchError::InvalidUrl {
                             url: q.url.clone(),
@@ -581,8 +562,7 @@ impl Crawler {
                         )),
                         Err(e) => Err(e),
                     };
-                    let elapsed = Instant::now().saturating_duration_since(t0);
-                    Done::Page(q, Box::new(result), elapsed, early.is_some())
+                    Done::Page(q, Box::new(result), t0.elapsed())
                 });
             }
         }
@@ -739,27 +719,12 @@ impl Crawler {
             }
             // A host no request has started to yet (robots.txt ignored)
             // is ready: it has no turn to wait for.
-            let mut early = None;
             if let Some(ready) = self.polite.ready_at(&key)
                 && ready > now
             {
-                if h.in_flight == 0
-                    && ready <= now + EARLY_TURN
-                    && self.early_out < (self.opts.concurrency / 4).max(1)
-                {
-                    early = Some(ready);
-                } else {
-                    // The page handed out ahead for this turn takes it: look
-                    // again when it lands, or a delay after the turn if it
-                    // is slow (another page of the host may start then).
-                    let at = match h.early {
-                        Some(turn) if turn >= ready => ready + self.polite.delay(&key),
-                        _ => ready,
-                    };
-                    wake = Some(wake.map_or(at, |w| w.min(at)));
-                    self.order.push_back(key);
-                    continue;
-                }
+                wake = Some(wake.map_or(ready, |w| w.min(ready)));
+                self.order.push_back(key);
+                continue;
             }
             let q = h.buf.pop_front().expect("not empty");
             self.buffered -= 1;
@@ -777,12 +742,8 @@ impl Crawler {
             };
             if let Verdict::Fetch = verdict {
                 h.in_flight += 1;
-                if early.is_some() {
-                    h.early = early;
-                    self.early_out += 1;
-                }
                 self.order.push_back(key);
-                return Ok((Some(Job::Page(q, early)), None));
+                return Ok((Some(Job::Page(q)), None));
             }
             match verdict {
                 Verdict::Fetch | Verdict::Redirected => {}
@@ -879,15 +840,9 @@ impl Crawler {
                     }
                 }
             }
-            Done::Page(q, result, elapsed, early) => {
-                if early {
-                    self.early_out -= 1;
-                }
+            Done::Page(q, result, elapsed) => {
                 if let Some(h) = self.hosts.get_mut(&q.host) {
                     h.in_flight = h.in_flight.saturating_sub(1);
-                    if early {
-                        h.early = None;
-                    }
                     h.silent = match &*result {
                         Err(FetchError::SiteTimeout { .. }) => h.silent + 1,
                         _ => 0,
