@@ -75,6 +75,7 @@ fn records(now: i64) -> Vec<ProxyRecord> {
                 consecutive_failures: 0,
                 next_check_at: now + 600_000,
                 sources: vec!["bench".into()],
+                failed_in_use_at: None,
             }
         })
         .collect()

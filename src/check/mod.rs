@@ -12,7 +12,8 @@ pub mod probe;
 mod runner;
 
 pub use runner::{
-    CheckError, CheckOptions, CommitHook, JudgeHook, RoundProgress, RoundSummary, check_round,
+    CheckError, CheckLease, CheckOptions, CommitHook, JudgeHook, RoundProgress, RoundSummary,
+    check_round,
 };
 
 use std::fmt;

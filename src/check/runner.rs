@@ -78,6 +78,21 @@ pub struct CheckOptions {
     pub dispatch_for: Option<Duration>,
     /// Told of every direct answer of a judge.
     pub on_judge: Option<JudgeHook>,
+    /// Take due proxies by leasing them, as a node among several sharing
+    /// the database does: two nodes never check one proxy at once, and
+    /// what a dead node leased is taken by another once its lease ends.
+    /// Without it due proxies are read as they are (the `check` command).
+    pub lease: Option<CheckLease>,
+}
+
+/// How a node leases the proxies it checks (see [`CheckOptions::lease`]).
+#[derive(Clone, Debug)]
+pub struct CheckLease {
+    /// The node's id, stored with each lease.
+    pub node: String,
+    /// How long a lease holds: longer than a check takes from the moment
+    /// it is leased to its verdict's commit.
+    pub hold: Duration,
 }
 
 impl std::fmt::Debug for CheckOptions {
@@ -91,6 +106,7 @@ impl std::fmt::Debug for CheckOptions {
             .field("https_recheck", &self.https_recheck)
             .field("on_commit", &self.on_commit.is_some())
             .field("dispatch_for", &self.dispatch_for)
+            .field("lease", &self.lease)
             .finish()
     }
 }
@@ -109,6 +125,7 @@ impl CheckOptions {
             abort_in_flight: None,
             dispatch_for: None,
             on_judge: None,
+            lease: None,
         }
     }
 }
@@ -267,6 +284,15 @@ pub async fn check_round(
         permits: permits.clone(),
         stop: stop.clone(),
         deadline: opts.dispatch_for.map(|d| started + d),
+        lease: opts.lease.clone().filter(|_| !all),
+        page: if opts.lease.is_some() {
+            // Leased a page at a time: a page no bigger than the checks in
+            // flight waits at most one generation of checks for its
+            // permits, well inside its lease.
+            PAGE.min(concurrency)
+        } else {
+            PAGE
+        },
     };
     // Two streams share the permits. Proxies that timed out last time start
     // first, longest first: the rest wait until they hold their share.
@@ -300,10 +326,19 @@ pub async fn check_round(
         .acquire_many(concurrency as u32)
         .await
         .expect("the semaphore is never closed");
-    let mut summary = match writer.await {
-        Ok(r) => r?,
+    let written = match writer.await {
+        Ok(r) => r,
         Err(e) => std::panic::resume_unwind(e.into_panic()),
     };
+    if let Some(lease) = opts.lease.as_ref().filter(|_| !all) {
+        // Every verdict is committed: what this node still holds was not
+        // checked (results dropped with the judges, or the store refused
+        // them) and is due for any node again at once.
+        if let Err(e) = store.release_leases(lease.node.clone()).await {
+            tracing::debug!(error = %e, "cannot give back the check leases left");
+        }
+    }
+    let mut summary = written?;
     if summary.judge_lost {
         return Err(CheckError::JudgeLost {
             committed: summary.checked,
@@ -369,9 +404,34 @@ struct Dispatcher<'a> {
     permits: Arc<Semaphore>,
     stop: CancellationToken,
     deadline: Option<Instant>,
+    /// Set when due proxies are leased rather than read.
+    lease: Option<CheckLease>,
+    /// Due proxies per page.
+    page: usize,
 }
 
 impl Dispatcher<'_> {
+    /// The next page of `lane`: leased (a lease taken leaves the lane, so
+    /// no cursor is needed) or read after `after`.
+    async fn next_page(
+        &self,
+        lane: DueLane,
+        after: DueCursor,
+    ) -> Result<Vec<DueProxy>, StoreError> {
+        match &self.lease {
+            Some(l) => {
+                self.store
+                    .lease_due(l.node.clone(), now_ms(), lane, self.page, l.hold)
+                    .await
+            }
+            None => {
+                self.store
+                    .due_page(self.now, self.all, lane, after, self.page)
+                    .await
+            }
+        }
+    }
+
     /// Starts a check for every due proxy of `lanes`, in order, each
     /// holding a permit (and one of the stream's cap, when it has one)
     /// until its result is handed to the writer.
@@ -396,16 +456,13 @@ impl Dispatcher<'_> {
         for &lane in lanes {
             let mut after = DueCursor::START;
             loop {
-                let page = self
-                    .store
-                    .due_page(self.now, self.all, lane, after, PAGE)
-                    .await?;
+                let page = self.next_page(lane, after).await?;
                 let Some(last) = page.last() else { break };
                 after = last.cursor();
                 // A short page is the lane's last: no query to find so.
                 // (A page shortened by a row that does not parse ends the
                 // lane early; what it left is still due next round.)
-                let more = page.len() == PAGE;
+                let more = page.len() == self.page;
                 for due in page {
                     let capped = match cap {
                         None => None,

@@ -12,6 +12,7 @@ mod files;
 mod gateway;
 mod geoip;
 mod harvest;
+mod node;
 mod pool;
 mod schedule;
 mod section;
@@ -31,6 +32,7 @@ pub use duration::parse_duration;
 pub use gateway::GatewayConfig;
 pub use geoip::GeoipConfig;
 pub use harvest::HarvestConfig;
+pub use node::NodeConfig;
 pub use pool::PoolConfig;
 pub use schedule::Schedule;
 pub use sources::{
@@ -81,6 +83,8 @@ pub struct Config {
     pub crawls: CrawlsConfig,
     /// The daemon's one fetch pool, shared by the gateway and crawl jobs.
     pub pool: PoolConfig,
+    /// This process as one of several nodes sharing a database.
+    pub node: NodeConfig,
 }
 
 /// Every problem found in a config file.
@@ -295,6 +299,7 @@ fn build(root: &mut Section) -> Option<Config> {
     let gateway = root.read_section("gateway", gateway::read);
     let crawls = root.read_section("crawls", crawls::read);
     let pool = root.read_section("pool", pool::read);
+    let node = root.read_section("node", node::read);
     Some(Config {
         database: database?,
         harvest: harvest?,
@@ -305,6 +310,7 @@ fn build(root: &mut Section) -> Option<Config> {
         gateway: gateway?,
         crawls: crawls?,
         pool: pool?,
+        node: node?,
     })
 }
 

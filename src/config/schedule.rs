@@ -3,6 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
+use chrono::SubsecRound;
 use chrono::{DateTime, Utc};
 use croner::Cron;
 use croner::errors::CronError;
@@ -40,6 +41,38 @@ impl Schedule {
     /// matches again (e.g. February 30th).
     pub fn next_after(&self, after: DateTime<Utc>) -> Option<DateTime<Utc>> {
         self.cron.find_next_occurrence(&after, false).ok()
+    }
+
+    /// The slot `at` falls in: the latest run at or before `at`, if any in
+    /// the last 400 days. Nodes that fire for one run a little apart
+    /// agree on it, which makes it a key for claiming that run.
+    pub fn slot_at(&self, at: DateTime<Utc>) -> Option<DateTime<Utc>> {
+        const LOOKBACK_SECS: [i64; 7] = [1, 10, 60, 600, 3600, 86_400, 400 * 86_400];
+        // Runs fall on whole seconds; the search keeps the fraction of
+        // where it starts.
+        let at = at.trunc_subsecs(0);
+        let mut found = LOOKBACK_SECS.iter().find_map(|back| {
+            self.next_after(at - chrono::TimeDelta::seconds(*back))
+                .filter(|run| *run <= at)
+        })?;
+        // Found within a lookback at most ten times the step before it:
+        // few runs to walk forward.
+        while let Some(run) = self.next_after(found).filter(|run| *run <= at) {
+            found = run;
+        }
+        Some(found)
+    }
+
+    /// The run nearest to `at`, before or after: what a trigger fired at
+    /// `at` is for. The scheduler may fire a trigger a moment early as
+    /// well as late, so nodes firing for one run agree on it either way.
+    pub fn nearest_run(&self, at: DateTime<Utc>) -> Option<DateTime<Utc>> {
+        let before = self.slot_at(at);
+        let after = self.next_after(at.trunc_subsecs(0));
+        match (before, after) {
+            (Some(b), Some(a)) => Some(if a - at < at - b { a } else { b }),
+            (b, a) => b.or(a),
+        }
     }
 
     /// The time between the first two runs after `after`: how long a source
@@ -101,6 +134,32 @@ mod tests {
         let hours = |h: u64| Some(Duration::from_secs(h * 3600));
         assert_eq!(twice_a_day.interval_after(at(8, 0, 0)), hours(8));
         assert_eq!(twice_a_day.interval_after(at(12, 0, 0)), hours(16));
+    }
+
+    #[test]
+    fn a_slot_is_the_latest_run_at_or_before_a_moment() {
+        let s = Schedule::parse("0 */30 * * * *").unwrap();
+        assert_eq!(s.slot_at(at(10, 30, 0)), Some(at(10, 30, 0)));
+        assert_eq!(s.slot_at(at(10, 30, 2)), Some(at(10, 30, 0)));
+        assert_eq!(s.slot_at(at(10, 59, 59)), Some(at(10, 30, 0)));
+        let every_2s = Schedule::parse("*/2 * * * * *").unwrap();
+        assert_eq!(every_2s.slot_at(at(10, 0, 3)), Some(at(10, 0, 2)));
+        // A trigger fired a moment early is for the run it precedes.
+        let late_or_early = |h, m, s, ms| at(h, m, s) + chrono::TimeDelta::milliseconds(ms);
+        assert_eq!(
+            every_2s.nearest_run(late_or_early(10, 0, 1, 998)),
+            Some(at(10, 0, 2))
+        );
+        assert_eq!(
+            every_2s.nearest_run(late_or_early(10, 0, 2, 40)),
+            Some(at(10, 0, 2))
+        );
+        assert_eq!(
+            every_2s.slot_at(late_or_early(10, 0, 3, 500)),
+            Some(at(10, 0, 2))
+        );
+        let never = Schedule::parse("0 0 0 30 2 *").unwrap();
+        assert_eq!(never.slot_at(at(10, 0, 0)), None);
     }
 
     #[test]

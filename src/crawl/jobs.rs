@@ -136,7 +136,7 @@ impl CrawlJobs {
                 live: Mutex::default(),
                 tracker: TaskTracker::new(),
                 shutdown: CancellationToken::new(),
-                node: node_id(),
+                node: config.node.id(),
                 wake: Notify::new(),
                 taking: tokio::sync::Mutex::new(()),
             }),
@@ -535,22 +535,6 @@ impl CrawlJobs {
             seeds_total: None,
         }
     }
-}
-
-/// This process's name in crawl leases: the host's name, the process id
-/// and a random part, so that two nodes on one machine differ and a
-/// restarted node is a new one.
-fn node_id() -> String {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .ok()
-        .map(|h| h.trim().to_owned())
-        .filter(|h| !h.is_empty())
-        .unwrap_or_else(|| "node".into());
-    format!(
-        "{host}-{}-{:08x}",
-        std::process::id(),
-        rand::random::<u32>()
-    )
 }
 
 /// A job's summary as stored and shown: what its runs did, added up.

@@ -10,7 +10,9 @@ use rand::RngExt;
 use tokio_util::sync::CancellationToken;
 
 use crate::api::{AppState, CheckInfo};
-use crate::check::{self, CheckError, CheckOptions, Checker, CommitHook, JudgeHook, RoundProgress};
+use crate::check::{
+    self, CheckError, CheckLease, CheckOptions, Checker, CommitHook, JudgeHook, RoundProgress,
+};
 use crate::config::Config;
 use crate::store::{Store, StoreError, now_ms, rfc3339};
 
@@ -68,6 +70,12 @@ impl CheckLoop {
         opts.on_commit = Some(hook);
         opts.abort_in_flight = Some(self.abort.clone());
         opts.dispatch_for = Some(ROUND_DISPATCH);
+        // Due proxies are leased, so that nodes sharing the database split
+        // them (a lone node leases too: the same path either way).
+        opts.lease = Some(CheckLease {
+            node: self.config.node.id(),
+            hold: self.config.node.lease,
+        });
         let geoip = match check::open_geoip(&self.config) {
             Ok(g) => g,
             Err(e) => {

@@ -95,7 +95,7 @@ impl Harvester {
                 sources = last.overdue.len(),
                 "harvesting the sources overdue at start-up"
             );
-            let config = self.only(&last.overdue);
+            let config = self.claimed(self.only(&last.overdue), false).await;
             tokio::select! {
                 _ = stop.cancelled() => return,
                 report = self.harvest(&config) => retry = self.retry_after(report, None),
@@ -141,7 +141,7 @@ impl Harvester {
                 }
                 t = self.triggers.recv() => match t {
                     Some(Trigger::Schedule) => {
-                        let config = self.config.clone();
+                        let config = Arc::new(self.claimed((*self.config).clone(), true).await);
                         tokio::select! {
                             _ = stop.cancelled() => return,
                             report = self.harvest(&config) => retry = self.retry_after(report, None),
@@ -151,6 +151,59 @@ impl Harvester {
                 },
             }
         }
+    }
+
+    /// `config` with only the sources this node claimed for a run of
+    /// `harvest.schedule` (for a `trigger`, the run nearest now, as the
+    /// scheduler may fire a moment early; at start-up, the last run): nodes sharing a database harvest each
+    /// source once per slot, whichever claims it first. A claim the store
+    /// cannot answer counts as won: a source harvested twice costs a
+    /// fetch, one never harvested costs the pool.
+    async fn claimed(&self, mut config: Config, trigger: bool) -> Config {
+        let now = chrono::Utc::now();
+        let schedule = &self.config.harvest.schedule;
+        let slot = if trigger {
+            schedule.nearest_run(now)
+        } else {
+            schedule.slot_at(now)
+        };
+        let Some(slot) = slot else {
+            return config;
+        };
+        let slot_ms = slot.timestamp_millis();
+        let node = self.config.node.id();
+        let mut skipped = Vec::new();
+        let mut kept = Vec::with_capacity(config.sources.len());
+        for source in std::mem::take(&mut config.sources) {
+            if !source.enabled {
+                kept.push(source);
+                continue;
+            }
+            match self
+                .store
+                .claim_harvest(source.name.clone(), slot_ms, node.clone(), now_ms())
+                .await
+            {
+                Ok(true) => kept.push(source),
+                Ok(false) => skipped.push(source.name),
+                // A disk refusing writes is said once by the write
+                // component; the harvest then waits until it takes them.
+                Err(e) if e.write_failure().is_some() => kept.push(source),
+                Err(e) => {
+                    tracing::warn!(source = %source.name, error = %e, "cannot claim the harvest of a source; harvesting it anyway");
+                    kept.push(source);
+                }
+            }
+        }
+        if !skipped.is_empty() {
+            tracing::info!(
+                sources = %skipped.join(", "),
+                slot = %slot.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+                "another node harvests these sources in this slot; skipping them"
+            );
+        }
+        config.sources = kept;
+        config
     }
 
     /// The configuration with only the enabled sources named.
@@ -321,6 +374,10 @@ impl Harvester {
     /// as a whole failed (logged). While the disk refuses writes it first
     /// waits until it takes them again: nothing fetched could be stored.
     async fn harvest(&mut self, config: &Config) -> Option<HarvestReport> {
+        if !config.sources.iter().any(|s| s.enabled) {
+            // Other nodes claimed every source of this slot.
+            return None;
+        }
         if self.store.write_trouble().is_some() {
             tracing::debug!("harvest waits until the database takes writes again");
             self.store.writable().await;

@@ -65,6 +65,8 @@ pub async fn run(
     if let Some(gateway) = &gateway {
         config.gateway.listen = gateway.local_addr()?;
     }
+    // One id for the process's life, whatever derives it.
+    config.node.id = Some(config.node.id());
     let config = Arc::new(config);
     let store = Store::open_configured(&config.database).await?;
     // Read before the index, so rows changed while it loads are read again.
@@ -100,7 +102,13 @@ pub async fn run(
         None => None,
     };
     let addr = listener.local_addr()?;
-    tracing::info!(%addr, servable = index.len(), "proxywarden serving");
+    tracing::info!(
+        %addr,
+        servable = index.len(),
+        node = config.node.id.as_deref().unwrap_or_default(),
+        database = %config.database.shown(),
+        "proxywarden serving"
+    );
 
     let (harvest_tx, harvest_rx) = mpsc::channel(1);
     let (purge_tx, purge_rx) = mpsc::channel(1);

@@ -666,11 +666,20 @@ impl Feedback {
     /// Brings stored records into the index, except that a proxy hidden
     /// by a verdict newer than its record (a failed check not committed
     /// yet, a failure in use) stays hidden: a batch committed late must not
-    /// bring back a proxy that has died since.
+    /// bring back a proxy that has died since. A record that says the
+    /// proxy failed in use after its last check (here or on another node
+    /// sharing the database) takes it out of the index.
     pub fn apply(&self, records: Vec<ProxyRecord>) {
         let mut hidden = lock(&self.inner.hidden);
         let records: Vec<ProxyRecord> = records
             .into_iter()
+            .filter(|r| {
+                if r.failed_since_checked() {
+                    self.inner.index.remove(r.id);
+                    return false;
+                }
+                true
+            })
             .filter(|r| match hidden.get(&r.id) {
                 Some(&at) if r.last_checked.is_none_or(|t| t < at) => false,
                 Some(_) => {

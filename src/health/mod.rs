@@ -30,5 +30,11 @@ pub async fn load_index(store: &Store) -> Result<HealthIndex, StoreError> {
             ..ProxyFilter::default()
         })
         .await?;
+    // One that failed in use (on any node) since its last check waits for
+    // a check that passes.
+    let alive = alive
+        .into_iter()
+        .filter(|r| !r.failed_since_checked())
+        .collect();
     Ok(HealthIndex::from_records(alive))
 }

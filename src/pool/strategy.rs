@@ -133,6 +133,7 @@ mod tests {
             consecutive_failures: 0,
             next_check_at: 0,
             sources: Vec::new(),
+            failed_in_use_at: None,
         }
     }
 

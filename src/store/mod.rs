@@ -16,6 +16,7 @@ mod frontier;
 mod ingest;
 mod listing;
 mod lookup;
+mod nodes;
 mod postgres;
 mod rows;
 mod sites;
@@ -28,6 +29,7 @@ pub use crawls::{CancelAsk, CrawlJobRecord};
 pub use frontier::{Frontier, NewUrl, Queued, UrlState};
 pub use ingest::{SourceRun, UpsertCounts};
 pub use listing::{Page, ProxyFilter, ProxySort};
+pub use nodes::ChangeNotices;
 pub use rows::{Presence, ProxyRecord, SourceRecord, Stats};
 pub use sites::SiteRecord;
 pub use snapshots::Snapshot;
@@ -239,7 +241,7 @@ macro_rules! dispatch {
     ($self:ident . $method:ident ( $($arg:expr),* )) => {
         match &$self.backend {
             $crate::store::Backend::Sqlite(db) => db.$method($($arg),*).await,
-            $crate::store::Backend::Postgres(db) => db.$method($($arg),*).await,
+            $crate::store::Backend::Postgres(db) => db.observed(db.$method($($arg),*).await),
         }
     };
     ($self:ident . $method:ident ( $($arg:expr),* ), sync) => {

@@ -54,6 +54,18 @@ pub struct ProxyRecord {
     pub next_check_at: i64,
     /// Names of the sources that list it.
     pub sources: Vec<String>,
+    /// When it last failed in use (unix ms), on any node: a proxy that
+    /// failed after its last check is not served until a check passes.
+    pub failed_in_use_at: Option<i64>,
+}
+
+impl ProxyRecord {
+    /// True when it failed in use after its last check: no node serves it
+    /// until a newer check passes.
+    pub fn failed_since_checked(&self) -> bool {
+        self.failed_in_use_at
+            .is_some_and(|f| self.last_checked.is_none_or(|c| c < f))
+    }
 }
 
 /// A source's row: the record of its last fetch.

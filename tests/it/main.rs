@@ -21,6 +21,7 @@ mod fakes_selftest;
 mod gateway;
 mod harvest;
 mod net;
+mod nodes;
 mod openapi;
 mod operator_logs;
 mod parsers_fuzz;

@@ -869,7 +869,7 @@ async fn rebuilding_the_proxies_table_keeps_rows_links_and_rules() {
     drop(store);
     // Back to the version before the rebuild (6), so that opening runs it
     // and the migrations after it: without what 0008, 0009, 0012, 0013, 0014,
-    // 0015 and 0018 add.
+    // 0015, 0017 and 0018 add.
     let conn = rusqlite::Connection::open(&path).unwrap();
     conn.execute_batch(
         "ALTER TABLE sources DROP COLUMN last_private;
@@ -882,6 +882,7 @@ async fn rebuilding_the_proxies_table_keeps_rows_links_and_rules() {
          DROP TABLE proxy_counts;
          DROP TABLE crawl_urls;
          DROP TABLE crawl_meta;
+         DROP TABLE harvest_claims;
          DROP TRIGGER proxies_delete_links;
          DROP TRIGGER sources_delete_links;",
     )
@@ -911,6 +912,7 @@ async fn rebuilding_the_proxies_table_keeps_rows_links_and_rules() {
             "crawl_jobs",
             "crawl_meta",
             "crawl_urls",
+            "harvest_claims",
             "meta",
             "proxies",
             "proxy_counts",
@@ -1476,7 +1478,61 @@ async fn due_checks_are_leased_once_across_nodes(db: TestDb) {
     assert_eq!(expired, expected);
 }
 
+/// A scheduled harvest of a source is claimed once per slot across nodes;
+/// a node's leases given back are due for any node at once; a failure in
+/// use is stamped with a change number every node reads.
+async fn harvest_claims_leases_given_back_and_failures_in_use(db: TestDb) {
+    let a = listing_of(&db, 20).await;
+    let b = db.second_node().await;
+    let now = proxywarden::store::now_ms();
+    let claim = |s: &Store, source: &str, slot: i64, node: &str| {
+        let s = s.clone();
+        let (source, node) = (source.to_owned(), node.to_owned());
+        async move { s.claim_harvest(source, slot, node, now).await.unwrap() }
+    };
+    let (first, second) = tokio::join!(claim(&a, "x", 1_000, "a"), claim(&b, "x", 1_000, "b"));
+    assert!(
+        first ^ second,
+        "one claim of (x, 1000) wins: {first} {second}"
+    );
+    assert!(!claim(&a, "x", 1_000, "a").await);
+    assert!(claim(&b, "x", 2_000, "b").await, "the next slot is free");
+    assert!(claim(&b, "y", 1_000, "b").await, "another source is free");
+
+    let lease = std::time::Duration::from_secs(60);
+    let held = a
+        .lease_due("a".into(), now, DueLane::Others, 100, lease)
+        .await
+        .unwrap();
+    assert_eq!(held.len(), 20);
+    assert!(
+        b.lease_due("b".into(), now, DueLane::Others, 100, lease)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(a.release_leases("a".into()).await.unwrap(), 20);
+    assert_eq!(
+        b.lease_due("b".into(), now, DueLane::Others, 100, lease)
+            .await
+            .unwrap()
+            .len(),
+        20,
+        "given back, due for any node"
+    );
+
+    let id = held[0].id;
+    let mark = b.change_seq().await.unwrap();
+    assert!(a.record_report(id, false, now).await.unwrap());
+    let (changed, _, _) = b.changed_since(mark, 100, Vec::new()).await.unwrap();
+    assert_eq!(changed.len(), 1);
+    assert_eq!(changed[0].id, id);
+    assert_eq!(changed[0].failed_in_use_at, Some(now));
+    assert!(changed[0].failed_since_checked());
+}
+
 on_both_backends!(
+    harvest_claims_leases_given_back_and_failures_in_use,
     due_checks_are_leased_once_across_nodes,
     uses_reports_lookups_and_purge,
     site_records_and_snapshots_round_trip,

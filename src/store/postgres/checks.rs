@@ -137,7 +137,6 @@ impl Postgres {
     ) -> Result<Recorded, StoreError> {
         let mut c = self.client().await?;
         let tx = c.transaction().await?;
-        bump_change_seq(&tx).await?;
         let alive = tx
             .prepare_cached(
                 "UPDATE proxies SET status = 'alive', last_checked = $2::bigint, last_alive = $2,
@@ -149,8 +148,7 @@ impl Postgres {
                      last_reason = NULL, checks_total = checks_total + 1,
                      checks_ok = checks_ok + 1, consecutive_failures = 0,
                      next_check_at = $2 + $8::bigint - floor(random() * ($9::bigint + 1))::bigint,
-                     lease_until = NULL, lease_node = NULL,
-                     changed_seq = (SELECT change_seq FROM meta)
+                     lease_until = NULL, lease_node = NULL
                  WHERE id = $1",
             )
             .await?;
@@ -161,8 +159,7 @@ impl Postgres {
                      checks_total = checks_total + 1,
                      consecutive_failures = consecutive_failures + 1,
                      next_check_at = $2 + least($4::bigint << least(consecutive_failures, 40)::integer, $5::bigint),
-                     lease_until = NULL, lease_node = NULL,
-                     changed_seq = (SELECT change_seq FROM meta)
+                     lease_until = NULL, lease_node = NULL
                  WHERE id = $1",
             )
             .await?;
@@ -209,8 +206,20 @@ impl Postgres {
                 }
             }
         }
+        // The change number is taken last, once every row is written: the
+        // lock on it (held until commit, see `daemon::sync`) is held for
+        // the stamp alone, not the whole batch, and every writer takes
+        // rows first and the counter last, so two never wait on each other
+        // in opposite orders.
+        bump_change_seq(&tx).await?;
         let seq: i64 = tx
-            .query_one("SELECT change_seq FROM meta", &[])
+            .query_one(
+                "WITH stamped AS (
+                     UPDATE proxies SET changed_seq = (SELECT change_seq FROM meta)
+                     WHERE id = ANY($1) RETURNING 1)
+                 SELECT change_seq FROM meta",
+                &[&ids],
+            )
             .await?
             .get(0);
         let records = proxies_by_ids(&tx, &ids).await?;
@@ -349,21 +358,38 @@ impl Postgres {
         ok: bool,
         now: i64,
     ) -> Result<bool, StoreError> {
-        let c = self.client().await?;
-        let changed = if ok {
-            c.execute(
-                "UPDATE proxies SET reports_ok = reports_ok + 1 WHERE id = $1",
-                &[&id],
-            )
-            .await?
-        } else {
-            c.execute(
+        let mut c = self.client().await?;
+        if ok {
+            let changed = c
+                .execute(
+                    "UPDATE proxies SET reports_ok = reports_ok + 1 WHERE id = $1",
+                    &[&id],
+                )
+                .await?;
+            return Ok(changed > 0);
+        }
+        // A new change number, so that every node stops serving it: the
+        // trigger on meta wakes them when this commits.
+        let tx = c.transaction().await?;
+        let changed = tx
+            .execute(
                 "UPDATE proxies SET reports_failed = reports_failed + 1,
-                     next_check_at = least(next_check_at, $2) WHERE id = $1",
+                     next_check_at = least(next_check_at, $2),
+                     failed_in_use_at = greatest(coalesce(failed_in_use_at, 0), $2)
+                 WHERE id = $1",
                 &[&id, &now],
             )
-            .await?
-        };
+            .await?;
+        if changed > 0 {
+            // Rows first, the change number last (see `record_checks`).
+            bump_change_seq(&tx).await?;
+            tx.execute(
+                "UPDATE proxies SET changed_seq = (SELECT change_seq FROM meta) WHERE id = $1",
+                &[&id],
+            )
+            .await?;
+        }
+        tx.commit().await?;
         Ok(changed > 0)
     }
 

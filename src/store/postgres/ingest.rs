@@ -123,9 +123,11 @@ async fn upsert(
 ) -> Result<(UpsertCounts, Vec<i64>), StoreError> {
     let mut counts = UpsertCounts::default();
     let mut ids = Vec::with_capacity(candidates.len());
-    // Bumped once, before the first row whose country changes: a country
-    // from the source changes what filters select.
-    let mut bumped = false;
+    // The rows whose country changes (a country from the source changes
+    // what filters select): stamped with a new change number once every
+    // row is written, rows first and the counter last as every writer
+    // does (see `checks::record_checks`).
+    let mut restamp: Vec<i64> = Vec::new();
     let find = tx
         .prepare_cached(&format!(
             "SELECT {FOUND_COLUMNS},
@@ -200,9 +202,8 @@ async fn upsert(
                         && country_source != Some("source"))
                     || (anonymity.is_some() && hint_anonymity != anonymity)
                     || (c.hints.https.is_some() && hint_https != c.hints.https);
-                if country_changes && !bumped {
-                    bump_change_seq(tx).await?;
-                    bumped = true;
+                if country_changes {
+                    restamp.push(id);
                 }
                 if changes {
                     tx.execute(
@@ -249,6 +250,14 @@ async fn upsert(
         }
         ids.push(id);
         counts.found += 1;
+    }
+    if !restamp.is_empty() {
+        bump_change_seq(tx).await?;
+        tx.execute(
+            "UPDATE proxies SET changed_seq = (SELECT change_seq FROM meta) WHERE id = ANY($1)",
+            &[&restamp],
+        )
+        .await?;
     }
     Ok((counts, ids))
 }

@@ -21,7 +21,7 @@ const PROXY_COLUMNS: &str = "p.id, p.scheme, p.host, p.port, p.username, p.passw
     p.last_reason, p.hint_anonymity, p.hint_https, p.checks_total, p.checks_ok, \
     p.consecutive_failures, p.next_check_at, \
     (SELECT string_agg(s.name, E'\\n') FROM sources s \
-       JOIN proxy_sources ps ON ps.source_id = s.id AND ps.proxy_id = p.id)";
+       JOIN proxy_sources ps ON ps.source_id = s.id AND ps.proxy_id = p.id), p.failed_in_use_at";
 
 /// A text column as an enum; a value we did not write is an error that
 /// names it, not a panic.
@@ -91,6 +91,7 @@ fn proxy_from_row(row: &Row) -> Result<ProxyRecord, StoreError> {
                 v
             })
             .unwrap_or_default(),
+        failed_in_use_at: row.try_get(26)?,
     })
 }
 

@@ -11,6 +11,7 @@ mod crawls;
 pub(crate) mod frontier;
 mod ingest;
 mod listing;
+mod nodes;
 mod sites;
 
 use std::path::{Path, PathBuf};
@@ -30,6 +31,7 @@ use super::{DbError, StoreError};
 const MIGRATIONS: &[&str] = &[
     include_str!("../../../migrations/postgres/0001_init.sql"),
     include_str!("../../../migrations/postgres/0002_check_leases.sql"),
+    include_str!("../../../migrations/postgres/0003_nodes.sql"),
     include_str!("../../../migrations/postgres/0004_crawl_leases.sql"),
 ];
 
@@ -94,12 +96,16 @@ pub(crate) struct Postgres {
 
 struct Shared {
     pool: Pool,
-    /// Where to connect: crawl frontiers open connections of their own.
-    config: tokio_postgres::Config,
     /// The URL without its password: what logs and errors show.
     shown: PathBuf,
     /// Whether writes work (what the daemon's write monitor reads).
     health: WriteHealth,
+    /// How to connect: the connection that LISTENs for changes and each
+    /// crawl frontier's are their own.
+    config: tokio_postgres::Config,
+    /// Woken at every change number another connection commits, once
+    /// something asked for notices.
+    notices: std::sync::OnceLock<Arc<tokio::sync::Notify>>,
 }
 
 impl Postgres {
@@ -137,9 +143,10 @@ impl Postgres {
         Ok(Postgres {
             inner: Arc::new(Shared {
                 pool,
-                config,
                 shown,
                 health: WriteHealth::default(),
+                config,
+                notices: std::sync::OnceLock::new(),
             }),
         })
     }
@@ -170,7 +177,23 @@ impl Postgres {
             .await?
             .execute("UPDATE meta SET change_seq = change_seq", &[])
             .await?;
+        self.inner.health.wrote();
         Ok(())
+    }
+
+    /// Passes `r` on, noting in the write health a write the server
+    /// refused for want of room or because it turned read-only, as the
+    /// SQLite writer notes its own: the daemon then says it is degraded
+    /// and backs off. A trial write ([`Postgres::probe_writes`]) that
+    /// works ends the trouble.
+    pub(crate) fn observed<T>(&self, r: Result<T, StoreError>) -> Result<T, StoreError> {
+        if let Err(e) = &r
+            && let Some(kind) = e.write_failure()
+        {
+            tracing::debug!(database = %self.inner.shown.display(), %kind, error = %e, "the database refused a write");
+            self.inner.health.failed(kind, e.to_string());
+        }
+        r
     }
 
     /// The server keeps its own log: there is nothing to copy.

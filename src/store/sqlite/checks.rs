@@ -203,9 +203,14 @@ impl Sqlite {
                 c.prepare_cached("UPDATE proxies SET reports_ok = reports_ok + 1 WHERE id = ?1")?
                     .execute([id])?
             } else {
+                // A new change number, so that every process following the
+                // sequence stops serving it too.
+                bump_change_seq(c)?;
                 c.prepare_cached(
                     "UPDATE proxies SET reports_failed = reports_failed + 1,
-                         next_check_at = min(next_check_at, ?2) WHERE id = ?1",
+                         next_check_at = min(next_check_at, ?2),
+                         failed_in_use_at = max(coalesce(failed_in_use_at, 0), ?2),
+                         changed_seq = (SELECT change_seq FROM meta) WHERE id = ?1",
                 )?
                 .execute(params![id, now])?
             };

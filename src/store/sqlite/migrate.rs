@@ -26,6 +26,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../../migrations/0014_snapshots.sql"),
     include_str!("../../../migrations/0015_crawl_frontier.sql"),
     include_str!("../../../migrations/0016_check_leases.sql"),
+    include_str!("../../../migrations/0017_nodes.sql"),
     include_str!("../../../migrations/0018_crawl_leases.sql"),
 ];
 
@@ -36,6 +37,7 @@ pub const TABLES: &[&str] = &[
     "crawl_jobs",
     "crawl_meta",
     "crawl_urls",
+    "harvest_claims",
     "meta",
     "proxies",
     "proxy_counts",

@@ -11,6 +11,7 @@ mod ingest;
 mod listing;
 mod lookup;
 pub(crate) mod migrate;
+mod nodes;
 mod rows;
 mod sites;
 mod snapshots;

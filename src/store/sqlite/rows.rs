@@ -17,7 +17,7 @@ pub(super) const PROXY_COLUMNS: &str = "p.id, p.scheme, p.host, p.port, p.userna
     p.last_reason, p.hint_anonymity, p.hint_https, p.checks_total, p.checks_ok, \
     p.consecutive_failures, p.next_check_at, \
     (SELECT group_concat(s.name, char(10)) FROM sources s \
-       CROSS JOIN proxy_sources ps ON ps.source_id = s.id AND ps.proxy_id = p.id)";
+       CROSS JOIN proxy_sources ps ON ps.source_id = s.id AND ps.proxy_id = p.id), p.failed_in_use_at";
 
 /// Turns a text column into an enum, reporting bad values as conversion
 /// errors rather than panicking (the database may have been edited by hand).
@@ -83,6 +83,7 @@ pub(super) fn proxy_from_row(row: &Row) -> rusqlite::Result<ProxyRecord> {
                 v
             })
             .unwrap_or_default(),
+        failed_in_use_at: row.get(26)?,
     })
 }
 
