@@ -1,8 +1,10 @@
 //! `cargo bench --bench crawl`: the crawler's budgets on loopback.
 //!
-//! - `polite`: 300 pages, Crawl-delay 0.1 s, 20 proxies of which 4 dead, 2
-//!   banned by the site (captcha), 2 that accept and never answer; a per-IP
-//!   rate limit answering 429 + Retry-After. Every reachable page, 0
+//! - `polite`: 240 pages of one site, Crawl-delay 0.25 s (about a minute),
+//!   20 proxies of which 4 dead, 2 banned by the site (captcha), 2 that
+//!   accept and never answer; a per-IP rate limit answering 429 +
+//!   Retry-After. CPU per page ≤ 0.3 ms: a polite crawl mostly waits, and
+//!   waiting should cost nothing. Every reachable page, 0
 //!   duplicate fetches (pages the site served twice; a ban page or a 429
 //!   answered, then retried through another proxy, is counted apart), 0
 //!   robots-disallowed fetches, 0 direct requests, never
@@ -20,7 +22,18 @@
 //! in its own measuring process (`--measure PASS`), which starts the site
 //! and the proxies in a child (`--serve-farm PASS`) so their CPU and memory
 //! are not counted; the child reports what the site saw when its stdin
-//! closes.
+//! closes. CPU is user plus system time of the whole measuring process
+//! (every thread), from getrusage.
+//!
+//! `versus` compares builds in one run: this one's `proxywarden crawl` and
+//! older `proxywarden` binaries named by `BENCH_OLD_BIN` (`NAME=PATH`,
+//! comma-separated; build a commit in a worktree with `cargo build
+//! --release`). Each run gets a fresh farm (with a judge), a fresh database
+//! of the farm's proxies (`harvest`, `check --all`, unmeasured), then the
+//! measured `crawl` of the site: its wall and CPU (user + system of the
+//! crawl process, from our reaped children's rusage). Contenders alternate
+//! `BENCH_REPEAT=N` times (default 2); `CRAWL_BENCH_PASS` picks the pass
+//! (default `polite`; `throughput` works too).
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -43,6 +56,9 @@ const MEASURE_ARG: &str = "--measure";
 /// Mean pages in flight during the crawl, in hundredths.
 static IN_FLIGHT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 const FARM_ARG: &str = "--serve-farm";
+const VERSUS_ARG: &str = "versus";
+/// Older builds `versus` compares with: `NAME=PATH`, comma-separated.
+const OLD_BIN_ENV: &str = "BENCH_OLD_BIN";
 
 #[derive(Clone, Copy, Debug)]
 struct Pass {
@@ -64,9 +80,9 @@ struct Pass {
 const PASSES: [Pass; 3] = [
     Pass {
         name: "polite",
-        pages: 300,
+        pages: 240,
         fanout: 4,
-        crawl_delay: Some(0.1),
+        crawl_delay: Some(0.25),
         latency: Duration::from_millis(5),
         working: 12,
         dead: 4,
@@ -122,6 +138,20 @@ fn main() -> ExitCode {
     if let Some(i) = args.iter().position(|a| a == MEASURE_ARG) {
         measure(pass_named(i));
         return ExitCode::SUCCESS;
+    }
+    if args.iter().any(|a| a == VERSUS_ARG) {
+        let name = std::env::var("CRAWL_BENCH_PASS").unwrap_or_else(|_| "polite".into());
+        let pass = *PASSES
+            .iter()
+            .find(|p| p.name == name)
+            .unwrap_or_else(|| panic!("no pass named {name:?}"));
+        return match versus(pass) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("[versus] {e:#}");
+                ExitCode::FAILURE
+            }
+        };
     }
     let exe = std::env::current_exe().expect("current exe");
     let only = std::env::var("CRAWL_BENCH_PASS").ok();
@@ -214,9 +244,12 @@ fn serve_farm(pass: Pass) {
             );
         }
         let dead: Vec<_> = (0..pass.dead).map(|_| closed_port()).collect();
+        // For `versus`, whose contenders check the proxies themselves.
+        let judge = common::judges::Judge::plain().await;
         {
             let mut out = std::io::stdout().lock();
             writeln!(out, "site {}", site.url("/")).unwrap();
+            writeln!(out, "judge {}", judge.url()).unwrap();
             for p in &proxies {
                 writeln!(out, "proxy {}", p.url()).unwrap();
             }
@@ -272,26 +305,67 @@ fn serve_farm(pass: Pass) {
     rt.shutdown_background();
 }
 
-fn measure(pass: Pass) {
-    let exe = std::env::current_exe().expect("current exe");
-    let mut child = Command::new(exe)
-        .args([FARM_ARG, pass.name])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("start the farm");
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let mut site = String::new();
-    let mut proxies = Vec::new();
-    for line in lines.by_ref() {
-        let line = line.expect("farm output");
-        match line.split_once(' ') {
-            Some(("site", u)) => site = u.to_owned(),
-            Some(("proxy", u)) => proxies.push(u.to_owned()),
-            _ if line == "ready" => break,
-            _ => {}
+/// A pass's site, proxies and judge, served by a child process.
+struct Farm {
+    child: std::process::Child,
+    lines: std::io::Lines<BufReader<std::process::ChildStdout>>,
+    site: String,
+    judge: String,
+    proxies: Vec<String>,
+}
+
+impl Farm {
+    fn start(pass: Pass) -> Farm {
+        let exe = std::env::current_exe().expect("current exe");
+        let mut child = Command::new(exe)
+            .args([FARM_ARG, pass.name])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start the farm");
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let (mut site, mut judge) = (String::new(), String::new());
+        let mut proxies = Vec::new();
+        for line in lines.by_ref() {
+            let line = line.expect("farm output");
+            match line.split_once(' ') {
+                Some(("site", u)) => site = u.to_owned(),
+                Some(("judge", u)) => judge = u.to_owned(),
+                Some(("proxy", u)) => proxies.push(u.to_owned()),
+                _ if line == "ready" => break,
+                _ => {}
+            }
+        }
+        Farm {
+            child,
+            lines,
+            site,
+            judge,
+            proxies,
         }
     }
+
+    /// Stops the farm; what its site saw (`seen` fields by name).
+    fn finish(mut self) -> HashMap<String, f64> {
+        drop(self.child.stdin.take());
+        let mut seen = HashMap::new();
+        for line in self.lines.map_while(Result::ok) {
+            if let Some(rest) = line.strip_prefix("seen ") {
+                for kv in rest.split_whitespace() {
+                    if let Some((k, v)) = kv.split_once('=') {
+                        seen.insert(k.to_owned(), v.parse::<f64>().unwrap_or(0.0));
+                    }
+                }
+            }
+        }
+        let _ = self.child.wait();
+        seen
+    }
+}
+
+fn measure(pass: Pass) {
+    let farm = Farm::start(pass);
+    let (site, proxies) = (farm.site.clone(), farm.proxies.clone());
     let rt = tokio::runtime::Runtime::new().expect("tokio runtime");
     let dir = tempfile::tempdir().unwrap();
     let (summary, wall, cpu) = rt.block_on(async {
@@ -318,16 +392,14 @@ fn measure(pass: Pass) {
             ..CrawlOptions::default()
         };
         let progress = Arc::new(Progress::default());
-        // Pages in flight, sampled every 10 ms (every Crawl-delay on a
-        // polite pass, whose pages come that far apart: a 10 ms tick would
-        // wake this process a dozen times per page and count as the
-        // crawler's CPU): a wall far above the ideal with fewer than
-        // `concurrency` in flight is the crawler's own serialisation; with
-        // all in flight, each page takes longer.
-        let every = pass
-            .crawl_delay
-            .map_or(Duration::from_millis(10), Duration::from_secs_f64);
-        let sampler = {
+        // Pages in flight, sampled every 10 ms: a wall far above the ideal
+        // with fewer than `concurrency` in flight is the crawler's own
+        // serialisation; with all in flight, each page takes longer. Not
+        // on a polite pass, whose pages come a Crawl-delay apart: the
+        // samples would wake this process as often as the crawl does and
+        // count as the crawler's CPU.
+        let every = Duration::from_millis(10);
+        let sampler = pass.crawl_delay.is_none().then(|| {
             let progress = progress.clone();
             tokio::spawn(async move {
                 let (mut sum, mut n) = (0u64, 0u64);
@@ -344,29 +416,20 @@ fn measure(pass: Pass) {
                     IN_FLIGHT.store(sum * 100 / n.max(1), std::sync::atomic::Ordering::Relaxed);
                 }
             })
-        };
+        });
         let cpu0 = cpu_time();
         let t0 = Instant::now();
         let summary = crawl(&pool, opts, CancellationToken::new(), progress)
             .await
             .expect("crawl");
         let out = (summary, t0.elapsed(), cpu_time() - cpu0);
-        sampler.abort();
+        if let Some(s) = sampler {
+            s.abort();
+        }
         out
     });
     rt.shutdown_background();
-    drop(child.stdin.take());
-    let mut seen = HashMap::new();
-    for line in lines.map_while(Result::ok) {
-        if let Some(rest) = line.strip_prefix("seen ") {
-            for kv in rest.split_whitespace() {
-                if let Some((k, v)) = kv.split_once('=') {
-                    seen.insert(k.to_owned(), v.parse::<f64>().unwrap_or(0.0));
-                }
-            }
-        }
-    }
-    let _ = child.wait();
+    let seen = farm.finish();
     let pages = summary.ok() + summary.failed();
     let hwm_mb = proc_status_kib("VmHWM:") as f64 / 1024.0;
     println!(
@@ -393,12 +456,14 @@ fn measure(pass: Pass) {
         s("direct"),
         s("max_1s"),
     );
-    println!(
-        "[{}] mean pages in flight {:.1} of {}",
-        pass.name,
-        IN_FLIGHT.load(std::sync::atomic::Ordering::Relaxed) as f64 / 100.0,
-        pass.concurrency
-    );
+    if pass.crawl_delay.is_none() {
+        println!(
+            "[{}] mean pages in flight {:.1} of {}",
+            pass.name,
+            IN_FLIGHT.load(std::sync::atomic::Ordering::Relaxed) as f64 / 100.0,
+            pass.concurrency
+        );
+    }
     println!(
         "[{}] farm (site and proxies, another process): CPU {:.1}s = {:.0}% of one core over the wall",
         pass.name,
@@ -434,6 +499,210 @@ fn measure(pass: Pass) {
     }
 }
 
+/// One build's `proxywarden` in `versus`.
+struct Contender {
+    name: String,
+    bin: std::path::PathBuf,
+}
+
+/// One measured crawl of a contender.
+struct VersusRun {
+    wall: Duration,
+    cpu: Duration,
+    pages: usize,
+    ok: usize,
+    seen: HashMap<String, f64>,
+}
+
+impl VersusRun {
+    fn cpu_per_page_ms(&self) -> f64 {
+        self.cpu.as_secs_f64() * 1000.0 / self.pages.max(1) as f64
+    }
+}
+
+/// `versus`: each contender's `proxywarden crawl` of a fresh farm, in turn.
+fn versus(pass: Pass) -> anyhow::Result<()> {
+    let mut contenders = Vec::new();
+    if let Ok(list) = std::env::var(OLD_BIN_ENV) {
+        for (i, item) in list.split(',').filter(|s| !s.is_empty()).enumerate() {
+            let (name, path) = item
+                .split_once('=')
+                .unwrap_or((if i == 0 { "old" } else { "older" }, item));
+            contenders.push(Contender {
+                name: name.to_owned(),
+                bin: path.into(),
+            });
+        }
+    } else {
+        println!("[versus] {OLD_BIN_ENV} is not set: measuring this build alone");
+    }
+    contenders.push(Contender {
+        name: "new".into(),
+        bin: env!("CARGO_BIN_EXE_proxywarden").into(),
+    });
+    let repeat: usize = std::env::var("BENCH_REPEAT")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2)
+        .max(1);
+    let tmp = tempfile::tempdir()?;
+    let mut results: Vec<Vec<VersusRun>> = contenders.iter().map(|_| Vec::new()).collect();
+    // Interleaved, so that a busy spell on the machine does not fall on
+    // one contender only.
+    for round in 0..repeat {
+        for (c, runs) in contenders.iter().zip(&mut results) {
+            let dir = tmp.path().join(format!("{}-{round}", c.name));
+            let run = versus_run(pass, c, &dir)?;
+            println!(
+                "[versus {}] {:>5} #{}: wall {:.1} s, CPU {:.3} s = {:.3} ms/page ({} pages, {} ok); \
+                 site: served twice {}, most requests in 1 s {}",
+                pass.name,
+                c.name,
+                round + 1,
+                run.wall.as_secs_f64(),
+                run.cpu.as_secs_f64(),
+                run.cpu_per_page_ms(),
+                run.pages,
+                run.ok,
+                run.seen.get("duplicates").copied().unwrap_or(-1.0),
+                run.seen.get("max_1s").copied().unwrap_or(-1.0),
+            );
+            runs.push(run);
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+    }
+    let median = |mut v: Vec<f64>| -> f64 {
+        v.sort_by(f64::total_cmp);
+        let n = v.len();
+        if n % 2 == 1 {
+            v[n / 2]
+        } else {
+            (v[n / 2 - 1] + v[n / 2]) / 2.0
+        }
+    };
+    let medians: Vec<(f64, f64)> = results
+        .iter()
+        .map(|runs| {
+            (
+                median(runs.iter().map(VersusRun::cpu_per_page_ms).collect()),
+                median(runs.iter().map(|r| r.wall.as_secs_f64()).collect()),
+            )
+        })
+        .collect();
+    let (new_cpu, new_wall) = *medians.last().expect("the new build");
+    for (c, (cpu, wall)) in contenders.iter().zip(&medians) {
+        println!(
+            "[versus {}] {:>5} median: CPU {cpu:.3} ms/page, wall {wall:.1} s; new/{}: CPU {:.2}×, wall {:.2}×",
+            pass.name,
+            c.name,
+            c.name,
+            new_cpu / cpu,
+            new_wall / wall,
+        );
+    }
+    println!(
+        "[versus {}] target: ≤ 0.3 ms CPU per page (new: {new_cpu:.3})",
+        pass.name
+    );
+    Ok(())
+}
+
+/// A fresh farm and database for contender `c`, then its measured crawl.
+fn versus_run(pass: Pass, c: &Contender, dir: &std::path::Path) -> anyhow::Result<VersusRun> {
+    std::fs::create_dir_all(dir)?;
+    let farm = Farm::start(pass);
+    let list: String = farm.proxies.iter().map(|p| format!("{p}\n")).collect();
+    std::fs::write(dir.join("list.txt"), list)?;
+    // The farm listens on loopback, which builds drop from lists unless
+    // told to keep it.
+    std::fs::write(
+        dir.join("proxywarden.toml"),
+        format!(
+            r#"[database]
+path = "{db}"
+
+[harvest]
+allow_private_addresses = true
+
+[check]
+judges = ["{judge}"]
+https = false
+connect_timeout = "1s"
+timeout = "2s"
+
+[[sources]]
+name = "farm"
+url = "{list}"
+"#,
+            db = dir.join("bench.db").display(),
+            judge = farm.judge,
+            list = dir.join("list.txt").display(),
+        ),
+    )?;
+    let run = |args: &[String]| -> anyhow::Result<(Duration, Duration)> {
+        let before = rusage_cpu(nix::sys::resource::UsageWho::RUSAGE_CHILDREN);
+        let started = Instant::now();
+        let out = Command::new(&c.bin)
+            .args(["--config", "proxywarden.toml"])
+            .args(args)
+            .current_dir(dir)
+            .stdin(Stdio::null())
+            .output()?;
+        let wall = started.elapsed();
+        // The farm is reaped last: our reaped children's time grew by this
+        // child's alone.
+        let cpu = rusage_cpu(nix::sys::resource::UsageWho::RUSAGE_CHILDREN) - before;
+        anyhow::ensure!(
+            out.status.success(),
+            "{} {args:?} failed ({}): {}",
+            c.name,
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok((wall, cpu))
+    };
+    let owned = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    run(&owned(&["harvest"]))?;
+    run(&owned(&["check", "--all"]))?;
+    let mut args = owned(&[
+        "crawl",
+        &farm.site,
+        "--output",
+        "pages.jsonl",
+        "--connect-timeout",
+        "1s",
+        "--first-byte-timeout",
+        "2s",
+        "--timeout",
+        "5s",
+        "--no-proxy-wait",
+        "30s",
+    ]);
+    args.extend([
+        "--concurrency".into(),
+        pass.concurrency.to_string(),
+        "--per-host-concurrency".into(),
+        pass.per_host.to_string(),
+    ]);
+    if let Some(m) = pass.max_pages {
+        args.extend(["--max-pages".into(), m.to_string()]);
+    }
+    let (wall, cpu) = run(&args)?;
+    let (mut pages, mut ok) = (0, 0);
+    for line in std::fs::read_to_string(dir.join("pages.jsonl"))?.lines() {
+        let v: serde_json::Value = serde_json::from_str(line)?;
+        pages += 1;
+        ok += usize::from(v["error"].is_null());
+    }
+    Ok(VersusRun {
+        wall,
+        cpu,
+        pages,
+        ok,
+        seen: farm.finish(),
+    })
+}
+
 /// A `kB` field of /proc/self/status, in KiB (0 if missing).
 fn proc_status_kib(field: &str) -> u64 {
     std::fs::read_to_string("/proc/self/status")
@@ -444,15 +713,15 @@ fn proc_status_kib(field: &str) -> u64 {
         .unwrap_or(0)
 }
 
-/// User plus system CPU time of this process (all threads).
+/// User plus system CPU time of this process (all threads), to the
+/// microsecond: a polite crawl spends a fraction of a second in a minute.
 fn cpu_time() -> Duration {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    let rest = stat.rfind(')').map_or("", |i| &stat[i + 1..]);
-    let f: Vec<u64> = rest
-        .split_whitespace()
-        .map(|v| v.parse().unwrap_or(0))
-        .collect();
-    let ticks = f.get(11).copied().unwrap_or(0) + f.get(12).copied().unwrap_or(0);
-    // Linux reports in USER_HZ, 100 on every common build.
-    Duration::from_millis(ticks * 10)
+    rusage_cpu(nix::sys::resource::UsageWho::RUSAGE_SELF)
+}
+
+/// User plus system CPU time of `who`.
+fn rusage_cpu(who: nix::sys::resource::UsageWho) -> Duration {
+    let usage = nix::sys::resource::getrusage(who).expect("getrusage");
+    let micros = |t: nix::sys::time::TimeVal| (t.tv_sec() * 1_000_000 + t.tv_usec()) as u64;
+    Duration::from_micros(micros(usage.user_time()) + micros(usage.system_time()))
 }

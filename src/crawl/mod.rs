@@ -187,6 +187,11 @@ const ROBOTS_TRIES: u32 = 3;
 /// nesting cap): links and fields read until then are kept. A flat 10 MiB
 /// page parses in about a second.
 const PARSE_TIME: Duration = Duration::from_secs(10);
+/// Pages up to this size are hashed and parsed on the crawl's own thread
+/// as they land (tens of microseconds for most pages): no hop to the
+/// blocking pool and back. Larger ones are parsed on the blocking pool, so
+/// that one slow page never holds up the crawl's loop.
+const PARSE_HERE: usize = 64 * 1024;
 /// URLs that need no request settled in one look for work, so that a
 /// frontier of disallowed links is worked through in committed batches
 /// between looks at the pages that finished.
@@ -247,8 +252,15 @@ enum Job {
     Robots(String, ::url::Url),
 }
 
+/// A page as its task hands it over: digested there, or small enough to be
+/// digested on the crawl's thread ([`PARSE_HERE`]).
+enum Landed {
+    Digested(Fetched),
+    Raw(Page),
+}
+
 enum Done {
-    Page(Queued, Box<Result<Fetched, FetchError>>, Duration),
+    Page(Queued, Box<Result<Landed, FetchError>>, Duration),
     Robots(String, RobotsOutcome),
 }
 
@@ -382,6 +394,7 @@ async fn crawl_here(
         summary: Summary::default(),
         progress,
         frontier,
+        selects: opts.selects.clone().into(),
         opts,
     };
     c.take_in_hosts()?;
@@ -430,6 +443,8 @@ struct Crawler {
     summary: Summary,
     progress: Arc<Progress>,
     frontier: Frontier,
+    /// `opts.selects`, shared with the tasks that parse large pages.
+    selects: Arc<[Select]>,
     opts: CrawlOptions,
 }
 
@@ -546,7 +561,7 @@ impl Crawler {
                 self.taken += 1;
                 self.unqueue();
                 let follow = self.follow_rule(&q.host);
-                let selects = self.opts.selects.clone();
+                let selects = self.selects.clone();
                 let all = self.opts.select_all;
                 let bodies = self.opts.bodies.clone();
                 running.spawn(async move {
@@ -562,7 +577,14 @@ impl Crawler {
                         Err(e) => Err(e),
                     };
                     let result = match result {
-                        Ok(page) => Ok(digest(page, selects, all, bodies.as_deref()).await),
+                        // Stored bodies are written from here, off the
+                        // crawl's thread.
+                        Ok(page) if page.body().len() <= PARSE_HERE && bodies.is_none() => {
+                            Ok(Landed::Raw(page))
+                        }
+                        Ok(page) => Ok(Landed::Digested(
+                            digest(page, selects, all, bodies.as_deref()).await,
+                        )),
                         Err(e) => Err(e),
                     };
                     Done::Page(q, Box::new(result), t0.elapsed())
@@ -856,7 +878,11 @@ impl Crawler {
                     None => return Ok(()),
                 };
                 match *result {
-                    Ok(f) => self.fetched(sink, q, f, elapsed)?,
+                    Ok(Landed::Digested(f)) => self.fetched(sink, q, f, elapsed)?,
+                    Ok(Landed::Raw(page)) => {
+                        let f = digest_here(page, &self.selects, self.opts.select_all);
+                        self.fetched(sink, q, f, elapsed)?
+                    }
                     Err(e) => {
                         if matches!(e, FetchError::NoProxy { .. })
                             && let Some(why) = self.no_proxy_matches(&e)
@@ -1094,7 +1120,7 @@ impl Crawler {
     /// done so [`ROBOTS_TRIES`] times in a row: the host backs off (as for
     /// robots.txt, doubled each time) and the page waits its turn again,
     /// neither fetched nor failed. Otherwise hands `q` back to be written.
-    fn site_silent(&mut self, q: Queued, result: &Result<Fetched, FetchError>) -> Option<Queued> {
+    fn site_silent(&mut self, q: Queued, result: &Result<Landed, FetchError>) -> Option<Queued> {
         if !matches!(result, Err(FetchError::SiteTimeout { .. })) {
             return Some(q);
         }
@@ -1165,36 +1191,76 @@ fn first_sight(seen: &Mutex<HashSet<u64>>, url: &str) -> bool {
     seen.insert(hash(url))
 }
 
-/// Hashes, parses and stores a page in its own task; hashing and parsing
-/// (CPU work that grows with the page) run on the blocking pool, bounded
-/// by [`PARSE_TIME`] and the parser's depth cap.
+/// Hashes and parses a page on the thread it is called on (one that may
+/// block), bounded by [`PARSE_TIME`] and the parser's depth cap.
+fn digest_here(page: Page, selects: &[Select], all: bool) -> Fetched {
+    let parsed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        hash_and_extract(page.body(), page.final_url(), is_html(&page), selects, all)
+    }));
+    let (sha256, e) = match parsed {
+        Ok(done) => done,
+        // A parser panic is a bug; it costs the page its extraction, not
+        // the crawl.
+        Err(_) => {
+            tracing::warn!(url = %page.final_url(), "parsing a page failed unexpectedly");
+            (sha256_hex(page.body()), extract::Extracted::default())
+        }
+    };
+    Fetched {
+        page,
+        sha256,
+        title: e.title,
+        links: e.links,
+        fields: e.fields,
+        parse_stopped: e.stopped,
+    }
+}
+
+/// The body's SHA-256 and, when it is `html`, its title, links and fields.
+fn hash_and_extract(
+    body: &[u8],
+    base: &::url::Url,
+    html: bool,
+    selects: &[Select],
+    all: bool,
+) -> (String, extract::Extracted) {
+    let e = if html {
+        let deadline = crate::html::Deadline {
+            started: std::time::Instant::now(),
+            allowed: PARSE_TIME,
+            setting: "the crawl's parse time",
+        };
+        let text = String::from_utf8_lossy(body);
+        extract::extract(&text, base, selects, all, Some(deadline))
+    } else {
+        extract::Extracted::default()
+    };
+    (sha256_hex(body), e)
+}
+
+/// A successful answer that is (or says nothing against being) HTML.
+fn is_html(page: &Page) -> bool {
+    page.status().is_success()
+        && page
+            .content_type()
+            .is_none_or(|t| t.to_ascii_lowercase().contains("html"))
+}
+
+/// Hashes, parses and stores a large page in its own task; hashing and
+/// parsing (CPU work that grows with the page) run on the blocking pool,
+/// bounded by [`PARSE_TIME`] and the parser's depth cap.
 async fn digest(
     page: Page,
-    selects: Vec<Select>,
+    selects: Arc<[Select]>,
     all: bool,
     bodies: Option<&std::path::Path>,
 ) -> Fetched {
-    let html = page.status().is_success()
-        && page
-            .content_type()
-            .is_none_or(|t| t.to_ascii_lowercase().contains("html"));
-    let deadline = crate::html::Deadline {
-        started: std::time::Instant::now(),
-        allowed: PARSE_TIME,
-        setting: "the crawl's parse time",
-    };
     let body = page.body().clone();
     let base = page.final_url().clone();
-    let joined = tokio::task::spawn_blocking(move || {
-        let e = if html {
-            let text = String::from_utf8_lossy(&body);
-            extract::extract(&text, &base, &selects, all, Some(deadline))
-        } else {
-            extract::Extracted::default()
-        };
-        (sha256_hex(&body), e)
-    })
-    .await;
+    let html = is_html(&page);
+    let joined =
+        tokio::task::spawn_blocking(move || hash_and_extract(&body, &base, html, &selects, all))
+            .await;
     let (sha256, e) = match joined {
         Ok(done) => done,
         // A parser panic is a bug; it costs the page its extraction, not
