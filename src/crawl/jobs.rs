@@ -159,8 +159,13 @@ impl CrawlJobs {
             && let Err(e) = self.inner.store.clear_crawl_leases().await
         {
             // A SQLite database is this node's alone: what its last run
-            // held is its own again.
-            tracing::error!(error = %e, "cannot take back the crawl jobs of the last run");
+            // held is its own again (or once its leases end, when the disk
+            // refuses the write; the write watch says so).
+            if e.write_failure().is_some() {
+                tracing::debug!(error = %e, "cannot take back the crawl jobs of the last run");
+            } else {
+                tracing::error!(error = %e, "cannot take back the crawl jobs of the last run");
+            }
         }
         let mut beat = tokio::time::interval(HEARTBEAT);
         beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
