@@ -1,7 +1,7 @@
 //! `cargo bench --bench gateway_wrk`: the gateway as users run it
 //! (`proxywarden serve`, a process of its own, on proxies it harvested and
 //! checked) under wrk's load, against the same load sent to one upstream
-//! proxy directly (issue 22, Must 2).
+//! proxy directly.
 //!
 //! - `plain`: `wrk -t2 -c32 --latency` keep-alive GETs for a small page,
 //!   absolute-form (as a proxy client sends them), alternating slices

@@ -1,5 +1,5 @@
 //! `cargo bench --bench nodes`: several `serve` nodes on one PostgreSQL
-//! database (issue 23, Must 5, the check part). A farm of 4,000 working
+//! database: checks split between nodes. A farm of 4,000 working
 //! fake proxies is listed in a source file; the judge answers requests that
 //! come through a proxy 200 ms late, as a distant judge behind free proxies
 //! does, so a round is bound by checks in flight, not by a core. The
