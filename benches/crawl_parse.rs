@@ -222,23 +222,10 @@ async fn measure() -> anyhow::Result<bool> {
     cli(bin, &config, &["check", "--all"]).await?;
 
     let (mut daemon, pid) = common::binary::spawn_serve(bin, &config, &dir.join("daemon.log"))?;
+    common::binary::wait_healthy(&mut daemon, api, Duration::from_secs(30))
+        .await
+        .with_context(|| format!("see {}", dir.display()))?;
     let http = client(Duration::from_secs(30));
-    let up = Instant::now();
-    loop {
-        if let Ok(r) = http.get(format!("http://{api}/healthz")).send().await
-            && r.status().is_success()
-        {
-            break;
-        }
-        if let Some(status) = daemon.try_wait()? {
-            anyhow::bail!("serve exited with {status}; see {}", dir.display());
-        }
-        anyhow::ensure!(
-            up.elapsed() < Duration::from_secs(30),
-            "serve did not start"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 
     let n = pages();
     let created = http

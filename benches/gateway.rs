@@ -45,14 +45,14 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use common::fakes::{EchoServer, FakeHttpProxy, HttpProxyOpts, raise_nofile_limit};
+use common::fakes::{EchoServer, FakeHttpProxy, HttpProxyOpts, raise_nofile_limit, tunnel_once};
 use common::site::{Reply, Site, SiteOpts};
 use common::{AliveProxy, TestConfig, store_with_alive};
 use http_body_util::{BodyExt, Empty};
 use hyper_util::rt::TokioIo;
 use proxywarden::gateway::{self, Gateway};
 use proxywarden::health::{Feedback, load_index};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 
@@ -478,34 +478,6 @@ fn report(pass: &str, what: &str, direct: Tally, via: Tally, target: f64) {
          {d_farm:.1} µs, gateway {g_farm:.1} µs",
         g_here - d_here
     );
-}
-
-/// A new tunnel to the echo target through `proxy` (the gateway or an
-/// upstream): CONNECT, one byte there and back, close.
-async fn tunnel_once(proxy: SocketAddr, echo: SocketAddr) -> bool {
-    let Ok(mut s) = TcpStream::connect(proxy).await else {
-        return false;
-    };
-    let _ = s.set_nodelay(true);
-    let head = format!("CONNECT {echo} HTTP/1.1\r\nHost: {echo}\r\n\r\n");
-    if s.write_all(head.as_bytes()).await.is_err() {
-        return false;
-    }
-    let mut buf = [0u8; 512];
-    let mut got = Vec::new();
-    while !got.windows(4).any(|w| w == b"\r\n\r\n") {
-        match s.read(&mut buf).await {
-            Ok(0) | Err(_) => return false,
-            Ok(n) => got.extend_from_slice(&buf[..n]),
-        }
-    }
-    if !got.starts_with(b"HTTP/1.1 200") {
-        return false;
-    }
-    if s.write_all(b"x").await.is_err() {
-        return false;
-    }
-    matches!(s.read(&mut buf).await, Ok(1))
 }
 
 async fn connect(farm: &Farm, gateway: SocketAddr) {

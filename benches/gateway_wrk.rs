@@ -42,12 +42,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use common::daemon::client;
-use common::fakes::{EchoServer, FakeHttpProxy, HttpProxyOpts, raise_nofile_limit};
+use common::fakes::{EchoServer, FakeHttpProxy, HttpProxyOpts, raise_nofile_limit, tunnel_once};
 use common::judges::Judge;
 use common::site::{Reply, Site, SiteOpts};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::TcpStream;
+use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
 const FARM_ARG: &str = "--serve-farm";
@@ -192,23 +190,9 @@ async fn start_daemon(
     cli(bin, &config, &["harvest"]).await?;
     cli(bin, &config, &["check", "--all"]).await?;
     let (mut child, pid) = common::binary::spawn_serve(bin, &config, &dir.join("daemon.log"))?;
-    let http = client(Duration::from_secs(5));
-    let up = Instant::now();
-    loop {
-        if let Ok(r) = http.get(format!("http://{api}/healthz")).send().await
-            && r.status().is_success()
-        {
-            break;
-        }
-        if let Some(status) = child.try_wait()? {
-            anyhow::bail!("{bin} serve exited with {status}; see {}", dir.display());
-        }
-        anyhow::ensure!(
-            up.elapsed() < Duration::from_secs(30),
-            "{bin} serve did not start"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    common::binary::wait_healthy(&mut child, api, Duration::from_secs(30))
+        .await
+        .with_context(|| format!("{bin}; see {}", dir.display()))?;
     // Warm-up: every upstream used once, connections opened.
     for _ in 0..UPSTREAMS * 4 {
         anyhow::ensure!(
@@ -492,34 +476,6 @@ async fn plain(farm: &Farm, new: &Daemon, old: Option<&Daemon>, dir: &Path) -> a
 
 // ---------------------------------------------------------------------------
 // connect: new tunnels
-
-/// A new tunnel to the echo target through `proxy`: CONNECT, one byte
-/// there and back, close.
-async fn tunnel_once(proxy: SocketAddr, echo: SocketAddr) -> bool {
-    let Ok(mut s) = TcpStream::connect(proxy).await else {
-        return false;
-    };
-    let _ = s.set_nodelay(true);
-    let head = format!("CONNECT {echo} HTTP/1.1\r\nHost: {echo}\r\n\r\n");
-    if s.write_all(head.as_bytes()).await.is_err() {
-        return false;
-    }
-    let mut buf = [0u8; 512];
-    let mut got = Vec::new();
-    while !got.windows(4).any(|w| w == b"\r\n\r\n") {
-        match s.read(&mut buf).await {
-            Ok(0) | Err(_) => return false,
-            Ok(n) => got.extend_from_slice(&buf[..n]),
-        }
-    }
-    if !got.starts_with(b"HTTP/1.1 200") {
-        return false;
-    }
-    if s.write_all(b"x").await.is_err() {
-        return false;
-    }
-    matches!(s.read(&mut buf).await, Ok(1))
-}
 
 /// Tunnels opened through one path, and the CPU its daemon used.
 #[derive(Default)]

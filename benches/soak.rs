@@ -541,25 +541,12 @@ async fn soak(minutes: usize) -> anyhow::Result<bool> {
     // `serve` at once on what the CLI just filled, as in the issue.
     let (mut daemon, pid) = common::binary::spawn_serve(bin, &config, &dir.join("daemon.log"))?;
     let http = client(Duration::from_secs(10), None)?;
-    let up = Instant::now();
-    loop {
-        if let Ok(r) = http.get(format!("http://{api}/healthz")).send().await
-            && r.status().is_success()
-        {
-            break;
-        }
-        if let Some(status) = daemon.try_wait()? {
-            anyhow::bail!("serve exited with {status}; see {}", dir.display());
-        }
-        anyhow::ensure!(
-            up.elapsed() < Duration::from_secs(30),
-            "serve did not answer /healthz within 30 s"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let up = common::binary::wait_healthy(&mut daemon, api, Duration::from_secs(30))
+        .await
+        .with_context(|| format!("see {}", dir.display()))?;
     println!(
         "serve (pid {pid}) answered /healthz after {:.2}s; API {api}, gateway {gateway}",
-        up.elapsed().as_secs_f64()
+        up.as_secs_f64()
     );
 
     let shared = Arc::new(Shared {

@@ -3,6 +3,7 @@
 
 use std::path::Path;
 use std::process::{Output, Stdio};
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use tokio::process::{Child, Command};
@@ -35,4 +36,34 @@ pub fn spawn_serve(bin: &str, config: &Path, log: &Path) -> anyhow::Result<(Chil
         .with_context(|| format!("start {bin} serve"))?;
     let pid = daemon.id().context("the daemon exited at once")?;
     Ok((daemon, pid))
+}
+
+/// Waits until `daemon` answers `GET http://{api}/healthz` with a success,
+/// for at most `within`; how long that took. An error when the process
+/// exits first or the time runs out.
+pub async fn wait_healthy(
+    daemon: &mut Child,
+    api: impl std::fmt::Display,
+    within: Duration,
+) -> anyhow::Result<Duration> {
+    let http = reqwest::Client::builder()
+        .no_proxy()
+        .timeout(within)
+        .build()?;
+    let up = Instant::now();
+    loop {
+        if let Ok(r) = http.get(format!("http://{api}/healthz")).send().await
+            && r.status().is_success()
+        {
+            return Ok(up.elapsed());
+        }
+        if let Some(status) = daemon.try_wait()? {
+            anyhow::bail!("serve exited with {status}");
+        }
+        anyhow::ensure!(
+            up.elapsed() < within,
+            "serve did not answer /healthz within {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }

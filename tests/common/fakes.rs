@@ -1382,3 +1382,31 @@ pub async fn http_proxy(last: u8) -> FakeHttpProxy {
     })
     .await
 }
+
+/// A new tunnel to the echo target through `proxy` (the gateway or an
+/// upstream): CONNECT, one byte there and back, close.
+pub async fn tunnel_once(proxy: SocketAddr, echo: SocketAddr) -> bool {
+    let Ok(mut s) = TcpStream::connect(proxy).await else {
+        return false;
+    };
+    let _ = s.set_nodelay(true);
+    let head = format!("CONNECT {echo} HTTP/1.1\r\nHost: {echo}\r\n\r\n");
+    if s.write_all(head.as_bytes()).await.is_err() {
+        return false;
+    }
+    let mut buf = [0u8; 512];
+    let mut got = Vec::new();
+    while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+        match s.read(&mut buf).await {
+            Ok(0) | Err(_) => return false,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+        }
+    }
+    if !got.starts_with(b"HTTP/1.1 200") {
+        return false;
+    }
+    if s.write_all(b"x").await.is_err() {
+        return false;
+    }
+    matches!(s.read(&mut buf).await, Ok(1))
+}
