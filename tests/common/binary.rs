@@ -46,10 +46,7 @@ pub async fn wait_healthy(
     api: impl std::fmt::Display,
     within: Duration,
 ) -> anyhow::Result<Duration> {
-    let http = reqwest::Client::builder()
-        .no_proxy()
-        .timeout(within)
-        .build()?;
+    let http = super::daemon::client(within);
     let up = Instant::now();
     loop {
         if let Ok(r) = http.get(format!("http://{api}/healthz")).send().await
