@@ -40,6 +40,11 @@ struct Idle<C> {
 struct Conns<K, C> {
     by_key: HashMap<K, Vec<Idle<C>>>,
     count: usize,
+    /// When those too old or closed were last let go: at most one
+    /// `keep_for` ago while connections are put back, so a connection to
+    /// a proxy no request goes through again is closed soon after it is
+    /// too old to reuse, not kept until the cache fills.
+    swept: Instant,
 }
 
 /// Idle connections by key (which proxy, and where through it), bounded
@@ -57,6 +62,7 @@ impl<K: Hash + Eq + Clone, C: Reusable> IdleConns<K, C> {
             conns: Mutex::new(Conns {
                 by_key: HashMap::new(),
                 count: 0,
+                swept: Instant::now(),
             }),
         }
     }
@@ -88,12 +94,13 @@ impl<K: Hash + Eq + Clone, C: Reusable> IdleConns<K, C> {
         let keep_for = self.limits.keep_for;
         let mut guard = lock(&self.conns);
         let conns = &mut *guard;
-        if conns.count >= self.limits.total {
+        if conns.count >= self.limits.total || conns.swept.elapsed() >= keep_for {
             conns.by_key.retain(|_, list| {
                 list.retain(|c| c.since.elapsed() < keep_for && c.conn.usable());
                 !list.is_empty()
             });
             conns.count = conns.by_key.values().map(Vec::len).sum();
+            conns.swept = Instant::now();
             if conns.count >= self.limits.total {
                 return;
             }
@@ -158,5 +165,24 @@ mod tests {
         assert_eq!(idle.len(), 1);
         assert!(idle.take(&(2, "a")).is_some());
         assert!(idle.is_empty());
+    }
+
+    #[test]
+    fn those_too_old_are_let_go_when_others_are_put_back() {
+        let keep_for = Duration::from_millis(30);
+        let idle = IdleConns::new(IdleLimits {
+            per_key: 2,
+            total: 100,
+            keep_for,
+        });
+        for proxy in 0..10 {
+            idle.put((proxy, "a"), Fake(true));
+        }
+        assert_eq!(idle.len(), 10);
+        // No request goes through those ten again; once they are too old
+        // to reuse, the next connection put back lets them go.
+        std::thread::sleep(keep_for + Duration::from_millis(5));
+        idle.put((10, "a"), Fake(true));
+        assert_eq!(idle.len(), 1, "only the new one is kept");
     }
 }
