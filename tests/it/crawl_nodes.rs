@@ -32,6 +32,41 @@ async fn polite_site() -> Site {
     Site::start(opts).await
 }
 
+/// A real PostgreSQL server holding `proxies` working fake proxies, the
+/// polite site, and a folder for the nodes: what the two-node tests share.
+struct Cluster {
+    dir: tempfile::TempDir,
+    pg: PgServer,
+    site: Site,
+    _farm: Vec<common::fakes::FakeHttpProxy>,
+}
+
+impl Cluster {
+    async fn start(proxies: u8) -> Cluster {
+        let dir = tempfile::tempdir().unwrap();
+        let pg = tokio::task::spawn_blocking(PgServer::start).await.unwrap();
+        let site = polite_site().await;
+        let (farm, alive) = working_proxies(proxies).await;
+        put_alive(&Store::connect(&pg.url()).await.unwrap(), &alive).await;
+        Cluster {
+            dir,
+            pg,
+            site,
+            _farm: farm,
+        }
+    }
+
+    /// A `serve` node named `name` on the shared database.
+    async fn node(&self, name: &str) -> Node {
+        Node::start(
+            &self.dir.path().join(name),
+            &self.pg.url(),
+            env!("CARGO_BIN_EXE_proxywarden"),
+        )
+        .await
+    }
+}
+
 /// The shortest time between two requests the site saw.
 fn smallest_gap(site: &Site) -> Duration {
     let log = site.log();
@@ -44,18 +79,10 @@ fn smallest_gap(site: &Site) -> Duration {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crawl_job_is_finished_by_the_other_node_when_its_node_is_killed() {
     tokio::time::timeout(Duration::from_secs(180), async {
-        let dir = tempfile::tempdir().unwrap();
-        let pg = tokio::task::spawn_blocking(PgServer::start).await.unwrap();
-        let site = polite_site().await;
-        let (_farm, alive) = working_proxies(3).await;
-        put_alive(&Store::connect(&pg.url()).await.unwrap(), &alive).await;
+        let cluster = Cluster::start(3).await;
+        let site = &cluster.site;
 
-        let a = Node::start(
-            &dir.path().join("a"),
-            &pg.url(),
-            env!("CARGO_BIN_EXE_proxywarden"),
-        )
-        .await;
+        let a = cluster.node("a").await;
         let body = format!(
             r#"{{"seeds": ["{}"], "per_host_concurrency": 2}}"#,
             site.url("/")
@@ -73,12 +100,7 @@ async fn a_crawl_job_is_finished_by_the_other_node_when_its_node_is_killed() {
                 >= 5
         })
         .await;
-        let b = Node::start(
-            &dir.path().join("b"),
-            &pg.url(),
-            env!("CARGO_BIN_EXE_proxywarden"),
-        )
-        .await;
+        let b = cluster.node("b").await;
         assert_eq!(b.state(id).await, "running");
         let before_kill: HashSet<String> = site.per_path().into_keys().collect();
         a.kill().await;
@@ -105,7 +127,7 @@ async fn a_crawl_job_is_finished_by_the_other_node_when_its_node_is_killed() {
         );
         // Request starts arrive spaced by the delay, give or take the jitter
         // of the proxy hop, across both nodes.
-        let gap = smallest_gap(&site);
+        let gap = smallest_gap(site);
         assert!(
             gap >= CRAWL_DELAY.mul_f64(0.8),
             "two requests {gap:?} apart"
@@ -120,17 +142,9 @@ async fn a_crawl_job_is_finished_by_the_other_node_when_its_node_is_killed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancel_asked_on_either_node_stops_the_job_where_it_runs() {
     tokio::time::timeout(Duration::from_secs(120), async {
-        let dir = tempfile::tempdir().unwrap();
-        let pg = tokio::task::spawn_blocking(PgServer::start).await.unwrap();
-        let site = polite_site().await;
-        let (_farm, alive) = working_proxies(2).await;
-        put_alive(&Store::connect(&pg.url()).await.unwrap(), &alive).await;
-        let a = Node::start(
-            &dir.path().join("a"),
-            &pg.url(),
-            env!("CARGO_BIN_EXE_proxywarden"),
-        )
-        .await;
+        let cluster = Cluster::start(2).await;
+        let site = &cluster.site;
+        let a = cluster.node("a").await;
         let (status, job) = a
             .post_crawl(format!(r#"{{"seeds": ["{}"]}}"#, site.url("/")))
             .await;
@@ -140,12 +154,7 @@ async fn a_cancel_asked_on_either_node_stops_the_job_where_it_runs() {
             site.per_path().keys().any(|p| p.starts_with("/p/"))
         })
         .await;
-        let b = Node::start(
-            &dir.path().join("b"),
-            &pg.url(),
-            env!("CARGO_BIN_EXE_proxywarden"),
-        )
-        .await;
+        let b = cluster.node("b").await;
         let resp = b
             .http
             .delete(b.url(&format!("/crawls/{id}")))
