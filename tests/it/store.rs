@@ -122,7 +122,10 @@ async fn a_database_from_a_newer_version_is_refused() {
     ));
     let msg = err.to_string();
     assert!(msg.contains("schema version 99"), "{msg}");
-    assert!(msg.contains("upgrade proxywarden"), "{msg}");
+    assert!(
+        msg.contains("upgrade proxywarden or point database.path at another database"),
+        "{msg}"
+    );
 }
 
 #[tokio::test]
@@ -1609,7 +1612,8 @@ async fn postgres_nodes_starting_together_share_one_migrated_database() {
     assert!(matches!(err, StoreError::TooNew { found: 99, .. }), "{err}");
     assert!(
         err.to_string().contains(&format!(
-            "only knows up to {POSTGRES_SCHEMA_VERSION}; upgrade proxywarden"
+            "only knows up to {POSTGRES_SCHEMA_VERSION}; upgrade proxywarden or point database.url \
+             at another database"
         )),
         "{err}"
     );
