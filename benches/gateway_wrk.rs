@@ -15,6 +15,14 @@
 //!   one upstream directly and the gateway: tunnels/s and the daemon's CPU
 //!   per tunnel.
 //!
+//! - Both passes also send the same load through a bare TCP relay in a
+//!   process of its own (`--serve-relay`: accept, connect to the upstream,
+//!   copy bytes both ways; no parsing, no pick) in front of the same
+//!   upstream. It is the least any forwarding hop costs on these shared
+//!   cores: its rate ÷ direct is the ceiling for the gateway's, and its CPU
+//!   per request or tunnel the floor for the daemon's. The CPU of wrk and
+//!   of the tunnel clients per request or tunnel is printed too.
+//!
 //! When `GATEWAY_BENCH_OLD_BIN` names an older `proxywarden` binary (e.g.
 //! commit f7b9d6a built in a worktree), a daemon of it runs beside this
 //! build's, and both passes take turns between the two: the ratios new ÷
@@ -49,6 +57,7 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
 const FARM_ARG: &str = "--serve-farm";
+const RELAY_ARG: &str = "--serve-relay";
 const OLD_BIN_ENV: &str = "GATEWAY_BENCH_OLD_BIN";
 /// Upstream proxies in the farm.
 const UPSTREAMS: usize = 8;
@@ -60,6 +69,16 @@ const SLICES: u32 = 3;
 fn main() -> ExitCode {
     if std::env::args().any(|a| a == FARM_ARG) {
         serve_farm();
+        return ExitCode::SUCCESS;
+    }
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(i) = args.iter().position(|a| a == RELAY_ARG) {
+        let upstream = args.get(i + 1).and_then(|a| a.parse().ok());
+        let Some(upstream) = upstream else {
+            eprintln!("gateway_wrk: {RELAY_ARG} needs the upstream's address");
+            return ExitCode::FAILURE;
+        };
+        serve_relay(upstream);
         return ExitCode::SUCCESS;
     }
     let rt = tokio::runtime::Runtime::new().expect("tokio runtime");
@@ -123,6 +142,85 @@ fn serve_farm() {
 }
 
 // ---------------------------------------------------------------------------
+// The floor: a bare TCP relay in a child of its own
+
+/// Accepts connections and relays each, byte for byte, to a new connection
+/// to `upstream` until both sides end: what any forwarding hop does at
+/// least, on the daemon's kind of runtime.
+fn serve_relay(upstream: SocketAddr) {
+    let rt = tokio::runtime::Runtime::new().expect("tokio runtime");
+    rt.block_on(async {
+        raise_nofile_limit();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind the relay");
+        {
+            let mut out = std::io::stdout().lock();
+            let addr = listener.local_addr().expect("the relay's address");
+            writeln!(out, "relay {addr}").expect("write to the parent");
+            out.flush().expect("write to the parent");
+        }
+        let accepting = async {
+            loop {
+                let Ok((mut client, _)) = listener.accept().await else {
+                    continue;
+                };
+                tokio::spawn(async move {
+                    let _ = client.set_nodelay(true);
+                    let Ok(mut up) = tokio::net::TcpStream::connect(upstream).await else {
+                        return;
+                    };
+                    let _ = up.set_nodelay(true);
+                    let _ = tokio::io::copy_bidirectional(&mut client, &mut up).await;
+                });
+            }
+        };
+        let mut lines = BufReader::new(tokio::io::stdin()).lines();
+        tokio::select! {
+            _ = accepting => {}
+            _ = async { while let Ok(Some(_)) = lines.next_line().await {} } => {}
+        }
+    });
+    rt.shutdown_background();
+}
+
+/// The relay in front of `upstream`: its process id and address; it ends
+/// when the returned child is dropped.
+async fn start_relay(upstream: SocketAddr) -> anyhow::Result<(Child, u32, SocketAddr)> {
+    let mut child = Command::new(std::env::current_exe()?)
+        .arg(RELAY_ARG)
+        .arg(upstream.to_string())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()?;
+    let pid = child.id().context("the relay exited")?;
+    let mut lines = BufReader::new(child.stdout.take().expect("piped stdout")).lines();
+    let line = lines.next_line().await?.context("the relay exited")?;
+    let addr = line
+        .strip_prefix("relay ")
+        .with_context(|| format!("unexpected relay line {line:?}"))?
+        .parse()?;
+    Ok((child, pid, addr))
+}
+
+/// CPU seconds (user + sys) of this process's waited-for children (wrk).
+fn children_cpu() -> f64 {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+        return 0.0;
+    };
+    // cutime and cstime are the 16th and 17th fields of the line.
+    let after = stat.rsplit_once(')').map_or("", |(_, a)| a);
+    let f: Vec<u64> = after
+        .split_whitespace()
+        .skip(13)
+        .take(2)
+        .filter_map(|v| v.parse().ok())
+        .collect();
+    f.iter().sum::<u64>() as f64 / 100.0
+}
+
+// ---------------------------------------------------------------------------
 // The parent: daemons, wrk, tunnel clients
 
 struct Farm {
@@ -131,6 +229,12 @@ struct Farm {
     site: SocketAddr,
     echo: SocketAddr,
     proxies: Vec<SocketAddr>,
+}
+
+/// The bare TCP relay in front of the first upstream.
+struct Relay {
+    pid: u32,
+    addr: SocketAddr,
 }
 
 /// A `proxywarden serve` with its gateway.
@@ -263,6 +367,8 @@ async fn measure() -> anyhow::Result<()> {
             None
         }
     };
+    let (_relay_child, pid, addr) = start_relay(farm.proxies[0]).await?;
+    let relay = Relay { pid, addr };
     let only = std::env::var("GATEWAY_BENCH_PASS").ok();
     let runs = |p: &str| only.as_deref().is_none_or(|o| o == p);
     println!(
@@ -271,10 +377,10 @@ async fn measure() -> anyhow::Result<()> {
         run_for().as_secs_f64()
     );
     if runs("plain") {
-        plain(&farm, &new, old.as_ref(), &dir).await?;
+        plain(&farm, &relay, &new, old.as_ref(), &dir).await?;
     }
     if runs("connect") {
-        connect(&farm, &new, old.as_ref()).await;
+        connect(&farm, &relay, &new, old.as_ref()).await;
     }
     Ok(())
 }
@@ -366,6 +472,7 @@ struct Side {
     runs: Vec<WrkRun>,
     cpu_daemon: f64,
     cpu_farm: f64,
+    cpu_wrk: f64,
 }
 
 impl Side {
@@ -393,7 +500,13 @@ impl Side {
     }
 }
 
-async fn plain(farm: &Farm, new: &Daemon, old: Option<&Daemon>, dir: &Path) -> anyhow::Result<()> {
+async fn plain(
+    farm: &Farm,
+    relay: &Relay,
+    new: &Daemon,
+    old: Option<&Daemon>,
+    dir: &Path,
+) -> anyhow::Result<()> {
     if std::process::Command::new("wrk")
         .arg("--version")
         .output()
@@ -412,59 +525,89 @@ async fn plain(farm: &Farm, new: &Daemon, old: Option<&Daemon>, dir: &Path) -> a
     )?;
     let slice = run_for().as_secs_f64() / f64::from(SLICES);
     let daemons: Vec<&Daemon> = std::iter::once(new).chain(old).collect();
+    // The relay first, then the daemons: the paths through one more hop.
+    let hops: Vec<(u32, SocketAddr)> = std::iter::once((relay.pid, relay.addr))
+        .chain(daemons.iter().map(|d| (d.pid, d.gateway)))
+        .collect();
     // Warm-up: connections, the pool's picks, the first store writes.
     wrk(&script, farm.proxies[0], 1.0).await?;
-    for d in &daemons {
-        wrk(&script, d.gateway, 1.0).await?;
+    for (_, addr) in &hops {
+        wrk(&script, *addr, 1.0).await?;
     }
     let mut direct = Side::default();
-    let mut via: Vec<Side> = daemons.iter().map(|_| Side::default()).collect();
-    let cpu = |pid: u32| (common::cpu_seconds(pid), common::cpu_seconds(farm.pid));
+    let mut via: Vec<Side> = hops.iter().map(|_| Side::default()).collect();
+    let cpu = |pid: u32| {
+        (
+            common::cpu_seconds(pid),
+            common::cpu_seconds(farm.pid),
+            children_cpu(),
+        )
+    };
     for i in 0..SLICES as usize {
-        // The direct path first, then the daemons, taking turns going first.
-        let (d0, f0) = cpu(new.pid);
+        // The direct path first, then the others, taking turns going first.
+        let (d0, f0, w0) = cpu(new.pid);
         direct
             .runs
             .push(wrk(&script, farm.proxies[0], slice).await?);
-        let (d1, f1) = cpu(new.pid);
+        let (d1, f1, w1) = cpu(new.pid);
         direct.cpu_daemon += d1 - d0;
         direct.cpu_farm += f1 - f0;
-        for k in 0..daemons.len() {
-            let k = (k + i) % daemons.len();
-            let d = daemons[k];
-            let (d0, f0) = cpu(d.pid);
-            via[k].runs.push(wrk(&script, d.gateway, slice).await?);
-            let (d1, f1) = cpu(d.pid);
+        direct.cpu_wrk += w1 - w0;
+        for k in 0..hops.len() {
+            let k = (k + i) % hops.len();
+            let (pid, addr) = hops[k];
+            let (d0, f0, w0) = cpu(pid);
+            via[k].runs.push(wrk(&script, addr, slice).await?);
+            let (d1, f1, w1) = cpu(pid);
             via[k].cpu_daemon += d1 - d0;
             via[k].cpu_farm += f1 - f0;
+            via[k].cpu_wrk += w1 - w0;
         }
     }
     println!(
         "[plain] wrk -t2 -c{CONNECTIONS}, keep-alive, direct (one upstream): {:.0} requests/s, \
-         p50 {:.3} ms, p99 {:.3} ms ({} bad); farm CPU {:.1} µs per request",
+         p50 {:.3} ms, p99 {:.3} ms ({} bad); farm CPU {:.1} µs per request, wrk {:.1} µs",
         direct.rate(),
         direct.p(|r| r.p50),
         direct.p(|r| r.p99),
         direct.bad(),
         direct.us_per(direct.cpu_farm),
+        direct.us_per(direct.cpu_wrk),
     );
-    for (d, side) in daemons.iter().zip(&via) {
+    let (relayed, via) = via.split_first().expect("the relay's side");
+    println!(
+        "[plain] bare TCP relay (the floor of any hop): {:.0} requests/s, p50 {:.3} ms, p99 \
+         {:.3} ms ({} bad); ÷ direct {:.2}; added p50 {:.3} ms; relay CPU {:.1} µs per \
+         request, farm {:.1} µs, wrk {:.1} µs",
+        relayed.rate(),
+        relayed.p(|r| r.p50),
+        relayed.p(|r| r.p99),
+        relayed.bad(),
+        relayed.rate() / direct.rate().max(1e-9),
+        relayed.p(|r| r.p50) - direct.p(|r| r.p50),
+        relayed.us_per(relayed.cpu_daemon),
+        relayed.us_per(relayed.cpu_farm),
+        relayed.us_per(relayed.cpu_wrk),
+    );
+    for (d, side) in daemons.iter().zip(via) {
         println!(
             "[plain] gateway ({}): {:.0} requests/s, p50 {:.3} ms, p99 {:.3} ms ({} bad); \
-             ÷ direct {:.2} (target ≥ 0.9); added p50 {:.3} ms (target ≤ 0.3); daemon CPU \
-             {:.1} µs per request, farm {:.1} µs",
+             ÷ direct {:.2} (target ≥ 0.9), ÷ relay {:.2}; added p50 {:.3} ms (target ≤ 0.3); \
+             daemon CPU {:.1} µs per request, farm {:.1} µs, wrk {:.1} µs",
             d.name,
             side.rate(),
             side.p(|r| r.p50),
             side.p(|r| r.p99),
             side.bad(),
             side.rate() / direct.rate().max(1e-9),
+            side.rate() / relayed.rate().max(1e-9),
             side.p(|r| r.p50) - direct.p(|r| r.p50),
             side.us_per(side.cpu_daemon),
             side.us_per(side.cpu_farm),
+            side.us_per(side.cpu_wrk),
         );
     }
-    if let [new, old] = via.as_slice() {
+    if let [new, old] = via {
         println!(
             "[plain] new ÷ old: {:.2}× requests/s, {:.2}× daemon CPU per request",
             new.rate() / old.rate().max(1e-9),
@@ -477,13 +620,16 @@ async fn plain(farm: &Farm, new: &Daemon, old: Option<&Daemon>, dir: &Path) -> a
 // ---------------------------------------------------------------------------
 // connect: new tunnels
 
-/// Tunnels opened through one path, and the CPU its daemon used.
+/// Tunnels opened through one path, and the CPU its daemon (or relay), the
+/// farm and the clients (this process) used.
 #[derive(Default)]
 struct Tunnels {
     done: u64,
     failed: u64,
     secs: f64,
     cpu: f64,
+    cpu_farm: f64,
+    cpu_clients: f64,
 }
 
 impl Tunnels {
@@ -492,7 +638,11 @@ impl Tunnels {
     }
 
     fn us_per(&self) -> f64 {
-        self.cpu * 1e6 / self.done.max(1) as f64
+        self.per(self.cpu)
+    }
+
+    fn per(&self, cpu: f64) -> f64 {
+        cpu * 1e6 / self.done.max(1) as f64
     }
 }
 
@@ -500,10 +650,13 @@ impl Tunnels {
 /// `run_for`; the CPU of `pid` meanwhile.
 async fn tunnels(
     proxies: Vec<SocketAddr>,
-    echo: SocketAddr,
+    farm: &Farm,
     pid: Option<u32>,
     run_for: Duration,
 ) -> Tunnels {
+    let echo = farm.echo;
+    let me = std::process::id();
+    let (farm0, me0) = (common::cpu_seconds(farm.pid), common::cpu_seconds(me));
     let done = Arc::new(AtomicU64::new(0));
     let failed = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
@@ -537,59 +690,76 @@ async fn tunnels(
         failed: failed.load(Ordering::Relaxed),
         secs,
         cpu: pid.map_or(0.0, common::cpu_seconds) - cpu0,
+        cpu_farm: common::cpu_seconds(farm.pid) - farm0,
+        cpu_clients: common::cpu_seconds(me) - me0,
     }
 }
 
-async fn connect(farm: &Farm, new: &Daemon, old: Option<&Daemon>) {
+async fn connect(farm: &Farm, relay: &Relay, new: &Daemon, old: Option<&Daemon>) {
     let slice = run_for() / SLICES;
     let mut direct = Tunnels::default();
-    let mut daemons: Vec<(&Daemon, Tunnels)> = std::iter::once(new)
-        .chain(old)
-        .map(|d| (d, Tunnels::default()))
-        .collect();
+    // The relay, then the daemons.
+    let mut hops: Vec<(&str, u32, SocketAddr, Tunnels)> =
+        std::iter::once(("bare TCP relay", relay.pid, relay.addr))
+            .chain(
+                std::iter::once(new)
+                    .chain(old)
+                    .map(|d| (d.name, d.pid, d.gateway)),
+            )
+            .map(|(name, pid, addr)| (name, pid, addr, Tunnels::default()))
+            .collect();
     let add = |into: &mut Tunnels, t: Tunnels| {
         into.done += t.done;
         into.failed += t.failed;
         into.secs += t.secs;
         into.cpu += t.cpu;
+        into.cpu_farm += t.cpu_farm;
+        into.cpu_clients += t.cpu_clients;
     };
     for i in 0..SLICES {
         add(
             &mut direct,
-            tunnels(vec![farm.proxies[0]], farm.echo, None, slice).await,
+            tunnels(vec![farm.proxies[0]], farm, None, slice).await,
         );
-        // Old and new take turns going first.
-        let n = daemons.len();
+        // The others take turns going first.
+        let n = hops.len();
         for k in 0..n {
-            let (d, into) = &mut daemons[(k + i as usize) % n];
-            add(
-                into,
-                tunnels(vec![d.gateway], farm.echo, Some(d.pid), slice).await,
-            );
+            let (_, pid, addr, into) = &mut hops[(k + i as usize) % n];
+            add(into, tunnels(vec![*addr], farm, Some(*pid), slice).await);
         }
     }
     println!(
         "[connect] {CONNECTIONS} clients, a new tunnel each time: direct (one upstream) {:.0} \
-         tunnels/s ({} failed)",
+         tunnels/s ({} failed); CPU per tunnel: farm {:.1} µs, clients {:.1} µs",
         direct.rate(),
-        direct.failed
+        direct.failed,
+        direct.per(direct.cpu_farm),
+        direct.per(direct.cpu_clients),
     );
-    for (d, t) in &daemons {
+    for (name, _, _, t) in &hops {
+        let name = match *name {
+            "new" | "old" => format!("gateway ({name})"),
+            other => format!("{other} (the floor of any hop)"),
+        };
         println!(
-            "[connect] gateway ({}) {:.0} tunnels/s ({} failed), {:.2}× direct; daemon CPU \
-             {:.1} µs per tunnel",
-            d.name,
+            "[connect] {name}: {:.0} tunnels/s ({} failed), {:.2}× direct; CPU per tunnel: \
+             its process {:.1} µs, farm {:.1} µs, clients {:.1} µs",
             t.rate(),
             t.failed,
             t.rate() / direct.rate().max(1e-9),
-            t.us_per()
+            t.us_per(),
+            t.per(t.cpu_farm),
+            t.per(t.cpu_clients),
         );
     }
-    if let [(_, new), (_, old)] = daemons.as_slice() {
+    if let [(_, _, _, relayed), (_, _, _, new), (_, _, _, old)] = hops.as_slice() {
         println!(
-            "[connect] new ÷ old: {:.2}× tunnels/s (target ≥ 1.5), {:.2}× CPU per tunnel",
+            "[connect] new ÷ old: {:.2}× tunnels/s (target ≥ 1.5), {:.2}× CPU per tunnel; \
+             bare relay ÷ old: {:.2}× tunnels/s (what a hop costing nothing above the kernel's \
+             work reaches)",
             new.rate() / old.rate().max(1e-9),
-            new.us_per() / old.us_per().max(1e-9)
+            new.us_per() / old.us_per().max(1e-9),
+            relayed.rate() / old.rate().max(1e-9),
         );
     }
 }
