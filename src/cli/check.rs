@@ -53,13 +53,6 @@ pub(super) fn options(
     }
     opts.https &= !args.no_https;
     opts.concurrency = crate::check::clamp_concurrency(opts.concurrency);
-    // Due proxies are leased as a `serve` node leases them, so a check run
-    // by hand beside running nodes takes none they are checking, and they
-    // take none of its. `--all` checks every proxy whatever holds it.
-    opts.lease = Some(crate::check::CheckLease {
-        node: config.node.id(),
-        hold: config.node.lease,
-    });
     Ok(opts)
 }
 
@@ -99,7 +92,19 @@ pub(super) async fn run(config_path: Option<&Path>, args: CheckArgs) -> anyhow::
         );
         return Ok(ExitCode::from(1));
     }
-    let opts = options(&config, &args)?;
+    let mut opts = options(&config, &args)?;
+    if store.is_shared() {
+        // On a database nodes share, due proxies are leased as a `serve`
+        // node leases them, so a check run by hand beside the nodes takes
+        // none they are checking, and they take none of its. (`--all`
+        // checks every proxy whoever holds it.) On SQLite a check left
+        // without giving its leases back (killed, a full disk) would keep
+        // the next run off those proxies for a lease's length.
+        opts.lease = Some(crate::check::CheckLease {
+            node: config.node.id(),
+            hold: config.node.lease,
+        });
+    }
 
     // Listened to before the judges are asked: a signal then still ends
     // the command as interrupted.

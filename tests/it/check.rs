@@ -653,7 +653,15 @@ async fn harvested_check(
     connect_timeout: &str,
     timeout: &str,
 ) -> tokio::process::Child {
-    harvested_for_check(dir, judge, list, connect_timeout, timeout).await;
+    harvested_for_check(
+        dir,
+        judge,
+        list,
+        connect_timeout,
+        timeout,
+        "path = \"test.db\"",
+    )
+    .await;
     check_cmd(dir, &[])
 }
 
@@ -670,17 +678,19 @@ fn check_cmd(dir: &Path, args: &[&str]) -> tokio::process::Child {
         .unwrap()
 }
 
-/// The config and database [`harvested_check`] checks, without the check.
+/// The config and database [`harvested_check`] checks, without the check;
+/// `database` is the body of the config's `[database]`.
 async fn harvested_for_check(
     dir: &Path,
     judge: &Judge,
     list: &str,
     connect_timeout: &str,
     timeout: &str,
+    database: &str,
 ) {
     std::fs::write(dir.join("list.txt"), list).unwrap();
     let toml = format!(
-        "[database]\npath = \"test.db\"\n[harvest]\nallow_private_addresses = true\n[check]\njudges = [\"{}\"]\nconcurrency = 10\n\
+        "[database]\n{database}\n[harvest]\nallow_private_addresses = true\n[check]\njudges = [\"{}\"]\nconcurrency = 10\n\
          connect_timeout = \"{connect_timeout}\"\ntimeout = \"{timeout}\"\nhttps = false\n\
          [[sources]]\nname = \"list\"\nurl = \"list.txt\"\n",
         judge.url()
@@ -697,17 +707,22 @@ async fn harvested_for_check(
 }
 
 /// `proxywarden check` run by hand beside `serve` nodes sharing its
-/// database takes no proxy a node holds a lease on, and leaves that lease
-/// alone; `--all` checks every proxy.
+/// PostgreSQL database takes no proxy a node holds a lease on, and leaves
+/// that lease alone; `--all` checks every proxy.
 #[tokio::test]
 async fn a_check_run_by_hand_leaves_the_proxies_a_node_is_checking() {
     use proxywarden::store::DueLane;
+    let server = tokio::task::spawn_blocking(common::postgres::PgServer::start)
+        .await
+        .unwrap();
+    let url = server.url();
     let dir = tempfile::tempdir().unwrap();
     let judge = Judge::plain().await;
     let farm = FakeFarm::start(20, 0, Some(exit_ip())).await;
-    harvested_for_check(dir.path(), &judge, &farm_list(&farm).join("\n"), "1s", "2s").await;
-    let db = dir.path().join("test.db");
-    let store = Store::open(&db).unwrap();
+    let list = farm_list(&farm).join("\n");
+    let database = format!("url = \"{url}\"");
+    harvested_for_check(dir.path(), &judge, &list, "1s", "2s", &database).await;
+    let store = Store::connect(&url).await.unwrap();
     let mut held = Vec::new();
     for lane in DueLane::TIMED_OUT.iter().chain(DueLane::REST.iter()) {
         let want = 8 - held.len();
@@ -727,7 +742,6 @@ async fn a_check_run_by_hand_leaves_the_proxies_a_node_is_checking() {
         held.extend(page.into_iter().map(|d| d.id));
     }
     assert_eq!(held.len(), 8, "the other node holds 8 of the 20");
-    drop(store);
 
     let out = check_cmd(dir.path(), &[]).wait_with_output().await.unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -737,27 +751,35 @@ async fn a_check_run_by_hand_leaves_the_proxies_a_node_is_checking() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(stdout.starts_with("checked 12 "), "{stdout}");
-    let conn = rusqlite::Connection::open(&db).unwrap();
-    let unchecked: Vec<i64> = conn
-        .prepare("SELECT id FROM proxies WHERE last_checked IS NULL ORDER BY id")
-        .unwrap()
-        .query_map([], |r| r.get(0))
-        .unwrap()
-        .map(Result::unwrap)
-        .collect();
+    let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let ids = |sql: &'static str| {
+        let client = &client;
+        async move {
+            let mut v: Vec<i64> = client
+                .query(sql, &[])
+                .await
+                .unwrap()
+                .iter()
+                .map(|r| r.get(0))
+                .collect();
+            v.sort_unstable();
+            v
+        }
+    };
     held.sort_unstable();
     assert_eq!(
-        unchecked, held,
+        ids("SELECT id FROM proxies WHERE last_checked IS NULL").await,
+        held,
         "exactly the held proxies wait for their node"
     );
-    let still_held: i64 = conn
-        .query_row(
-            "SELECT count(*) FROM proxies WHERE lease_node = 'node-b'",
-            [],
-            |r| r.get(0),
-        )
-        .unwrap();
-    assert_eq!(still_held, 8, "the other node's leases are its own to end");
+    assert_eq!(
+        ids("SELECT id FROM proxies WHERE lease_node = 'node-b'").await,
+        held,
+        "the other node's leases are its own to end"
+    );
 
     let out = check_cmd(dir.path(), &["--all"])
         .wait_with_output()
@@ -765,7 +787,11 @@ async fn a_check_run_by_hand_leaves_the_proxies_a_node_is_checking() {
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.starts_with("checked 20 "), "{stdout}");
-    assert_eq!(checked_rows(&db), 20);
+    assert!(
+        ids("SELECT id FROM proxies WHERE last_checked IS NULL")
+            .await
+            .is_empty()
+    );
 }
 
 async fn check_stops_on(signal: &str) {
