@@ -204,20 +204,15 @@ async fn start_relay(upstream: SocketAddr) -> anyhow::Result<(Child, u32, Socket
     Ok((child, pid, addr))
 }
 
-/// CPU seconds (user + sys) of this process's waited-for children (wrk).
+/// CPU seconds (user + sys) of this process's waited-for children (wrk),
+/// to the microsecond.
 fn children_cpu() -> f64 {
-    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+    let Ok(usage) = nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_CHILDREN)
+    else {
         return 0.0;
     };
-    // cutime and cstime are the 16th and 17th fields of the line.
-    let after = stat.rsplit_once(')').map_or("", |(_, a)| a);
-    let f: Vec<u64> = after
-        .split_whitespace()
-        .skip(13)
-        .take(2)
-        .filter_map(|v| v.parse().ok())
-        .collect();
-    f.iter().sum::<u64>() as f64 / 100.0
+    let secs = |t: nix::sys::time::TimeVal| t.tv_sec() as f64 + t.tv_usec() as f64 / 1e6;
+    secs(usage.user_time()) + secs(usage.system_time())
 }
 
 // ---------------------------------------------------------------------------
