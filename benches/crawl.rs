@@ -33,7 +33,12 @@
 //! measured `crawl` of the site: its wall and CPU (user + system of the
 //! crawl process, from our reaped children's rusage). Contenders alternate
 //! `BENCH_REPEAT=N` times (default 2); `CRAWL_BENCH_PASS` picks the pass
-//! (default `polite`; `throughput` works too).
+//! (default `polite`; `throughput` works too). On the polite pass each
+//! round also runs the floor (`--floor`, in a child): a bare loop that
+//! wakes every Crawl-delay, sends one request on a kept-alive connection
+//! and writes one line, and nothing else. Its CPU per wake-up is the least
+//! a polite page can cost on this machine, whatever the crawler does
+//! (`CRAWL_BENCH_FLOOR_CYCLES`, default 80).
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -57,6 +62,8 @@ const MEASURE_ARG: &str = "--measure";
 static IN_FLIGHT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 const FARM_ARG: &str = "--serve-farm";
 const VERSUS_ARG: &str = "versus";
+/// The floor's role: `--floor DELAY_MS CYCLES`.
+const FLOOR_ARG: &str = "--floor";
 /// Older builds `versus` compares with: `NAME=PATH`, comma-separated.
 const OLD_BIN_ENV: &str = "BENCH_OLD_BIN";
 
@@ -137,6 +144,12 @@ fn main() -> ExitCode {
     }
     if let Some(i) = args.iter().position(|a| a == MEASURE_ARG) {
         measure(pass_named(i));
+        return ExitCode::SUCCESS;
+    }
+    if let Some(i) = args.iter().position(|a| a == FLOOR_ARG) {
+        let arg = |k: usize| args.get(i + k).and_then(|v| v.parse::<u64>().ok());
+        let cycles = arg(2).and_then(|c| u32::try_from(c).ok()).unwrap_or(80);
+        floor(Duration::from_millis(arg(1).unwrap_or(250)), cycles);
         return ExitCode::SUCCESS;
     }
     if args.iter().any(|a| a == VERSUS_ARG) {
@@ -547,6 +560,7 @@ fn versus(pass: Pass) -> anyhow::Result<()> {
         .max(1);
     let tmp = tempfile::tempdir()?;
     let mut results: Vec<Vec<VersusRun>> = contenders.iter().map(|_| Vec::new()).collect();
+    let mut floors: Vec<f64> = Vec::new();
     // Interleaved, so that a busy spell on the machine does not fall on
     // one contender only.
     for round in 0..repeat {
@@ -569,6 +583,15 @@ fn versus(pass: Pass) -> anyhow::Result<()> {
             );
             runs.push(run);
             let _ = std::fs::remove_dir_all(&dir);
+        }
+        if let Some(delay) = pass.crawl_delay {
+            let ms = floor_run(Duration::from_secs_f64(delay))?;
+            println!(
+                "[versus {}] floor #{}: {ms:.3} ms CPU per wake-up",
+                pass.name,
+                round + 1
+            );
+            floors.push(ms);
         }
     }
     let median = |mut v: Vec<f64>| -> f64 {
@@ -604,7 +627,96 @@ fn versus(pass: Pass) -> anyhow::Result<()> {
         "[versus {}] target: ≤ 0.3 ms CPU per page (new: {new_cpu:.3})",
         pass.name
     );
+    if !floors.is_empty() {
+        let floor = median(floors);
+        println!(
+            "[versus {}] floor median: {floor:.3} ms CPU per wake-up of a bare loop (one timer, one \
+             keep-alive request, one output line every Crawl-delay); new ÷ floor {:.1}×",
+            pass.name,
+            new_cpu / floor
+        );
+    }
     Ok(())
+}
+
+/// Runs the floor (`--floor`) in a child and returns its CPU per wake-up, in
+/// milliseconds.
+fn floor_run(delay: Duration) -> anyhow::Result<f64> {
+    let cycles: u32 = std::env::var("CRAWL_BENCH_FLOOR_CYCLES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(80);
+    let out = Command::new(std::env::current_exe()?)
+        .args([
+            FLOOR_ARG,
+            &delay.as_millis().to_string(),
+            &cycles.to_string(),
+        ])
+        .stdin(Stdio::null())
+        .output()?;
+    anyhow::ensure!(
+        out.status.success(),
+        "the floor failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.trim()
+        .parse()
+        .map_err(|_| anyhow::anyhow!("the floor printed {text:?}"))
+}
+
+/// The least a polite crawl's page can cost on this machine: a thread that
+/// wakes up every `delay` (a tokio timer on a current-thread runtime),
+/// sends one request on a kept-alive connection, reads the answer and
+/// appends a line to a file, with nothing else to do. Prints the CPU of
+/// that thread (user + system, `RUSAGE_THREAD`) per wake-up, in
+/// milliseconds. The answering server is another thread, not counted.
+fn floor(delay: Duration, cycles: u32) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("address");
+    std::thread::spawn(move || {
+        use std::io::Read;
+        let Ok((mut s, _)) = listener.accept() else {
+            return;
+        };
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = s.read(&mut buf) {
+            if n == 0 {
+                return;
+            }
+            let body = "<html><body><a href=\"/p/1\">1</a></body></html>";
+            let head = format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: text/html\r\ncontent-length: {}\r\n\r\n",
+                body.len()
+            );
+            if s.write_all(format!("{head}{body}").as_bytes()).is_err() {
+                return;
+            }
+        }
+    });
+    let dir = tempfile::tempdir().expect("temp dir");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let per = rt.block_on(async move {
+        let mut conn = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        let mut out = std::fs::File::create(dir.path().join("out.jsonl")).expect("output");
+        let mut buf = vec![0u8; 8192];
+        let thread_cpu = || rusage_cpu(nix::sys::resource::UsageWho::RUSAGE_THREAD);
+        let cpu0 = thread_cpu();
+        for i in 0..cycles {
+            tokio::time::sleep(delay).await;
+            conn.write_all(b"GET /p/0 HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n")
+                .await
+                .expect("request");
+            let n = conn.read(&mut buf).await.expect("answer");
+            writeln!(out, "{{\"page\":{i},\"bytes\":{n}}}").expect("line");
+        }
+        (thread_cpu() - cpu0).as_secs_f64() * 1000.0 / f64::from(cycles.max(1))
+    });
+    println!("{per:.4}");
 }
 
 /// A fresh farm and database for contender `c`, then its measured crawl.

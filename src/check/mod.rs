@@ -5,6 +5,7 @@
 //! that could be the judge's kills a proxy that passed its last check only
 //! once a second, healthy judge confirms it.
 
+mod answer;
 pub mod geoip;
 mod health;
 pub mod judge;

@@ -1,8 +1,8 @@
 //! One request to a judge, directly or through a proxy, without building an
 //! HTTP client per proxy: a stream from the dialer (its own connect timeout,
 //! then absolute-form forwarding, CONNECT, SOCKS4 or SOCKS5), TLS from the
-//! one shared rustls configuration where the judge is https, and hyper's
-//! HTTP/1.1 client connection for the request itself.
+//! one shared rustls configuration where the judge is https, and one GET
+//! written and its answer read over it (see [`super::answer`]).
 
 use std::io;
 use std::net::SocketAddr;
@@ -10,18 +10,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Empty, Limited};
-use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use url::Url;
 
+use super::answer;
 use crate::model::Reason;
-use crate::net::{self, DialOptions, hyper_reason, proxy_authorization};
+use crate::net::{self, DialOptions, proxy_authorization};
 use crate::proxy::{Proxy, Scheme};
-
-/// Judge answers are small; anything longer is not a judge answer.
-const MAX_BODY: usize = 64 * 1024;
 
 /// A judge URL resolved once per round.
 #[derive(Clone, Debug)]
@@ -41,6 +37,8 @@ pub struct Target {
     pub tls12: bool,
     /// `host` and `port` as a CONNECT asks for them: the name, unresolved.
     named: net::Target,
+    /// `named` for Host headers and absolute-form (IPv6 in brackets).
+    authority: String,
 }
 
 impl Target {
@@ -72,13 +70,9 @@ impl Target {
             path,
             tls: url.scheme() == "https",
             tls12: false,
+            authority: named.to_string(),
             named,
         })
-    }
-
-    /// `host:port` for Host headers and absolute-form (IPv6 in brackets).
-    fn authority(&self) -> String {
-        self.named.to_string()
     }
 
     /// The path with the nonce appended to the query.
@@ -259,7 +253,7 @@ impl Prober {
         let (status, body) = match proxy.filter(|_| dialed.forward) {
             Some(p) => {
                 // Absolute-form asks the proxy to fetch the URL for us.
-                let uri = format!("http://{}{path}", target.authority());
+                let uri = format!("http://{}{path}", target.authority);
                 self.over(
                     dialed.stream,
                     target,
@@ -309,117 +303,24 @@ impl Prober {
         }
     }
 
-    /// One HTTP/1.1 GET over `stream` with hyper's client connection.
+    /// One HTTP/1.1 GET over `stream` (see [`super::answer`]).
     async fn request<S>(
         &self,
-        stream: S,
+        mut stream: S,
         target: &Target,
         uri: &str,
         proxy_auth: Option<&str>,
     ) -> Result<(u16, Bytes), Reason>
     where
-        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+        S: AsyncRead + AsyncWrite + Unpin,
     {
-        let stream = NoShutdown(stream);
-        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-            .await
-            .map_err(|e| hyper_reason(&e))?;
-        let mut req = http::Request::get(uri)
-            .header(http::header::HOST, target.authority())
-            .header(http::header::USER_AGENT, &*self.user_agent)
-            .header(http::header::ACCEPT, "*/*")
-            .header(http::header::CONNECTION, "close");
-        if let Some(auth) = proxy_auth {
-            req = req.header(http::header::PROXY_AUTHORIZATION, auth);
-        }
-        let req = req
-            .body(Empty::<Bytes>::new())
-            .map_err(|_| Reason::ProtocolError)?;
-        let exchange = async move {
-            let resp = sender
-                .send_request(req)
-                .await
-                .map_err(|e| hyper_reason(&e))?;
-            let status = resp.status().as_u16();
-            if status == 407 {
-                return Err(Reason::ProxyAuthRequired);
-            }
-            let body = Limited::new(resp.into_body(), MAX_BODY)
-                .collect()
-                .await
-                .map_err(|e| match e.downcast_ref::<hyper::Error>() {
-                    Some(h) => hyper_reason(h),
-                    // Limited's own error: far too long for a judge answer.
-                    None => Reason::ContentMismatch,
-                })?
-                .to_bytes();
-            Ok((status, body))
+        let get = answer::Get {
+            uri,
+            host: &target.authority,
+            user_agent: &self.user_agent,
+            proxy_auth,
         };
-        // The connection future drives the I/O. The exchange usually ends
-        // first; if the connection ends first, the exchange still holds the
-        // answer (or the precise error) and is awaited.
-        tokio::pin!(exchange);
-        tokio::select! {
-            biased;
-            r = &mut exchange => r,
-            c = conn => match (exchange.await, c) {
-                (Ok(v), _) => Ok(v),
-                (Err(Reason::Reset), Err(e)) => Err(hyper_reason(&e)),
-                (Err(r), _) => Err(r),
-            },
-        }
-    }
-}
-
-/// A check's stream, whose write side is never shut down: after a
-/// `Connection: close` exchange hyper would send a FIN (and TLS a
-/// close_notify) that only make the close cost more; the stream is reset
-/// when dropped instead (see [`Prober::fetch_inner`]).
-struct NoShutdown<S>(S);
-
-impl<S: AsyncRead + Unpin> AsyncRead for NoShutdown<S> {
-    fn poll_read(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &mut tokio::io::ReadBuf<'_>,
-    ) -> std::task::Poll<io::Result<()>> {
-        std::pin::Pin::new(&mut self.0).poll_read(cx, buf)
-    }
-}
-
-impl<S: AsyncWrite + Unpin> AsyncWrite for NoShutdown<S> {
-    fn poll_write(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &[u8],
-    ) -> std::task::Poll<io::Result<usize>> {
-        std::pin::Pin::new(&mut self.0).poll_write(cx, buf)
-    }
-
-    fn poll_write_vectored(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> std::task::Poll<io::Result<usize>> {
-        std::pin::Pin::new(&mut self.0).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.0.is_write_vectored()
-    }
-
-    fn poll_flush(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<io::Result<()>> {
-        std::pin::Pin::new(&mut self.0).poll_flush(cx)
-    }
-
-    fn poll_shutdown(
-        self: std::pin::Pin<&mut Self>,
-        _cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<io::Result<()>> {
-        std::task::Poll::Ready(Ok(()))
+        answer::exchange(&mut stream, &get).await
     }
 }
 

@@ -226,8 +226,43 @@ pub enum CheckError {
 
 /// Runs one round over the due proxies. Results are committed through
 /// `feedback` as they come; on cancellation the round stops starting
-/// checks, waits for the ones in flight and commits them.
+/// checks, waits for the ones in flight and commits them. Dropping the
+/// returned future stops the round where it stands, as before.
 pub async fn check_round(
+    checker: Arc<Checker>,
+    store: &Store,
+    feedback: &Feedback,
+    opts: &CheckOptions,
+    policy: RecheckPolicy,
+    cancel: &CancellationToken,
+    progress: Arc<RoundProgress>,
+) -> Result<RoundSummary, CheckError> {
+    // The round runs as a task of its own, on the runtime's workers, where
+    // the checks that end wake it. Awaited on a thread outside them (the
+    // CLI's main future, in `block_on`), every check that ended woke that
+    // thread across a futex, and each check it started woke a worker back.
+    let (store, feedback, opts, cancel) = (
+        store.clone(),
+        feedback.clone(),
+        opts.clone(),
+        cancel.clone(),
+    );
+    let round = tokio_util::task::AbortOnDropHandle::new(tokio::spawn(async move {
+        run_round(checker, &store, &feedback, &opts, policy, &cancel, progress).await
+    }));
+    match round.await {
+        Ok(r) => r,
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        // Cancelled only as the runtime shuts down: nothing was finished.
+        Err(_) => Ok(RoundSummary {
+            interrupted: true,
+            ..RoundSummary::default()
+        }),
+    }
+}
+
+/// [`check_round`] on its own task.
+async fn run_round(
     checker: Arc<Checker>,
     store: &Store,
     feedback: &Feedback,

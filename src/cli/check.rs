@@ -53,6 +53,13 @@ pub(super) fn options(
     }
     opts.https &= !args.no_https;
     opts.concurrency = crate::check::clamp_concurrency(opts.concurrency);
+    // Due proxies are leased as a `serve` node leases them, so a check run
+    // by hand beside running nodes takes none they are checking, and they
+    // take none of its. `--all` checks every proxy whatever holds it.
+    opts.lease = Some(crate::check::CheckLease {
+        node: config.node.id(),
+        hold: config.node.lease,
+    });
     Ok(opts)
 }
 

@@ -220,7 +220,7 @@ impl CheckLoop {
             }
             _ => Duration::ZERO,
         };
-        let wait = match self.store.next_due_at().await {
+        let wait = match self.store.next_due_at(now_ms()).await {
             Ok(Some(t)) => {
                 Duration::from_millis((t - now_ms()).clamp(0, POLL.as_millis() as i64) as u64)
             }

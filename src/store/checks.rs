@@ -195,9 +195,11 @@ impl Store {
         dispatch!(self.count_due(now, all))
     }
 
-    /// When the next check is due (unix ms), if any proxy is stored.
-    pub async fn next_due_at(&self) -> Result<Option<i64>, StoreError> {
-        dispatch!(self.next_due_at())
+    /// When the next check no node holds a lease on at `now` is due (unix
+    /// ms), if any: proxies another node is checking are not this node's
+    /// to wait for, until their lease ends.
+    pub async fn next_due_at(&self, now: i64) -> Result<Option<i64>, StoreError> {
+        dispatch!(self.next_due_at(now))
     }
 
     /// Up to `limit` due proxies of `lane` (every proxy of the lane with

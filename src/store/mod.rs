@@ -89,11 +89,13 @@ pub enum StoreError {
     /// The database was written by a newer proxywarden.
     #[error(
         "database {path} has schema version {found}, but this proxywarden only knows up to {supported}; \
-         upgrade proxywarden or point database.path at another file"
+         upgrade proxywarden or point {setting} at another database"
     )]
     TooNew {
-        /// The file.
+        /// The file, or the server's address.
         path: PathBuf,
+        /// The setting that names it: `database.path` or `database.url`.
+        setting: &'static str,
         /// Its schema version.
         found: i64,
         /// The newest version this binary knows.

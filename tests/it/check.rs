@@ -653,6 +653,31 @@ async fn harvested_check(
     connect_timeout: &str,
     timeout: &str,
 ) -> tokio::process::Child {
+    harvested_for_check(dir, judge, list, connect_timeout, timeout).await;
+    check_cmd(dir, &[])
+}
+
+/// `proxywarden check ARGS` started in `dir` with its output piped.
+fn check_cmd(dir: &Path, args: &[&str]) -> tokio::process::Child {
+    tokio::process::Command::new(env!("CARGO_BIN_EXE_proxywarden"))
+        .arg("check")
+        .args(args)
+        .current_dir(dir)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap()
+}
+
+/// The config and database [`harvested_check`] checks, without the check.
+async fn harvested_for_check(
+    dir: &Path,
+    judge: &Judge,
+    list: &str,
+    connect_timeout: &str,
+    timeout: &str,
+) {
     std::fs::write(dir.join("list.txt"), list).unwrap();
     let toml = format!(
         "[database]\npath = \"test.db\"\n[harvest]\nallow_private_addresses = true\n[check]\njudges = [\"{}\"]\nconcurrency = 10\n\
@@ -669,14 +694,78 @@ async fn harvested_check(
         .await
         .unwrap();
     assert!(harvest.status.success());
-    tokio::process::Command::new(bin)
-        .arg("check")
-        .current_dir(dir)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
+}
+
+/// `proxywarden check` run by hand beside `serve` nodes sharing its
+/// database takes no proxy a node holds a lease on, and leaves that lease
+/// alone; `--all` checks every proxy.
+#[tokio::test]
+async fn a_check_run_by_hand_leaves_the_proxies_a_node_is_checking() {
+    use proxywarden::store::DueLane;
+    let dir = tempfile::tempdir().unwrap();
+    let judge = Judge::plain().await;
+    let farm = FakeFarm::start(20, 0, Some(exit_ip())).await;
+    harvested_for_check(dir.path(), &judge, &farm_list(&farm).join("\n"), "1s", "2s").await;
+    let db = dir.path().join("test.db");
+    let store = Store::open(&db).unwrap();
+    let mut held = Vec::new();
+    for lane in DueLane::TIMED_OUT.iter().chain(DueLane::REST.iter()) {
+        let want = 8 - held.len();
+        if want == 0 {
+            break;
+        }
+        let page = store
+            .lease_due(
+                "node-b".into(),
+                now_ms(),
+                *lane,
+                want,
+                Duration::from_secs(600),
+            )
+            .await
+            .unwrap();
+        held.extend(page.into_iter().map(|d| d.id));
+    }
+    assert_eq!(held.len(), 8, "the other node holds 8 of the 20");
+    drop(store);
+
+    let out = check_cmd(dir.path(), &[]).wait_with_output().await.unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.starts_with("checked 12 "), "{stdout}");
+    let conn = rusqlite::Connection::open(&db).unwrap();
+    let unchecked: Vec<i64> = conn
+        .prepare("SELECT id FROM proxies WHERE last_checked IS NULL ORDER BY id")
         .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    held.sort_unstable();
+    assert_eq!(
+        unchecked, held,
+        "exactly the held proxies wait for their node"
+    );
+    let still_held: i64 = conn
+        .query_row(
+            "SELECT count(*) FROM proxies WHERE lease_node = 'node-b'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(still_held, 8, "the other node's leases are its own to end");
+
+    let out = check_cmd(dir.path(), &["--all"])
+        .wait_with_output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.starts_with("checked 20 "), "{stdout}");
+    assert_eq!(checked_rows(&db), 20);
 }
 
 async fn check_stops_on(signal: &str) {

@@ -122,7 +122,10 @@ async fn a_database_from_a_newer_version_is_refused() {
     ));
     let msg = err.to_string();
     assert!(msg.contains("schema version 99"), "{msg}");
-    assert!(msg.contains("upgrade proxywarden"), "{msg}");
+    assert!(
+        msg.contains("upgrade proxywarden or point database.path at another database"),
+        "{msg}"
+    );
 }
 
 #[tokio::test]
@@ -1241,7 +1244,7 @@ async fn verdicts_are_listed_counted_and_followed(db: TestDb) {
     store.pull_checks_in(vec![(ids[0], now)]).await.unwrap();
     store.mark_due_many(vec![ids[1]], now).await.unwrap();
     assert_eq!(store.count_due(now, false).await.unwrap(), 5);
-    assert_eq!(store.next_due_at().await.unwrap(), Some(1_000));
+    assert_eq!(store.next_due_at(now).await.unwrap(), Some(1_000));
     let (changed, next, full) = store.changed_since(mark, 100, Vec::new()).await.unwrap();
     let mut changed: Vec<i64> = changed.iter().map(|r| r.id).collect();
     changed.sort_unstable();
@@ -1523,7 +1526,20 @@ async fn harvest_claims_leases_given_back_and_failures_in_use(db: TestDb) {
             .unwrap()
             .is_empty()
     );
+    // Proxies another node is checking are not due for this one until
+    // their lease ends: an idle node waits, rather than running empty
+    // rounds.
+    assert_eq!(b.next_due_at(now).await.unwrap(), None);
+    let lease_ms = i64::try_from(lease.as_millis()).unwrap();
+    assert!(
+        b.next_due_at(now + lease_ms + 1)
+            .await
+            .unwrap()
+            .is_some_and(|t| t <= now),
+        "due again once the lease has ended"
+    );
     assert_eq!(a.release_leases("a".into()).await.unwrap(), 20);
+    assert!(b.next_due_at(now).await.unwrap().is_some_and(|t| t <= now));
     assert_eq!(
         b.lease_due("b".into(), now, DueLane::Others, 100, lease)
             .await
@@ -1596,7 +1612,8 @@ async fn postgres_nodes_starting_together_share_one_migrated_database() {
     assert!(matches!(err, StoreError::TooNew { found: 99, .. }), "{err}");
     assert!(
         err.to_string().contains(&format!(
-            "only knows up to {POSTGRES_SCHEMA_VERSION}; upgrade proxywarden"
+            "only knows up to {POSTGRES_SCHEMA_VERSION}; upgrade proxywarden or point database.url \
+             at another database"
         )),
         "{err}"
     );

@@ -54,13 +54,18 @@ impl Postgres {
         Ok(row.get(0))
     }
 
-    pub(crate) async fn next_due_at(&self) -> Result<Option<i64>, StoreError> {
+    pub(crate) async fn next_due_at(&self, now: i64) -> Result<Option<i64>, StoreError> {
         let row = self
             .client()
             .await?
-            .query_one("SELECT min(next_check_at) FROM proxies", &[])
+            .query_opt(
+                "SELECT next_check_at FROM proxies
+                 WHERE lease_until IS NULL OR lease_until <= $1
+                 ORDER BY next_check_at LIMIT 1",
+                &[&now],
+            )
             .await?;
-        Ok(row.get(0))
+        Ok(row.map(|r| r.get(0)))
     }
 
     pub(crate) async fn due_page(

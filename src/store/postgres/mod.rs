@@ -252,6 +252,7 @@ async fn migrate(client: &mut deadpool_postgres::Object, shown: &Path) -> Result
     if current > LATEST {
         return Err(StoreError::TooNew {
             path: shown.to_path_buf(),
+            setting: "database.url",
             found: current,
             supported: LATEST,
         });

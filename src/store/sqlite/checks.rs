@@ -35,10 +35,15 @@ impl Sqlite {
         .await
     }
 
-    pub(crate) async fn next_due_at(&self) -> Result<Option<i64>, StoreError> {
-        self.read(|c| {
-            Ok(c.prepare_cached("SELECT min(next_check_at) FROM proxies")?
-                .query_row([], |r| r.get(0))?)
+    pub(crate) async fn next_due_at(&self, now: i64) -> Result<Option<i64>, StoreError> {
+        self.read(move |c| {
+            Ok(c.prepare_cached(
+                "SELECT next_check_at FROM proxies
+                 WHERE lease_until IS NULL OR lease_until <= ?1
+                 ORDER BY next_check_at LIMIT 1",
+            )?
+            .query_row([now], |r| r.get(0))
+            .optional()?)
         })
         .await
     }

@@ -56,6 +56,7 @@ pub fn apply(conn: &mut Connection, path: &Path) -> Result<(), StoreError> {
     if current > LATEST {
         return Err(StoreError::TooNew {
             path: path.to_path_buf(),
+            setting: "database.path",
             found: current,
             supported: LATEST,
         });

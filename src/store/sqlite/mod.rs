@@ -402,6 +402,7 @@ fn schema_of(conn: &Connection, path: &Path) -> Result<Option<i64>, StoreError> 
     if version > SCHEMA_VERSION {
         return Err(StoreError::TooNew {
             path: path.to_path_buf(),
+            setting: "database.path",
             found: version,
             supported: SCHEMA_VERSION,
         });
