@@ -540,12 +540,15 @@ impl Politeness {
     /// Pages of each row's site.
     pub const PAGES: usize = 7;
 
-    /// Every combination, zero delays included.
+    /// Every combination, zero delays included. The delays are long
+    /// enough that a proxy hop running late on a loaded machine (up to
+    /// 85 ms seen, running beside the other tests on 2 cores) stays well
+    /// inside the half spacing [`Self::check`] allows.
     pub fn table() -> Vec<Politeness> {
         let mut rows = Vec::new();
         for ignore_robots in [false, true] {
-            for delay in [Duration::ZERO, Duration::from_millis(100)] {
-                for crawl_delay in [None, Some(Duration::from_millis(200))] {
+            for delay in [Duration::ZERO, Duration::from_millis(250)] {
+                for crawl_delay in [None, Some(Duration::from_millis(500))] {
                     for per_host in [1, 3] {
                         rows.push(Politeness {
                             ignore_robots,
@@ -617,15 +620,9 @@ impl Politeness {
         }
         let log = site.log();
         let spacing = self.spacing();
-        // The crawl spaces the starts of its requests; the site sees them a
-        // proxy hop later, and on a loaded machine a hop that opens its
-        // connections can lag one that reuses them by more than half a
-        // spacing (seen: 55 ms of a 100 ms spacing). A quarter still tells
-        // a burst (requests sent together arrive a few ms apart), and the
-        // mean below tells a rate that is too high.
         for w in log.windows(2) {
             let gap = w[1].at - w[0].at;
-            if gap < spacing / 4 {
+            if gap < spacing / 2 {
                 return Err(format!("{gap:?} between {} and {}", w[0].path, w[1].path));
             }
         }
