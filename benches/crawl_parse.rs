@@ -23,7 +23,7 @@ mod common;
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::{ExitCode, Stdio};
+use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -177,14 +177,7 @@ async fn measure() -> anyhow::Result<bool> {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir)?;
 
-    let mut child = Command::new(std::env::current_exe()?)
-        .arg(FARM_ARG)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()?;
-    let _farm_stdin = child.stdin.take().expect("piped stdin");
-    let mut lines = BufReader::new(child.stdout.take().expect("piped stdout")).lines();
+    let (_farm, _farm_stdin, mut lines) = common::binary::spawn_role(&[FARM_ARG])?;
     let (mut judge, mut site, mut proxies) = (None, None, Vec::new());
     loop {
         let line = lines.next_line().await?.context("the farm exited")?;

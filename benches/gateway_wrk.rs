@@ -44,7 +44,7 @@ mod common;
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{ExitCode, Stdio};
+use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -187,15 +187,11 @@ fn serve_relay(upstream: SocketAddr) {
 /// The relay in front of `upstream`: its process id and address; it ends
 /// when the returned child is dropped.
 async fn start_relay(upstream: SocketAddr) -> anyhow::Result<(Child, u32, SocketAddr)> {
-    let mut child = Command::new(std::env::current_exe()?)
-        .arg(RELAY_ARG)
-        .arg(upstream.to_string())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()?;
+    let (mut child, stdin, mut lines) =
+        common::binary::spawn_role(&[RELAY_ARG, &upstream.to_string()])?;
+    // The relay runs until its stdin closes: with the child.
+    child.stdin = Some(stdin);
     let pid = child.id().context("the relay exited")?;
-    let mut lines = BufReader::new(child.stdout.take().expect("piped stdout")).lines();
     let line = lines.next_line().await?.context("the relay exited")?;
     let addr = line
         .strip_prefix("relay ")
@@ -314,14 +310,7 @@ async fn measure() -> anyhow::Result<()> {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir)?;
 
-    let mut child = Command::new(std::env::current_exe()?)
-        .arg(FARM_ARG)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()?;
-    let _farm_stdin = child.stdin.take().expect("piped stdin");
-    let mut lines = BufReader::new(child.stdout.take().expect("piped stdout")).lines();
+    let (child, _farm_stdin, mut lines) = common::binary::spawn_role(&[FARM_ARG])?;
     let mut farm = Farm {
         pid: child.id().context("the farm exited")?,
         judge: String::new(),

@@ -53,7 +53,7 @@ use std::collections::HashSet;
 use std::io::Write;
 use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
-use std::process::{ExitCode, Stdio};
+use std::process::ExitCode;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -66,7 +66,7 @@ use rand::SeedableRng;
 use rand::seq::SliceRandom;
 use rand::{RngExt, rngs::StdRng};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-use tokio::process::{Child, ChildStdin, ChildStdout, Command};
+use tokio::process::{Child, ChildStdin, ChildStdout};
 use tokio_util::sync::CancellationToken;
 
 const FARM_ARG: &str = "--serve-farm";
@@ -472,15 +472,10 @@ async fn soak(minutes: usize) -> anyhow::Result<bool> {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir)?;
 
-    let mut child = Command::new(std::env::current_exe()?)
-        .arg(FARM_ARG)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()?;
+    let (child, stdin, lines) = common::binary::spawn_role(&[FARM_ARG])?;
     let mut farm = Farm {
-        stdin: child.stdin.take().expect("piped stdin"),
-        lines: BufReader::new(child.stdout.take().expect("piped stdout")).lines(),
+        stdin,
+        lines,
         child,
     };
     let mut judges = Vec::new();

@@ -64,3 +64,27 @@ pub async fn wait_healthy(
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// This binary started again in another role (`args`, e.g. the farm of
+/// fake servers a bench keeps out of its measured process), killed when
+/// dropped; its stdin (the role ends when it closes) and the lines of its
+/// stdout (how it says where it listens).
+pub fn spawn_role(
+    args: &[&str],
+) -> anyhow::Result<(
+    Child,
+    tokio::process::ChildStdin,
+    tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+)> {
+    use tokio::io::AsyncBufReadExt;
+    let mut child = Command::new(std::env::current_exe()?)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .with_context(|| format!("start this bench as {args:?}"))?;
+    let stdin = child.stdin.take().context("piped stdin")?;
+    let stdout = child.stdout.take().context("piped stdout")?;
+    Ok((child, stdin, tokio::io::BufReader::new(stdout).lines()))
+}
