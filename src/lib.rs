@@ -38,6 +38,15 @@ pub mod pool;
 pub mod proxy;
 pub mod store;
 
+/// The version `--version` prints: the package version and the commit the
+/// binary was built from (`unknown` when built outside a git checkout).
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (",
+    env!("PROXYWARDEN_COMMIT"),
+    ")"
+);
+
 /// Locks `m`. A poisoned lock only means a panic elsewhere: every mutex in
 /// the crate guards state that stays sound between statements, so it is
 /// used as it is.

@@ -34,7 +34,7 @@ use crate::store::Store;
 
 /// Keeps a pool of working free proxies.
 #[derive(Debug, Parser)]
-#[command(name = "proxywarden", version, about)]
+#[command(name = "proxywarden", version = crate::VERSION, about)]
 pub struct Cli {
     /// Config file (else $PROXYWARDEN_CONFIG, else ./proxywarden.toml, else
     /// built-in defaults).
