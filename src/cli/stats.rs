@@ -21,19 +21,73 @@ pub(super) async fn run(config_path: Option<&Path>, args: StatsArgs) -> anyhow::
     let (config, _) = load(config_path)?;
     let store = Store::open_configured_read_only(&config.database).await?;
     let stats = store.stats().await?;
+    // Servable as `/proxy` and `export` count it: alive, and its last passed
+    // check within api.max_age.
+    let query = crate::health::ProxyQuery {
+        max_age: Some(config.api.max_age),
+        ..Default::default()
+    };
+    let servable = crate::health::load_index(&store)
+        .await?
+        .select(&query, crate::store::now_ms())
+        .len();
     let mut out = std::io::stdout().lock();
     if args.json {
-        serde_json::to_writer_pretty(&mut out, &stats)?;
+        #[derive(serde::Serialize)]
+        struct WithServable<'a> {
+            servable: usize,
+            #[serde(flatten)]
+            stats: &'a Stats,
+        }
+        serde_json::to_writer_pretty(
+            &mut out,
+            &WithServable {
+                servable,
+                stats: &stats,
+            },
+        )?;
         writeln!(out)?;
     } else {
-        print_stats(&stats, &mut out)?;
+        print_stats(&stats, Some(servable), &mut out)?;
     }
     Ok(ExitCode::SUCCESS)
 }
 
-/// Human-readable tables of [`Stats`].
-pub fn print_stats(stats: &Stats, out: &mut impl Write) -> std::io::Result<()> {
-    writeln!(out, "proxies: {}", stats.total)?;
+/// Human-readable tables of [`Stats`], with the servable count when known.
+/// Every count of every section lines up in one column, whatever the
+/// longest name (a failure reason, a country) is.
+pub fn print_stats(
+    stats: &Stats,
+    servable: Option<usize>,
+    out: &mut impl Write,
+) -> std::io::Result<()> {
+    let maps = [
+        &stats.by_status,
+        &stats.by_scheme,
+        &stats.by_anonymity,
+        &stats.by_reason,
+        &stats.by_country,
+    ];
+    // The head lines ("proxies", "servable") are indented like the rows.
+    let width = maps
+        .iter()
+        .flat_map(|m| m.keys().map(String::len))
+        .chain(["servable".len()])
+        .max()
+        .unwrap_or(0);
+    let digits = maps
+        .iter()
+        .flat_map(|m| m.values())
+        .copied()
+        .chain([stats.total])
+        .map(|v| v.to_string().len())
+        .max()
+        .unwrap_or(1)
+        .max(5);
+    writeln!(out, "  {:<width$}  {:>digits$}", "proxies", stats.total)?;
+    if let Some(servable) = servable {
+        writeln!(out, "  {:<width$}  {:>digits$}", "servable", servable)?;
+    }
     let section = |out: &mut dyn Write,
                    title: &str,
                    map: &std::collections::BTreeMap<String, i64>|
@@ -42,7 +96,7 @@ pub fn print_stats(stats: &Stats, out: &mut impl Write) -> std::io::Result<()> {
         let mut rows: Vec<(&String, &i64)> = map.iter().collect();
         rows.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
         for (k, v) in rows {
-            writeln!(out, "  {k:<16} {v:>9}")?;
+            writeln!(out, "  {k:<width$}  {v:>digits$}")?;
         }
         Ok(())
     };

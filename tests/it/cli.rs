@@ -160,9 +160,44 @@ async fn harvest_prints_a_line_per_source_and_export_round_trips() {
     // stats, as a table and as JSON
     let out = proxywarden(dir.path(), &["stats"]).await;
     assert!(out.status.success());
-    assert!(stdout(&out).contains("proxies: 4"));
+    let table = stdout(&out);
+    let row = |name: &str| {
+        table
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(name))
+            .unwrap_or_else(|| panic!("no {name} line in:\n{table}"))
+    };
+    assert_eq!(
+        row("proxies").split_whitespace().nth(1),
+        Some("4"),
+        "{table}"
+    );
+    // Nothing was checked yet: nothing can be served.
+    assert_eq!(
+        row("servable").split_whitespace().nth(1),
+        Some("0"),
+        "{table}"
+    );
+    // Every count of the sections above "by source" ends in one column.
+    let counts: Vec<&str> = table
+        .split("\nby source")
+        .next()
+        .unwrap()
+        .lines()
+        .filter(|l| l.starts_with("  "))
+        .collect();
+    assert!(counts.len() >= 6, "{table}");
+    let end = counts[0].trim_end().len();
+    for l in &counts {
+        assert_eq!(
+            l.trim_end().len(),
+            end,
+            "misaligned line {l:?} in:\n{table}"
+        );
+    }
     let out = proxywarden(dir.path(), &["stats", "--json"]).await;
     let stats: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(stats["servable"], 0, "{stats}");
     assert_eq!(stats["total"], 4);
     assert_eq!(stats["by_status"]["unknown"], 4);
     assert_eq!(stats["by_scheme"]["socks5"], 1);
