@@ -159,6 +159,13 @@ impl Metrics {
             "Check results and uses that took effect in memory but were dropped because the disk refused the write",
             m.unrecorded.clone(),
         );
+        // Every kind at 0 from the start, so a dashboard's rate() has a
+        // series to read before the first failure.
+        for kind in WriteFailure::ALL {
+            let _ = m
+                .store_write_failures
+                .get_or_create(&labels(&[("kind", kind.as_str())]));
+        }
         *m.registry.lock().unwrap_or_else(|e| e.into_inner()) = registry;
         m
     }
@@ -242,6 +249,8 @@ impl Metrics {
         }
         match answer {
             Ok(took) => {
+                // A judge's failures read 0 until it fails, not absent.
+                let _ = self.judge_failures.get_or_create(&l);
                 self.judge_up.get_or_create(&l).set(1);
                 self.judge_latency.get_or_create(&l).set(took.as_secs_f64());
             }

@@ -126,6 +126,13 @@ impl GatewayMetrics {
     /// Adds every metric to `registry` (the daemon's, under a `gateway_`
     /// prefix).
     pub fn register(&self, registry: &mut Registry) {
+        // Every failure reason at 0 from the start, so a dashboard's rate()
+        // has a series to read before the first failure.
+        for reason in Reason::ALL {
+            let _ = self
+                .failures
+                .get_or_create(&vec![("reason", reason.as_str().to_owned())]);
+        }
         registry.register(
             "requests",
             "Plain requests and tunnels by kind (plain, connect, socks5) and result",

@@ -19,6 +19,7 @@ mod deploy;
 mod disk_full;
 mod fakes_selftest;
 mod gateway;
+mod grafana;
 mod harvest;
 mod net;
 mod nodes;
