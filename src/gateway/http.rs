@@ -781,7 +781,12 @@ fn clean(headers: &mut HeaderMap) {
     }
 }
 
-/// A JSON error in the API's envelope.
+/// The header that repeats an error's code and message: clients show the
+/// head of a failed CONNECT (`curl -v`) but never its body.
+pub const ERROR_HEADER: &str = "x-proxywarden-error";
+
+/// A JSON error in the API's envelope, its code and message repeated in
+/// [`ERROR_HEADER`].
 fn error(status: StatusCode, code: &str, message: &str) -> Response<Body> {
     let body = serde_json::json!({ "error": { "code": code, "message": message } }).to_string();
     let mut resp = Response::new(Full::new(Bytes::from(body)).map_err(|n| match n {}).boxed());
@@ -790,7 +795,25 @@ fn error(status: StatusCode, code: &str, message: &str) -> Response<Body> {
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),
     );
+    if let Ok(value) = HeaderValue::from_str(&header_text(&format!("{code}: {message}"))) {
+        resp.headers_mut().insert(ERROR_HEADER, value);
+    }
     resp
+}
+
+/// `text` as a header value: printable ASCII (anything else, a name from
+/// the request included, becomes `?`), at most 512 bytes.
+fn header_text(text: &str) -> String {
+    text.chars()
+        .map(|c| {
+            if c == ' ' || c.is_ascii_graphic() {
+                c
+            } else {
+                '?'
+            }
+        })
+        .take(512)
+        .collect()
 }
 
 fn no_proxy(controls: &Controls, why: Option<&str>) -> Response<Body> {

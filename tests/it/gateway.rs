@@ -544,6 +544,15 @@ async fn without_a_matching_proxy_clients_get_503_or_the_socks_code_and_nothing_
         let (code, _, err) = curl(&["-x", &gw.url(), "-p", &site.url("/a")]).await;
         assert_ne!(code, 0);
         assert!(err.contains("503"), "{err}");
+        // A failed CONNECT's body is never shown; its head says why.
+        let (code, _, err) = curl(&["-v", "-x", &gw.url(), "-p", &site.url("/a")]).await;
+        assert_ne!(code, 0);
+        assert!(
+            err.to_ascii_lowercase().contains(
+                "< x-proxywarden-error: no_proxy: no working proxy can take this request"
+            ),
+            "{err}"
+        );
         let (code, _, _) = curl(&["-x", &format!("socks5h://{}", gw.addr), &site.url("/a")]).await;
         assert_ne!(code, 0);
         // By hand, to see the reply code: 2, "connection not allowed by
