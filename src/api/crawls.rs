@@ -42,9 +42,9 @@ fn no_job(id: i64) -> ApiError {
 
 /// `POST /crawls`: starts a job; `201` with its view.
 #[utoipa::path(post, path = "/crawls", tag = "crawls",
-    request_body = super::openapi::CrawlSpec,
-    responses((status = 201, description = "The job, queued", body = super::openapi::CrawlJob),
-        super::openapi::Errors))]
+    request_body = super::schema::CrawlSpec,
+    responses((status = 201, description = "The job, queued", body = super::schema::CrawlJob),
+        super::schema::Errors))]
 pub async fn start(
     State(state): State<AppState>,
     body: axum::body::Body,
@@ -67,9 +67,9 @@ pub async fn start(
 /// continues after job ID (the `next` of the previous page). The list
 /// leaves each job's seeds and patterns out.
 #[utoipa::path(get, path = "/crawls", tag = "crawls",
-    params(super::openapi::CrawlListParams),
-    responses((status = 200, description = "A page of jobs", body = super::openapi::CrawlList),
-        super::openapi::Errors))]
+    params(super::schema::CrawlListParams),
+    responses((status = 200, description = "A page of jobs", body = super::schema::CrawlList),
+        super::schema::Errors))]
 pub async fn list(
     State(state): State<AppState>,
     RawQuery(raw): RawQuery,
@@ -92,8 +92,8 @@ pub async fn list(
 /// `GET /crawls/{id}`: a job's state, progress and summary.
 #[utoipa::path(get, path = "/crawls/{id}", tag = "crawls",
     params(("id" = i64, Path, description = "The job's id")),
-    responses((status = 200, description = "The job", body = super::openapi::CrawlJob),
-        super::openapi::Errors))]
+    responses((status = 200, description = "The job", body = super::schema::CrawlJob),
+        super::schema::Errors))]
 pub async fn show(
     State(state): State<AppState>,
     id: Result<Path<String>, PathRejection>,
@@ -106,8 +106,8 @@ pub async fn show(
 /// `DELETE /crawls/{id}`: cancels a job; its view once it stopped.
 #[utoipa::path(delete, path = "/crawls/{id}", tag = "crawls",
     params(("id" = i64, Path, description = "The job's id")),
-    responses((status = 200, description = "The job, once it stopped", body = super::openapi::CrawlJob),
-        super::openapi::Errors))]
+    responses((status = 200, description = "The job, once it stopped", body = super::schema::CrawlJob),
+        super::schema::Errors))]
 pub async fn cancel(
     State(state): State<AppState>,
     id: Result<Path<String>, PathRejection>,
@@ -121,10 +121,10 @@ pub async fn cancel(
 /// after the first N; `X-Crawl-Lines` says how many there are in all, the
 /// `after` of the next call.
 #[utoipa::path(get, path = "/crawls/{id}/pages", tag = "crawls",
-    params(("id" = i64, Path, description = "The job's id"), super::openapi::PagesParams),
+    params(("id" = i64, Path, description = "The job's id"), super::schema::PagesParams),
     responses((status = 200, description = "The job's pages as JSON Lines; X-Crawl-Lines counts them all",
         content((String = "application/x-ndjson"))),
-        super::openapi::Errors))]
+        super::schema::Errors))]
 pub async fn pages(
     State(state): State<AppState>,
     id: Result<Path<String>, PathRejection>,

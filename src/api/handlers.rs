@@ -42,11 +42,11 @@ fn with(extra: &[&'static str]) -> Vec<&'static str> {
 
 /// `GET /proxy`: one alive, fresh proxy matching the filters.
 #[utoipa::path(get, path = "/proxy", tag = "serving",
-    params(super::openapi::Filters, super::openapi::ProxyParams),
+    params(super::schema::Filters, super::schema::ProxyParams),
     responses(
         (status = 200, description = "One alive proxy checked within max_age",
             content((ExportRow = "application/json"), (String = "text/plain"))),
-        super::openapi::ProxyErrors))]
+        super::schema::ProxyErrors))]
 pub async fn proxy(
     State(state): State<AppState>,
     RawQuery(raw): RawQuery,
@@ -194,9 +194,9 @@ pub(super) struct Listing {
 
 /// `GET /proxies`: a page of proxies of any status, filtered and sorted.
 #[utoipa::path(get, path = "/proxies", tag = "serving",
-    params(super::openapi::Filters, super::openapi::ListParams),
+    params(super::schema::Filters, super::schema::ListParams),
     responses((status = 200, description = "A page of proxies", body = Listing),
-        super::openapi::Errors))]
+        super::schema::Errors))]
 pub async fn proxies(
     State(state): State<AppState>,
     RawQuery(raw): RawQuery,
@@ -285,11 +285,11 @@ fn uptime(r: &ProxyRecord) -> f64 {
 
 /// `GET /export?format=txt|json|csv`: the healthy list.
 #[utoipa::path(get, path = "/export", tag = "serving",
-    params(super::openapi::Filters, super::openapi::ExportParams),
+    params(super::schema::Filters, super::schema::ExportParams),
     responses(
         (status = 200, description = "Every servable proxy matching the filters",
             content((String = "text/plain"), (Vec<ExportRow> = "application/json"), (String = "text/csv"))),
-        super::openapi::Errors))]
+        super::schema::Errors))]
 pub async fn export(
     State(state): State<AppState>,
     RawQuery(raw): RawQuery,
@@ -356,7 +356,7 @@ pub(super) struct Reported {
     params(("id" = i64, Path, description = "The proxy's id")),
     request_body = Report,
     responses((status = 200, description = "The verdict was taken", body = Reported),
-        super::openapi::Errors))]
+        super::schema::Errors))]
 pub async fn report(
     State(state): State<AppState>,
     id: Result<Path<String>, PathRejection>,
@@ -491,7 +491,7 @@ pub(super) struct WriteTroubleView {
 /// `GET /stats`.
 #[utoipa::path(get, path = "/stats", tag = "stats",
     responses((status = 200, description = "Counts, rounds and what is degraded", body = StatsView),
-        super::openapi::Errors))]
+        super::schema::Errors))]
 pub async fn stats(State(state): State<AppState>) -> Result<Json<StatsView>, ApiError> {
     // The counts, not the per-source table (`/sources` has that).
     let stats = state.store.counts().await?;
@@ -583,7 +583,7 @@ impl From<SourceRecord> for SourceView {
 /// `GET /sources`: each source's last fetch.
 #[utoipa::path(get, path = "/sources", tag = "stats",
     responses((status = 200, description = "Each source's last fetch", body = Vec<SourceView>),
-        super::openapi::Errors))]
+        super::schema::Errors))]
 pub async fn sources(State(state): State<AppState>) -> Result<Response, ApiError> {
     let sources = state.store.list_sources().await?;
     let view: Vec<SourceView> = sources.into_iter().map(SourceView::from).collect();
@@ -594,7 +594,7 @@ pub async fn sources(State(state): State<AppState>) -> Result<Response, ApiError
 #[utoipa::path(get, path = "/metrics", tag = "stats",
     responses((status = 200, description = "Prometheus metrics (OpenMetrics text)",
         content((String = "application/openmetrics-text"))),
-        super::openapi::Errors))]
+        super::schema::Errors))]
 pub async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError> {
     let metrics = state.metrics.clone();
     let len = state.servable();
@@ -619,7 +619,7 @@ pub async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError
 /// `/stats`, behind the token.
 #[utoipa::path(get, path = "/healthz", tag = "meta", security(()),
     responses((status = 200, description = "The process answers", body = Health),
-        super::openapi::Errors))]
+        super::schema::Errors))]
 pub async fn healthz(State(state): State<AppState>) -> Json<Health> {
     let mut conditions = state.conditions.all();
     if conditions.is_empty() {

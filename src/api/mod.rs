@@ -15,6 +15,7 @@ pub mod judge;
 pub mod metrics;
 pub mod openapi;
 mod query;
+pub mod schema;
 pub mod server;
 
 pub use error::ApiError;
@@ -368,7 +369,7 @@ pub async fn serve(
 /// `/judge`, unless switched off; rate-limited per client address.
 #[utoipa::path(get, path = "/judge", tag = "meta", security(()),
     responses((status = 200, description = "The request as this daemon saw it", body = judge::JudgeAnswer),
-        openapi::Errors))]
+        schema::Errors))]
 async fn judge_route(
     State(state): State<AppState>,
     info: axum::extract::ConnectInfo<SocketAddr>,

@@ -29,7 +29,7 @@ pub const CONCURRENCY: (u32, u32) = (16, 1024);
 pub const PER_HOST_CONCURRENCY: (u32, u32) = (2, 256);
 
 /// A crawl's options: a job's JSON and the shared options of `proxywarden crawl`.
-#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CrawlSpec {
     /// Where to start (http or https URLs).

@@ -105,7 +105,7 @@ fn refused(message: String) -> Response {
 /// `GET /`: the dashboard, or the login form when a token is set and the
 /// browser has not logged in.
 #[utoipa::path(get, path = "/", tag = "dashboard",
-    responses(super::openapi::Errors,
+    responses(super::schema::Errors,
         (status = 200, description = "The dashboard, or its login form", content_type = "text/html", body = String)))]
 pub(super) async fn dashboard(
     State(state): State<AppState>,
@@ -194,7 +194,7 @@ async fn gather(state: &AppState, access: &Access) -> Result<page::View, ApiErro
 /// `GET /dashboard/login`: the form, or the dashboard when there is
 /// nothing to log in to (or the browser already is).
 #[utoipa::path(get, path = "/dashboard/login", tag = "dashboard",
-    responses(super::openapi::Errors,
+    responses(super::schema::Errors,
         (status = 200, description = "The login form", content_type = "text/html", body = String),
         (status = 303, description = "Nothing to log in to, or logged in already: to the dashboard")))]
 pub(super) async fn login_page(Extension(access): Extension<Access>) -> Response {
@@ -223,11 +223,11 @@ fn field<'a>(fields: &'a [(String, String)], name: &str) -> Option<&'a str> {
 /// `POST /dashboard/login` (`token=...`): a session cookie and back to the
 /// dashboard, or the form again with 401 for a wrong token.
 #[utoipa::path(post, path = "/dashboard/login", tag = "dashboard",
-    request_body(content = super::openapi::LoginForm, content_type = "application/x-www-form-urlencoded"),
-    responses(super::openapi::Errors,
+    request_body(content = super::schema::LoginForm, content_type = "application/x-www-form-urlencoded"),
+    responses(super::schema::Errors,
         (status = 303, description = "Logged in (a session cookie), or no token to log in with: to the dashboard"),
         (status = 401, description = "A wrong token: the form again (a wrong bearer token: the JSON error)",
-            content((String = "text/html"), (super::openapi::ErrorBody = "application/json"))),
+            content((String = "text/html"), (super::schema::ErrorBody = "application/json"))),
         (status = 403, description = "Posted from another site", content_type = "text/html", body = String)))]
 pub(super) async fn login(
     State(state): State<AppState>,
@@ -307,8 +307,8 @@ async fn guarded(
 
 /// `POST /dashboard/logout`: forgets the session cookie.
 #[utoipa::path(post, path = "/dashboard/logout", tag = "dashboard",
-    request_body(content = super::openapi::CsrfForm, content_type = "application/x-www-form-urlencoded"),
-    responses(super::openapi::Errors,
+    request_body(content = super::schema::CsrfForm, content_type = "application/x-www-form-urlencoded"),
+    responses(super::schema::Errors,
         (status = 303, description = "Logged out: to the dashboard"),
         (status = 403, description = "Posted from another site, or without the page's CSRF token",
             content_type = "text/html", body = String)))]
@@ -331,8 +331,8 @@ pub(super) async fn logout(
 /// the dashboard's job list.
 #[utoipa::path(post, path = "/dashboard/crawls/{id}/cancel", tag = "dashboard",
     params(("id" = i64, Path, description = "The job's id")),
-    request_body(content = super::openapi::CsrfForm, content_type = "application/x-www-form-urlencoded"),
-    responses(super::openapi::Errors,
+    request_body(content = super::schema::CsrfForm, content_type = "application/x-www-form-urlencoded"),
+    responses(super::schema::Errors,
         (status = 303, description = "Cancelled: to the dashboard's job list"),
         (status = 403, description = "Posted from another site, or without the page's CSRF token",
             content_type = "text/html", body = String)))]
