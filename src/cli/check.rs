@@ -1,13 +1,17 @@
-//! `proxywarden check`: one check round with a progress display.
+//! `proxywarden check`: the command's options (its two modes' alike), and one
+//! check round of the stored proxies with a progress display; `check_list`
+//! is the other mode, a list given by hand.
 
 use std::io::{IsTerminal, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::bail;
 use clap::Args;
 
 use super::{Signals, checkpoint, load, open_store, parse_duration};
+use crate::model::SourceScheme;
+use crate::proxy::Scheme;
 
 /// `check` options; each overrides its `[check]` key.
 #[derive(Debug, Args)]
@@ -29,7 +33,70 @@ pub struct CheckArgs {
     pub no_https: bool,
     /// Checking a list given by hand.
     #[command(flatten)]
-    pub list: super::check_list::ListArgs,
+    pub list: ListArgs,
+}
+
+/// `check --list` options (only with `--list`).
+#[derive(Debug, Args)]
+pub struct ListArgs {
+    /// Check the proxies listed in FILE (`-` for stdin) instead of the
+    /// stored ones, and print those that work. Any text list harvest reads:
+    /// `host:port`, `scheme://[user:pass@]host:port`, `host:port:user:pass`,
+    /// `host port` columns; blank lines and `#` comments are skipped. No
+    /// config or database is needed.
+    #[arg(long, value_name = "FILE", conflicts_with = "all")]
+    pub list: Option<PathBuf>,
+    /// The scheme of entries that carry none (default: detect, trying
+    /// http, socks5 and socks4 in turn).
+    #[arg(long, value_enum, requires = "list")]
+    pub scheme: Option<ListScheme>,
+    /// Ask this judge instead of the configured ones (repeatable): an
+    /// http(s) URL that echoes the request, such as another proxywarden's
+    /// /judge or an httpbin-style /get.
+    #[arg(long = "judge", value_name = "URL", requires = "list")]
+    pub judges: Vec<String>,
+    /// How the working proxies are printed, fastest first.
+    #[arg(long, value_enum, default_value = "txt", requires = "list")]
+    pub format: ListFormat,
+    /// Also add the working proxies, with their verdicts, to the database
+    /// (as the source `list:NAME`, NAME being the file's name).
+    #[arg(long, requires = "list")]
+    pub store: bool,
+}
+
+/// `check --scheme`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum ListScheme {
+    /// Plain HTTP proxies (CONNECT tested for HTTPS).
+    Http,
+    /// SOCKS4 (and 4a).
+    Socks4,
+    /// SOCKS5.
+    Socks5,
+    /// Try http, socks5 and socks4 in turn.
+    Detect,
+}
+
+impl From<ListScheme> for SourceScheme {
+    fn from(s: ListScheme) -> SourceScheme {
+        match s {
+            ListScheme::Http => SourceScheme::Fixed(Scheme::Http),
+            ListScheme::Socks4 => SourceScheme::Fixed(Scheme::Socks4),
+            ListScheme::Socks5 => SourceScheme::Fixed(Scheme::Socks5),
+            ListScheme::Detect => SourceScheme::Detect,
+        }
+    }
+}
+
+/// `check --format`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum ListFormat {
+    /// `scheme://[user:pass@]host:port` per line.
+    Txt,
+    /// A JSON array of objects with the verdicts.
+    Json,
+    /// CSV with a header row, the JSON fields as columns.
+    Csv,
 }
 
 /// The round's options: `[check]` with the command line's overrides.
@@ -79,9 +146,6 @@ pub(super) async fn run(config_path: Option<&Path>, args: CheckArgs) -> anyhow::
 
     use crate::check::{self, Checker, RoundProgress};
 
-    if let Some(list) = args.list.list.clone() {
-        return super::check_list::run(config_path, args, &list).await;
-    }
     let (config, origin) = load(config_path)?;
     config.check_runtime_files(&origin.to_string())?;
     let store = open_store(&config).await?;

@@ -5,17 +5,17 @@
 //! list's.
 
 use std::io::{IsTerminal, Read, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use clap::Args;
 use futures::StreamExt;
 use serde::Serialize;
 
+use super::check::{CheckArgs, ListFormat};
 use super::{checkpoint, load, open_store};
 use crate::check::{self, Checker, RoundProgress};
 use crate::config::{Config, JudgeConfig};
@@ -31,70 +31,6 @@ const MAX_LIST: u64 = 256 << 20;
 const QUOTED_BAD_LINES: usize = 3;
 /// The longest part of a bad line quoted.
 const QUOTE_CHARS: usize = 60;
-
-/// `check --list` options (only with `--list`).
-#[derive(Debug, Args)]
-pub struct ListArgs {
-    /// Check the proxies listed in FILE (`-` for stdin) instead of the
-    /// stored ones, and print those that work. Any text list harvest reads:
-    /// `host:port`, `scheme://[user:pass@]host:port`, `host:port:user:pass`,
-    /// `host port` columns; blank lines and `#` comments are skipped. No
-    /// config or database is needed.
-    #[arg(long, value_name = "FILE", conflicts_with = "all")]
-    pub list: Option<PathBuf>,
-    /// The scheme of entries that carry none (default: detect, trying
-    /// http, socks5 and socks4 in turn).
-    #[arg(long, value_enum, requires = "list")]
-    pub scheme: Option<ListScheme>,
-    /// Ask this judge instead of the configured ones (repeatable): an
-    /// http(s) URL that echoes the request, such as another proxywarden's
-    /// /judge or an httpbin-style /get.
-    #[arg(long = "judge", value_name = "URL", requires = "list")]
-    pub judges: Vec<String>,
-    /// How the working proxies are printed, fastest first.
-    #[arg(long, value_enum, default_value = "txt", requires = "list")]
-    pub format: ListFormat,
-    /// Also add the working proxies, with their verdicts, to the database
-    /// (as the source `list:NAME`, NAME being the file's name).
-    #[arg(long, requires = "list")]
-    pub store: bool,
-}
-
-/// `check --scheme`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum ListScheme {
-    /// Plain HTTP proxies (CONNECT tested for HTTPS).
-    Http,
-    /// SOCKS4 (and 4a).
-    Socks4,
-    /// SOCKS5.
-    Socks5,
-    /// Try http, socks5 and socks4 in turn.
-    Detect,
-}
-
-impl From<ListScheme> for SourceScheme {
-    fn from(s: ListScheme) -> SourceScheme {
-        use crate::proxy::Scheme;
-        match s {
-            ListScheme::Http => SourceScheme::Fixed(Scheme::Http),
-            ListScheme::Socks4 => SourceScheme::Fixed(Scheme::Socks4),
-            ListScheme::Socks5 => SourceScheme::Fixed(Scheme::Socks5),
-            ListScheme::Detect => SourceScheme::Detect,
-        }
-    }
-}
-
-/// `check --format`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum ListFormat {
-    /// `scheme://[user:pass@]host:port` per line.
-    Txt,
-    /// A JSON array of objects with the verdicts.
-    Json,
-    /// CSV with a header row, the JSON fields as columns.
-    Csv,
-}
 
 /// What a list held.
 #[derive(Debug)]
@@ -276,7 +212,7 @@ fn judges_from(urls: &[String]) -> anyhow::Result<Vec<JudgeConfig>> {
 /// Runs `check --list`.
 pub(super) async fn run(
     config_path: Option<&Path>,
-    args: super::CheckArgs,
+    args: CheckArgs,
     list: &Path,
 ) -> anyhow::Result<ExitCode> {
     let (mut config, origin) = load(config_path)?;

@@ -20,7 +20,7 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 
 pub use check::{CheckArgs, print_check_summary, rate_text};
-pub use check_list::{ListArgs, ListFormat, ListScheme};
+pub use check::{ListArgs, ListFormat, ListScheme};
 pub use config::ConfigCommand;
 pub use crawl::{CrawlArgs, NoProxyArg};
 pub use export::{ExportArgs, ExportFormat, StatusFilter};
@@ -153,7 +153,12 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Config(command) => config::run(config_path, command),
         Command::Harvest(args) => harvest::run(config_path, args).await,
         Command::Serve => serve::run(config_path).await,
-        Command::Check(args) => check::run(config_path, args).await,
+        // `check --list FILE` checks a list given by hand; `check` alone
+        // the stored proxies.
+        Command::Check(args) => match args.list.list.clone() {
+            Some(list) => check_list::run(config_path, args, &list).await,
+            None => check::run(config_path, args).await,
+        },
         Command::Crawl(args) => crawl::run(config_path, *args).await,
         Command::Purge => purge::run(config_path).await,
         Command::Stats(args) => stats::run(config_path, args).await,
