@@ -6,7 +6,7 @@ pub mod addresses;
 mod annotations;
 pub mod countries;
 pub mod fetch;
-mod gzip;
+pub mod gzip;
 pub mod html;
 pub mod json;
 pub mod pattern;

@@ -20,6 +20,7 @@ mod disk_full;
 mod fakes_selftest;
 mod gateway;
 mod harvest;
+mod inputs_fuzz;
 mod lists;
 mod net;
 mod nodes;
