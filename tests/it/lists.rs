@@ -10,6 +10,7 @@ use crate::common;
 use std::collections::BTreeSet;
 use std::io::Write as _;
 use std::path::Path;
+use std::sync::Arc;
 
 use common::config_toml;
 use common::site::{Reply, Site};
@@ -226,4 +227,79 @@ async fn a_source_may_turn_annotations_off() {
     let urls: BTreeSet<&str> = stored.iter().map(|s| s.as_str()).collect();
     assert_eq!(urls.len(), 7);
     assert!(stored.iter().all(|s| s.ends_with(" - - -")), "{stored:?}");
+}
+
+/// `/sources` and the dashboard show what each source adds: its proxies
+/// alive at their last check, and those no other source lists.
+#[tokio::test]
+async fn sources_and_the_dashboard_show_each_ones_yield() {
+    use axum::body::Body;
+    use axum::extract::ConnectInfo;
+    use axum::http::Request;
+    use http_body_util::BodyExt;
+    use proxywarden::api::{self, AppState};
+    use proxywarden::health::{Feedback, load_index};
+    use tower::ServiceExt;
+
+    let dir = tempfile::tempdir().unwrap();
+    let spys = String::from_utf8(fixture("spys.txt")).unwrap();
+    let some: String = spys
+        .lines()
+        .filter(|l| l.contains(":80 "))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let site = Site::routes(vec![
+        ("/spys.txt", Reply::ok(spys.clone())),
+        ("/some.txt", Reply::ok(some)),
+    ])
+    .await;
+    let sources = [
+        src("spys", &site.url("/spys.txt"), ""),
+        src("some", &site.url("/some.txt"), ""),
+    ]
+    .concat();
+    let config = Config::from_toml(&config_toml(dir.path(), &sources), "t").unwrap();
+    let store = Store::open(&config.database.path).unwrap();
+    harvest_all(&config, &store).await.unwrap();
+    let index = load_index(&store).await.unwrap();
+    let state = AppState::new(store.clone(), Feedback::new(index, store), Arc::new(config));
+    let get = |path: &'static str| {
+        let mut req = Request::get(path)
+            .header("host", "127.0.0.1")
+            .body(Body::empty())
+            .unwrap();
+        req.extensions_mut().insert(ConnectInfo(
+            "127.0.0.1:40000".parse::<std::net::SocketAddr>().unwrap(),
+        ));
+        let app = api::router(state.clone());
+        async move {
+            let resp = app.oneshot(req).await.unwrap();
+            assert!(resp.status().is_success(), "{path}: {}", resp.status());
+            let body = resp.into_body().collect().await.unwrap().to_bytes();
+            String::from_utf8(body.to_vec()).unwrap()
+        }
+    };
+    let listed: serde_json::Value = serde_json::from_str(&get("/sources").await).unwrap();
+    let yield_of = |name: &str| {
+        let s = listed
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["name"] == name)
+            .unwrap();
+        (
+            s["proxies"].as_i64(),
+            s["alive"].as_i64(),
+            s["unique"].as_i64(),
+        )
+    };
+    // spys lists 7, two of them (port 80) also listed by "some".
+    assert_eq!(yield_of("spys"), (Some(7), Some(0), Some(5)));
+    assert_eq!(yield_of("some"), (Some(2), Some(0), Some(0)));
+    let page = get("/").await;
+    assert!(page.contains("Only here"), "no yield column");
+    assert!(
+        page.contains(r#"data-stat="unique">5<"#),
+        "spys' 5 not shown"
+    );
 }
