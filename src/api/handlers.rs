@@ -556,6 +556,8 @@ pub(super) struct SourceView {
     fetches_failed: i64,
     proxies: i64,
     alive: i64,
+    /// Of `proxies`, those no other source lists.
+    unique: i64,
 }
 
 impl From<SourceRecord> for SourceView {
@@ -576,6 +578,7 @@ impl From<SourceRecord> for SourceView {
             fetches_failed: s.fetches_failed,
             proxies: s.proxies,
             alive: s.alive,
+            unique: s.unique,
         }
     }
 }

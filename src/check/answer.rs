@@ -412,3 +412,7 @@ mod tests {
         assert_eq!(read(auth), Err(Reason::ProxyAuthRequired));
     }
 }
+
+#[cfg(test)]
+#[path = "answer_fuzz.rs"]
+mod fuzz;

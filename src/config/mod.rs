@@ -36,7 +36,8 @@ pub use node::NodeConfig;
 pub use pool::PoolConfig;
 pub use schedule::Schedule;
 pub use sources::{
-    HtmlColumns, HtmlOptions, JsonOptions, SourceConfig, SourceFormat, SourceLocation,
+    HtmlColumns, HtmlOptions, JsonOptions, ListPattern, RegexOptions, SourceConfig, SourceFormat,
+    SourceLocation, TextOptions,
 };
 
 use section::Section;
@@ -380,7 +381,7 @@ mod tests {
             "harvest.schedule: expected a cron expression",
             "sources[0].name: is required",
             "sources[0].url: unsupported URL scheme \"ftp\"",
-            "sources[0].format: expected \"text\", \"html\" or \"json\", found \"xml\"",
+            "sources[0].format: expected \"text\", \"regex\", \"html\" or \"json\", found \"xml\"",
             "sources[1].url: contains {page} but the source has no `pages`",
             "sources[1].table: is not an option of format = \"text\"",
             "check.judges[0]: invalid URL",
@@ -420,7 +421,7 @@ mod tests {
         let mine = &c.sources[0];
         assert_eq!(mine.name, "mine");
         // Per-source keys left out take their defaults.
-        assert_eq!(mine.format, SourceFormat::Text);
+        assert_eq!(mine.format, SourceFormat::Text(Default::default()));
         assert_eq!(mine.scheme, SourceScheme::Fixed(Scheme::Http));
         assert!(mine.enabled);
         let judges: Vec<&str> = c.check.judges.iter().map(|j| j.url.as_str()).collect();

@@ -17,7 +17,9 @@ use crate::model::SourceScheme;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum SourceFormat {
     /// Addresses anywhere in text.
-    Text,
+    Text(TextOptions),
+    /// Entries matched by a regular expression with named groups.
+    Regex(RegexOptions),
     /// An HTML table.
     Html(HtmlOptions),
     /// A JSON list.
@@ -28,10 +30,105 @@ impl SourceFormat {
     /// The config spelling.
     pub fn name(&self) -> &'static str {
         match self {
-            SourceFormat::Text => "text",
+            SourceFormat::Text(_) => "text",
+            SourceFormat::Regex(_) => "regex",
             SourceFormat::Html(_) => "html",
             SourceFormat::Json(_) => "json",
         }
+    }
+}
+
+/// The `text` format's options.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TextOptions {
+    /// Read what lists write after an address (`1.2.3.4:80 US-H-S +`,
+    /// `1.2.3.4:80:Germany`) as hints.
+    pub annotations: bool,
+}
+
+impl Default for TextOptions {
+    fn default() -> TextOptions {
+        TextOptions { annotations: true }
+    }
+}
+
+/// The `regex` format's options.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RegexOptions {
+    /// The expression, checked when the config is loaded.
+    pub pattern: ListPattern,
+}
+
+/// A regular expression with the named groups of [`ListPattern::GROUPS`],
+/// `ip` and `port` among them, compiled with limits: the `regex` crate
+/// matches in linear time, and its compiled size is capped so that a
+/// pattern cannot take the daemon's memory either.
+#[derive(Clone, Debug)]
+pub struct ListPattern(regex::Regex);
+
+impl PartialEq for ListPattern {
+    fn eq(&self, other: &ListPattern) -> bool {
+        self.0.as_str() == other.0.as_str()
+    }
+}
+
+impl Eq for ListPattern {}
+
+impl ListPattern {
+    /// The group names a pattern may use; `ip` and `port` are required.
+    pub const GROUPS: [&'static str; 8] = [
+        "ip",
+        "port",
+        "scheme",
+        "country",
+        "anonymity",
+        "https",
+        "user",
+        "pass",
+    ];
+    /// Longest pattern accepted, in bytes.
+    pub const MAX_LEN: usize = 4096;
+    /// Compiled size allowed, in bytes (the `regex` crate's `size_limit`).
+    pub const MAX_COMPILED: usize = 1 << 20;
+
+    /// Compiles `pattern`, or says what is wrong with it.
+    pub fn new(pattern: &str) -> Result<ListPattern, String> {
+        if pattern.len() > Self::MAX_LEN {
+            return Err(format!(
+                "is {} bytes long; at most {} are accepted",
+                pattern.len(),
+                Self::MAX_LEN
+            ));
+        }
+        let re = regex::RegexBuilder::new(pattern)
+            .size_limit(Self::MAX_COMPILED)
+            .dfa_size_limit(2 * Self::MAX_COMPILED)
+            .nest_limit(64)
+            .build()
+            .map_err(|e| format!("invalid regular expression: {e}"))?;
+        let names: Vec<&str> = re.capture_names().flatten().collect();
+        if let Some(unknown) = names.iter().find(|n| !Self::GROUPS.contains(n)) {
+            return Err(format!(
+                "unknown group name {unknown:?} (known: {})",
+                Self::GROUPS.join(", ")
+            ));
+        }
+        let missing: Vec<&str> = ["ip", "port"]
+            .into_iter()
+            .filter(|g| !names.contains(g))
+            .collect();
+        if !missing.is_empty() {
+            return Err(format!(
+                "needs the named groups (?P<ip>...) and (?P<port>...); missing {}",
+                missing.join(" and ")
+            ));
+        }
+        Ok(ListPattern(re))
+    }
+
+    /// The compiled expression.
+    pub fn regex(&self) -> &regex::Regex {
+        &self.0
     }
 }
 
@@ -252,6 +349,8 @@ fn source(s: &mut Section, names: &mut BTreeSet<String>) -> Option<SourceConfig>
         .unwrap_or(DEFAULT_ENABLED);
 
     const HTML_KEYS: [&str; 2] = ["table", "columns"];
+    const TEXT_KEYS: [&str; 1] = ["annotations"];
+    const REGEX_KEYS: [&str; 1] = ["pattern"];
     const JSON_KEYS: [&str; 7] = [
         "items",
         "ip",
@@ -262,7 +361,17 @@ fn source(s: &mut Section, names: &mut BTreeSet<String>) -> Option<SourceConfig>
         "https",
     ];
     let format = match format_name.as_str() {
-        "text" => Some(SourceFormat::Text),
+        "text" => Some(SourceFormat::Text(TextOptions {
+            annotations: s.optional("annotations", Section::boolean).unwrap_or(true),
+        })),
+        "regex" => match s.string("pattern").map(|p| ListPattern::new(&p)) {
+            Some(Ok(pattern)) => Some(SourceFormat::Regex(RegexOptions { pattern })),
+            Some(Err(e)) => {
+                s.problem("pattern", &e);
+                None
+            }
+            None => None,
+        },
         "html" => {
             let table = s.optional("table", Section::string);
             if let Some(sel) = &table
@@ -292,17 +401,32 @@ fn source(s: &mut Section, names: &mut BTreeSet<String>) -> Option<SourceConfig>
         other => {
             s.problem(
                 "format",
-                &format!("expected \"text\", \"html\" or \"json\", found {other:?}"),
+                &format!("expected \"text\", \"regex\", \"html\" or \"json\", found {other:?}"),
             );
             None
         }
     };
     // Keys of another format are mistakes, not silently ignored options.
-    let foreign: Vec<&str> = match format_name.as_str() {
-        "text" => HTML_KEYS.iter().chain(JSON_KEYS.iter()).copied().collect(),
-        "html" => JSON_KEYS.to_vec(),
-        "json" => HTML_KEYS.to_vec(),
-        _ => Vec::new(),
+    let all = [
+        &TEXT_KEYS[..],
+        &REGEX_KEYS[..],
+        &HTML_KEYS[..],
+        &JSON_KEYS[..],
+    ];
+    let own: &[&str] = match format_name.as_str() {
+        "text" => &TEXT_KEYS,
+        "regex" => &REGEX_KEYS,
+        "html" => &HTML_KEYS,
+        "json" => &JSON_KEYS,
+        _ => &[],
+    };
+    let foreign: Vec<&str> = if own.is_empty() {
+        Vec::new()
+    } else {
+        all.concat()
+            .into_iter()
+            .filter(|k| !own.contains(k))
+            .collect()
     };
     for k in foreign {
         if s.take(k).is_some() {
@@ -389,5 +513,53 @@ mod tests {
             SourceLocation::Http(_)
         ));
         assert!(parse_location("https://").is_err());
+    }
+}
+
+#[cfg(test)]
+mod format_tests {
+    use crate::config::{Config, SourceFormat};
+
+    fn load(source: &str) -> Result<Config, String> {
+        let toml = format!("[[sources]]\nname = \"s\"\nurl = \"/tmp/l.txt\"\n{source}\n");
+        Config::from_toml(&toml, "my.toml").map_err(|e| format!("{e:#}"))
+    }
+
+    #[test]
+    fn regex_patterns_and_text_annotations_are_checked_when_loaded() {
+        let ok = load("format = \"regex\"\npattern = '(?P<ip>[\\d.]+) (?P<port>\\d+)'").unwrap();
+        assert!(matches!(ok.sources[0].format, SourceFormat::Regex(_)));
+        let off = load("annotations = false").unwrap();
+        assert_eq!(
+            off.sources[0].format,
+            SourceFormat::Text(super::TextOptions { annotations: false })
+        );
+        for (source, needle) in [
+            (
+                "format = \"regex\"\npattern = '(?P<ip>'",
+                "sources[0].pattern: invalid regular expression",
+            ),
+            (
+                "format = \"regex\"\npattern = '(?P<ip>\\S+)'",
+                "sources[0].pattern: needs the named groups (?P<ip>...) and (?P<port>...); \
+                 missing port",
+            ),
+            (
+                "format = \"regex\"\npattern = '(?P<ip>\\S+) (?P<port>\\d+) (?P<cc>\\w+)'",
+                "sources[0].pattern: unknown group name \"cc\"",
+            ),
+            ("format = \"regex\"", "sources[0].pattern: is required"),
+            (
+                "format = \"json\"\nannotations = false",
+                "sources[0].annotations: is not an option of format = \"json\"",
+            ),
+            (
+                "pattern = 'x'",
+                "sources[0].pattern: is not an option of format = \"text\"",
+            ),
+        ] {
+            let err = load(source).unwrap_err();
+            assert!(err.contains(needle), "{source}: {err}");
+        }
     }
 }

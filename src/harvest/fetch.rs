@@ -74,6 +74,13 @@ pub enum FetchErrorKind {
     /// The body exceeded the limit.
     #[error("body larger than the {0} limit (harvest.max_body)")]
     TooLarge(String),
+    /// A gzip body (recognised by its first bytes) exceeded the limit once
+    /// decompressed.
+    #[error("gzip body larger than the {0} limit (harvest.max_body) once decompressed")]
+    GzipTooLarge(String),
+    /// A body that starts like gzip but is not.
+    #[error("{0}")]
+    Gzip(String),
     /// Connecting took too long.
     #[error("connect timed out")]
     ConnectTimeout,
@@ -223,9 +230,33 @@ impl Fetcher {
                 kind: FetchErrorKind::TooLarge(self.limit_text()),
             });
         }
+        let buf = self.decompressed(buf, None).await?;
         Ok(Fetched {
             status: None,
             body: into_text(buf),
+        })
+    }
+
+    /// `buf` itself, or what it decompresses to when it is gzip that no
+    /// `Content-Encoding` announced (decompressed off the async runtime).
+    async fn decompressed(&self, buf: Vec<u8>, status: Option<u16>) -> Result<Vec<u8>, FetchError> {
+        if !super::gzip::is_gzip(&buf) {
+            return Ok(buf);
+        }
+        let max = self.max_body;
+        let done = tokio::task::spawn_blocking(move || super::gzip::gunzip(&buf, max)).await;
+        let kind = match done {
+            Ok(Ok(plain)) => return Ok(plain),
+            Ok(Err(super::gzip::GunzipError::TooLarge)) => {
+                FetchErrorKind::GzipTooLarge(self.limit_text())
+            }
+            Ok(Err(e)) => FetchErrorKind::Gzip(e.to_string()),
+            Err(e) => FetchErrorKind::Gzip(format!("gzip body could not be decompressed: {e}")),
+        };
+        Err(FetchError {
+            attempts: 0,
+            status,
+            kind,
         })
     }
 
@@ -316,6 +347,10 @@ impl Fetcher {
                 Err(e) => return (Err(request_error(code, &e)), None),
             }
         }
+        let buf = match self.decompressed(buf, code).await {
+            Ok(buf) => buf,
+            Err(e) => return (Err(e), None),
+        };
         (
             Ok(Fetched {
                 status: code,

@@ -3,11 +3,11 @@
 
 use serde_json::Value;
 
-use super::text::{Token, first_token, scan};
-use super::{Candidates, country_hint, parse_https_word, protocol_words, push_schemes};
+use super::text::{Token, any_host, first_token, scan};
+use super::{Candidates, countries, country_hint, parse_https_word, protocol_words, push_schemes};
 use crate::config::JsonOptions;
 use crate::model::{Hints, SourceScheme};
-use crate::proxy::{Anonymity, Scheme, parse_host, parse_port};
+use crate::proxy::{Anonymity, Country, Credentials, Scheme, parse_port};
 
 /// Why a JSON body could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -53,7 +53,9 @@ fn json_lines(body: &str) -> Option<Value> {
 
 /// Field names tried in order when no path is configured; the first that
 /// holds a usable value wins. Dotted names reach into nested objects
-/// (proxifly's `geolocation`, proxyscrape's `ip_data`).
+/// (proxifly's `geolocation`, proxyscrape's `ip_data`); a country field
+/// may itself be an object (monosans' `geolocation.country.iso_code`, see
+/// [`country_of`]).
 const IP_KEYS: &[&str] = &["ip", "host", "address", "ipAddress", "ip_address", "addr"];
 const PORT_KEYS: &[&str] = &["port"];
 const COUNTRY_KEYS: &[&str] = &[
@@ -63,7 +65,10 @@ const COUNTRY_KEYS: &[&str] = &[
     "code",
     "geolocation.country",
     "geolocation.countryCode",
+    "geolocation.country_code",
     "ip_data.countryCode",
+    "geo.country",
+    "location.country",
 ];
 const PROTOCOL_KEYS: &[&str] = &["protocols", "protocol", "type", "types", "scheme"];
 const ANONYMITY_KEYS: &[&str] = &["anonymity", "anonymityLevel", "anonymity_level", "level"];
@@ -163,6 +168,29 @@ fn field<'a, T>(
     }
 }
 
+/// Keys of a country object that hold its code, in order.
+const COUNTRY_CODE_KEYS: &[&str] = &["iso_code", "code", "country_code", "countryCode", "iso"];
+
+/// A country as APIs write it: a two-letter code, an English name, or an
+/// object holding a code (`{"iso_code": "RU", "names": {...}}`) or a
+/// `country` of its own, one level down at most.
+fn country_of(v: &Value) -> Option<Country> {
+    country_within(v, 2)
+}
+
+fn country_within(v: &Value, depth: usize) -> Option<Country> {
+    match v {
+        Value::String(s) if s.trim().len() == 2 => country_hint(s),
+        Value::String(s) => countries::by_name(s),
+        Value::Object(map) if depth > 0 => COUNTRY_CODE_KEYS
+            .iter()
+            .chain(std::iter::once(&"country"))
+            .filter_map(|k| map.get(*k))
+            .find_map(|v| country_within(v, depth - 1)),
+        _ => None,
+    }
+}
+
 fn port_of(v: &Value) -> Option<u16> {
     match v {
         Value::Number(n) => n
@@ -215,12 +243,12 @@ fn protocols_of(v: &Value) -> Option<(Vec<Scheme>, bool)> {
 fn address(item: &Value, opts: &JsonOptions) -> Option<Token> {
     let ip = field(item, &opts.ip, IP_KEYS, Value::as_str);
     if let Some(ip) = ip {
-        if let Some(host) = parse_host(ip) {
+        if let Some(host) = any_host(ip) {
             if let Some(port) = field(item, &opts.port, PORT_KEYS, port_of) {
                 return Some(Token {
                     host,
                     port,
-                    auth: None,
+                    auth: credentials(item),
                     scheme: None,
                     https: false,
                 });
@@ -235,6 +263,24 @@ fn address(item: &Value, opts: &JsonOptions) -> Option<Token> {
     URL_KEYS
         .iter()
         .find_map(|k| item.get(*k).and_then(Value::as_str).and_then(first_token))
+}
+
+/// Where APIs put a proxy's credentials beside its `ip` and `port`
+/// (monosans: `"username": null` when there are none).
+const USER_KEYS: &[&str] = &["username", "user", "login"];
+const PASS_KEYS: &[&str] = &["password", "pass"];
+
+/// The item's user name and password fields, when it has a user name.
+fn credentials(item: &Value) -> Option<Credentials> {
+    let text = |keys: &[&str]| {
+        keys.iter()
+            .find_map(|k| item.get(*k).and_then(Value::as_str))
+            .filter(|s| !s.is_empty())
+    };
+    Some(Credentials {
+        username: text(USER_KEYS)?.to_owned(),
+        password: text(PASS_KEYS).unwrap_or("").to_owned(),
+    })
 }
 
 /// Pushes the candidates of one item; returns `false` once `out` is full.
@@ -266,9 +312,7 @@ fn read_item(
                 }
             };
             let hints = Hints {
-                country: field(item, &opts.country, COUNTRY_KEYS, |v| {
-                    v.as_str().and_then(country_hint)
-                }),
+                country: field(item, &opts.country, COUNTRY_KEYS, country_of),
                 anonymity: field(item, &opts.anonymity, ANONYMITY_KEYS, |v| {
                     v.as_str().and_then(Anonymity::from_loose)
                 }),
@@ -416,6 +460,53 @@ mod tests {
         let out = run(body, &JsonOptions::default()).unwrap();
         let got: Vec<_> = out.items().iter().map(|c| c.hints.country).collect();
         assert_eq!(got, [Country::parse("DE"), Country::parse("FR"), None]);
+    }
+
+    #[test]
+    fn nested_country_shapes_without_options() {
+        // monosans' proxies.json: the country is an object, beside a
+        // continent and a postal code that also have a `code`.
+        let body = r#"[{"protocol":"socks4","username":null,"password":null,
+            "host":"1.1.1.1","port":7890,"geolocation":{"continent":{"code":"EU"},
+            "country":{"geoname_id":2017370,"iso_code":"RU","names":{"en":"Russia"}},
+            "postal":{"code":"101000"}}},
+            {"ip":"2.2.2.2","port":2,"country":{"code":"se","name":"Sweden"}},
+            {"ip":"3.3.3.3","port":3,"geolocation":{"country_code":"jp"}},
+            {"ip":"4.4.4.4","port":4,"country":"Germany"},
+            {"ip":"5.5.5.5","port":5,"location":{"country":{"iso_code":"BR"}}},
+            {"ip":"6.6.6.6","port":6,"country":{"names":{"en":"Nowhere"}}}]"#;
+        let out = run(body, &JsonOptions::default()).unwrap();
+        let got: Vec<_> = out
+            .items()
+            .iter()
+            .map(|c| c.hints.country.map(|c| c.to_string()))
+            .collect();
+        let want = [
+            Some("RU"),
+            Some("SE"),
+            Some("JP"),
+            Some("DE"),
+            Some("BR"),
+            None,
+        ];
+        assert_eq!(got, want.map(|c| c.map(str::to_owned)));
+        assert_eq!(out.items()[0].proxy.to_string(), "socks4://1.1.1.1:7890");
+        let with_user = r#"[{"host":"1.1.1.1","port":1,"username":"u","password":"p:w"},
+            {"host":"2.2.2.2","port":2,"username":"","password":"x"}]"#;
+        assert_eq!(
+            urls(with_user),
+            ["http://u:p%3Aw@1.1.1.1:1", "http://2.2.2.2:2"]
+        );
+    }
+
+    #[test]
+    fn unusable_addresses_are_counted_as_dropped() {
+        let out = run(
+            r#"[{"ip":"0.0.0.0","port":80},{"ip":"239.1.1.1","port":80},"0.0.0.0:81"]"#,
+            &JsonOptions::default(),
+        )
+        .unwrap();
+        assert_eq!((out.len(), out.unusable()), (0, 3));
     }
 
     #[test]

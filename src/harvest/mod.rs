@@ -3,9 +3,13 @@
 //! and hand them to the store in one transaction per source.
 
 pub mod addresses;
+mod annotations;
+pub mod countries;
 pub mod fetch;
+pub mod gzip;
 pub mod html;
 pub mod json;
+pub mod pattern;
 pub mod text;
 
 mod run;
@@ -21,7 +25,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use crate::model::{Candidate, CandidateList, Hints, SourceScheme};
-use crate::proxy::{Country, Scheme};
+use crate::proxy::{Country, Scheme, usable_ip};
 
 /// Reads an HTTPS-support flag as lists write it: `yes`/`no`, `true`/`false`,
 /// `+`/`-`, `1`/`0` (any case, blanks ignored). Anything else is `None`, so
@@ -66,8 +70,12 @@ pub struct Candidates {
     /// Which addresses are kept; `None` keeps every one (parser tests,
     /// lists given by hand).
     policy: Option<Arc<AddressPolicy>>,
-    /// Entries dropped by `policy`.
+    /// Entries dropped for their address: by `policy`, and those no proxy
+    /// can listen on.
     private: usize,
+    /// Of `private`, the entries no proxy can listen on (`0.0.0.0`,
+    /// broadcast, multicast), dropped whatever the policy.
+    unusable: usize,
 }
 
 impl Candidates {
@@ -81,6 +89,7 @@ impl Candidates {
             truncated: false,
             policy: None,
             private: 0,
+            unusable: 0,
         }
     }
 
@@ -94,16 +103,29 @@ impl Candidates {
         }
     }
 
-    /// Entries dropped because their address is private or the daemon's
-    /// own (each entry as often as the source lists it).
+    /// Entries dropped because of their address: private, the daemon's
+    /// own, or one no proxy can listen on (each entry as often as the
+    /// source lists it).
     pub fn private(&self) -> usize {
         self.private
+    }
+
+    /// Of [`Candidates::private`], the entries on an address no proxy can
+    /// listen on (`0.0.0.0`, `255.255.255.255`, multicast), which no key
+    /// keeps.
+    pub fn unusable(&self) -> usize {
+        self.unusable
     }
 
     /// Adds a candidate unless it is a duplicate. Returns `false` once the
     /// limit is reached (the candidate is dropped and the set marked
     /// truncated), telling the parser to stop.
     pub fn push(&mut self, c: Candidate) -> bool {
+        if !usable_ip(c.proxy.host) {
+            self.private += 1;
+            self.unusable += 1;
+            return true;
+        }
         if let Some(policy) = &self.policy
             && policy.refuses(c.proxy.host, c.proxy.port).is_some()
         {

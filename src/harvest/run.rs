@@ -9,7 +9,7 @@ use futures::StreamExt;
 
 use super::addresses::AddressPolicy;
 use super::fetch::{Fetched, Fetcher};
-use super::{Candidates, html, json, text};
+use super::{Candidates, html, json, pattern, text};
 use crate::config::{Config, SourceConfig, SourceFormat, SourceLocation};
 use crate::store::{SourceRun, Store, StoreError, UpsertCounts, WriteFailure, now_ms};
 
@@ -231,6 +231,7 @@ async fn harvest_source(
         };
         http_status = status;
         let before = candidates.len();
+        let scripted = page == 1 && has_scripts(&body);
         let (parsed, parse_error) =
             parse_off_runtime(src.format.clone(), src.scheme, body, candidates, parse_time).await;
         candidates = parsed;
@@ -246,7 +247,16 @@ async fn harvest_source(
         }
         // Paged APIs answer past their end with an empty page.
         if candidates.len() == before {
-            if page == 1 && candidates.private() > 0 {
+            if page == 1
+                && candidates.private() > 0
+                && candidates.private() == candidates.unusable()
+            {
+                error = Some(format!(
+                    "every address it lists is one no proxy can listen on (0.0.0.0, broadcast \
+                     or multicast; {} entries dropped)",
+                    candidates.private()
+                ));
+            } else if page == 1 && candidates.private() > 0 {
                 error = Some(format!(
                     "every address it lists is private or the daemon's own ({} entries \
                      dropped{})",
@@ -259,8 +269,14 @@ async fn harvest_source(
                 ));
             } else if page == 1 {
                 error = Some(format!(
-                    "no proxies found in the {} body",
-                    src.format.name()
+                    "no proxies found in the {} body{}",
+                    src.format.name(),
+                    if scripted {
+                        "; the page has scripts: addresses a page writes with JavaScript \
+                         are not read"
+                    } else {
+                        ""
+                    }
                 ));
             }
             break;
@@ -336,6 +352,17 @@ async fn harvest_source(
     }
 }
 
+/// True when `body` holds a `<script` tag (any case): a page that finds no
+/// proxies and has scripts most likely writes its addresses with
+/// JavaScript, which no format runs.
+fn has_scripts(body: &str) -> bool {
+    memchr::memmem::find_iter(body.as_bytes(), b"<").any(|i| {
+        body.as_bytes()[i + 1..]
+            .get(..6)
+            .is_some_and(|w| w.eq_ignore_ascii_case(b"script"))
+    })
+}
+
 /// Parsing a 10 MiB body is CPU work; it runs on the blocking pool so the
 /// runtime keeps serving other sources. HTML, the one format whose parsing
 /// is not linear, gives up after `allowed` (counted from now, so that time
@@ -351,9 +378,14 @@ async fn parse_off_runtime(
     let started = Instant::now();
     let joined = tokio::task::spawn_blocking(move || {
         let error = match &format {
-            SourceFormat::Text => {
-                text::parse(&body, scheme, &mut out);
+            SourceFormat::Text(opts) => {
+                text::parse_with(&body, opts, scheme, &mut out);
                 None
+            }
+            SourceFormat::Regex(opts) => {
+                pattern::parse(&body, opts, scheme, &mut out, Some((started, allowed)))
+                    .err()
+                    .map(|e| e.to_string())
             }
             SourceFormat::Html(opts) => {
                 html::parse_bounded(&body, opts, scheme, &mut out, Some((started, allowed)))

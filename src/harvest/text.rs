@@ -3,7 +3,10 @@
 //! addresses all work. `host:port:user:pass`, the usual layout of lists with
 //! credentials, is read as well. A body with no such token at all is read a
 //! second way, as columns: an address followed by its port in the next
-//! field (`1.2.3.4 8080`, `1.2.3.4,8080,US`).
+//! field (`1.2.3.4 8080`, `1.2.3.4,8080,US`). What a list writes after an
+//! address in the layouts lists use (`1.2.3.4:80 US-H-S +`,
+//! `1.2.3.4:80:Germany`) becomes the entry's hints, unless the source turns
+//! annotations off (see `annotations`).
 //!
 //! Written by hand rather than with a regex: lists run to tens of megabytes,
 //! and jumping from one `:` to the next with `memchr`, then validating a
@@ -16,9 +19,10 @@ use std::thread;
 
 use memchr::memchr;
 
-use super::Candidates;
+use super::{Candidates, annotations};
+use crate::config::TextOptions;
 use crate::model::{Candidate, Hints, SourceScheme};
-use crate::proxy::{Credentials, Scheme, parse_host, parse_port, percent_decode, usable_ip};
+use crate::proxy::{Credentials, Scheme, parse_ipv4_lenient, parse_port, percent_decode};
 
 /// Longest textual IPv6 (an IPv4-mapped address written in full).
 const MAX_V6: usize = 45;
@@ -28,13 +32,20 @@ const MAX_CREDS: usize = 256;
 /// Longest scheme word we look back for (`socks5h` is the longest we know).
 const MAX_SCHEME: usize = 10;
 
-/// Scans `body` for proxy tokens and pushes them into `out` until it is full.
+/// Scans `body` for proxy tokens and pushes them into `out` until it is
+/// full, reading annotations.
 pub fn parse(body: &str, default: SourceScheme, out: &mut Candidates) {
-    let before = out.len();
-    if body.len() < PIPELINE_MIN || !pipelined(body, default, out, CHUNK) {
-        serial(body, default, out);
+    parse_with(body, &TextOptions::default(), default, out)
+}
+
+/// [`parse`] with a source's options.
+pub fn parse_with(body: &str, opts: &TextOptions, default: SourceScheme, out: &mut Candidates) {
+    let before = (out.len(), out.private());
+    let notes = opts.annotations;
+    if body.len() < PIPELINE_MIN || !pipelined(body, default, notes, out, CHUNK) {
+        serial(body, default, notes, out);
     }
-    if out.len() == before && !out.truncated() {
+    if (out.len(), out.private()) == before && !out.truncated() {
         columns(body, default, out);
     }
 }
@@ -63,7 +74,7 @@ fn columns(body: &str, default: SourceScheme, out: &mut Candidates) {
 
 /// An address field and a port field as a candidate.
 fn column_pair(ip: &str, port: &str, default: SourceScheme) -> Option<Candidate> {
-    let host = parse_host(ip)?;
+    let host = any_host(ip)?;
     let port = parse_port(port)?;
     Some(Candidate::new(
         host,
@@ -73,6 +84,18 @@ fn column_pair(ip: &str, port: &str, default: SourceScheme) -> Option<Candidate>
         default,
         Hints::default(),
     ))
+}
+
+/// An address as written, whether or not a proxy could listen there: the
+/// ones that cannot (`0.0.0.0`, multicast) are dropped and counted by
+/// [`Candidates::push`], not skipped unseen.
+pub(super) fn any_host(s: &str) -> Option<IpAddr> {
+    let s = s.trim();
+    if s.contains(':') {
+        s.parse::<Ipv6Addr>().ok().map(IpAddr::V6)
+    } else {
+        parse_ipv4_lenient(s.as_bytes()).map(|o| IpAddr::V4(o.into()))
+    }
 }
 
 /// Bodies from this size on are scanned on a second thread while this one
@@ -86,14 +109,14 @@ const CHUNK: usize = 4096;
 /// pushing share a thread.
 const BATCH: usize = 32;
 
-fn serial(body: &str, default: SourceScheme, out: &mut Candidates) {
+fn serial(body: &str, default: SourceScheme, notes: bool, out: &mut Candidates) {
     // Pushing is dominated by cache misses in the de-duplication set.
     // Pushing in runs, rather than between scans, lets the CPU overlap
     // those misses: about 40% faster on a 50 MB list.
     let mut batch = Vec::with_capacity(BATCH);
     let mut open = true;
-    scan(body, |t| {
-        batch.push(t.into_candidate(default, Hints::default()));
+    scan_ends(body, |t, end| {
+        batch.push(t.into_candidate(default, hints_after(body, end, notes)));
         if batch.len() == BATCH {
             open = batch.drain(..).all(|c| out.push(c));
         }
@@ -111,15 +134,21 @@ fn serial(body: &str, default: SourceScheme, out: &mut Candidates) {
 /// Scans on a scoped thread and pushes here, through a bounded channel so
 /// that at most a few chunks are in flight. Returns `false`, having done
 /// nothing, when the thread cannot be started.
-fn pipelined(body: &str, default: SourceScheme, out: &mut Candidates, chunk: usize) -> bool {
+fn pipelined(
+    body: &str,
+    default: SourceScheme,
+    notes: bool,
+    out: &mut Candidates,
+    chunk: usize,
+) -> bool {
     let (tx, rx) = mpsc::sync_channel::<Vec<Candidate>>(4);
     thread::scope(|s| {
         let scanner = thread::Builder::new()
             .name("text-scan".into())
             .spawn_scoped(s, move || {
                 let mut batch = Vec::with_capacity(chunk);
-                scan(body, |t| {
-                    batch.push(t.into_candidate(default, Hints::default()));
+                scan_ends(body, |t, end| {
+                    batch.push(t.into_candidate(default, hints_after(body, end, notes)));
                     // A failed send means the pusher hit the limit: stop.
                     batch.len() < chunk
                         || tx
@@ -171,12 +200,26 @@ impl Token {
 /// Shared with the HTML and JSON parsers for cells and strings that hold a
 /// whole `host:port` or URL.
 pub(super) fn scan(body: &str, mut f: impl FnMut(Token) -> bool) {
+    scan_ends(body, |t, _| f(t))
+}
+
+/// The hints written after the token ending at `end`, when read.
+fn hints_after(body: &str, end: usize, notes: bool) -> Hints {
+    if notes {
+        annotations::after(body, end)
+    } else {
+        Hints::default()
+    }
+}
+
+/// [`scan`], also giving the index just past each token.
+fn scan_ends(body: &str, mut f: impl FnMut(Token, usize) -> bool) {
     let b = body.as_bytes();
     let mut pos = 0;
     while let Some(colon) = next_colon(b, pos) {
         match token_at(body, colon) {
             Some((token, end)) => {
-                if !f(token) {
+                if !f(token, end) {
                     return;
                 }
                 pos = end;
@@ -216,9 +259,6 @@ fn token_at(body: &str, colon: usize) -> Option<(Token, usize)> {
     } else {
         ipv4_before(b, colon)?
     };
-    if !usable_ip(host) {
-        return None;
-    }
     if start > 0 && is_word_byte(b[start - 1]) {
         return None;
     }
@@ -644,12 +684,73 @@ mod tests {
         let default = SourceScheme::Detect;
         for limit in [0, 1, 100, 4999, 100_000] {
             let mut a = Candidates::new(limit);
-            serial(&body, default, &mut a);
+            serial(&body, default, true, &mut a);
             let mut b = Candidates::new(limit);
-            assert!(pipelined(&body, default, &mut b, 64));
+            assert!(pipelined(&body, default, true, &mut b, 64));
             assert_eq!(a.items(), b.items(), "limit {limit}");
             assert_eq!(a.truncated(), b.truncated(), "limit {limit}");
         }
+    }
+
+    #[test]
+    fn annotations_become_hints_unless_turned_off() {
+        use crate::proxy::{Anonymity, Country};
+        let body = "IP address:Port CountryCode-Anonymity(Noa/Anm/Hia)-SSL_support(S)-Google_passed(+)\n\
+                    \n1.2.3.4:80 CO-N-S! + \n5.6.7.8:8080 HK-A -\n\
+                    9.9.9.9:3128:The Netherlands\r\n9.9.9.8:3128:u:p\n\
+                    socks5://9.9.9.7:1080 DE-H -\n9.9.9.6:81 see notes\n";
+        let mut out = Candidates::new(100);
+        parse(body, SourceScheme::Fixed(Scheme::Http), &mut out);
+        let got: Vec<(String, Hints)> = out
+            .items()
+            .iter()
+            .map(|c| (c.proxy.to_string(), c.hints))
+            .collect();
+        let h = |cc: &str, a: Option<Anonymity>, https: Option<bool>| Hints {
+            country: Country::parse(cc),
+            anonymity: a,
+            https,
+        };
+        assert_eq!(
+            got,
+            [
+                (
+                    "http://1.2.3.4:80".to_owned(),
+                    h("CO", Some(Anonymity::Transparent), Some(true))
+                ),
+                (
+                    "http://5.6.7.8:8080".to_owned(),
+                    h("HK", Some(Anonymity::Anonymous), Some(false))
+                ),
+                ("http://9.9.9.9:3128".to_owned(), h("NL", None, None)),
+                ("http://u:p@9.9.9.8:3128".to_owned(), Hints::default()),
+                (
+                    "socks5://9.9.9.7:1080".to_owned(),
+                    h("DE", Some(Anonymity::Elite), Some(false))
+                ),
+                ("http://9.9.9.6:81".to_owned(), Hints::default()),
+            ]
+        );
+        let mut off = Candidates::new(100);
+        let opts = TextOptions { annotations: false };
+        parse_with(body, &opts, SourceScheme::Fixed(Scheme::Http), &mut off);
+        assert_eq!(off.len(), 6);
+        assert!(off.items().iter().all(|c| c.hints == Hints::default()));
+    }
+
+    #[test]
+    fn unusable_addresses_are_counted_as_dropped() {
+        let mut out = Candidates::new(100);
+        parse(
+            "0.0.0.0:80\n224.0.0.1:80\n255.255.255.255:8080\n[ff02::1]:80\n1.2.3.4:80\n",
+            SourceScheme::Detect,
+            &mut out,
+        );
+        assert_eq!(out.len(), 1);
+        assert_eq!((out.private(), out.unusable()), (4, 4));
+        let mut cols = Candidates::new(100);
+        parse("0.0.0.0 80\n", SourceScheme::Detect, &mut cols);
+        assert_eq!((cols.len(), cols.unusable()), (0, 1));
     }
 
     #[test]

@@ -102,6 +102,9 @@ pub struct SourceRecord {
     pub proxies: i64,
     /// Of those, alive.
     pub alive: i64,
+    /// Of those, proxies no other source lists: what the pool would lose
+    /// without this source.
+    pub unique: i64,
 }
 
 /// Whether the store holds any proxy, and any checked one: what an empty

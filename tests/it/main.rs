@@ -21,6 +21,8 @@ mod fakes_selftest;
 mod gateway;
 mod grafana;
 mod harvest;
+mod inputs_fuzz;
+mod lists;
 mod net;
 mod nodes;
 mod openapi;

@@ -810,6 +810,49 @@ async fn proxies_seen_by_two_sources_count_once(db: TestDb) {
     assert_eq!(store.count_seen_since(7_000).await.unwrap(), 5);
 }
 
+/// Each source's yield: of the proxies it lists, how many are alive at
+/// their last check and how many no other source lists.
+async fn each_source_counts_its_alive_and_unique_proxies(db: TestDb) {
+    let store = db.store;
+    let all = candidates(30);
+    for (name, range) in [("a", 0..20), ("b", 10..25), ("c", 25..30)] {
+        store
+            .record_source_run(run(name, 1_000), all[range].to_vec())
+            .await
+            .unwrap();
+    }
+    let ids = common::ids_of(&store).await;
+    assert_eq!(ids.len(), 30);
+    let now = proxywarden::store::now_ms();
+    // 10.0.0.0, .12 and .27: one only "a" lists, one "a" and "b" list, one
+    // only "c" lists.
+    let alive = [0, 12, 27].map(|i| IpAddr::V4(Ipv4Addr::from(0x0a00_0000 + i)));
+    let by_ip = store.list_proxies(ProxyFilter::default()).await.unwrap();
+    let verdicts = alive
+        .iter()
+        .map(|ip| {
+            let id = by_ip.iter().find(|r| r.proxy.host == *ip).unwrap().id;
+            common::alive_at(id, now)
+        })
+        .collect();
+    store.record_checks(verdicts, policy()).await.unwrap();
+    let got: Vec<(String, i64, i64, i64)> = store
+        .list_sources()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|s| (s.name, s.proxies, s.alive, s.unique))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("a".to_owned(), 20, 2, 10),
+            ("b".to_owned(), 15, 1, 5),
+            ("c".to_owned(), 5, 1, 5),
+        ]
+    );
+}
+
 /// An entry whose scheme is to be detected is the proxy already stored at
 /// its address, whatever scheme that row has, and only an address no row
 /// holds is new.
@@ -1570,6 +1613,7 @@ on_both_backends!(
     due_proxies_page_once_each_in_due_order,
     a_proxy_left_out_keeps_its_last_sighting,
     proxies_seen_by_two_sources_count_once,
+    each_source_counts_its_alive_and_unique_proxies,
     a_detected_entry_is_the_proxy_known_at_its_address,
     verdicts_are_listed_counted_and_followed,
     a_minimum_anonymity_lists_that_level_and_above,

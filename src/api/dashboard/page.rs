@@ -411,7 +411,7 @@ fn sources(v: &View) -> Markup {
                 table {
                     tr {
                         th { "Source" } th { "Last run" } th.num { "Took" } th.num { "Found" }
-                        th.num { "New" } th.num { "Alive" } th { "Alive share" }
+                        th.num { "New" } th.num { "Alive" } th { "Alive share" } th.num { "Only here" }
                         th.num { "Failed runs" } th { "Last error" }
                     }
                     @for s in &v.sources {
@@ -425,6 +425,7 @@ fn sources(v: &View) -> Markup {
                             td.num { (s.last_new.map_or_else(String::new, count)) }
                             td.num { (count(s.alive)) " of " (count(s.proxies)) }
                             td { (charts::share(s.alive, s.proxies)) " " (percent(s.alive, s.proxies)) }
+                            td.num data-stat="unique" { (count(s.unique)) }
                             td.num { (count(s.fetches_failed)) " of " (count(s.fetches_total)) }
                             td.bad { (s.last_error.as_deref().unwrap_or("")) }
                         }

@@ -262,7 +262,10 @@ fn list_sources(conn: &Connection) -> Result<Vec<SourceRecord>, StoreError> {
                     (SELECT count(*) FROM proxy_sources ps WHERE ps.source_id = s.id),
                     (SELECT count(*) FROM proxy_sources ps JOIN proxies p ON p.id = ps.proxy_id
                       WHERE ps.source_id = s.id AND p.status = 'alive'),
-                    s.last_private
+                    s.last_private,
+                    (SELECT count(*) FROM proxy_sources ps WHERE ps.source_id = s.id
+                      AND NOT EXISTS (SELECT 1 FROM proxy_sources o
+                                      WHERE o.proxy_id = ps.proxy_id AND o.source_id <> s.id))
              FROM sources s ORDER BY s.name",
     )?;
     let rows = stmt.query_map([], |r| {
@@ -282,6 +285,7 @@ fn list_sources(conn: &Connection) -> Result<Vec<SourceRecord>, StoreError> {
             proxies: r.get(12)?,
             alive: r.get(13)?,
             last_private: r.get(14)?,
+            unique: r.get(15)?,
         })
     })?;
     Ok(rows.collect::<Result<Vec<_>, _>>()?)
