@@ -1248,7 +1248,8 @@ fn is_html(page: &Page) -> bool {
 
 /// Hashes, parses and stores a large page in its own task; hashing and
 /// parsing (CPU work that grows with the page) run on the blocking pool,
-/// bounded by [`PARSE_TIME`] and the parser's depth cap.
+/// bounded by [`PARSE_TIME`] and the parser's caps, at most
+/// [`crate::html::parsers`] pages at once.
 async fn digest(
     page: Page,
     selects: Arc<[Select]>,
@@ -1258,6 +1259,12 @@ async fn digest(
     let body = page.body().clone();
     let base = page.final_url().clone();
     let html = is_html(&page);
+    // Pages parsed at once are bounded per process (each holds a tree):
+    // the others wait here with their bodies.
+    let _parsing = match html {
+        true => crate::html::parsers().acquire().await.ok(),
+        false => None,
+    };
     let joined =
         tokio::task::spawn_blocking(move || hash_and_extract(&body, &base, html, &selects, all))
             .await;
@@ -1299,6 +1306,15 @@ fn stopped_note(e: &crate::html::HtmlError) -> String {
         HtmlError::TooDeep => {
             format!("nested deeper than {MAX_DEPTH} elements: links and fields read up to there")
         }
+        HtmlError::TooManyNodes => format!(
+            "more than {} nodes: links and fields read up to there",
+            crate::html::MAX_NODES
+        ),
+        HtmlError::TooManyAttributes => format!(
+            "more than {} attributes, or a tag with more than {}: links and fields read up to there",
+            crate::html::MAX_ATTRIBUTES,
+            crate::html::MAX_TAG_ATTRIBUTES
+        ),
         HtmlError::TooSlow(allowed, _) => format!(
             "took longer than {} to parse: links and fields read up to there",
             humantime::format_duration(*allowed)
