@@ -614,3 +614,49 @@ async fn ended_jobs_past_their_keeping_are_deleted_with_their_pages() {
     })
     .await;
 }
+
+/// A page with a 2 MiB title and a 2 MiB field writes a line of a few KiB:
+/// titles and fields keep 4 KiB, so `/crawls/{id}/pages` never serves (or
+/// a reader holds) a line the size of a page.
+#[tokio::test]
+async fn a_page_of_a_huge_title_writes_a_small_line() {
+    common::within(async {
+        let dir = tempfile::tempdir().unwrap();
+        let big = "word ".repeat(400_000);
+        let page = format!("<title>{big}</title><h1>{big}</h1>");
+        let site = Site::routes(vec![("/", common::site::Reply::html(page))]).await;
+        let (_farm, alive) = working_proxies(1).await;
+        let (store, _) = store_with_alive(&dir.path().join("daemon.db"), &alive).await;
+        drop(store);
+        let daemon = start(dir.path(), None).await;
+        let (status, job) = post(
+            &daemon,
+            &format!(
+                r#"{{"seeds": ["{}"], "select": {{"h": "h1"}}}}"#,
+                site.url("/")
+            ),
+        )
+        .await;
+        assert_eq!(status, 201, "{job}");
+        let id = job["id"].as_i64().unwrap();
+        wait_job(&daemon, id, "finished", |j| j["state"] == "finished").await;
+        let text = daemon
+            .get(&format!("/crawls/{id}/pages"))
+            .await
+            .text()
+            .await
+            .unwrap();
+        assert_eq!(text.lines().count(), 1);
+        assert!(text.len() < 12 * 1024, "a line of {} bytes", text.len());
+        let line: serde_json::Value = serde_json::from_str(text.trim()).unwrap();
+        let title = line["title"].as_str().unwrap();
+        assert!(
+            title.starts_with("word word") && title.len() <= 4096,
+            "{}",
+            title.len()
+        );
+        assert!(line["fields"]["h"].as_str().unwrap().len() <= 4096);
+        daemon.stop().await;
+    })
+    .await;
+}
