@@ -402,6 +402,9 @@ fn measure(pass: Pass) {
             concurrency: pass.concurrency,
             per_host_concurrency: pass.per_host,
             max_pages: pass.max_pages,
+            // The frontier pass measures a million URLs held, not the
+            // bound a page limit puts on them by default.
+            max_frontier: Some(u64::MAX),
             ..CrawlOptions::default()
         };
         let progress = Arc::new(Progress::default());

@@ -1,13 +1,16 @@
 //! What the crawler takes from an HTML page: its title, its links
 //! (resolved against the page or its `<base href>`) and the fields the user
 //! selected with CSS selectors. Pages go through the bounded parser of
-//! [`crate::html`]: a page nested too deep or too slow to parse yields what
-//! was read up to there.
+//! [`crate::html`]: a page nested too deep, with too many nodes or
+//! attributes, or too slow to parse yields what was read up to there.
+//! Titles and field values are cut at [`MAX_TEXT`] bytes, and a field with
+//! every match at [`MAX_FIELD`] bytes or [`MAX_MATCHES`] values, so a page's
+//! line stays small whatever the page holds.
 
 use std::collections::BTreeMap;
 use std::sync::LazyLock;
 
-use scraper::Selector;
+use scraper::{ElementRef, Selector};
 use url::Url;
 
 use crate::html::{Deadline, HtmlError, parse_document};
@@ -63,6 +66,15 @@ pub struct Extracted {
 /// The most links taken from one page: a page with more is a trap.
 const MAX_LINKS: usize = 10_000;
 
+/// The longest title or field value kept, in bytes (cut at a character).
+pub const MAX_TEXT: usize = 4 * 1024;
+
+/// The most bytes of values one field keeps with `all`.
+pub const MAX_FIELD: usize = 64 * 1024;
+
+/// The most values one field keeps with `all`.
+pub const MAX_MATCHES: usize = 1_000;
+
 /// The built-in selectors, parsed once rather than for every page.
 static TITLE: LazyLock<Selector> = LazyLock::new(|| built_in("title"));
 static BASE: LazyLock<Selector> = LazyLock::new(|| built_in("base[href]"));
@@ -86,7 +98,7 @@ pub fn extract(
     let title = doc
         .select(&TITLE)
         .next()
-        .map(|t| squash(&t.text().collect::<String>()))
+        .map(text_of)
         .filter(|t| !t.is_empty());
     let base = doc
         .select(&BASE)
@@ -102,11 +114,18 @@ pub fn extract(
         .collect();
     let mut fields = BTreeMap::new();
     for s in selects {
-        let mut texts = doc
-            .select(&s.selector)
-            .map(|e| squash(&e.text().collect::<String>()));
+        let mut texts = doc.select(&s.selector).map(text_of);
         let value = if all {
-            serde_json::Value::Array(texts.map(serde_json::Value::String).collect())
+            let mut bytes = 0;
+            let values = texts
+                .take(MAX_MATCHES)
+                .take_while(|t| {
+                    bytes += t.len();
+                    bytes <= MAX_FIELD
+                })
+                .map(serde_json::Value::String)
+                .collect();
+            serde_json::Value::Array(values)
         } else {
             texts
                 .next()
@@ -122,9 +141,29 @@ pub fn extract(
     }
 }
 
-/// Runs of whitespace as one space, trimmed.
-fn squash(s: &str) -> String {
-    s.split_whitespace().collect::<Vec<_>>().join(" ")
+/// The text of `el` with runs of whitespace as one space, trimmed, cut at
+/// [`MAX_TEXT`] bytes: a 9 MiB title costs 4 KiB, not a copy of itself.
+fn text_of(el: ElementRef<'_>) -> String {
+    let mut out = String::new();
+    let mut space = false;
+    for piece in el.text() {
+        for c in piece.chars() {
+            if c.is_whitespace() {
+                space = !out.is_empty();
+                continue;
+            }
+            let room = MAX_TEXT - out.len();
+            if c.len_utf8() + usize::from(space) > room {
+                return out;
+            }
+            if space {
+                out.push(' ');
+                space = false;
+            }
+            out.push(c);
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -176,5 +215,53 @@ mod tests {
         assert_eq!(e.title.as_deref(), Some("Deep"));
         assert_eq!(e.links, [Url::parse("http://shop.test/one").unwrap()]);
         assert_eq!(e.stopped, Some(HtmlError::TooDeep));
+    }
+
+    #[test]
+    fn titles_and_fields_are_cut_to_their_caps() {
+        let page = Url::parse("http://shop.test/").unwrap();
+        let big = "é word ".repeat(20_000);
+        let html = format!(
+            "<title>{big}</title><p class=x>{big}</p>{}",
+            "<i class=y>ab  cd</i>".repeat(5_000)
+        );
+        let selects = [
+            Select::parse("x=.x").unwrap(),
+            Select::parse("y=.y").unwrap(),
+        ];
+        let e = extract(&html, &page, &selects, false, None);
+        let title = e.title.unwrap();
+        assert!(
+            title.len() <= MAX_TEXT && title.len() > MAX_TEXT - 8,
+            "{}",
+            title.len()
+        );
+        assert!(title.starts_with("é word é"));
+        assert!(e.fields["x"].as_str().unwrap().len() <= MAX_TEXT);
+        assert_eq!(e.fields["y"], "ab cd");
+        let all = extract(&html, &page, &selects, true, None);
+        assert_eq!(all.fields["y"].as_array().unwrap().len(), MAX_MATCHES);
+        assert_eq!(all.fields["x"].as_array().unwrap().len(), 1);
+        let line = serde_json::to_string(&all.fields).unwrap();
+        assert!(line.len() < 2 * MAX_FIELD, "{}", line.len());
+    }
+
+    #[test]
+    fn a_huge_flat_page_yields_a_bounded_result_and_says_why() {
+        let page = Url::parse("http://shop.test/").unwrap();
+        // 10 MiB: a link every 64 bytes, then a flood of `<br>`.
+        let links = "<a href=\"/l\">x</a><br><br><br><br><br><br><br><br>".repeat(4_000);
+        let html = format!(
+            "<title>t</title>{links}{}",
+            "<br>".repeat(10 * 1024 * 1024 / 4)
+        );
+        let e = extract(&html, &page, &[], false, None);
+        assert_eq!(e.stopped, Some(HtmlError::TooManyNodes));
+        assert_eq!(e.title.as_deref(), Some("t"));
+        assert_eq!(e.links.len(), 4_000);
+        let many = "<a href=\"/l\">x</a>".repeat(200_000);
+        let e = extract(&many, &page, &[], false, None);
+        assert_eq!(e.stopped, Some(HtmlError::TooManyNodes));
+        assert_eq!(e.links.len(), MAX_LINKS);
     }
 }

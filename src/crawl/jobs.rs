@@ -34,11 +34,16 @@ use crate::store::{CancelAsk, CrawlJobRecord, Store, StoreError, now_ms, rfc3339
 pub const MAX_LISTED: usize = 1000;
 /// Jobs a page of `GET /crawls` lists when the client does not say.
 pub const DEFAULT_LISTED: usize = 100;
+/// New links a job keeps per page: a page of 10,000 new links (a link
+/// farm) adds 1,000 to the frontier.
+pub const LINKS_PER_PAGE: usize = 1_000;
 /// Bytes of pages read per chunk of a `/pages` stream.
 const CHUNK: usize = 64 * 1024;
 /// How often a node renews the leases of the jobs it crawls, reads the
 /// cancels asked elsewhere and looks for jobs to take.
 pub const HEARTBEAT: Duration = Duration::from_secs(2);
+/// How often ended jobs past their keeping are deleted.
+const PURGE_EVERY: Duration = Duration::from_secs(60);
 /// How long a job's lease (and its pages') lasts without a renewal: a node
 /// that stops for this long loses its jobs to the other nodes.
 pub const LEASE: Duration = Duration::from_secs(8);
@@ -169,6 +174,7 @@ impl CrawlJobs {
         }
         let mut beat = tokio::time::interval(HEARTBEAT);
         beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut purged: Option<Instant> = None;
         loop {
             tokio::select! {
                 _ = beat.tick() => {}
@@ -177,6 +183,10 @@ impl CrawlJobs {
             }
             self.heartbeat().await;
             self.take_jobs().await;
+            if purged.is_none_or(|at| at.elapsed() >= PURGE_EVERY) {
+                self.purge().await;
+                purged = Some(Instant::now());
+            }
         }
         self.inner.shutdown.cancel();
         self.inner.tracker.close();
@@ -226,6 +236,41 @@ impl CrawlJobs {
                 }
                 Err(e) => tracing::warn!(job = id, error = %e, "cannot renew a crawl job's lease"),
             }
+        }
+    }
+
+    /// Deletes the ended jobs past `crawls.keep_ended` or older than
+    /// `crawls.keep_ended_for`, with their pages' files.
+    async fn purge(&self) {
+        let l = &self.inner.limits;
+        let keep_for = i64::try_from(l.keep_ended_for.as_millis()).unwrap_or(i64::MAX);
+        let ended_before = now_ms().saturating_sub(keep_for);
+        match self
+            .inner
+            .store
+            .purge_crawl_jobs(l.keep_ended, ended_before)
+            .await
+        {
+            Ok(ids) => {
+                for id in &ids {
+                    let dir = self.inner.dir.join(id.to_string());
+                    if let Err(e) = tokio::fs::remove_dir_all(&dir).await
+                        && e.kind() != std::io::ErrorKind::NotFound
+                    {
+                        tracing::warn!(dir = %dir.display(), error = %e, "cannot delete an ended crawl job's pages");
+                    }
+                }
+                if !ids.is_empty() {
+                    tracing::info!(
+                        jobs = ids.len(),
+                        "deleted ended crawl jobs past their keeping"
+                    );
+                }
+            }
+            Err(e) if e.write_failure().is_some() => {
+                tracing::debug!(error = %e, "cannot delete ended crawl jobs");
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot delete ended crawl jobs"),
         }
     }
 
@@ -383,6 +428,14 @@ impl CrawlJobs {
                 .is_shared()
                 .then(|| (self.inner.node.clone(), LEASE)),
             output: Some(dir.join("pages.jsonl")),
+            max_frontier: Some(
+                v.crawl
+                    .max_pages
+                    .unwrap_or(u64::MAX)
+                    .saturating_mul(super::FRONTIER_PER_PAGE)
+                    .min(self.inner.limits.max_frontier),
+            ),
+            max_new_links: Some(LINKS_PER_PAGE),
             ..v.crawl
         };
         let result = crawl(&pool, opts, cancel, progress).await;
@@ -577,6 +630,10 @@ pub struct JobSummary {
     pub discovered: u64,
     /// Bytes of the pages fetched.
     pub bytes: u64,
+    /// New links not stored because the job's frontier was full.
+    pub frontier_full: u64,
+    /// New links past the number a job keeps per page.
+    pub links_cut: u64,
     /// The last run's latency percentiles.
     pub latency_ms: LatencyMs,
     /// What the pool saw in the last run.
@@ -615,6 +672,8 @@ impl JobSummary {
             queued: s.queued,
             discovered: s.discovered,
             bytes: s.bytes,
+            frontier_full: s.frontier_full,
+            links_cut: s.links_cut,
             latency_ms: LatencyMs {
                 p50: ms(50.0),
                 p90: ms(90.0),
@@ -635,6 +694,8 @@ impl JobSummary {
         self.pages_ok += e.pages_ok;
         self.pages_failed += e.pages_failed;
         self.bytes += e.bytes;
+        self.frontier_full += e.frontier_full;
+        self.links_cut += e.links_cut;
         for (map, before) in [
             (&mut self.ok_by_status, &e.ok_by_status),
             (&mut self.failed_by_reason, &e.failed_by_reason),

@@ -98,6 +98,13 @@ pub struct CrawlOptions {
     /// Hosts with work held in memory at once; the others wait in the
     /// frontier and are taken in as these run out of work.
     pub max_hosts: usize,
+    /// URLs the frontier holds at most (fetched ones included); links
+    /// found beyond it are counted as `frontier_full`, not stored. `None`:
+    /// [`FRONTIER_PER_PAGE`] times `max_pages`, or no bound without it.
+    pub max_frontier: Option<u64>,
+    /// New links kept per page at most; the rest are counted as
+    /// `links_cut`. `None`: every link (up to the 10,000 read per page).
+    pub max_new_links: Option<usize>,
 }
 
 impl Default for CrawlOptions {
@@ -125,6 +132,8 @@ impl Default for CrawlOptions {
             retry_failed: false,
             grace: Duration::from_secs(30),
             max_hosts: MAX_HOSTS,
+            max_frontier: None,
+            max_new_links: None,
         }
     }
 }
@@ -176,6 +185,11 @@ pub struct Progress {
 const MAX_BUFFERED: usize = 50_000;
 /// Hosts with work held in memory at once, by default.
 pub const MAX_HOSTS: usize = 10_000;
+/// A crawl with a page limit keeps at most this many URLs per page it may
+/// fetch in its frontier, unless told otherwise: enough to choose from,
+/// and a site of endless links (a calendar, a faceted search) cannot fill
+/// the disk.
+pub const FRONTIER_PER_PAGE: u64 = 10;
 /// Loaded from the frontier per host at a time.
 const HOST_BATCH: usize = 256;
 /// Hashes of recently seen links kept to spare the frontier most
@@ -375,6 +389,10 @@ async fn crawl_here(
         opts.exclude.clone(),
     );
     let taken = frontier.count(UrlState::Done)? + frontier.count(UrlState::Failed)?;
+    let known = frontier.total()?;
+    let max_frontier = opts
+        .max_frontier
+        .or_else(|| opts.max_pages.map(|m| m.saturating_mul(FRONTIER_PER_PAGE)));
     let mut c = Crawler {
         pool: pool.clone(),
         polite,
@@ -390,6 +408,8 @@ async fn crawl_here(
         seen: Arc::new(Mutex::new(seeds.iter().map(|s| hash(&s.url)).collect())),
         redirected: HashSet::new(),
         taken,
+        known,
+        max_frontier,
         no_proxy: None,
         summary: Summary::default(),
         progress,
@@ -437,6 +457,10 @@ struct Crawler {
     redirected: HashSet<String>,
     /// Pages handed out, this run and before.
     taken: u64,
+    /// URLs in the frontier (as far as this crawl added them).
+    known: u64,
+    /// URLs the frontier may hold.
+    max_frontier: Option<u64>,
     /// Set when a request found no proxy and none matches the filters:
     /// the crawl ends with this.
     no_proxy: Option<String>,
@@ -967,6 +991,7 @@ impl Crawler {
                 });
             }
         }
+        self.bound_links(&mut links);
         let line = serde_json::json!({
             "url": q.url,
             "final_url": page.final_url().as_str(),
@@ -1011,6 +1036,7 @@ impl Crawler {
                 source,
             })?;
         let added = self.frontier.finish(q.id, state, attempts, links)?;
+        self.known += added.len() as u64;
         self.progress.done.fetch_add(1, Ordering::Relaxed);
         if failed {
             self.progress.failed.fetch_add(1, Ordering::Relaxed);
@@ -1040,6 +1066,25 @@ impl Crawler {
             .queued
             .store(self.buffered as u64, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// Keeps of a page's new links what the caps allow: at most
+    /// `max_new_links`, and no more than the frontier has room for; counts
+    /// the rest.
+    fn bound_links(&mut self, links: &mut Vec<NewUrl>) {
+        if let Some(max) = self.opts.max_new_links
+            && links.len() > max
+        {
+            self.summary.links_cut += (links.len() - max) as u64;
+            links.truncate(max);
+        }
+        if let Some(max) = self.max_frontier {
+            let room = usize::try_from(max.saturating_sub(self.known)).unwrap_or(usize::MAX);
+            if links.len() > room {
+                self.summary.frontier_full += (links.len() - room) as u64;
+                links.truncate(room);
+            }
+        }
     }
 
     /// Takes in hosts with waiting URLs from the frontier until
@@ -1248,7 +1293,8 @@ fn is_html(page: &Page) -> bool {
 
 /// Hashes, parses and stores a large page in its own task; hashing and
 /// parsing (CPU work that grows with the page) run on the blocking pool,
-/// bounded by [`PARSE_TIME`] and the parser's depth cap.
+/// bounded by [`PARSE_TIME`] and the parser's caps, at most
+/// [`crate::html::parsers`] pages at once.
 async fn digest(
     page: Page,
     selects: Arc<[Select]>,
@@ -1258,6 +1304,12 @@ async fn digest(
     let body = page.body().clone();
     let base = page.final_url().clone();
     let html = is_html(&page);
+    // Pages parsed at once are bounded per process (each holds a tree):
+    // the others wait here with their bodies.
+    let _parsing = match html {
+        true => crate::html::parsers().acquire().await.ok(),
+        false => None,
+    };
     let joined =
         tokio::task::spawn_blocking(move || hash_and_extract(&body, &base, html, &selects, all))
             .await;
@@ -1299,6 +1351,15 @@ fn stopped_note(e: &crate::html::HtmlError) -> String {
         HtmlError::TooDeep => {
             format!("nested deeper than {MAX_DEPTH} elements: links and fields read up to there")
         }
+        HtmlError::TooManyNodes => format!(
+            "more than {} nodes: links and fields read up to there",
+            crate::html::MAX_NODES
+        ),
+        HtmlError::TooManyAttributes => format!(
+            "more than {} attributes, or a tag with more than {}: links and fields read up to there",
+            crate::html::MAX_ATTRIBUTES,
+            crate::html::MAX_TAG_ATTRIBUTES
+        ),
         HtmlError::TooSlow(allowed, _) => format!(
             "took longer than {} to parse: links and fields read up to there",
             humantime::format_duration(*allowed)

@@ -357,6 +357,9 @@ mod tests {
             max_running: 2,
             max_pages: 1000,
             max_queued: 100,
+            max_frontier: 250_000,
+            keep_ended: 100,
+            keep_ended_for: Duration::from_secs(86_400),
         }
     }
 

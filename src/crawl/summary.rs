@@ -78,6 +78,10 @@ pub struct Summary {
     pub discovered: u64,
     /// Body bytes received (decoded).
     pub bytes: u64,
+    /// New links not stored because the frontier was full.
+    pub frontier_full: u64,
+    /// New links past the number kept per page.
+    pub links_cut: u64,
     /// Latency of the pages (retries included).
     pub latency: Latencies,
     /// What the pool did.
@@ -131,6 +135,13 @@ impl fmt::Display for Summary {
         }
         if !self.failed_by_reason.is_empty() {
             writeln!(f, "  failed by reason: {}", counts(&self.failed_by_reason))?;
+        }
+        if self.frontier_full > 0 || self.links_cut > 0 {
+            writeln!(
+                f,
+                "  links not kept: {} with the frontier full, {} past the links kept per page",
+                self.frontier_full, self.links_cut
+            )?;
         }
         writeln!(
             f,

@@ -7,7 +7,9 @@
 //!
 //! Parsing is bounded by [`crate::html`]: pages nested deeper than
 //! [`MAX_DEPTH`] are refused as soon as the parser gets there, and a
-//! deadline stops a page that takes too long.
+//! deadline stops a page that takes too long. A page with more nodes or
+//! attributes than its caps yields the rows read before them (the last one
+//! left out: it may be cut) and says why.
 
 use std::borrow::Cow;
 use std::time::{Duration, Instant};
@@ -32,6 +34,10 @@ pub enum HtmlError {
     /// Parsing did not finish within the time allowed.
     #[error("parsing the HTML took longer than {} (harvest.timeout); stopped", humantime::format_duration(*.0))]
     TooSlow(Duration),
+    /// The page has more nodes or attributes than [`crate::html`] parses:
+    /// the rows before them were read.
+    #[error("{0}; the rows before that were read")]
+    Cut(Stopped),
     /// No table on the page is a proxy list: says what was looked for.
     #[error("{0}")]
     NoTable(String),
@@ -68,11 +74,15 @@ pub fn parse_bounded(
     // A proxy table cut off anywhere may hold cut rows: a page not read to
     // its end yields nothing.
     let parsed = parse_document(body, deadline);
-    match parsed.stopped {
-        None => {}
+    // A page stopped at a cap on its size is read up to there, as a page
+    // cut off in transit is, and says why it was not read whole.
+    let cut = match parsed.stopped {
+        None => None,
         Some(Stopped::TooDeep) => return Err(HtmlError::TooDeep),
         Some(Stopped::TooSlow(allowed, _)) => return Err(HtmlError::TooSlow(allowed)),
-    }
+        Some(e @ (Stopped::TooManyNodes | Stopped::TooManyAttributes)) => Some(e),
+    };
+    let done = || cut.clone().map_or(Ok(()), |e| Err(HtmlError::Cut(e)));
     let doc = parsed.doc;
     let Ok(table_sel) = Selector::parse("table") else {
         return Ok(());
@@ -99,7 +109,8 @@ pub fn parse_bounded(
     let mut read_any = false;
     // The row the page was cut off in, if it was: `8` may be what is left
     // of `8080`, so that row is not read.
-    let cut_row = match (ends_inside_a_row(body), Selector::parse("tr")) {
+    let read = &body.as_bytes()[..parsed.read];
+    let cut_row = match (ends_inside_a_row(read), Selector::parse("tr")) {
         (true, Ok(tr)) => doc.select(&tr).next_back().map(|r| r.id()),
         _ => None,
     };
@@ -114,15 +125,17 @@ pub fn parse_bounded(
                 continue;
             }
             if !read_row(*row, &layout, default, out) {
-                return Ok(());
+                return done();
             }
         }
         if opts.table.is_none() {
-            return Ok(());
+            return done();
         }
     }
     if read_any {
-        Ok(())
+        done()
+    } else if let Some(e) = cut {
+        Err(HtmlError::Cut(e))
     } else {
         Err(HtmlError::NoTable(no_table(&doc, &tables, opts)))
     }
@@ -208,8 +221,7 @@ fn close_title(body: &str) -> Cow<'_, str> {
 /// tag closes the row, its table or the document. A page that simply leaves
 /// its last row open at the end is read the same way, as nothing tells the
 /// two apart.
-fn ends_inside_a_row(body: &str) -> bool {
-    let b = body.as_bytes();
+fn ends_inside_a_row(b: &[u8]) -> bool {
     let is_tr_start = |i: usize| {
         b[i..].len() >= 3
             && b[i] == b'<'
@@ -763,6 +775,48 @@ mod tests {
             HtmlError::TooDeep.to_string(),
             "HTML nested deeper than 1024 elements; not parsed"
         );
+    }
+
+    #[test]
+    fn a_list_over_the_node_cap_yields_the_rows_before_it_and_says_why() {
+        let mut page = String::from("<table><tr><th>IP</th><th>Port</th></tr>");
+        let mut rows = 0;
+        while page.len() < 6 * 1024 * 1024 {
+            page.push_str(&format!(
+                "<tr><td>10.{}.{}.{}</td><td>80</td></tr>",
+                rows / 65536,
+                rows / 256 % 256,
+                rows % 256
+            ));
+            rows += 1;
+        }
+        let mut out = Candidates::new(1_000_000);
+        let err = parse_bounded(&page, &HtmlOptions::default(), HTTP, &mut out, None).unwrap_err();
+        assert_eq!(err, HtmlError::Cut(Stopped::TooManyNodes));
+        assert_eq!(
+            err.to_string(),
+            "HTML with more than 200000 nodes; not parsed past them; the rows before that were read"
+        );
+        // About one row per 5 nodes (tr, 2 td, 2 texts), the cut one left out.
+        let read = out.len();
+        assert!(read > 30_000 && read < rows, "{read} of {rows}");
+    }
+
+    #[test]
+    fn one_tag_with_400000_attributes_costs_no_harvest_timeout() {
+        let attrs: String = (0..400_000).map(|i| format!(" a{i}")).collect();
+        let page = format!("{SMALL_TABLE}<table{attrs}><tr><td>1</td></tr></table>");
+        let started = Instant::now();
+        let mut out = Candidates::new(10);
+        let limit = Some((Instant::now(), Duration::from_secs(60)));
+        let err = parse_bounded(&page, &HtmlOptions::default(), HTTP, &mut out, limit).unwrap_err();
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            started.elapsed()
+        );
+        assert_eq!(err, HtmlError::Cut(Stopped::TooManyAttributes));
+        assert_eq!(out.len(), 1);
     }
 
     #[test]

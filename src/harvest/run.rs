@@ -376,6 +376,12 @@ async fn parse_off_runtime(
     allowed: Duration,
 ) -> (Candidates, Option<String>) {
     let started = Instant::now();
+    // An HTML list's tree is bounded in nodes; lists parsed at once are
+    // bounded per process, with the crawl's pages.
+    let _parsing = match format {
+        SourceFormat::Html(_) => crate::html::parsers().acquire().await.ok(),
+        _ => None,
+    };
     let joined = tokio::task::spawn_blocking(move || {
         let error = match &format {
             SourceFormat::Text(opts) => {

@@ -69,7 +69,9 @@ impl Store {
     }
 
     /// Marks job `id` ended in `state` (`finished`, `cancelled`, `failed`)
-    /// with its summary or error; whoever held its lease lets it go.
+    /// with its summary or error; whoever held its lease lets it go. Its
+    /// frontier (URLs, settings, hosts' turns) is deleted with it: an ended
+    /// job is never crawled again.
     pub async fn crawl_job_ended(
         &self,
         id: i64,
@@ -78,6 +80,18 @@ impl Store {
         error: Option<String>,
     ) -> Result<(), StoreError> {
         dispatch!(self.crawl_job_ended(id, state, summary, error))
+    }
+
+    /// Deletes the ended jobs (finished, cancelled, failed) beyond the
+    /// newest `keep` and those that ended before `ended_before` (unix ms),
+    /// with whatever is left of their frontiers, at most 1,000 a call;
+    /// returns their ids, for their files to go too.
+    pub async fn purge_crawl_jobs(
+        &self,
+        keep: usize,
+        ended_before: i64,
+    ) -> Result<Vec<i64>, StoreError> {
+        dispatch!(self.purge_crawl_jobs(keep, ended_before))
     }
 
     /// Keeps the summary of the part of job `id` that ran before a
@@ -161,7 +175,8 @@ impl Store {
     }
 
     /// Cancels job `id` from any node: ends it at once when no node holds
-    /// it, else asks its holder to.
+    /// it (its frontier deleted, as [`Store::crawl_job_ended`] does), else
+    /// asks its holder to.
     pub async fn cancel_crawl_job(&self, id: i64, now: i64) -> Result<CancelAsk, StoreError> {
         dispatch!(self.cancel_crawl_job(id, now))
     }

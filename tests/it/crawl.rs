@@ -1185,3 +1185,51 @@ async fn a_crawl_of_more_hosts_than_it_holds_takes_them_in_turn_and_misses_none(
     })
     .await;
 }
+
+/// `crawl --max-pages 6` on a site whose every page links 3,000 new URLs
+/// keeps 60 URLs in its state, not 18,000, and says how many it left out.
+#[tokio::test]
+async fn a_crawl_with_a_page_limit_bounds_its_frontier_and_says_so() {
+    within(async {
+        let dir = tempfile::tempdir().unwrap();
+        let site = Site::start(common::site::SiteOpts::new(|path, _| {
+            let base = path.trim_end_matches('/');
+            let links: String = (0..3_000)
+                .map(|i| format!("<a href=\"{base}/{i}\">{i}</a>"))
+                .collect();
+            Reply::html(links)
+        }))
+        .await;
+        let (_proxies, alive) = working_proxies(2).await;
+        let config = binary_setup(dir.path(), &alive).await;
+        let state = dir.path().join("crawl.db");
+        let out = dir.path().join("pages.jsonl");
+        let url = site.url("/");
+        let args = [
+            url.as_str(),
+            "--max-pages",
+            "6",
+            "--state",
+            state.to_str().unwrap(),
+            "-o",
+            out.to_str().unwrap(),
+        ];
+        let done = crawl_cmd(&config, &args).output().await.unwrap();
+        let stderr = String::from_utf8_lossy(&done.stderr);
+        assert!(done.status.success(), "{stderr}");
+        assert_eq!(lines(&out).len(), 6);
+        let c = rusqlite::Connection::open(&state).unwrap();
+        let rows: i64 = c
+            .query_row("SELECT count(*) FROM crawl_urls", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(rows, 60);
+        assert!(
+            stderr.contains(&format!(
+                "links not kept: {} with the frontier full, 0 past the links kept per page",
+                6 * 3_000 - 59
+            )),
+            "{stderr}"
+        );
+    })
+    .await;
+}

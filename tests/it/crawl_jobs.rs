@@ -487,3 +487,176 @@ async fn a_job_whose_filters_match_no_proxy_fails_saying_so() {
     })
     .await;
 }
+
+/// A page of `n` new same-host links (`/farm/{path}/{i}`): every page of
+/// the site is one, as in a calendar or a faceted search.
+fn link_farm(n: usize) -> common::site::SiteOpts {
+    common::site::SiteOpts::new(move |path, _| {
+        let base = path.trim_end_matches('/');
+        let links: String = (0..n)
+            .map(|i| format!("<a href=\"{base}/{i}\">{i}</a>"))
+            .collect();
+        common::site::Reply::html(format!("<title>farm</title>{links}"))
+    })
+}
+
+/// URLs of job `job` in the daemon's database.
+fn frontier_rows(db: &Path, job: i64) -> i64 {
+    let c = rusqlite::Connection::open(db).unwrap();
+    c.query_row(
+        "SELECT count(*) FROM crawl_urls WHERE job = ?1",
+        [job],
+        |r| r.get(0),
+    )
+    .unwrap()
+}
+
+/// A job on a link farm keeps 1,000 new links a page and at most 10 URLs
+/// per page it may fetch, counting the rest; its frontier is deleted when
+/// it ends, and when it is cancelled while it runs.
+#[tokio::test]
+async fn a_jobs_frontier_is_bounded_counted_and_deleted_when_it_ends() {
+    common::within(async {
+        let dir = tempfile::tempdir().unwrap();
+        let site = Site::start(link_farm(3_000)).await;
+        let mut slow_opts = link_farm(3_000);
+        slow_opts.latency = Duration::from_millis(300);
+        let slow = Site::start(slow_opts).await;
+        let (_farm, alive) = working_proxies(2).await;
+        let db = dir.path().join("daemon.db");
+        let (store, _) = store_with_alive(&db, &alive).await;
+        drop(store);
+        let daemon = start(dir.path(), None).await;
+        let (status, job) = post(
+            &daemon,
+            &format!(r#"{{"seeds": ["{}"], "max_pages": 5}}"#, site.url("/")),
+        )
+        .await;
+        assert_eq!(status, 201, "{job}");
+        let id = job["id"].as_i64().unwrap();
+        let job = wait_job(&daemon, id, "finished", |j| j["state"] == "finished").await;
+        let summary = &job["summary"];
+        assert_eq!(summary["pages_ok"], 5, "{job}");
+        // The seed and 49 links: 10 per page it may fetch.
+        assert_eq!(summary["discovered"], 50, "{job}");
+        assert_eq!(summary["links_cut"], 5 * 2_000, "{job}");
+        assert_eq!(summary["frontier_full"], 951 + 4 * 1_000, "{job}");
+        assert_eq!(frontier_rows(&db, id), 0, "an ended job keeps no frontier");
+
+        let (status, job) = post(
+            &daemon,
+            &format!(r#"{{"seeds": ["{}"], "max_pages": 100}}"#, slow.url("/")),
+        )
+        .await;
+        assert_eq!(status, 201, "{job}");
+        let id = job["id"].as_i64().unwrap();
+        wait_job(&daemon, id, "made progress", |j| {
+            j["progress"]["pages"].as_u64().unwrap_or(0) >= 2
+        })
+        .await;
+        assert!(frontier_rows(&db, id) > 0);
+        let resp = daemon
+            .req(reqwest::Method::DELETE, &format!("/crawls/{id}"))
+            .send()
+            .await
+            .unwrap();
+        let (status, job) = status_json(resp).await;
+        assert_eq!(
+            (status, job["state"].as_str()),
+            (200, Some("cancelled")),
+            "{job}"
+        );
+        assert_eq!(
+            frontier_rows(&db, id),
+            0,
+            "a cancelled job keeps no frontier"
+        );
+        daemon.stop().await;
+    })
+    .await;
+}
+
+/// Ended jobs past `crawls.keep_ended` are deleted with their pages.
+#[tokio::test]
+async fn ended_jobs_past_their_keeping_are_deleted_with_their_pages() {
+    common::within(async {
+        let dir = tempfile::tempdir().unwrap();
+        let site = Site::tree(3, 2, Duration::ZERO).await;
+        let (_farm, alive) = working_proxies(1).await;
+        let (store, _) = store_with_alive(&dir.path().join("daemon.db"), &alive).await;
+        drop(store);
+        let daemon = Daemon::start(dir.path(), "", |c| {
+            c.set("crawls", "max_running", "1")
+                .set("crawls", "keep_ended", "1")
+        })
+        .await;
+        let mut ids = Vec::new();
+        for _ in 0..2 {
+            let (status, job) =
+                post(&daemon, &format!(r#"{{"seeds": ["{}"]}}"#, site.url("/"))).await;
+            assert_eq!(status, 201, "{job}");
+            let id = job["id"].as_i64().unwrap();
+            wait_job(&daemon, id, "finished", |j| j["state"] == "finished").await;
+            ids.push(id);
+        }
+        let pages = dir.path().join("daemon.db.crawls").join(ids[0].to_string());
+        // Purged at start and once a minute: the daemon restarts to purge now.
+        daemon.stop().await;
+        let daemon = Daemon::start(dir.path(), "", |c| c.set("crawls", "keep_ended", "1")).await;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while daemon.json(&format!("/crawls/{}", ids[0])).await.0 != 404 {
+            assert!(Instant::now() < deadline, "the older job is kept");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(daemon.json(&format!("/crawls/{}", ids[1])).await.0, 200);
+        assert!(!pages.exists(), "{} is kept", pages.display());
+        daemon.stop().await;
+    })
+    .await;
+}
+
+/// A page with a 2 MiB title and a 2 MiB field writes a line of a few KiB:
+/// titles and fields keep 4 KiB, so `/crawls/{id}/pages` never serves (or
+/// a reader holds) a line the size of a page.
+#[tokio::test]
+async fn a_page_of_a_huge_title_writes_a_small_line() {
+    common::within(async {
+        let dir = tempfile::tempdir().unwrap();
+        let big = "word ".repeat(400_000);
+        let page = format!("<title>{big}</title><h1>{big}</h1>");
+        let site = Site::routes(vec![("/", common::site::Reply::html(page))]).await;
+        let (_farm, alive) = working_proxies(1).await;
+        let (store, _) = store_with_alive(&dir.path().join("daemon.db"), &alive).await;
+        drop(store);
+        let daemon = start(dir.path(), None).await;
+        let (status, job) = post(
+            &daemon,
+            &format!(
+                r#"{{"seeds": ["{}"], "select": {{"h": "h1"}}}}"#,
+                site.url("/")
+            ),
+        )
+        .await;
+        assert_eq!(status, 201, "{job}");
+        let id = job["id"].as_i64().unwrap();
+        wait_job(&daemon, id, "finished", |j| j["state"] == "finished").await;
+        let text = daemon
+            .get(&format!("/crawls/{id}/pages"))
+            .await
+            .text()
+            .await
+            .unwrap();
+        assert_eq!(text.lines().count(), 1);
+        assert!(text.len() < 12 * 1024, "a line of {} bytes", text.len());
+        let line: serde_json::Value = serde_json::from_str(text.trim()).unwrap();
+        let title = line["title"].as_str().unwrap();
+        assert!(
+            title.starts_with("word word") && title.len() <= 4096,
+            "{}",
+            title.len()
+        );
+        assert!(line["fields"]["h"].as_str().unwrap().len() <= 4096);
+        daemon.stop().await;
+    })
+    .await;
+}

@@ -1621,6 +1621,7 @@ on_both_backends!(
     crawl_pages_are_leased_to_one_node_until_they_end,
     crawl_jobs_are_leased_renewed_taken_over_and_cancelled_from_any_node,
     crawl_turns_at_a_host_are_a_delay_apart_across_nodes,
+    an_ended_jobs_frontier_is_deleted_and_ended_jobs_are_kept_for_a_while,
 );
 
 /// Nodes starting together on one PostgreSQL database migrate it once
@@ -2043,4 +2044,96 @@ async fn crawl_turns_at_a_host_are_a_delay_apart_across_nodes(db: TestDb) {
         b.take_crawl_turn(8, "site:80", now, delay).await.unwrap(),
         now
     );
+}
+
+/// A job's frontier (URLs, settings, hosts' turns) goes when the job ends
+/// or is cancelled while no node holds it; ended jobs beyond the newest
+/// `keep` or ended before a time are deleted; jobs not ended never are.
+async fn an_ended_jobs_frontier_is_deleted_and_ended_jobs_are_kept_for_a_while(db: TestDb) {
+    let store = db.store.clone();
+    let mut ids = Vec::new();
+    for _ in 0..5 {
+        ids.push(store.insert_crawl_job("{}".into()).await.unwrap().id);
+    }
+    let now = proxywarden::store::now_ms();
+    for &job in &ids {
+        let s = store.clone();
+        blocking(move || {
+            let mut f = s.frontier(job).unwrap();
+            let urls: Vec<NewUrl> = (0..100)
+                .map(|i| new_url(&format!("http://h/{i}"), 0))
+                .collect();
+            assert_eq!(f.add(&urls).unwrap().len(), 100);
+            f.set_meta("seeds", "http://h/0").unwrap();
+            f.commit(&[]).unwrap();
+        })
+        .await;
+        store
+            .take_crawl_turn(job, "h:80", now, Duration::from_secs(1))
+            .await
+            .unwrap();
+    }
+    let frontier = |job: i64| {
+        let s = store.clone();
+        async move {
+            blocking(move || {
+                let f = s.frontier(job).unwrap();
+                (f.total().unwrap(), f.meta("seeds").unwrap())
+            })
+            .await
+        }
+    };
+    let (a, b, c, d, e) = (ids[0], ids[1], ids[2], ids[3], ids[4]);
+    store
+        .crawl_job_ended(a, "finished", Some("{}".into()), None)
+        .await
+        .unwrap();
+    assert_eq!(frontier(a).await, (0, None), "ended: its frontier is gone");
+    assert_eq!(
+        store.cancel_crawl_job(b, now).await.unwrap(),
+        CancelAsk::Ended
+    );
+    assert_eq!(
+        frontier(b).await,
+        (0, None),
+        "cancelled: its frontier is gone"
+    );
+    assert_eq!(frontier(c).await, (100, Some("http://h/0".into())));
+    // Its turns at the host went too: the next starts now.
+    assert_eq!(
+        store
+            .take_crawl_turn(a, "h:80", now, Duration::from_secs(1))
+            .await
+            .unwrap(),
+        now
+    );
+    store
+        .crawl_job_ended(d, "failed", None, Some("x".into()))
+        .await
+        .unwrap();
+    store
+        .crawl_job_ended(e, "cancelled", None, None)
+        .await
+        .unwrap();
+    store.crawl_job_running(c).await.unwrap();
+
+    // The newest two ended jobs are kept; nothing ended long ago.
+    let purged = store.purge_crawl_jobs(2, now - 60_000).await.unwrap();
+    assert_eq!(purged, [a, b]);
+    assert!(store.crawl_job(a).await.unwrap().is_none());
+    assert!(store.crawl_job(d).await.unwrap().is_some());
+    let purged = store.purge_crawl_jobs(1, now - 60_000).await.unwrap();
+    assert_eq!(purged, [d]);
+    // Ended before the time: gone whatever the count; a running job stays.
+    let purged = store.purge_crawl_jobs(100, now + 60_000).await.unwrap();
+    assert_eq!(purged, [e]);
+    let left: Vec<i64> = store
+        .crawl_jobs(10)
+        .await
+        .unwrap()
+        .iter()
+        .map(|j| j.id)
+        .collect();
+    assert_eq!(left, [c]);
+    assert_eq!(frontier(c).await.0, 100);
 }

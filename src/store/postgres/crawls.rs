@@ -24,6 +24,15 @@ fn record(r: &Row) -> CrawlJobRecord {
     }
 }
 
+/// Deletes job `id`'s frontier: its URLs, settings and hosts' turns.
+async fn drop_frontier(c: &impl GenericClient, id: i64) -> Result<(), StoreError> {
+    for table in ["crawl_urls", "crawl_meta", "crawl_hosts"] {
+        c.execute(&format!("DELETE FROM {table} WHERE job = $1"), &[&id])
+            .await?;
+    }
+    Ok(())
+}
+
 /// The options a job listing leaves out: lists a client may make long,
 /// shown by the job's own view.
 const LISTING_DROPS: &str = "'{seeds,include,exclude,strip_params,select,user_agent}'::text[]";
@@ -104,13 +113,45 @@ impl Postgres {
         summary: Option<String>,
         error: Option<String>,
     ) -> Result<(), StoreError> {
-        self.update_job(
+        let mut c = self.client().await?;
+        let tx = c.transaction().await?;
+        tx.execute(
             "UPDATE crawl_jobs SET state = $2, finished_at = $3, summary = $4, error = $5,
                     lease_node = NULL, lease_until = NULL, cancel_requested = false
              WHERE id = $1",
             &[&id, &state, &now_ms(), &summary, &error],
         )
-        .await
+        .await?;
+        drop_frontier(&tx, id).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    pub(crate) async fn purge_crawl_jobs(
+        &self,
+        keep: usize,
+        ended_before: i64,
+    ) -> Result<Vec<i64>, StoreError> {
+        let mut c = self.client().await?;
+        let tx = c.transaction().await?;
+        let rows = tx
+            .query(
+                "SELECT id FROM crawl_jobs WHERE state NOT IN ('queued', 'running')
+                   AND (coalesce(finished_at, created_at) < $2 OR id NOT IN (
+                        SELECT id FROM crawl_jobs WHERE state NOT IN ('queued', 'running')
+                        ORDER BY id DESC LIMIT $1))
+                 ORDER BY id LIMIT 1000",
+                &[&(keep as i64), &ended_before],
+            )
+            .await?;
+        let ids: Vec<i64> = rows.iter().map(|r| r.get(0)).collect();
+        for id in &ids {
+            drop_frontier(&tx, *id).await?;
+            tx.execute("DELETE FROM crawl_jobs WHERE id = $1", &[id])
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(ids)
     }
 
     pub(crate) async fn crawl_job_paused(
@@ -269,8 +310,9 @@ impl Postgres {
         id: i64,
         now: i64,
     ) -> Result<CancelAsk, StoreError> {
-        let c = self.client().await?;
-        let ended = c
+        let mut c = self.client().await?;
+        let tx = c.transaction().await?;
+        let ended = tx
             .execute(
                 "UPDATE crawl_jobs SET state = 'cancelled', finished_at = $2,
                         lease_node = NULL, lease_until = NULL
@@ -280,8 +322,11 @@ impl Postgres {
             )
             .await?;
         if ended > 0 {
+            drop_frontier(&tx, id).await?;
+            tx.commit().await?;
             return Ok(CancelAsk::Ended);
         }
+        tx.commit().await?;
         let asked = c
             .execute(
                 "UPDATE crawl_jobs SET cancel_requested = true

@@ -32,6 +32,15 @@ fn by_id(c: &Connection, id: i64) -> rusqlite::Result<Option<CrawlJobRecord>> {
     .optional()
 }
 
+/// Deletes job `id`'s frontier: its URLs, settings and hosts' turns.
+fn drop_frontier(c: &Connection, id: i64) -> rusqlite::Result<()> {
+    for table in ["crawl_urls", "crawl_meta", "crawl_hosts"] {
+        c.prepare_cached(&format!("DELETE FROM {table} WHERE job = ?1"))?
+            .execute([id])?;
+    }
+    Ok(())
+}
+
 /// The options a job listing leaves out: lists a client may make long
 /// (up to the 1 MiB a job's body may hold), shown by the job's own view.
 const LISTING_DROPS: &str =
@@ -102,7 +111,33 @@ impl Sqlite {
                  WHERE id = ?1",
                 params![id, state, now_ms(), summary, error],
             )?;
+            drop_frontier(c, id)?;
             Ok(())
+        })
+        .await
+    }
+
+    pub(crate) async fn purge_crawl_jobs(
+        &self,
+        keep: usize,
+        ended_before: i64,
+    ) -> Result<Vec<i64>, StoreError> {
+        self.write(move |c| {
+            let ids: Vec<i64> = c
+                .prepare_cached(
+                    "SELECT id FROM crawl_jobs WHERE state NOT IN ('queued', 'running')
+                       AND (coalesce(finished_at, created_at) < ?2 OR id NOT IN (
+                            SELECT id FROM crawl_jobs WHERE state NOT IN ('queued', 'running')
+                            ORDER BY id DESC LIMIT ?1))
+                     ORDER BY id LIMIT 1000",
+                )?
+                .query_map(params![keep as i64, ended_before], |r| r.get(0))?
+                .collect::<rusqlite::Result<_>>()?;
+            for id in &ids {
+                drop_frontier(c, *id)?;
+                c.execute("DELETE FROM crawl_jobs WHERE id = ?1", [id])?;
+            }
+            Ok(ids)
         })
         .await
     }
@@ -262,6 +297,7 @@ impl Sqlite {
                 params![id, now],
             )?;
             if ended > 0 {
+                drop_frontier(c, id)?;
                 return Ok(CancelAsk::Ended);
             }
             let asked = c.execute(

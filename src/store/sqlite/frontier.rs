@@ -38,8 +38,13 @@ impl Sqlite {
             reason: e.to_string(),
         })?;
         conn.busy_timeout(BUSY_TIMEOUT)?;
-        // A small page cache: the frontier lives on disk, not in memory.
-        conn.execute_batch("PRAGMA synchronous = NORMAL; PRAGMA cache_size = -8000;")?;
+        // A small page cache: the frontier lives on disk, not in memory. A
+        // log grown by a crawl's batches is cut back to 64 MiB once it is
+        // copied into the database, not kept at its largest.
+        conn.execute_batch(
+            "PRAGMA synchronous = NORMAL; PRAGMA cache_size = -8000;
+             PRAGMA journal_size_limit = 67108864;",
+        )?;
         Ok(Frontier {
             conn,
             job,
