@@ -16,6 +16,7 @@ mod crawl_jobs;
 mod crawl_nodes;
 mod daemon;
 mod dashboard;
+mod deadlines;
 mod deploy;
 mod disk_full;
 mod fakes_selftest;
