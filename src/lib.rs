@@ -6,6 +6,7 @@
 //!
 //! - [`proxy`]: proxy identity, schemes, anonymity, statuses, countries
 //! - [`model`]: the shared vocabulary: candidates and hints, outcomes, failure reasons, re-check policy, strategy and scope kinds
+//! - [`auth`]: failed authentications per client address, one limiter for every token
 //! - [`config`]: raw TOML over the example's defaults → validated [`config::Config`]
 //! - [`html`]: bounded HTML parsing (nesting depth and time caps) shared by harvest and crawl
 //! - [`net`]: the dialer: a stream to host:port directly or through any proxy; TLS setup
@@ -22,6 +23,7 @@
 //! - [`cli`]: the clap command tree, a file per command with its options and output
 
 pub mod api;
+pub mod auth;
 pub mod check;
 pub mod cli;
 pub mod config;

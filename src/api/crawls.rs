@@ -51,7 +51,17 @@ pub async fn start(
 ) -> Result<Response, ApiError> {
     let body = http_body_util::BodyExt::collect(http_body_util::Limited::new(body, MAX_JOB_BODY))
         .await
-        .map_err(|_| ApiError::PayloadTooLarge(MAX_JOB_BODY))?
+        .map_err(|e| {
+            if e.is::<http_body_util::LengthLimitError>() {
+                ApiError::PayloadTooLarge(MAX_JOB_BODY)
+            } else {
+                ApiError::BadRequest(
+                    "the request body could not be read: its framing (chunked encoding or \
+                     length) is broken"
+                        .into(),
+                )
+            }
+        })?
         .to_bytes();
     let job = state.crawls.start(&body).await.map_err(job_error)?;
     let location = format!("/crawls/{}", job.id);

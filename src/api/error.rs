@@ -50,6 +50,9 @@ pub enum ApiError {
     /// rebinding); the message names `api.allowed_hosts`.
     #[error("{0}")]
     HostNotAllowed(String),
+    /// A browser says another site's page made the request.
+    #[error("{0}")]
+    CrossSite(String),
     /// A queue the client would add to is full; the message names its
     /// limit.
     #[error("{message}")]
@@ -106,6 +109,7 @@ impl ApiError {
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::HostNotAllowed(_) => StatusCode::MISDIRECTED_REQUEST,
+            ApiError::CrossSite(_) => StatusCode::FORBIDDEN,
             ApiError::Timeout | ApiError::NotReady(_) | ApiError::Unwritable(_) => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
@@ -127,6 +131,7 @@ impl ApiError {
             ApiError::PayloadTooLarge(_) => "payload_too_large",
             ApiError::UnsupportedMediaType(_) => "unsupported_media_type",
             ApiError::HostNotAllowed(_) => "host_not_allowed",
+            ApiError::CrossSite(_) => "cross_site",
             ApiError::Timeout => "timeout",
             ApiError::NotReady(_) => "not_ready",
             ApiError::Unwritable(_) => "unavailable",

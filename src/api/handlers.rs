@@ -83,6 +83,16 @@ pub async fn proxy(
             else {
                 break;
             };
+            if let Err(not_until) = state.verify_limiter.check() {
+                if tried > 0 {
+                    break;
+                }
+                let clock = state.verify_limiter.clock();
+                let wait = not_until.wait_time_from(governor::clock::Clock::now(clock));
+                return Err(ApiError::TooManyRequests {
+                    retry_after: wait.as_secs() + 1,
+                });
+            }
             tried += 1;
             let left = VERIFY_BUDGET.saturating_sub(started.elapsed());
             // It passed its last check: a failure that may be the judge's
@@ -565,15 +575,15 @@ impl From<SourceRecord> for SourceView {
         SourceView {
             last_fetch_at: s.last_fetch_at.map(rfc3339),
             last_ok_at: s.last_ok_at.map(rfc3339),
+            last_error: s.last_error.as_deref().map(shown_text),
+            url: shown_url(&s.url),
             name: s.name,
-            url: s.url,
             format: s.format,
             last_http_status: s.last_http_status,
             last_duration_ms: s.last_duration_ms,
             last_found: s.last_found,
             last_new: s.last_new,
             last_private: s.last_private,
-            last_error: s.last_error,
             fetches_total: s.fetches_total,
             fetches_failed: s.fetches_failed,
             proxies: s.proxies,
@@ -581,6 +591,69 @@ impl From<SourceRecord> for SourceView {
             unique: s.unique,
         }
     }
+}
+
+/// Query parameters whose values are taken for secrets in a shown URL.
+const SECRET_PARAMS: [&str; 12] = [
+    "token",
+    "key",
+    "apikey",
+    "api_key",
+    "api-key",
+    "secret",
+    "password",
+    "pass",
+    "auth",
+    "sig",
+    "signature",
+    "access_token",
+];
+
+/// A source URL as `/sources` shows it: credentials in its userinfo and
+/// the values of secret-looking query parameters read `<redacted>`.
+fn shown_url(url: &str) -> String {
+    let Ok(mut u) = url::Url::parse(url) else {
+        return url.to_owned();
+    };
+    if !u.username().is_empty() || u.password().is_some() {
+        let _ = u.set_username("redacted");
+        let _ = u.set_password(None);
+    }
+    let secret = |k: &str| SECRET_PARAMS.contains(&k.to_ascii_lowercase().as_str());
+    if u.query_pairs().any(|(k, _)| secret(&k)) {
+        let pairs: Vec<(String, String)> = u
+            .query_pairs()
+            .map(|(k, v)| {
+                let v = if secret(&k) {
+                    "<redacted>".into()
+                } else {
+                    v.into_owned()
+                };
+                (k.into_owned(), v)
+            })
+            .collect();
+        u.query_pairs_mut().clear().extend_pairs(pairs);
+    }
+    u.to_string()
+}
+
+/// `text` (an error message) with every URL in it shown as [`shown_url`].
+fn shown_text(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find("://") {
+        let start = rest[..at]
+            .rfind(|c: char| !c.is_ascii_alphanumeric() && c != '+' && c != '-' && c != '.')
+            .map_or(0, |i| i + 1);
+        let end = rest[at..]
+            .find(|c: char| c.is_whitespace() || matches!(c, '"' | '\'' | ')' | '>' | ','))
+            .map_or(rest.len(), |i| at + i);
+        out.push_str(&rest[..start]);
+        out.push_str(&shown_url(&rest[start..end]));
+        rest = &rest[end..];
+    }
+    out.push_str(rest);
+    out
 }
 
 /// `GET /sources`: each source's last fetch.

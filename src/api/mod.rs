@@ -6,6 +6,7 @@
 //! when configured.
 
 mod answers;
+mod browser;
 pub mod conditions;
 mod crawls;
 pub mod dashboard;
@@ -38,6 +39,7 @@ use subtle::ConstantTimeEq;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use crate::auth::AuthFailures;
 use crate::check::Checker;
 use crate::config::Config;
 use crate::gateway::GatewayMetrics;
@@ -116,6 +118,8 @@ pub struct AppState {
     /// `/judge` calls per client network (see [`client_network`]).
     judge_limiter: Arc<DefaultKeyedRateLimiter<IpAddr>>,
     judge_calls: Arc<AtomicU64>,
+    /// Judge checks made by `verify=true`, all clients together.
+    verify_limiter: Arc<governor::DefaultDirectRateLimiter>,
     /// The gateway's counters, when it runs, for `/stats` and `/metrics`.
     pub gateway: Option<Arc<GatewayMetrics>>,
     /// What is degraded now, for `/healthz`.
@@ -124,8 +128,9 @@ pub struct AppState {
     check_history: Arc<Mutex<dashboard::RoundHistory>>,
     /// What signs the dashboard's sessions and forms.
     dashboard_keys: dashboard::Keys,
-    /// Dashboard login attempts per client network.
-    login_limiter: Arc<DefaultKeyedRateLimiter<IpAddr>>,
+    /// Wrong tokens per client address: the bearer token's, the
+    /// dashboard login's and (in `serve`) the gateway's.
+    pub auth: Arc<AuthFailures>,
 }
 
 impl std::fmt::Debug for AppState {
@@ -154,12 +159,13 @@ impl AppState {
             answers: Arc::default(),
             judge_limiter: Arc::new(RateLimiter::keyed(Quota::per_minute(per_minute))),
             judge_calls: Arc::default(),
+            verify_limiter: Arc::new(RateLimiter::direct(Quota::per_minute(
+                NonZeroU32::new(config.api.verify_per_minute).unwrap_or(NonZeroU32::MIN),
+            ))),
             gateway: None,
             conditions: Arc::default(),
             check_history: Arc::default(),
-            login_limiter: Arc::new(RateLimiter::keyed(Quota::per_minute(
-                dashboard::LOGINS_PER_MINUTE,
-            ))),
+            auth: Arc::default(),
             dashboard_keys: dashboard::Keys::new(config.api.token.as_ref().map(|t| t.0.as_str())),
             config,
         }
@@ -239,6 +245,7 @@ pub fn router(state: AppState) -> Router {
         .route("/healthz", get(handlers::healthz))
         .route("/judge", get(judge_route))
         .route("/openapi.json", get(openapi::openapi_json))
+        .route_layer(middleware::from_fn(browser::refuse_cross_site))
         .route_layer(middleware::from_fn(require_json))
         // The dashboard's forms are form-encoded, guarded by their own
         // check of origin and CSRF token instead.
@@ -452,10 +459,23 @@ async fn authorize(State(state): State<AppState>, mut req: Request, next: Next) 
     if second.is_some() {
         return ApiError::BadRequest("more than one Authorization header".into()).into_response();
     }
+    let peer = req
+        .extensions()
+        .get::<axum::extract::ConnectInfo<SocketAddr>>()
+        .map(|c| c.0.ip());
     let access = match first {
         Some(value) => {
+            if let Some(wait) = peer.and_then(|ip| state.auth.locked(ip)) {
+                return ApiError::TooManyRequests {
+                    retry_after: wait.as_secs() + u64::from(wait.subsec_nanos() > 0),
+                }
+                .into_response();
+            }
             let presented = bearer_token(value.as_bytes()).unwrap_or(b"");
             if !bool::from(presented.ct_eq(token.0.as_bytes())) {
+                if let Some(ip) = peer {
+                    state.auth.failed(ip, "api");
+                }
                 return ApiError::Unauthorized.into_response();
             }
             Access::Bearer

@@ -19,7 +19,7 @@ pub struct ErrorBody {
 pub struct ErrorDetail {
     /// Machine-readable: `bad_request`, `unauthorized`, `not_found`,
     /// `method_not_allowed`, `payload_too_large`, `uri_too_long`,
-    /// `unsupported_media_type`, `host_not_allowed`, `too_many_requests`,
+    /// `unsupported_media_type`, `host_not_allowed`, `cross_site`, `too_many_requests`,
     /// `headers_too_large`, `timeout`, `not_ready`, `busy`, `unavailable`,
     /// `internal`.
     pub code: String,
@@ -40,6 +40,10 @@ const ERRORS: &[(u16, &str)] = &[
     (
         404,
         "Nothing matches (no proxy, no job, no route), or switched off",
+    ),
+    (
+        403,
+        "A browser says another site's page made the request (Sec-Fetch-Site, Origin)",
     ),
     (405, "The route exists, not for this method"),
     (413, "The body is larger than the route reads"),

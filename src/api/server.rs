@@ -155,11 +155,8 @@ impl Registry {
     }
 }
 
-/// Answers an over-limit connection `503` with `Retry-After` and closes
-/// it: its request is read for a moment and discarded, so that the close
-/// does not reset the answer before the client has read it.
-async fn refuse(mut stream: TcpStream, max: usize) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+/// The `503` an over-limit connection gets.
+fn refusal(max: usize) -> String {
     let body = serde_json::json!({"error": {
         "code": "busy",
         "message": format!(
@@ -168,20 +165,41 @@ async fn refuse(mut stream: TcpStream, max: usize) {
         ),
     }})
     .to_string();
-    let head = format!(
+    format!(
         "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n\
-         retry-after: 1\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+         retry-after: 1\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
         body.len()
-    );
+    )
+}
+
+/// Answers an over-limit connection `503` with `Retry-After` and closes
+/// it: its request is read for a moment and discarded, so that the close
+/// does not reset the answer before the client has read it.
+async fn refuse(mut stream: TcpStream, max: usize) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let answered = async {
-        stream.write_all(head.as_bytes()).await?;
-        stream.write_all(body.as_bytes()).await?;
+        stream.write_all(refusal(max).as_bytes()).await?;
         stream.shutdown().await?;
         let mut sink = [0u8; 4096];
         while stream.read(&mut sink).await? > 0 {}
         std::io::Result::Ok(())
     };
     let _ = tokio::time::timeout(REFUSAL_LINGER, answered).await;
+}
+
+/// Answers an over-limit connection `503` beyond those being answered
+/// with a linger: without waiting, what its client sent so far is read
+/// and the answer written into the socket's buffer (a fresh socket's
+/// buffer takes it whole), then the sending side is closed. Only a client
+/// still sending after that can miss it.
+fn refuse_at_once(stream: TcpStream, max: usize) {
+    let mut sink = [0u8; 4096];
+    while matches!(stream.try_read(&mut sink), Ok(n) if n > 0) {}
+    let _ = stream.try_write(refusal(max).as_bytes());
+    if let Ok(std) = stream.into_std() {
+        let _ = std.shutdown(std::net::Shutdown::Write);
+        while matches!(std::io::Read::read(&mut &std, &mut sink), Ok(n) if n > 0) {}
+    }
 }
 
 /// Serves `app` on `listener` with `limits` until `shutdown` is cancelled,
@@ -221,6 +239,8 @@ pub async fn run(
                     refuse(stream, max).await;
                     drop(permit);
                 });
+            } else {
+                refuse_at_once(stream, limits.max_connections);
             }
             continue;
         };

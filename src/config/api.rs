@@ -20,6 +20,8 @@ pub struct ApiConfig {
     pub judge: bool,
     /// `/judge` requests allowed per client network (/24, /64) per minute.
     pub judge_per_minute: u32,
+    /// Judge checks `verify=true` may make per minute, all clients together.
+    pub verify_per_minute: u32,
     /// Longest a request may take before it is answered 503.
     pub request_timeout: Duration,
     /// Time a client has to send a request's head, from when the connection
@@ -58,6 +60,7 @@ pub(super) fn read(a: &mut Section) -> Option<ApiConfig> {
     let max_age = a.duration("max_age");
     let judge = a.boolean("judge");
     let judge_per_minute = a.int("judge_per_minute", 1, 1_000_000);
+    let verify_per_minute = a.int("verify_per_minute", 1, 1_000_000);
     let request_timeout = a.duration("request_timeout");
     let header_timeout = a.duration("header_timeout");
     let idle_timeout = a.duration("idle_timeout");
@@ -71,6 +74,7 @@ pub(super) fn read(a: &mut Section) -> Option<ApiConfig> {
         judge: judge?,
         // The range was checked, so the cast cannot truncate.
         judge_per_minute: judge_per_minute? as u32,
+        verify_per_minute: verify_per_minute? as u32,
         request_timeout: request_timeout?,
         header_timeout: header_timeout?,
         idle_timeout: idle_timeout?,

@@ -90,7 +90,8 @@ pub async fn run(
     let mut state = AppState::new(store.clone(), feedback.clone(), config.clone());
     let gateway = match gateway {
         Some(listener) => {
-            let gw = Gateway::new(&state.pool, &config.gateway, config.api.max_age)
+            let (pool, auth) = (&state.pool, state.auth.clone());
+            let gw = Gateway::sharing_auth(pool, &config.gateway, config.api.max_age, auth)
                 .context("setting up the gateway")?;
             state = state.with_gateway(gw.metrics());
             tracing::info!(addr = %listener.local_addr()?, "gateway listening");

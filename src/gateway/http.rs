@@ -4,6 +4,7 @@
 //! are cleaned both ways; nothing about the client or the gateway is added.
 
 use std::convert::Infallible;
+use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -13,7 +14,7 @@ use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::request::Parts;
 use http::{Method, Request, Response, StatusCode};
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::{BodyExt, Full};
 use hyper::body::{Body as HttpBody, Frame, Incoming, SizeHint};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpStream;
@@ -21,13 +22,14 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::Gateway;
-use super::controls::{ControlError, Controls, HEADER_PREFIX, admits, basic_credentials};
+use super::controls::{ControlError, Controls, HEADER_PREFIX, basic_credentials};
 use super::head::Guarded;
 use super::metrics::{GatewayMetrics, Kind};
 use super::slots::{ConnState, Slot};
 use super::tunnel::{self, TunnelError};
+use super::upload::{ClientFault, ReadAhead, Upload, UploadState, read_ahead};
 use super::upstream::{Body, Kept, Key, keeps_alive};
+use super::{Gateway, TokenCheck};
 use crate::model::{Reason, UseVerdict};
 use crate::net::{self, DialOptions, Target, hyper_reason, proxy_authorization};
 use crate::pool::{Attempt, End, Lease, Rotated, Tried, Want};
@@ -52,6 +54,7 @@ pub(super) async fn serve(
     tasks: &TaskTracker,
 ) {
     let s = gw.settings();
+    let peer = stream.peer_addr().ok().map(|a| a.ip());
     let io = Guarded::new(stream, slot.conn.clone(), gw.metrics(), s.max_header_size);
     let (gw2, stop, tasks) = (gw.clone(), shutdown.clone(), tasks.clone());
     let service = hyper::service::service_fn(move |req| {
@@ -59,7 +62,7 @@ pub(super) async fn serve(
         slot.conn.busy();
         async move {
             let conn = slot.conn.clone();
-            let resp = handle(gw, req, stop, slot, tasks).await;
+            let resp = handle(gw, req, peer, stop, slot, tasks).await;
             Ok::<_, Infallible>(resp.map(|body| Answering { body, conn }.boxed()))
         }
     });
@@ -126,6 +129,7 @@ impl HttpBody for Answering {
 async fn handle(
     gw: Gateway,
     mut req: Request<Incoming>,
+    peer: Option<IpAddr>,
     shutdown: CancellationToken,
     slot: Arc<Slot>,
     tasks: TaskTracker,
@@ -144,7 +148,25 @@ async fn handle(
         Some((u, p)) => (u.as_str(), Some(p.as_str())),
         None => ("", None),
     };
-    if !admits(gw.settings().token.as_ref(), pass) {
+    let check = gw.check_token(peer, pass);
+    if let TokenCheck::Locked(wait) = check {
+        metrics.finished(kind, "denied");
+        let mut resp = error(
+            StatusCode::TOO_MANY_REQUESTS,
+            "too_many_requests",
+            &format!(
+                "too many wrong tokens from this address (more than {} a minute); try again in {} s",
+                crate::auth::FAILURES_PER_MINUTE,
+                wait.as_secs() + 1
+            ),
+        );
+        resp.headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from(wait.as_secs() + 1));
+        resp.headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        return resp;
+    }
+    if check == TokenCheck::Refused {
         metrics.finished(kind, "denied");
         let mut resp = error(
             StatusCode::PROXY_AUTHENTICATION_REQUIRED,
@@ -271,27 +293,24 @@ async fn plain(gw: Gateway, req: Request<Incoming>, controls: Controls) -> Respo
         }
     }
     // A body small enough to send again is held; a larger one goes once.
-    let hint = body.size_hint();
-    let (held, once) = if body.is_end_stream() {
-        (Some(Bytes::new()), None)
-    } else if hint.upper().is_some_and(|n| n <= s.retry_body_max as u64) {
-        match Limited::new(body, s.retry_body_max).collect().await {
-            Ok(b) => (Some(b.to_bytes()), None),
-            Err(_) => {
-                metrics.finished(Kind::Plain, "bad_request");
-                return error(
-                    StatusCode::BAD_REQUEST,
-                    "bad_body",
-                    "the request body could not be read",
-                );
-            }
+    // What the client gets wrong in it is answered before a proxy is
+    // chosen when it can be, and never charged to one.
+    let deadline = started + s.timeout;
+    let read = read_ahead(
+        body,
+        s.retry_body_max,
+        s.header_timeout,
+        deadline,
+        gw.inner.metrics.clone(),
+    );
+    let (held, once) = match read.await {
+        ReadAhead::Held(b) => (Some(b), None),
+        ReadAhead::Streamed(upload, state) => (None, Some((upload, state))),
+        ReadAhead::Fault(fault) => {
+            metrics.finished(Kind::Plain, "bad_request");
+            return client_fault(fault);
         }
-    } else {
-        (None, Some(body))
     };
-    if let Some(b) = &held {
-        metrics.sent(b.len() as u64);
-    }
     let query = controls.query(&s.base);
     let site = tunnel::site(&target, 80);
     let want = Want {
@@ -307,6 +326,7 @@ async fn plain(gw: Gateway, req: Request<Incoming>, controls: Controls) -> Respo
         path: &path,
         held,
         once,
+        upload: None,
     };
     let rot = tunnel::rotation(&gw);
     let Rotated { end, attempts } = gw.pool().rotate(&want, &rot, &mut forward).await;
@@ -320,7 +340,7 @@ async fn plain(gw: Gateway, req: Request<Incoming>, controls: Controls) -> Respo
 /// outcome counted.
 fn finish(
     gw: &Gateway,
-    end: End<Reply, Infallible>,
+    end: End<Reply, ClientFault>,
     attempts: u32,
     target: &Target,
     controls: &Controls,
@@ -383,7 +403,7 @@ fn finish(
             upstream_failed(Reason::BadStatus, attempts as usize),
             "upstream_failed",
         ),
-        End::Stopped(never) => match never {},
+        End::Stopped(fault) => (client_fault(fault), "bad_request"),
     }
 }
 
@@ -395,8 +415,11 @@ struct Forward<'a> {
     path: &'a str,
     /// The body, held to be sent again.
     held: Option<Bytes>,
-    /// A body too large to hold: it goes with the first attempt only.
-    once: Option<Incoming>,
+    /// A body too large to hold: it goes with the first attempt only,
+    /// watched for the client's faults.
+    once: Option<(Upload, Arc<UploadState>)>,
+    /// The watch on a body that went.
+    upload: Option<Arc<UploadState>>,
 }
 
 /// The site's answer to a plain request: its head, its body, and the
@@ -405,24 +428,25 @@ type Reply = (http::response::Parts, Answered, Option<Kept>);
 
 impl Attempt for Forward<'_> {
     type Answer = Reply;
-    type Stop = Infallible;
+    /// The client's body was at fault: no proxy is charged.
+    type Stop = ClientFault;
 
-    async fn attempt(&mut self, lease: Option<&Lease>) -> Result<Tried<Reply>, Infallible> {
+    async fn attempt(&mut self, lease: Option<&Lease>) -> Result<Tried<Reply>, ClientFault> {
         let gw = self.gw;
         let last = self.held.is_none();
         let (lease, body): (&Lease, Body) = match (lease, &self.held, self.once.take()) {
             (Some(lease), Some(b), _) => {
                 (lease, Full::new(b.clone()).map_err(|n| match n {}).boxed())
             }
-            (Some(lease), None, Some(stream)) => (
-                lease,
-                Counted::sent(stream, gw.inner.metrics.clone()).boxed(),
-            ),
+            (Some(lease), None, Some((upload, state))) => {
+                self.upload = Some(state);
+                (lease, upload.boxed())
+            }
             // Neither happens: the gateway never goes direct, and a body
             // sent once ends the request with its attempt.
             _ => return Ok(Tried::ended(UseVerdict::failed(Reason::ProtocolError))),
         };
-        let sent = tokio::time::timeout(
+        let sending = tokio::time::timeout(
             gw.settings().timeout,
             send(
                 gw,
@@ -432,10 +456,25 @@ impl Attempt for Forward<'_> {
                 self.path,
                 body,
                 self.held.as_ref(),
+                self.upload.as_deref(),
             ),
-        )
-        .await
-        .unwrap_or(Err(Failure::Sent(Reason::Timeout)));
+        );
+        let sent = match &self.upload {
+            // The client's fault ends the attempt at once, whatever the
+            // upstream was doing with the body.
+            Some(state) => tokio::select! {
+                sent = sending => match (sent, state.fault()) {
+                    (Ok(Err(_)), Some(f)) => return Err(f),
+                    (Ok(sent), _) => sent,
+                    (Err(_), _) => match state.timed_out() {
+                        Some(f) => return Err(f),
+                        None => Err(Failure::Sent(Reason::Timeout)),
+                    },
+                },
+                fault = state.faulted() => return Err(fault),
+            },
+            None => sending.await.unwrap_or(Err(Failure::Sent(Reason::Timeout))),
+        };
         let tried = match sent {
             Err(Failure::Unreached) => Tried::ended(UseVerdict::Unreached),
             Err(Failure::Proxy(reason)) => Tried::ended(UseVerdict::failed(reason)),
@@ -490,7 +529,11 @@ fn idempotent(m: &Method) -> bool {
 /// when one is idle and the request can be sent again (`held`: its body,
 /// kept), else on a new connection (to the proxy itself for HTTP proxies,
 /// which get the absolute form; a tunnel to the target for SOCKS
-/// proxies); the request, the answer's head.
+/// proxies); the request, the answer's head. `upload` watches a body that
+/// streams from the client, whose fault ends the upstream connection.
+// Each argument is one part of the request as the attempt holds it; a
+// struct gathering them would only be unpacked here.
+#[allow(clippy::too_many_arguments)]
 async fn send(
     gw: &Gateway,
     lease: &Lease,
@@ -499,6 +542,7 @@ async fn send(
     path: &str,
     body: Body,
     held: Option<&Bytes>,
+    upload: Option<&UploadState>,
 ) -> Result<Answer, Failure> {
     let s = gw.settings();
     let proxy = lease.proxy();
@@ -539,9 +583,21 @@ async fn send(
         .await
         .map_err(|e| Failure::Proxy(hyper_reason(&e)))?;
     // Ends once the sender is gone (the connection was not kept, or left
-    // the idle set) and the answer's body is read.
+    // the idle set) and the answer's body is read, or at the client's
+    // fault in the body it carries.
+    let faulted = upload.map(UploadState::faulted_token);
     tokio::spawn(async move {
-        let _ = conn.await;
+        match faulted {
+            Some(token) => {
+                tokio::select! {
+                    _ = conn => {}
+                    _ = token.cancelled() => {}
+                }
+            }
+            None => {
+                let _ = conn.await;
+            }
+        }
     });
     let req = request(proxy, target, parts, path, body, forward)?;
     let resp = sender
@@ -816,6 +872,26 @@ fn header_text(text: &str) -> String {
         .collect()
 }
 
+/// The answer for a client whose request body was at fault.
+fn client_fault(fault: ClientFault) -> Response<Body> {
+    let mut resp = match fault {
+        ClientFault::Malformed => error(
+            StatusCode::BAD_REQUEST,
+            "bad_body",
+            "the request body is malformed (its chunked framing or length is broken); no proxy was tried or charged",
+        ),
+        ClientFault::Stalled => error(
+            StatusCode::REQUEST_TIMEOUT,
+            "body_timeout",
+            "the request body stopped arriving (gateway.header_timeout between its bytes, gateway.timeout in all); no proxy was charged",
+        ),
+    };
+    // What is left of the body is not worth reading.
+    resp.headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    resp
+}
+
 fn no_proxy(controls: &Controls, why: Option<&str>) -> Response<Body> {
     let wanted = if *controls == Controls::default() {
         String::new()
@@ -881,16 +957,6 @@ struct Counted {
 }
 
 impl Counted {
-    fn sent(inner: Incoming, metrics: Arc<GatewayMetrics>) -> Counted {
-        Counted {
-            inner,
-            metrics,
-            received: false,
-            _lease: None,
-            kept: None,
-        }
-    }
-
     fn received(inner: Incoming, gw: Gateway, lease: Lease, kept: Option<Kept>) -> Counted {
         let mut body = Counted {
             inner,

@@ -10,12 +10,14 @@ mod metrics;
 mod slots;
 mod socks;
 mod tunnel;
+mod upload;
 mod upstream;
 
 pub use controls::{ControlError, Controls, HEADER_PREFIX, admits, basic_credentials};
 pub use metrics::{GatewayMetrics, GatewayStats};
 
 use std::io;
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -25,6 +27,7 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::auth::AuthFailures;
 use crate::config::{GatewayConfig, Secret};
 use crate::health::ProxyQuery;
 use crate::pool::{NoProxy, Pool, PoolError, PoolOptions};
@@ -97,6 +100,8 @@ struct Inner {
     metrics: Arc<GatewayMetrics>,
     /// Idle connections to upstream proxies, for plain requests.
     upstreams: upstream::Upstreams,
+    /// Wrong tokens per client address.
+    auth: Arc<AuthFailures>,
 }
 
 /// A cheap, cloneable handle to the gateway: its pool, settings and
@@ -123,6 +128,17 @@ impl Gateway {
         config: &GatewayConfig,
         max_age: Duration,
     ) -> Result<Gateway, PoolError> {
+        Gateway::sharing_auth(pool, config, max_age, Arc::default())
+    }
+
+    /// [`Gateway::new`], counting wrong tokens in `auth` (the API's, in
+    /// `serve`: one limiter for every token).
+    pub fn sharing_auth(
+        pool: &Pool,
+        config: &GatewayConfig,
+        max_age: Duration,
+        auth: Arc<AuthFailures>,
+    ) -> Result<Gateway, PoolError> {
         let settings = Settings::new(config, max_age);
         let opts = PoolOptions {
             query: settings.base.clone(),
@@ -147,6 +163,7 @@ impl Gateway {
                 settings,
                 metrics: Arc::default(),
                 upstreams: upstream::Upstreams::default(),
+                auth,
             }),
         })
     }
@@ -165,6 +182,37 @@ impl Gateway {
     pub fn settings(&self) -> &Settings {
         &self.inner.settings
     }
+
+    /// Whether a client at `peer` that gave `password` is let in: a wrong
+    /// password counts against its address, and an address past its
+    /// failures is refused whatever it gives (see [`crate::auth`]).
+    pub(crate) fn check_token(&self, peer: Option<IpAddr>, password: Option<&str>) -> TokenCheck {
+        let token = self.inner.settings.token.as_ref();
+        if token.is_none() {
+            return TokenCheck::Admitted;
+        }
+        if let Some(wait) = peer.and_then(|ip| self.inner.auth.locked(ip)) {
+            return TokenCheck::Locked(wait);
+        }
+        if admits(token, password) {
+            return TokenCheck::Admitted;
+        }
+        // No password at all is a client that has not been asked yet
+        // (browsers wait for the 407), not a guess.
+        if let (Some(ip), Some(_)) = (peer, password) {
+            self.inner.auth.failed(ip, "gateway");
+        }
+        TokenCheck::Refused
+    }
+}
+
+/// What [`Gateway::check_token`] decided.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum TokenCheck {
+    Admitted,
+    Refused,
+    /// Too many wrong tokens from this address: refused for this long.
+    Locked(Duration),
 }
 
 /// Serves the gateway on `listener` until `shutdown` is cancelled, then

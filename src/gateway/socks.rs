@@ -12,7 +12,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::Gateway;
-use super::controls::{Controls, admits};
+use super::TokenCheck;
+use super::controls::Controls;
 use super::metrics::Kind;
 use super::slots::{ConnState, Slot};
 use super::tunnel::{self, TunnelError};
@@ -118,7 +119,8 @@ async fn handshake(
             let mut pass = vec![0u8; plen[0] as usize];
             stream.read_exact(&mut pass).await.map_err(io)?;
             let pass = String::from_utf8_lossy(&pass);
-            if !admits(token, Some(&pass)) {
+            let peer = stream.peer_addr().ok().map(|a| a.ip());
+            if gw.check_token(peer, Some(&pass)) != TokenCheck::Admitted {
                 let _ = stream.write_all(&[1, 1]).await;
                 return Err(Refused("denied"));
             }

@@ -73,10 +73,11 @@ impl Pool {
             // Only timeouts wait for others to agree: the site is silent.
             End::Alike { .. } => Err(FetchError::SiteTimeout { attempts }),
             End::RetryAfterTooLong(w) => Err(FetchError::RetryAfterTooLong(w)),
-            End::Stopped(()) => Err(FetchError::TooLarge {
+            End::Stopped(Stop::TooLarge) => Err(FetchError::TooLarge {
                 attempts,
                 limit: opts.max_body,
             }),
+            End::Stopped(Stop::SlowBody) => Err(FetchError::SiteTimeout { attempts }),
         }
     }
 
@@ -112,7 +113,7 @@ impl Pool {
         &self,
         lease: Option<&Lease>,
         req: &Request,
-    ) -> Result<Tried<(Answer, Url)>, ()> {
+    ) -> Result<Tried<(Answer, Url)>, Stop> {
         let opts = &self.inner.opts;
         let limits = Limits {
             connect: opts.connect_timeout,
@@ -120,6 +121,7 @@ impl Pool {
             total: opts.total_timeout,
             max_body: opts.max_body,
             user_agent: &self.inner.user_agent,
+            headed: None,
         };
         let proxy = lease.map(|l| (l.entry.id, &l.entry.proxy));
         let mut url = req.url.clone();
@@ -150,7 +152,10 @@ impl Pool {
                         Failure::Proxy(r) => Ok(proxy_failed(r)),
                         Failure::BadEncoding => Ok(proxy_failed(Reason::ProtocolError)),
                         Failure::Unreached => Ok(Tried::ended(UseVerdict::Unreached)),
-                        Failure::TooLarge => Err(()),
+                        Failure::TooLarge => Err(Stop::TooLarge),
+                        // The site's slowness: another proxy would wait on
+                        // it alike, and this one is not to blame.
+                        Failure::SlowBody => Err(Stop::SlowBody),
                     };
                 }
             };
@@ -200,6 +205,15 @@ impl Pool {
     }
 }
 
+/// Why a fetch ends at once, whatever its budgets.
+enum Stop {
+    /// The body was too large.
+    TooLarge,
+    /// The site sent its answer's head but not its body within the total
+    /// deadline.
+    SlowBody,
+}
+
 /// A fetch through the pool, one attempt at a time.
 struct Fetch<'a> {
     pool: &'a Pool,
@@ -208,10 +222,9 @@ struct Fetch<'a> {
 
 impl Attempt for Fetch<'_> {
     type Answer = (Answer, Url);
-    /// The body was too large.
-    type Stop = ();
+    type Stop = Stop;
 
-    async fn attempt(&mut self, lease: Option<&Lease>) -> Result<Tried<(Answer, Url)>, ()> {
+    async fn attempt(&mut self, lease: Option<&Lease>) -> Result<Tried<(Answer, Url)>, Stop> {
         self.pool.attempt(lease, self.req).await
     }
 

@@ -6,6 +6,7 @@
 
 use std::io::Read;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -46,6 +47,9 @@ pub(crate) struct Limits<'a> {
     pub total: Duration,
     pub max_body: usize,
     pub user_agent: &'a HeaderValue,
+    /// Set once an answer's head arrived: a deadline that passes after it
+    /// passes while the body comes, which is the site's slowness.
+    pub headed: Option<&'a AtomicBool>,
 }
 
 /// An answer, its body decoded.
@@ -73,6 +77,9 @@ pub(crate) enum Failure {
     TooLarge,
     /// The body claims an encoding it does not have.
     BadEncoding,
+    /// The answer's head came but its body did not arrive within the total
+    /// deadline: the site drips it, and no proxy is to blame.
+    SlowBody,
 }
 
 type Key = (Option<i64>, String);
@@ -156,6 +163,11 @@ impl Client {
             conn.3.arm(p.clone(), url.clone());
         }
         let left = limits.total.saturating_sub(connecting);
+        let headed = AtomicBool::new(false);
+        let limits = Limits {
+            headed: Some(&headed),
+            ..limits
+        };
         let exchange = async {
             loop {
                 match self
@@ -181,6 +193,7 @@ impl Client {
         };
         match tokio::time::timeout(left, exchange).await {
             Ok(r) => r,
+            Err(_) if headed.load(Ordering::Relaxed) => Err(Failure::SlowBody),
             Err(_) => Err(Failure::Proxy(Reason::Timeout)),
         }
     }
@@ -213,6 +226,9 @@ impl Client {
             Ok(Err(e)) => return Err(Some(Failure::Proxy(hyper_reason(&e)))),
             Ok(Ok(resp)) => resp,
         };
+        if let Some(headed) = limits.headed {
+            headed.store(true, Ordering::Relaxed);
+        }
         let (parts, body) = resp.into_parts();
         let raw = Limited::new(body, limits.max_body)
             .collect()

@@ -27,13 +27,6 @@ pub use session::{Access, Keys};
 /// Check rounds kept for the round-duration chart.
 pub const ROUNDS_KEPT: usize = 60;
 
-/// Login attempts a client network (see [`super::client_network`]) may
-/// make a minute: plenty for people mistyping, too few to guess a token.
-pub const LOGINS_PER_MINUTE: std::num::NonZeroU32 = std::num::NonZeroU32::new(10).unwrap();
-
-/// Client networks the login limiter remembers before it forgets idle ones.
-const LOGIN_NETWORKS: usize = 4096;
-
 /// Crawl jobs shown, newest first.
 const CRAWLS_SHOWN: usize = 20;
 
@@ -243,17 +236,13 @@ pub(super) async fn login(
     let Some(token) = &state.config.api.token else {
         return Ok(Redirect::to("/").into_response());
     };
-    if let Some(Extension(ConnectInfo(peer))) = peer {
-        let limiter = &state.login_limiter;
-        if limiter.len() > LOGIN_NETWORKS {
-            limiter.retain_recent();
-        }
-        if let Err(not_until) = limiter.check_key(&super::client_network(peer.ip())) {
-            let wait = not_until.wait_time_from(governor::clock::Clock::now(limiter.clock()));
-            return Err(ApiError::TooManyRequests {
-                retry_after: wait.as_secs() + u64::from(wait.subsec_nanos() > 0),
-            });
-        }
+    // Wrong tokens are limited per client address, with the API's and the
+    // gateway's (see `crate::auth`).
+    let peer = peer.map(|Extension(ConnectInfo(p))| p.ip());
+    if let Some(wait) = peer.and_then(|ip| state.auth.locked(ip)) {
+        return Err(ApiError::TooManyRequests {
+            retry_after: wait.as_secs() + u64::from(wait.subsec_nanos() > 0),
+        });
     }
     let fields = form(body).await?;
     let presented = field(&fields, "token").unwrap_or("");
@@ -263,6 +252,9 @@ pub(super) async fn login(
     };
     if !right {
         tracing::debug!("dashboard login with a wrong token");
+        if let Some(ip) = peer {
+            state.auth.failed(ip, "dashboard");
+        }
         let message = if presented.is_empty() {
             "Enter the API token (api.token) to log in."
         } else {
@@ -320,6 +312,9 @@ pub(super) async fn logout(
 ) -> Response {
     if let Err(refusal) = guarded(&state, &access, &headers, body).await {
         return refusal;
+    }
+    if let Access::Session(cookie) = &access {
+        state.dashboard_keys.revoke(cookie, now_ms());
     }
     let mut resp = Redirect::to("/").into_response();
     resp.headers_mut()

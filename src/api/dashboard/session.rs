@@ -5,6 +5,8 @@
 //! to that cookie (without a token, to a secret of this process), and is
 //! refused when the browser says it comes from another site.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::http::{HeaderMap, HeaderValue, header};
@@ -21,6 +23,11 @@ pub const SESSION_TTL: Duration = Duration::from_secs(30 * 24 * 3600);
 
 /// The most bytes of a session cookie read; a genuine one is about 110.
 const MAX_COOKIE: usize = 256;
+
+/// Sessions logged out and not yet expired that are remembered as ended;
+/// past it the one closest to expiring is forgotten first. Logins are
+/// rate-limited, so this many log-outs take a long time to reach.
+const MAX_REVOKED: usize = 10_000;
 
 /// How a request is let in, set by the API's access check for the
 /// handlers.
@@ -45,6 +52,8 @@ pub struct Keys {
     /// Signs the CSRF token of an open (token-less) dashboard: random per
     /// process, so a page cannot know it without reading the dashboard.
     process: [u8; 32],
+    /// Sessions logged out (their nonces), with when they would expire.
+    revoked: Arc<Mutex<HashMap<String, i64>>>,
 }
 
 impl std::fmt::Debug for Keys {
@@ -87,6 +96,7 @@ impl Keys {
         Keys {
             token: token.map(str::to_owned),
             process: rand::random(),
+            revoked: Arc::default(),
         }
     }
 
@@ -121,12 +131,36 @@ impl Keys {
             return false;
         };
         until > now_ms
+            && !crate::lock(&self.revoked).contains_key(nonce)
             && mac(
                 token.as_bytes(),
                 &[b"session", expires.as_bytes(), nonce.as_bytes()],
             )
             .verify_slice(&sig)
             .is_ok()
+    }
+
+    /// Ends the session `value` (logged out): it is no longer valid, even
+    /// where a copy of the cookie was kept.
+    pub fn revoke(&self, value: &str, now_ms: i64) {
+        let mut parts = value.splitn(3, '.');
+        let (Some(Ok(until)), Some(nonce)) = (parts.next().map(str::parse::<i64>), parts.next())
+        else {
+            return;
+        };
+        let mut revoked = crate::lock(&self.revoked);
+        if revoked.len() >= MAX_REVOKED {
+            revoked.retain(|_, until| *until > now_ms);
+        }
+        if revoked.len() >= MAX_REVOKED
+            && let Some(first) = revoked
+                .iter()
+                .min_by_key(|(_, until)| **until)
+                .map(|(n, _)| n.clone())
+        {
+            revoked.remove(&first);
+        }
+        revoked.insert(nonce.to_owned(), until);
     }
 
     /// The CSRF token of the forms shown to `access`: bound to its session
