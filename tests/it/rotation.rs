@@ -20,7 +20,7 @@ use http_body_util::BodyExt;
 use proxywarden::api::{self, AppState};
 use proxywarden::gateway::{self, Gateway};
 use proxywarden::health::{Feedback, load_index};
-use proxywarden::pool::Pool;
+use proxywarden::pool::{Carrier, Pool, PoolOptions, StrategyKind};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
@@ -340,4 +340,83 @@ async fn random_skips_what_a_site_banned_and_rotates_over_the_rest() {
 #[tokio::test]
 async fn fastest_of_two_skips_what_a_site_banned_and_rotates_over_the_rest() {
     skips_banned_and_spreads_over_the_rest("fastest-of-two").await;
+}
+
+/// The pool as a library (`Pool::from_store`, as `proxywarden crawl`
+/// builds it): one site's requests in a row go through a new proxy each
+/// under round-robin and least-used.
+#[tokio::test]
+async fn the_pool_as_a_library_rotates_over_every_proxy() {
+    within(async {
+        let site = Site::start(SiteOpts::routes(vec![("/p", Reply::text("page"))])).await;
+        let (_proxies, alive) = working_proxies(N).await;
+        for strategy in [StrategyKind::RoundRobin, StrategyKind::LeastUsed] {
+            let dir = tempfile::tempdir().unwrap();
+            let (store, _) = store_with_alive(&dir.path().join("lib.db"), &alive).await;
+            let opts = PoolOptions {
+                strategy,
+                ..PoolOptions::default()
+            };
+            let pool = Pool::from_store(&store, opts).unwrap();
+            let mut ids = Vec::new();
+            for _ in 0..requests(strategy.as_str(), N as usize) {
+                let page = pool.get(&site.url("/p")).await.unwrap();
+                match page.proxy() {
+                    Carrier::Proxy { id, .. } => ids.push(*id),
+                    Carrier::Direct => panic!("went direct"),
+                }
+            }
+            assert_spread(strategy.as_str(), &ids, N as usize, "the library");
+        }
+    })
+    .await;
+}
+
+/// `/proxy` answers the better of two matches drawn independently: every
+/// match is answered, the slowest of three about 1 time in 9 and the
+/// fastest about 5 in 9; with `site=`, one that worked there wins its draws.
+#[tokio::test]
+async fn proxy_answers_the_better_of_two_independent_draws() {
+    let dir = tempfile::tempdir().unwrap();
+    let alive: Vec<common::AliveProxy> = [100, 500, 2_000]
+        .into_iter()
+        .enumerate()
+        .map(|(i, ms)| common::AliveProxy {
+            latency_ms: ms,
+            ..common::AliveProxy::new(format!("http://127.0.0.{}:3128", i + 2))
+        })
+        .collect();
+    let gw = Gw::start(dir.path(), &alive, "round-robin").await;
+    let answered = |path: &'static str| {
+        let gw = &gw;
+        async move {
+            let mut counts: HashMap<String, u32> = HashMap::new();
+            for _ in 0..900 {
+                let url = gw.api(path).await;
+                *counts.entry(url.trim().to_owned()).or_default() += 1;
+            }
+            counts
+        }
+    };
+    let counts = answered("/proxy?format=text").await;
+    let (fast, slow) = ("http://127.0.0.2:3128", "http://127.0.0.4:3128");
+    assert_eq!(counts.len(), 3, "{counts:?}");
+    // 100 and 500 expected, a standard deviation of 9.4 and 15.
+    assert!((50..=150).contains(&counts[slow]), "{counts:?}");
+    assert!(counts[fast] > 400, "{counts:?}");
+
+    // The slowest worked at the site: it wins every draw it is in there
+    // (5 in 9), and still only 1 in 9 elsewhere.
+    let slow_id = gw
+        .feedback
+        .index()
+        .ids()
+        .into_iter()
+        .find(|id| gw.feedback.index().get(*id).unwrap().latency_ms == Some(2_000))
+        .unwrap();
+    gw.feedback
+        .worked_at(slow_id, "shop.test", std::time::Duration::from_millis(30));
+    let counts = answered("/proxy?format=text&site=shop.test").await;
+    assert!(counts[slow] > 400, "{counts:?}");
+    assert_eq!(counts.len(), 3, "the others are still answered: {counts:?}");
 }
