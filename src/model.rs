@@ -467,8 +467,10 @@ pub enum StrategyKind {
     /// The usable proxy with the fewest requests in flight, then the
     /// fewest uses.
     LeastUsed,
-    /// Two usable proxies at random, the better of them by recent success
-    /// and latency: load spreads while good proxies are favoured.
+    /// Two usable proxies drawn at random (independently, so the same one
+    /// may come twice), the better of them: one that worked at the site
+    /// beats one that did not, then recent success and latency decide.
+    /// Load spreads over every usable proxy while good ones are favoured.
     #[default]
     FastestOfTwo,
 }

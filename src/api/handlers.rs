@@ -465,6 +465,10 @@ pub(super) struct StatsView {
     last_check: Option<super::CheckInfo>,
     /// The gateway's counters, when it runs.
     gateway: Option<crate::gateway::GatewayStats>,
+    /// Per site, in the last 10 minutes: uses that worked (by the gateway,
+    /// crawl jobs and the pool), how many distinct proxies carried them
+    /// and the largest share one took; the busiest first, 256 sites at most.
+    rotation: Vec<crate::health::SiteSpread>,
 }
 
 /// The store's writes in `/stats`: whether they work, the trouble in force,
@@ -523,6 +527,7 @@ pub async fn stats(State(state): State<AppState>) -> Result<Json<StatsView>, Api
         last_harvest: rounds.last_harvest,
         last_check: rounds.last_check,
         gateway: state.gateway.as_ref().map(|g| g.snapshot()),
+        rotation: state.feedback.rotation(),
     }))
 }
 
@@ -676,6 +681,7 @@ pub async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError
     let len = state.servable();
     let counts = state.store.count_by_status_scheme().await?;
     metrics.observe_store(&state.store.write_failures(), state.feedback.unrecorded());
+    metrics.observe_rotation(&state.feedback.rotation());
     let text = metrics.render(&counts, len);
     Ok((
         [(

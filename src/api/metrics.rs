@@ -42,6 +42,9 @@ pub struct Metrics {
     judge_failures: Family<Labels, Counter>,
     store_write_failures: Family<Labels, Counter>,
     unrecorded: Counter,
+    site_uses: Family<Labels, Gauge>,
+    site_proxies: Family<Labels, Gauge>,
+    site_top_share: Family<Labels, Gauge<f64, AtomicU64>>,
     /// Checks counted so far, and of those alive, for the dashboard's
     /// checks per minute (the family keeps no readable total).
     checks_total: AtomicU64,
@@ -95,6 +98,9 @@ impl Metrics {
             judge_failures: Family::default(),
             store_write_failures: Family::default(),
             unrecorded: Counter::default(),
+            site_uses: Family::default(),
+            site_proxies: Family::default(),
+            site_top_share: Family::default(),
             checks_total: AtomicU64::new(0),
             checks_alive: AtomicU64::new(0),
             judges: Mutex::default(),
@@ -158,6 +164,21 @@ impl Metrics {
             "unrecorded_verdicts",
             "Check results and uses that took effect in memory but were dropped because the disk refused the write",
             m.unrecorded.clone(),
+        );
+        registry.register(
+            "site_uses",
+            "Uses that worked at each site in the last 10 minutes (the gateway, crawl jobs, the pool; the 256 sites used last)",
+            m.site_uses.clone(),
+        );
+        registry.register(
+            "site_proxies",
+            "Distinct proxies that carried each site's requests in the last 10 minutes",
+            m.site_proxies.clone(),
+        );
+        registry.register(
+            "site_top_share",
+            "The largest share of each site's requests in the last 10 minutes that one proxy carried (0 to 1)",
+            m.site_top_share.clone(),
         );
         // Every kind at 0 from the start, so a dashboard's rate() has a
         // series to read before the first failure.
@@ -280,6 +301,20 @@ impl Metrics {
             );
         }
         up_to(&self.unrecorded, unrecorded);
+    }
+
+    /// Sets the per-site rotation gauges to `sites`; sites no longer
+    /// tracked leave.
+    pub fn observe_rotation(&self, sites: &[crate::health::SiteSpread]) {
+        self.site_uses.clear();
+        self.site_proxies.clear();
+        self.site_top_share.clear();
+        for s in sites {
+            let l = labels(&[("site", &s.site)]);
+            self.site_uses.get_or_create(&l).set(s.uses as i64);
+            self.site_proxies.get_or_create(&l).set(s.proxies as i64);
+            self.site_top_share.get_or_create(&l).set(s.top_share);
+        }
     }
 
     /// Counts an API request.

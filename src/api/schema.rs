@@ -133,8 +133,8 @@ pub struct Filters {
     /// Proxy ids or `host:port` not to answer, comma-separated.
     exclude: Option<String>,
     /// The site the client will fetch (`shop.example`, `host:port` or a
-    /// URL): proxies it bans or rests are left out, those that worked there
-    /// come first.
+    /// URL): proxies it bans or rests are left out; those that worked there
+    /// win `/proxy`'s draw of two and come first in `/proxies`.
     site: Option<String>,
 }
 

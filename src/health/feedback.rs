@@ -15,6 +15,7 @@ use tokio::sync::Notify;
 use super::index::{Entry, HealthIndex, Strategy};
 use super::query::ProxyQuery;
 use super::sites::{KEEP_FOR_MS, MAX_PAIRS, SiteBook, Taught};
+use super::spread::{SiteSpread, Spread};
 use crate::lock;
 use crate::model::{Block, Outcome, RecheckPolicy, UseVerdict};
 use crate::store::{CheckRecord, ProxyRecord, Store, StoreError};
@@ -111,6 +112,8 @@ struct Inner {
     sites: Mutex<SiteBook>,
     /// Pairs in `sites`: while there are none, picks skip the lock.
     site_pairs: std::sync::atomic::AtomicUsize,
+    /// Which proxies carried each site's requests lately.
+    spread: Mutex<Spread>,
     /// Worked uses not written yet, by proxy id (at most one entry per
     /// proxy the index served): how many, and when the last (unix ms).
     worked: Mutex<HashMap<i64, (u64, i64)>>,
@@ -197,6 +200,7 @@ impl Feedback {
                 wake: Notify::new(),
                 sites: Mutex::default(),
                 site_pairs: std::sync::atomic::AtomicUsize::new(0),
+                spread: Mutex::default(),
                 worked: Mutex::default(),
                 flush_scheduled: AtomicBool::new(false),
                 applied: Mutex::default(),
@@ -462,11 +466,13 @@ impl Feedback {
     }
 
     /// One proxy to serve: matching `q` at `now`, checked within the
-    /// freshness window, not refused by `exclude`, chosen by `strategy`.
-    /// For a request to `site`, proxies it bans or rests are left out and
-    /// those that worked there come first. During a burst, proxies
-    /// re-checked since it began are preferred. `exclude` must not call
-    /// back into this `Feedback`.
+    /// freshness window, not refused by `exclude`, chosen by `strategy`
+    /// among all of those. For a request to `site`, proxies it bans or
+    /// rests are left out, and what it taught of the others is the
+    /// strategy's to weigh ([`Matches::site_rank`](super::Matches::site_rank)):
+    /// the proxies that worked there never narrow the set. During a burst,
+    /// proxies re-checked since it began are preferred. `exclude` must not
+    /// call back into this `Feedback`.
     pub fn pick(
         &self,
         q: &ProxyQuery,
@@ -489,21 +495,15 @@ impl Feedback {
         let before = self.inner.suspect_before.load(Ordering::Relaxed);
         let verified = |e: &Entry| !suspect_until || e.proven_at().is_some_and(|t| t >= before);
         let index = &self.inner.index;
-        if let Some(at) = at_site.filter(|s| s.any_proven()) {
-            let proven = index.pick(q, now, strategy, &|e| {
-                !(usable(e) && verified(e) && at.proven(e.id, instant))
-            });
-            if proven.is_some() {
-                return proven;
-            }
-        }
+        let rank = |id: i64| at_site.map_or((1, 0), |s| s.rank(id));
         if suspect_until {
-            let verified = index.pick(q, now, strategy, &|e| !(usable(e) && verified(e)));
+            let verified =
+                index.pick_ranked(q, now, strategy, &|e| !(usable(e) && verified(e)), &rank);
             if verified.is_some() {
                 return verified;
             }
         }
-        index.pick(q, now, strategy, &|e| !usable(e))
+        index.pick_ranked(q, now, strategy, &|e| !usable(e), &rank)
     }
 
     /// Every proxy to serve matching `q` at `now` (checked within the
@@ -803,7 +803,16 @@ impl Feedback {
     /// (see [`Feedback::pick`]).
     pub fn worked_at(&self, id: i64, site: &str, latency: Duration) {
         self.note(id, site, Taught::worked(Some(latency)));
+        lock(&self.inner.spread).note(site, id, Instant::now());
         self.worked(id);
+    }
+
+    /// How each site's requests spread over proxies in the last
+    /// [`SPREAD_WINDOW`](super::SPREAD_WINDOW): the uses that worked there,
+    /// how many distinct proxies carried them and the largest share one
+    /// took; the busiest sites first.
+    pub fn rotation(&self) -> Vec<SiteSpread> {
+        lock(&self.inner.spread).view(Instant::now())
     }
 
     /// `site` refused proxy `id` in a request sent at `sent`: a ban page

@@ -132,17 +132,20 @@ pub trait Strategy {
     fn choose(&self, matches: &mut Matches<'_>) -> Option<Arc<Entry>>;
 }
 
-/// Two random matches, the better of them (faster and more reliable): load
-/// spreads over every match while the fast and steady ones are favoured.
+/// Two matches drawn at random, independently (the same one may come
+/// twice), and the better of them: for a site, one that worked there beats
+/// one that did not (the faster there of two that did), else the lower
+/// [`score`]. Load spreads over every match, the worst of `n` included (it
+/// wins only when drawn twice: 1 in `n²`), while fast and steady ones are
+/// favoured.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct BestOfTwo;
 
 impl Strategy for BestOfTwo {
     fn choose(&self, matches: &mut Matches<'_>) -> Option<Arc<Entry>> {
-        matches
-            .sample(2)
-            .into_iter()
-            .min_by(|a, b| score(a).total_cmp(&score(b)))
+        let (a, b) = matches.two()?;
+        let key = |e: &Entry| (matches.site_rank(e.id), score(e));
+        Some(if key(&b) < key(&a) { b } else { a })
     }
 }
 
@@ -166,6 +169,9 @@ pub struct Matches<'a> {
     /// random position finds its group by binary search.
     ends: Vec<usize>,
     accept: &'a dyn Fn(&Entry) -> bool,
+    /// What the request's site taught of a proxy (see
+    /// [`Matches::site_rank`]).
+    rank: &'a dyn Fn(i64) -> (u8, u64),
 }
 
 impl<'a> Matches<'a> {
@@ -212,6 +218,22 @@ impl<'a> Matches<'a> {
             }
         }
         found.into_iter().cloned().collect()
+    }
+
+    /// Two matches drawn independently at random (the same one may come
+    /// twice), or `None` when there is none.
+    pub fn two(&mut self) -> Option<(Arc<Entry>, Arc<Entry>)> {
+        let a = self.sample(1).pop()?;
+        let b = self.sample(1).pop().unwrap_or_else(|| a.clone());
+        Some((a, b))
+    }
+
+    /// Lower is better: `(0, latency there in ms)` for a proxy that worked
+    /// at the request's site, `(1, 0)` for one that did not or when the
+    /// request names no site. Strategies may order or weight by it; what a
+    /// site bans or rests is never among the matches.
+    pub fn site_rank(&self, id: i64) -> (u8, u64) {
+        (self.rank)(id)
     }
 
     /// Every match, in no particular order.
@@ -304,6 +326,19 @@ impl HealthIndex {
         strategy: &dyn Strategy,
         exclude: &dyn Fn(&Entry) -> bool,
     ) -> Option<Arc<Entry>> {
+        self.pick_ranked(q, now, strategy, exclude, &|_| (1, 0))
+    }
+
+    /// As [`HealthIndex::pick`], with what the request's site taught of
+    /// each proxy as `rank` (see [`Matches::site_rank`]).
+    pub fn pick_ranked(
+        &self,
+        q: &ProxyQuery,
+        now: i64,
+        strategy: &dyn Strategy,
+        exclude: &dyn Fn(&Entry) -> bool,
+        rank: &dyn Fn(i64) -> (u8, u64),
+    ) -> Option<Arc<Entry>> {
         let inner = self.read();
         let accept = |e: &Entry| q.matches_entry(e, now) && !exclude(e);
         let groups = inner.groups_for(q);
@@ -318,6 +353,7 @@ impl HealthIndex {
             groups,
             ends,
             accept: &accept,
+            rank,
         };
         strategy.choose(&mut matches)
     }
@@ -399,8 +435,9 @@ mod tests {
             assert_eq!(e.country, Country::parse("DE"));
             seen.insert(e.id);
         }
-        // Not always the fastest: every DE proxy but the slowest is served.
-        assert!(seen.len() >= 4, "{seen:?}");
+        // Not always the fastest: every DE proxy is served, the slowest
+        // too (1 in 25 picks: 500 miss it once in a billion runs).
+        assert_eq!(seen.len(), 5, "{seen:?}");
         let none = ProxyQuery {
             schemes: vec![Scheme::Socks5],
             ..ProxyQuery::default()

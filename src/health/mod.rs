@@ -7,12 +7,14 @@ pub mod filters;
 mod index;
 mod query;
 mod sites;
+mod spread;
 
 pub use feedback::{
     BAN_FOR, Feedback, RATE_LIMIT_REST, REFUSAL_REST, Reported, SERVED_RECHECK_AFTER,
 };
 pub use index::{BestOfTwo, Entry, HealthIndex, Matches, Strategy, score};
 pub use query::ProxyQuery;
+pub use spread::{SPREAD_SITES, SPREAD_USES, SPREAD_WINDOW, SiteSpread};
 
 /// A map by proxy id, looked up for every candidate of every pick: a fast
 /// hasher (ids are the store's, not chosen by the network), randomly

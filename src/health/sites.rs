@@ -64,8 +64,6 @@ impl Pair {
 #[derive(Debug, Default)]
 pub(super) struct Site {
     pairs: super::IdMap<Pair>,
-    /// Pairs whose proxy worked there at least once.
-    proven: usize,
 }
 
 impl Site {
@@ -75,18 +73,6 @@ impl Site {
             .get(&id)
             .and_then(|p| p.until)
             .filter(|u| *u > now)
-    }
-
-    /// True when proxy `id` worked there and is not banned or resting.
-    pub(super) fn proven(&self, id: i64, now: Instant) -> bool {
-        self.pairs
-            .get(&id)
-            .is_some_and(|p| p.worked > 0 && !p.resting(now))
-    }
-
-    /// True when some proxy worked there.
-    pub(super) fn any_proven(&self) -> bool {
-        self.proven > 0
     }
 
     /// Lower is better: proxies that worked there first, by their latency
@@ -204,9 +190,6 @@ impl SiteBook {
                 p.banned_until = Some(p.banned_until.map_or(until, |u| u.max(until)));
             }
             _ => {
-                if p.worked == 0 {
-                    s.proven += 1;
-                }
                 p.worked += 1;
                 if let Some(latency) = taught.latency {
                     let ms = latency.as_secs_f64() * 1000.0;
@@ -238,9 +221,6 @@ impl SiteBook {
                 .banned_until
                 .filter(|u| *u > now_ms)
                 .map(|u| now + Duration::from_millis((u - now_ms) as u64));
-            if r.worked > 0 {
-                s.proven += 1;
-            }
             s.pairs.insert(
                 r.proxy_id,
                 Pair {
@@ -279,7 +259,6 @@ impl SiteBook {
         self.sites.retain(|_, s| {
             s.pairs
                 .retain(|_, p| p.resting(now) || (p.worked > 0 && p.updated >= horizon));
-            s.proven = s.pairs.values().filter(|p| p.worked > 0).count();
             kept += s.pairs.len();
             !s.pairs.is_empty()
         });
@@ -322,9 +301,8 @@ mod tests {
         );
         assert!(book.take_dirty().is_empty());
         let site = book.site("a").unwrap();
-        assert!(site.any_proven());
-        assert!(site.proven(3, now) && !site.proven(1, now));
-        assert!(site.rank(3) < site.rank(2));
+        assert_eq!(site.rank(3), (0, 80), "worked there, in 80 ms");
+        assert!(site.rank(3) < site.rank(2) && site.rank(2) == site.rank(1));
     }
 
     #[test]

@@ -23,6 +23,8 @@ mod fetch;
 mod learn;
 mod refresh;
 mod rotate;
+#[cfg(test)]
+mod rotation_props;
 mod select;
 mod strategy;
 

@@ -84,12 +84,15 @@ impl Strategy for Bound<'_> {
                 })
                 .cloned(),
             StrategyKind::FastestOfTwo => {
+                // Two drawn independently, so every usable proxy can win;
+                // one that worked at the site beats one that did not.
                 let none = Usage::default();
-                matches.sample(2).into_iter().min_by(|a, b| {
-                    let sa = self.usage(a.id).unwrap_or(&none).score(a);
-                    let sb = self.usage(b.id).unwrap_or(&none).score(b);
-                    sa.total_cmp(&sb)
-                })
+                let (a, b) = matches.two()?;
+                let key = |e: &Entry| {
+                    let score = self.usage(e.id).unwrap_or(&none).score(e);
+                    (matches.site_rank(e.id), score)
+                };
+                Some(if key(&b) < key(&a) { b } else { a })
             }
         }
     }

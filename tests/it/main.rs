@@ -32,6 +32,7 @@ mod openapi;
 mod operator_logs;
 mod parsers_fuzz;
 mod pool;
+mod rotation;
 mod serving;
 mod sites;
 mod stop;

@@ -178,6 +178,7 @@ async fn gather(state: &AppState, access: &Access) -> Result<page::View, ApiErro
         sources,
         judges: state.metrics.judges(),
         gateway: state.gateway.as_ref().map(|g| g.snapshot()),
+        rotation: state.feedback.rotation(),
         crawls,
         csrf: state.dashboard_keys.csrf(access),
         session: matches!(access, Access::Session(_)),

@@ -44,6 +44,8 @@ pub struct View {
     pub judges: BTreeMap<String, JudgeView>,
     /// The gateway's counters, when it runs.
     pub gateway: Option<GatewayStats>,
+    /// How each site's requests spread over proxies lately.
+    pub rotation: Vec<crate::health::SiteSpread>,
     /// The latest crawl jobs (their API views).
     pub crawls: Vec<crate::crawl::jobs::JobView>,
     /// The CSRF token of this page's forms.
@@ -501,6 +503,30 @@ fn gateway(v: &View) -> Markup {
                         (counts_table("Upstream failures", &to_i64(&g.upstream_failures), Some("gateway.upstream_failures"), 12))
                     }
                     p.muted { "The gateway adds " (format!("{:.1}", g.added_latency_mean_ms)) " ms on average." }
+                }
+            }
+            (rotation(v))
+        }
+    }
+}
+
+/// Per site, how many proxies carried its requests in the last 10 minutes
+/// and the largest share one took (the gateway, crawl jobs and the pool).
+fn rotation(v: &View) -> Markup {
+    html! {
+        h3 { "Rotation by site, last 10 minutes" }
+        @if v.rotation.is_empty() {
+            p.muted { "No request through the pool in the last 10 minutes." }
+        } @else {
+            table #rotation {
+                tr { th { "site" } th.num { "requests" } th.num { "proxies" } th.num { "largest share" } }
+                @for (i, s) in v.rotation.iter().take(20).enumerate() {
+                    tr {
+                        td { (s.site) }
+                        td.num data-stat=(format!("rotation.{i}.uses")) { (s.uses) }
+                        td.num data-stat=(format!("rotation.{i}.proxies")) { (s.proxies) }
+                        td.num { (format!("{:.0}%", s.top_share * 100.0)) }
+                    }
                 }
             }
         }
