@@ -6,6 +6,13 @@
 //! once and it counts how many plain `GET /proxy` answers over the next
 //! minute name a dead proxy (target: at most 1%).
 //!
+//! Then the case of a start right after a bulk check: `proxywarden
+//! harvest` and `proxywarden check` fill a database with 1,100 working
+//! proxies, `serve` starts on it at the defaults (20 re-checks a second),
+//! 30% of the proxies die one second later, and it counts the `GET /proxy`
+//! answers naming a dead one over the next minute (target: at most 1%).
+//! `cargo bench --bench freshness -- steady` or `-- cold` runs one case.
+//!
 //! Two roles, one binary. Without arguments it is the measuring process: it
 //! starts the judge and the proxies in a child (`--serve-farm N`), so their
 //! CPU stays out of the figures, and runs the daemon in-process. The child
@@ -70,7 +77,19 @@ fn main() -> ExitCode {
         .enable_all()
         .build()
         .expect("tokio runtime");
-    match rt.block_on(measure()) {
+    let only = |case: &str| {
+        !args.iter().any(|a| a == "steady" || a == "cold") || args.iter().any(|a| a == case)
+    };
+    let run = async {
+        if only("steady") {
+            measure().await?;
+        }
+        if only("cold") {
+            measure_cold().await?;
+        }
+        anyhow::Ok(())
+    };
+    match rt.block_on(run) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("freshness bench failed: {e:#}");
@@ -279,6 +298,141 @@ async fn measure() -> anyhow::Result<()> {
         .fold((0, 0), |(a, d), (ba, bd)| (a + ba, d + bd));
     println!(
         "after {DYING} of {PROXIES} died: {dead} of {answers} answers named a dead proxy = {:.2}% (target <= 1%)",
+        f64::from(dead) * 100.0 / f64::from(answers.max(1))
+    );
+    for (i, (a, d)) in buckets.iter().enumerate() {
+        println!(
+            "  {:>2}-{:>2}s: {d} of {a} dead ({:.2}%)",
+            i * 10,
+            i * 10 + 10,
+            f64::from(*d) * 100.0 / f64::from((*a).max(1))
+        );
+    }
+    shutdown.cancel();
+    daemon.await??;
+    drop(to_farm);
+    let _ = child.wait();
+    Ok(())
+}
+
+/// Proxies served in the start-after-a-bulk-check case.
+const COLD_PROXIES: usize = 1_100;
+
+/// A farm child: the process, its stdin (`kill K`), its stdout, the
+/// judge's URL and the proxies' addresses.
+type Farm = (
+    std::process::Child,
+    std::process::ChildStdin,
+    BufReader<std::process::ChildStdout>,
+    String,
+    Vec<SocketAddr>,
+);
+
+/// A farm of `n` proxies and its judge in a child.
+fn start_farm(n: usize) -> anyhow::Result<Farm> {
+    let mut child = std::process::Command::new(std::env::current_exe()?)
+        .args([FARM_ARG, &n.to_string()])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()?;
+    let to_farm = child.stdin.take().expect("piped stdin");
+    let mut from_farm = BufReader::new(child.stdout.take().expect("piped stdout"));
+    let mut judge = String::new();
+    let mut proxies: Vec<SocketAddr> = Vec::new();
+    let mut line = String::new();
+    loop {
+        line.clear();
+        anyhow::ensure!(from_farm.read_line(&mut line)? > 0, "the farm exited");
+        match line.trim().split_once(' ') {
+            Some(("judge", url)) => judge = url.to_owned(),
+            Some(("proxy", addr)) => proxies.push(addr.parse()?),
+            _ if line.trim() == "ready" => break,
+            _ => anyhow::bail!("unexpected farm line {line:?}"),
+        }
+    }
+    Ok((child, to_farm, from_farm, judge, proxies))
+}
+
+/// `proxywarden harvest` and `check` fill a database; `serve` starts on it
+/// at the defaults; 30% of the proxies die a second later.
+async fn measure_cold() -> anyhow::Result<()> {
+    fakes::raise_nofile_limit();
+    let (mut child, mut to_farm, mut from_farm, judge, proxies) = start_farm(COLD_PROXIES)?;
+    let dir = tempfile::tempdir()?;
+    let list = dir.path().join("list.txt");
+    let text: String = proxies.iter().map(|p| format!("{p}\n")).collect();
+    std::fs::write(&list, text)?;
+    let toml = format!(
+        "[database]\npath = \"{}\"\n[harvest]\nallow_private_addresses = true\n\
+         [check]\njudges = [\"{judge}\"]\n\
+         [[sources]]\nname = \"farm\"\nurl = \"{}\"\n",
+        dir.path().join("cold.db").display(),
+        list.display()
+    );
+    let config_path = dir.path().join("proxywarden.toml");
+    std::fs::write(&config_path, &toml)?;
+    for command in ["harvest", "check"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_proxywarden"))
+            .arg("--config")
+            .arg(&config_path)
+            .arg(command)
+            .stdin(Stdio::null())
+            .output()?;
+        anyhow::ensure!(
+            out.status.success(),
+            "proxywarden {command} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let config = Config::from_toml(&toml, "cold.toml")?;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let shutdown = CancellationToken::new();
+    let started = Instant::now();
+    let daemon = tokio::spawn(proxywarden::daemon::run(
+        config,
+        listener,
+        None,
+        shutdown.clone(),
+    ));
+    let http = reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(10))
+        .build()?;
+    let get = |path: &str| http.get(format!("http://{addr}{path}")).send();
+    tokio::time::sleep(Duration::from_secs(1).saturating_sub(started.elapsed())).await;
+    let dying = COLD_PROXIES * 3 / 10;
+    let killed: HashSet<String> = proxies[..dying]
+        .iter()
+        .map(|a| format!("http://{a}"))
+        .collect();
+    writeln!(to_farm, "kill {dying}")?;
+    to_farm.flush()?;
+    let mut line = String::new();
+    from_farm.read_line(&mut line)?;
+    anyhow::ensure!(line.trim() == "killed", "unexpected farm line {line:?}");
+    let died = Instant::now();
+    tracing::info!("{dying} proxies died");
+    let mut buckets = [(0u32, 0u32); 6];
+    while died.elapsed() < WINDOW {
+        let bucket = (died.elapsed().as_secs() / 10).min(5) as usize;
+        let resp = get("/proxy?format=text").await?;
+        if resp.status().is_success() {
+            let url = resp.text().await?;
+            buckets[bucket].0 += 1;
+            if killed.contains(&url) {
+                buckets[bucket].1 += 1;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let (answers, dead) = buckets
+        .iter()
+        .fold((0, 0), |(a, d), (ba, bd)| (a + ba, d + bd));
+    println!(
+        "start on a checked database, {dying} of {COLD_PROXIES} died {:.1}s after it (defaults): \
+         {dead} of {answers} answers named a dead proxy = {:.2}% (target <= 1%)",
+        (died - started).as_secs_f64(),
         f64::from(dead) * 100.0 / f64::from(answers.max(1))
     );
     for (i, (a, d)) in buckets.iter().enumerate() {

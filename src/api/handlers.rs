@@ -710,7 +710,7 @@ pub async fn healthz(State(state): State<AppState>) -> Json<Health> {
             reasons: None,
         });
     }
-    if state.config.api.token.is_some() {
+    if state.live_config().api.token.is_some() {
         for c in &mut conditions {
             c.message = "see /stats (with the token) for why".into();
         }

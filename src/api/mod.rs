@@ -126,8 +126,12 @@ pub struct AppState {
     pub conditions: Arc<conditions::Conditions>,
     /// The latest check rounds, for the dashboard.
     check_history: Arc<Mutex<dashboard::RoundHistory>>,
-    /// What signs the dashboard's sessions and forms.
-    dashboard_keys: dashboard::Keys,
+    /// The configuration as reloaded (SIGHUP); `config` stays the one
+    /// the daemon started with, for what needs a restart to change.
+    live: Arc<tokio::sync::watch::Sender<Arc<Config>>>,
+    /// What signs the dashboard's sessions and forms, with the token in
+    /// force.
+    dashboard_keys: Arc<Mutex<Arc<dashboard::Keys>>>,
     /// Wrong tokens per client address: the bearer token's, the
     /// dashboard login's and (in `serve`) the gateway's.
     pub auth: Arc<AuthFailures>,
@@ -166,9 +170,46 @@ impl AppState {
             conditions: Arc::default(),
             check_history: Arc::default(),
             auth: Arc::default(),
-            dashboard_keys: dashboard::Keys::new(config.api.token.as_ref().map(|t| t.0.as_str())),
+            live: Arc::new(tokio::sync::watch::Sender::new(config.clone())),
+            dashboard_keys: Arc::new(Mutex::new(Arc::new(dashboard::Keys::new(
+                config.api.token.as_ref().map(|t| t.0.as_str()),
+            )))),
             config,
         }
+    }
+
+    /// The configuration in force: the one the daemon started with, or
+    /// the last one a reload applied.
+    pub fn live_config(&self) -> Arc<Config> {
+        self.live.borrow().clone()
+    }
+
+    /// Follows the configuration in force (see [`AppState::live_config`]).
+    pub fn watch_config(&self) -> tokio::sync::watch::Receiver<Arc<Config>> {
+        self.live.subscribe()
+    }
+
+    /// Puts `config` in force (a reload): the API's token and allowed
+    /// hosts at once, every component following
+    /// [`AppState::watch_config`] at its next step. A changed token ends
+    /// every dashboard session.
+    pub fn set_live_config(&self, config: Arc<Config>) {
+        if self.live_config().api.token != config.api.token {
+            let keys = dashboard::Keys::new(config.api.token.as_ref().map(|t| t.0.as_str()));
+            *self
+                .dashboard_keys
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(keys);
+        }
+        self.live.send_replace(config);
+    }
+
+    /// What signs the dashboard's sessions and forms now.
+    fn dashboard_keys(&self) -> Arc<dashboard::Keys> {
+        self.dashboard_keys
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 
     /// How many proxies can be served now: alive, proven (by a check or a
@@ -443,8 +484,9 @@ async fn authorize(State(state): State<AppState>, mut req: Request, next: Next) 
     if path == "/healthz" || path == "/judge" || path == "/openapi.json" {
         return next.run(req).await;
     }
-    let Some(token) = &state.config.api.token else {
-        if let Err(e) = check_host(&req, &state.config.api) {
+    let config = state.live_config();
+    let Some(token) = &config.api.token else {
+        if let Err(e) = check_host(&req, &config.api) {
             return e.into_response();
         }
         req.extensions_mut().insert(Access::Open);
@@ -482,7 +524,7 @@ async fn authorize(State(state): State<AppState>, mut req: Request, next: Next) 
         }
         None => match dashboard::session::session_cookie(req.headers()).filter(|c| {
             state
-                .dashboard_keys
+                .dashboard_keys()
                 .valid_session(c, crate::store::now_ms())
         }) {
             Some(cookie) => Access::Session(cookie),

@@ -104,6 +104,50 @@ impl CheckConfig {
         (at < next_check_at).then_some(at)
     }
 
+    /// True when `checked` proxies checked (or adopted) together, while
+    /// `served` are served, are a bulk check: more than [`BULK_SPAN`] of
+    /// re-checks at the served cycle's pace, and at least [`BULK_MIN`]. The
+    /// start-up re-check, a sweep after a burst, a `proxywarden check`
+    /// beside the daemon and a harvest's first round all are; the rounds of
+    /// a steady state, a second's re-checks each, are not.
+    pub fn is_bulk(&self, served: usize, checked: usize) -> bool {
+        let pace = served as f64 / self.serve_cycle(served).as_secs_f64();
+        checked >= BULK_MIN && checked as f64 > pace * BULK_SPAN.as_secs_f64()
+    }
+
+    /// The re-check policy after a bulk check while `served` proxies are
+    /// served: a pass is checked again anywhere in the next
+    /// [`serve_cycle`](Self::serve_cycle), evenly. After
+    /// [`serve_policy`](Self::serve_policy) proxies checked together would
+    /// all come back between two thirds and four thirds of a cycle later,
+    /// and until then nothing would be re-checked: a mass death in that
+    /// stretch would go unseen. Spread over the cycle they come back at
+    /// the configured rate from the first second.
+    pub fn bulk_policy(&self, served: usize) -> RecheckPolicy {
+        let alive = self.serve_cycle(served);
+        RecheckPolicy {
+            alive,
+            alive_jitter: alive,
+            ..self.recheck_policy()
+        }
+    }
+
+    /// When a proxy adopted in bulk (see [`is_bulk`](Self::is_bulk)) is to
+    /// be checked, if sooner than its `next_check_at`: at `spread` (0..1)
+    /// of the cycle from `now`, as [`bulk_policy`](Self::bulk_policy) puts
+    /// a proxy it checked. Times are unix ms.
+    pub fn bulk_check_at(
+        &self,
+        served: usize,
+        next_check_at: i64,
+        now: i64,
+        spread: f64,
+    ) -> Option<i64> {
+        let cycle = ms(self.serve_cycle(served));
+        let at = now + (spread.clamp(0.0, 1.0) * cycle as f64) as i64;
+        (at < next_check_at).then_some(at)
+    }
+
     /// When proxies are checked again, as `[check]` sets it.
     pub fn recheck_policy(&self) -> RecheckPolicy {
         RecheckPolicy {
@@ -115,6 +159,12 @@ impl CheckConfig {
     }
 }
 
+/// See [`CheckConfig::is_bulk`]: proxies checked together that would come
+/// back in a wave longer than this make a bulk check.
+pub const BULK_SPAN: Duration = Duration::from_secs(5);
+/// See [`CheckConfig::is_bulk`]: fewer proxies are never a bulk check.
+pub const BULK_MIN: usize = 4;
+
 /// One judge: a URL that answers with the request it received.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct JudgeConfig {
@@ -125,6 +175,22 @@ pub struct JudgeConfig {
     /// True when the judge echoes the request URL, so that the per-check
     /// nonce must come back (defeats caches and captive portals).
     pub echo: bool,
+}
+
+impl JudgeConfig {
+    /// The URL as `/healthz`, `/stats` and logs show it: without its user
+    /// name and password.
+    pub fn shown(&self) -> String {
+        without_userinfo(&self.url)
+    }
+}
+
+/// `url` without user name and password, for showing.
+pub fn without_userinfo(url: &Url) -> String {
+    let mut u = url.clone();
+    let _ = u.set_username("");
+    let _ = u.set_password(None);
+    u.to_string()
 }
 
 /// Whether a judge echoes the request URL unless its entry says `echo`.
@@ -274,5 +340,38 @@ mod tests {
             None
         );
         assert_eq!(check.fresh_window(100).as_millis(), 2 * 10_000 + 8_000);
+    }
+
+    /// At the defaults (20 re-checks a second), 1,100 served proxies come
+    /// round every 55 s: the start-up re-check of all of them is a bulk
+    /// check and puts the next ones anywhere in the coming 55 s; a round
+    /// of a second's re-checks keeps two thirds to four thirds of a cycle.
+    #[test]
+    fn proxies_checked_in_bulk_come_back_over_one_cycle() {
+        let config = Config::from_toml("", "t.toml").unwrap();
+        let check = &config.check;
+        assert_eq!(check.serve_cycle(1_100).as_secs(), 55);
+        assert!(check.is_bulk(1_100, 1_100));
+        assert!(check.is_bulk(1_100, 101));
+        assert!(!check.is_bulk(1_100, 100));
+        assert!(!check.is_bulk(1_100, 20));
+        // A first harvest (nothing served yet) and a few proxies.
+        assert!(check.is_bulk(0, 500));
+        assert!(!check.is_bulk(0, 3));
+        let bulk = check.bulk_policy(1_100);
+        assert_eq!(
+            (bulk.alive.as_secs(), bulk.alive_jitter.as_secs()),
+            (55, 55)
+        );
+        let steady = check.serve_policy(1_100);
+        assert!(steady.alive - steady.alive_jitter > bulk.alive / 2);
+        let now = 1_000_000;
+        let ten_min = now + 600_000;
+        assert_eq!(check.bulk_check_at(1_100, ten_min, now, 0.0), Some(now));
+        assert_eq!(
+            check.bulk_check_at(1_100, ten_min, now, 1.0),
+            Some(now + 55_000)
+        );
+        assert_eq!(check.bulk_check_at(1_100, now + 10, now, 0.5), None);
     }
 }

@@ -25,7 +25,7 @@ use std::sync::LazyLock;
 use toml::Table;
 
 pub use api::{ApiConfig, MIN_PUBLIC_TOKEN, Secret};
-pub use check::{CheckConfig, JudgeConfig};
+pub use check::{CheckConfig, JudgeConfig, without_userinfo};
 pub use crawls::CrawlsConfig;
 pub use database::{DatabaseConfig, PostgresUrl, redact_password};
 pub use duration::parse_duration;

@@ -59,23 +59,8 @@ pub struct CheckLoop {
 impl CheckLoop {
     /// Runs rounds until `stop`; a round in progress stops starting checks
     /// and commits what finished.
-    pub async fn run(self, stop: CancellationToken) {
-        let metrics = self.state.metrics.clone();
-        let hook: CommitHook = Arc::new(move |batch| metrics.observe_checks(batch));
-        let metrics = self.state.metrics.clone();
-        let judge_hook: JudgeHook = Arc::new(move |url, answer| metrics.observe_judge(url, answer));
-        let mut opts = CheckOptions::from_config(&self.config.check);
-        opts.on_judge = Some(judge_hook);
-        opts.concurrency = check::clamp_concurrency(opts.concurrency);
-        opts.on_commit = Some(hook);
-        opts.abort_in_flight = Some(self.abort.clone());
-        opts.dispatch_for = Some(ROUND_DISPATCH);
-        // Due proxies are leased, so that nodes sharing the database split
-        // them (a lone node leases too: the same path either way).
-        opts.lease = Some(CheckLease {
-            node: self.config.node.id(),
-            hold: self.config.node.lease,
-        });
+    pub async fn run(mut self, stop: CancellationToken) {
+        let mut opts = self.options();
         let geoip = match check::open_geoip(&self.config) {
             Ok(g) => g,
             Err(e) => {
@@ -92,6 +77,18 @@ impl CheckLoop {
         let mut lost_mid_round: Option<std::time::Instant> = None;
         let mut rounds = RoundLog::default();
         while !stop.is_cancelled() {
+            // A reload that changed `[check]` (its judges, its limits)
+            // takes effect from the next round, with the judges asked
+            // again.
+            let live = self.state.live_config();
+            if !Arc::ptr_eq(&live, &self.config) {
+                let changed = live.check != self.config.check;
+                self.config = live;
+                if changed {
+                    opts = self.options();
+                    prepared = None;
+                }
+            }
             // While the disk refuses writes no verdict can be recorded:
             // checking would only spend the network and a core. The write
             // component tries the disk after each pause and says when it
@@ -194,6 +191,27 @@ impl CheckLoop {
         }
     }
 
+    /// How rounds run, as `[check]` says.
+    fn options(&self) -> CheckOptions {
+        let metrics = self.state.metrics.clone();
+        let hook: CommitHook = Arc::new(move |batch| metrics.observe_checks(batch));
+        let metrics = self.state.metrics.clone();
+        let judge_hook: JudgeHook = Arc::new(move |url, answer| metrics.observe_judge(url, answer));
+        let mut opts = CheckOptions::from_config(&self.config.check);
+        opts.on_judge = Some(judge_hook);
+        opts.concurrency = check::clamp_concurrency(opts.concurrency);
+        opts.on_commit = Some(hook);
+        opts.abort_in_flight = Some(self.abort.clone());
+        opts.dispatch_for = Some(ROUND_DISPATCH);
+        // Due proxies are leased, so that nodes sharing the database split
+        // them (a lone node leases too: the same path either way).
+        opts.lease = Some(CheckLease {
+            node: self.config.node.id(),
+            hold: self.config.node.lease,
+        });
+        opts
+    }
+
     /// Queues the re-checks asked for meanwhile, then, unless a proxy is
     /// due and [`ROUND_GAP`] has passed since the last round started (or a
     /// re-check was asked for), waits until that may be, a re-check is
@@ -256,15 +274,22 @@ impl CheckLoop {
         let check = &self.config.check;
         let served = self.state.index().len();
         let now = now_ms();
+        // Many at once (a `proxywarden check` round beside the daemon):
+        // spread over the cycle from now, or they would all come back
+        // together, and nothing would be re-checked until then.
+        let bulk = check.is_bulk(served, adopted.len());
         let due: Vec<(i64, i64)> = {
             let mut rng = rand::rng();
             adopted
                 .iter()
                 .filter_map(|e| {
                     let spread: f64 = rng.random();
-                    check
-                        .served_check_at(served, e.last_checked, e.next_check_at, now, spread)
-                        .map(|at| (e.id, at))
+                    if bulk {
+                        check.bulk_check_at(served, e.next_check_at, now, spread)
+                    } else {
+                        check.served_check_at(served, e.last_checked, e.next_check_at, now, spread)
+                    }
+                    .map(|at| (e.id, at))
                 })
                 .collect()
         };
@@ -286,7 +311,10 @@ impl CheckLoop {
     /// passed without a check. While the disk refuses writes, and until
     /// it has taken them again for a while, there is no window (see
     /// [`super::writes`]).
-    fn freshness(&self) -> crate::model::RecheckPolicy {
+    /// A round of `due` proxies that is a bulk check (see
+    /// [`CheckConfig::is_bulk`](crate::config::CheckConfig::is_bulk))
+    /// spreads the next checks of what passes evenly over one cycle.
+    fn freshness(&self, due: usize) -> crate::model::RecheckPolicy {
         let check = &self.config.check;
         let served = self.state.index().len();
         if self
@@ -299,7 +327,11 @@ impl CheckLoop {
                 .feedback
                 .set_fresh_within(check.fresh_window(served));
         }
-        check.serve_policy(served)
+        if check.is_bulk(served, due) {
+            check.bulk_policy(served)
+        } else {
+            check.serve_policy(served)
+        }
     }
 
     async fn round(
@@ -309,7 +341,10 @@ impl CheckLoop {
         stop: &CancellationToken,
         log: &mut RoundLog,
     ) -> Ended {
-        let policy = self.freshness();
+        // Counted apart from the round's own count, which it takes once
+        // the policy is set; an error only costs the spread.
+        let due = self.store.count_due(now_ms(), false).await.unwrap_or(0);
+        let policy = self.freshness(due as usize);
         let progress = Arc::new(RoundProgress::default());
         match check::check_round(
             checker,

@@ -126,10 +126,41 @@ impl Harvester {
         if retry.is_none() && last.overdue.is_empty() {
             tracing::info!(next_harvest = %self.next_harvest(), "no source is overdue");
         }
+        let mut reloads = self.state.watch_config();
+        reloads.mark_unchanged();
         loop {
             let retry_at = retry.as_ref().map(|r: &Retry| r.at);
             tokio::select! {
                 _ = stop.cancelled() => return,
+                Ok(()) = reloads.changed() => {
+                    // A reload: the next runs use its sources and limits,
+                    // and the sources it adds or changes are harvested now.
+                    let live = reloads.borrow_and_update().clone();
+                    let fresh: Vec<String> = live
+                        .sources
+                        .iter()
+                        .filter(|s| s.enabled && !self.config.sources.contains(s))
+                        .map(|s| s.name.clone())
+                        .collect();
+                    self.config = live;
+                    if !fresh.is_empty() {
+                        tracing::info!(sources = %fresh.join(", "), "harvesting the sources the reload added or changed");
+                        let config = self.only(&fresh);
+                        tokio::select! {
+                            _ = stop.cancelled() => return,
+                            report = self.harvest(&config) => {
+                                retry = match (self.retry_after(report, None), retry.take()) {
+                                    (Some(mut new), Some(old)) => {
+                                        new.sources.extend(old.sources.into_iter().filter(|s| !fresh.contains(s)));
+                                        new.at = new.at.min(old.at);
+                                        Some(new)
+                                    }
+                                    (new, old) => new.or(old),
+                                };
+                            }
+                        }
+                    }
+                }
                 _ = until(retry_at) => {
                     let Some(failed) = retry.take() else { continue };
                     tracing::info!(sources = %failed.sources.join(", "), "harvesting the sources that failed again");

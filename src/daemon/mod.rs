@@ -7,6 +7,7 @@ mod checks;
 mod harvest;
 mod outage;
 mod purge;
+mod reload;
 mod snapshots;
 mod sync;
 mod systemd;
@@ -57,6 +58,21 @@ pub async fn run(
     gateway: Option<TcpListener>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
+    let (_keep, reloads) = mpsc::channel(1);
+    run_reloading(config, listener, gateway, shutdown, reloads).await
+}
+
+/// [`run`], putting in force each config `reloads` brings (read again on
+/// SIGHUP, and valid): what can change at run time takes effect, the rest
+/// is named in the log as needing a restart (see [`reload`]).
+pub async fn run_reloading(
+    config: Config,
+    listener: TcpListener,
+    gateway: Option<TcpListener>,
+    shutdown: CancellationToken,
+    reloads: mpsc::Receiver<Config>,
+) -> anyhow::Result<()> {
+    let file = config.clone();
     let mut config = config;
     // The addresses actually bound (a port of 0 in the config, or a
     // listener handed in, picks its own): what the harvest must never store
@@ -113,7 +129,7 @@ pub async fn run(
 
     let (harvest_tx, harvest_rx) = mpsc::channel(1);
     let (purge_tx, purge_rx) = mpsc::channel(1);
-    let mut scheduler = schedule(&config, harvest_tx, purge_tx).await?;
+    let (mut scheduler, harvest_job) = schedule(&config, harvest_tx.clone(), purge_tx).await?;
 
     let tasks = TaskTracker::new();
     let stop = CancellationToken::new();
@@ -178,6 +194,17 @@ pub async fn run(
         }
         .run(stop.clone()),
     );
+    tasks.spawn(
+        reload::Reloader {
+            state: state.clone(),
+            file,
+            configs: reloads,
+            scheduler: scheduler.clone(),
+            harvest_job,
+            harvest: harvest_tx,
+        }
+        .run(stop.clone()),
+    );
     tasks.spawn(systemd::watchdog(stop.clone()));
     tasks.spawn(systemd::status(index.clone(), stop.clone()));
     tasks.close();
@@ -236,29 +263,29 @@ impl GatewayComponent {
     }
 }
 
-/// Starts the cron scheduler. Its jobs only send a request to the harvest
+/// Starts the cron scheduler; with its harvest job, which a reload may
+/// replace. Its jobs only send a request to the harvest
 /// or purge component (dropped when one is already waiting), so the work
 /// itself runs on the daemon's tracker and stops with it.
 async fn schedule(
     config: &Config,
     harvest: mpsc::Sender<Trigger>,
     purge: mpsc::Sender<()>,
-) -> anyhow::Result<JobScheduler> {
+) -> anyhow::Result<(JobScheduler, Job)> {
     let scheduler = JobScheduler::new()
         .await
         .context("starting the scheduler")?;
-    let job = Job::new(config.harvest.schedule.as_str(), move |_, _| {
-        if harvest.try_send(Trigger::Schedule).is_err() {
-            tracing::info!("harvest still running; this slot joins the next run");
-        }
-    })
-    .context("scheduling the harvest")?;
-    scheduler.add(job).await.context("scheduling the harvest")?;
+    let harvest_job = reload::harvest_job(config.harvest.schedule.as_str(), harvest)
+        .context("scheduling the harvest")?;
+    scheduler
+        .add(harvest_job.clone())
+        .await
+        .context("scheduling the harvest")?;
     let job = Job::new(PURGE_SCHEDULE, move |_, _| {
         let _ = purge.try_send(());
     })
     .context("scheduling the purge")?;
     scheduler.add(job).await.context("scheduling the purge")?;
     scheduler.start().await.context("starting the scheduler")?;
-    Ok(scheduler)
+    Ok((scheduler, harvest_job))
 }

@@ -93,6 +93,8 @@ struct Inner {
     suspect_before: AtomicI64,
     /// When the current burst's suspicion ends (unix ms).
     suspect_until: AtomicI64,
+    /// When the last sweep a burst started began (unix ms).
+    burst_swept: AtomicI64,
     /// The freshness window in ms (0: none): a proxy whose last check is
     /// older is never served.
     fresh_within: AtomicI64,
@@ -193,6 +195,7 @@ impl Feedback {
                 recent: Mutex::default(),
                 suspect_before: AtomicI64::new(0),
                 suspect_until: AtomicI64::new(0),
+                burst_swept: AtomicI64::new(i64::MIN / 2),
                 fresh_within: AtomicI64::new(0),
                 hidden: Mutex::default(),
                 recheck: Mutex::default(),
@@ -418,18 +421,39 @@ impl Feedback {
             burst
         };
         // One sweep at a time: the next once the last one's re-checks have
-        // had time to run (a quarter of the freshness window, 5 s at
-        // least), not only once its suspicion ends. The suspicion after a
-        // start lasts a window, and a mass death inside it must be swept.
+        // run (every served proxy passed a check since it began) or have
+        // had time to (a quarter of the freshness window, 5 s at least),
+        // not only once its suspicion ends. The suspicion after a start
+        // lasts a window, and a mass death inside it must be swept: at
+        // once when the start-up re-check has passed everything. Sweeps
+        // bursts start keep the gap between them whatever, so a pool
+        // that keeps failing an eighth of its re-checks is not swept
+        // every few seconds.
         let fresh = self.inner.fresh_within.load(Ordering::Relaxed);
         let gap = (fresh / 4).max(SWEEP_GAP_MIN_MS);
-        if burst && now - self.inner.suspect_before.load(Ordering::Relaxed) >= gap {
+        let last = self.inner.suspect_before.load(Ordering::Relaxed);
+        if burst
+            && now - self.inner.burst_swept.load(Ordering::Relaxed) >= gap
+            && (now - last >= gap || self.reverified_since(last))
+        {
+            self.inner.burst_swept.store(now, Ordering::Relaxed);
             tracing::warn!(
                 served = self.inner.index.len(),
                 "a burst of failures among served proxies; re-checking all of them now"
             );
             self.reverify_all(now);
         }
+    }
+
+    /// True when every served proxy passed a check (or carried a request)
+    /// at or after `at` (unix ms).
+    fn reverified_since(&self, at: i64) -> bool {
+        let index = &self.inner.index;
+        index.ids().into_iter().all(|id| {
+            index
+                .get(id)
+                .is_none_or(|e| e.proven_at().is_some_and(|t| t >= at))
+        })
     }
 
     /// Treats every served proxy as suspect until it passes a check again,
@@ -1014,6 +1038,63 @@ mod tests {
         let mut queued = feedback.take_rechecks();
         queued.sort_unstable();
         assert_eq!(queued, ids[BURST_MIN..], "the survivors are re-checked");
+    }
+
+    /// A start-up re-check that passed everything has done its work: a
+    /// burst of failures soon after it (a mass death in the first seconds
+    /// of `serve`) sweeps at once, not a quarter of a freshness window
+    /// later. A burst while its re-checks still run does not.
+    #[tokio::test]
+    async fn a_burst_after_the_start_up_re_check_passed_everything_is_swept() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, ids) = store_with(dir.path(), 12).await;
+        let before = now_ms() - 60_000;
+        let alive = ids.iter().map(|id| checked(*id, before, None)).collect();
+        store.record_checks(alive, POLICY).await.unwrap();
+        let index = crate::health::load_index(&store).await.unwrap();
+        let feedback = Feedback::new(index, store);
+        feedback.set_fresh_within(Duration::from_secs(118));
+        let start = now_ms();
+        feedback.reverify_all(start);
+        feedback.take_rechecks();
+        let refused = Outcome::dead(Reason::Refused);
+        let pass = |ids: &[i64], at: i64| ids.iter().map(|id| checked(*id, at, None)).collect();
+
+        // A third re-checked, a third failed, a third still waiting: the
+        // start-up re-check still runs, so no second sweep.
+        feedback
+            .commit_checks(pass(&ids[..4], start + 10), POLICY)
+            .await
+            .unwrap();
+        for id in &ids[4..8] {
+            feedback.checked(*id, &refused, start + 500);
+        }
+        assert!(feedback.take_rechecks().is_empty(), "the sweep still runs");
+
+        // The rest passed it too; then a burst among what is served.
+        feedback
+            .commit_checks(pass(&ids[8..], start + 600), POLICY)
+            .await
+            .unwrap();
+        for id in &ids[..4] {
+            feedback.checked(*id, &refused, start + 1_000);
+        }
+        let mut queued = feedback.take_rechecks();
+        queued.sort_unstable();
+        assert_eq!(queued, ids[8..], "the survivors are re-checked");
+
+        // The next burst waits the gap: a quarter of the window.
+        feedback
+            .commit_checks(pass(&ids[8..], start + 1_100), POLICY)
+            .await
+            .unwrap();
+        for id in &ids[8..] {
+            feedback.checked(*id, &refused, start + 2_000);
+        }
+        assert!(
+            feedback.take_rechecks().is_empty(),
+            "swept a second after the last"
+        );
     }
 
     /// `reports_ok` of proxy `id`.

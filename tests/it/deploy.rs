@@ -309,3 +309,10 @@ fn the_unit_runs_the_daemon_in_its_state_directory() {
         "WorkingDirectory must be the StateDirectory"
     );
 }
+
+/// `systemctl reload` sends SIGHUP, which makes `serve` read its config
+/// again (tests/it/reload.rs) instead of ending it.
+#[test]
+fn systemctl_reload_sends_sighup() {
+    assert_eq!(unit_value("ExecReload"), Some("/bin/kill -HUP $MAINPID"));
+}

@@ -180,7 +180,7 @@ async fn gather(state: &AppState, access: &Access) -> Result<page::View, ApiErro
         gateway: state.gateway.as_ref().map(|g| g.snapshot()),
         rotation: state.feedback.rotation(),
         crawls,
-        csrf: state.dashboard_keys.csrf(access),
+        csrf: state.dashboard_keys().csrf(access),
         session: matches!(access, Access::Session(_)),
     })
 }
@@ -234,7 +234,8 @@ pub(super) async fn login(
     if let Err(why) = session::same_origin(&headers) {
         return Ok(refused(why));
     }
-    let Some(token) = &state.config.api.token else {
+    let config = state.live_config();
+    let Some(token) = &config.api.token else {
         return Ok(Redirect::to("/").into_response());
     };
     // Wrong tokens are limited per client address, with the API's and the
@@ -264,7 +265,7 @@ pub(super) async fn login(
         return Ok(html(StatusCode::UNAUTHORIZED, page::login(Some(message))));
     }
     let cookie = state
-        .dashboard_keys
+        .dashboard_keys()
         .new_session(now_ms())
         .ok_or_else(|| ApiError::Internal("no token to sign a session with".into()))?;
     let mut resp = Redirect::to("/").into_response();
@@ -288,7 +289,7 @@ async fn guarded(
     session::same_origin(headers).map_err(refused)?;
     let fields = form(body).await.map_err(IntoResponse::into_response)?;
     let presented = field(&fields, "csrf").unwrap_or("");
-    if !state.dashboard_keys.valid_csrf(access, presented) {
+    if !state.dashboard_keys().valid_csrf(access, presented) {
         return Err(refused(
             "the form's CSRF token is missing or belongs to another session (the page may \
              be older than your last login); reload the dashboard and try again"
@@ -315,7 +316,7 @@ pub(super) async fn logout(
         return refusal;
     }
     if let Access::Session(cookie) = &access {
-        state.dashboard_keys.revoke(cookie, now_ms());
+        state.dashboard_keys().revoke(cookie, now_ms());
     }
     let mut resp = Redirect::to("/").into_response();
     resp.headers_mut()
