@@ -16,6 +16,7 @@ mod crawl_nodes;
 mod daemon;
 mod dashboard;
 mod deploy;
+mod differential;
 mod disk_full;
 mod fakes_selftest;
 mod gateway;
