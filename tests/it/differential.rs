@@ -16,7 +16,7 @@ use std::time::Duration;
 use proptest::prelude::*;
 use proxywarden::model::{Candidate, Hints, Outcome, Reason, SourceScheme};
 use proxywarden::proxy::{Anonymity, Country, Scheme};
-use proxywarden::store::{DueLane, ProxyFilter, SiteRecord, SourceRun, Store};
+use proxywarden::store::{DueLane, NewUrl, ProxyFilter, SiteRecord, SourceRun, Store, UrlState};
 
 /// Addresses the lists draw from: few, so that lists overlap and repeat.
 const ADDRESSES: u8 = 24;
@@ -63,6 +63,14 @@ enum Op {
         seed: u8,
         end: Option<bool>,
     },
+    /// On a crawl job's frontier: pages found, then pages ended (a pick
+    /// among a host's waiting ones, done or failed, with what they link
+    /// to), committed; a job picked among those stored.
+    Frontier {
+        job: u8,
+        found: Vec<u8>,
+        ended: Vec<(u8, bool, Vec<u8>)>,
+    },
 }
 
 fn entry() -> impl Strategy<Value = Entry> {
@@ -91,6 +99,12 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (any::<u8>(), any::<bool>()).prop_map(|(pick, ok)| Op::Report { pick, ok }),
         1 => (any::<u8>(), 0u8..2, 0u16..5).prop_map(|(pick, site, worked)| Op::Site { pick, site, worked }),
         1 => (0u8..3, proptest::option::of(any::<bool>())).prop_map(|(seed, end)| Op::CrawlJob { seed, end }),
+        2 => (
+            any::<u8>(),
+            proptest::collection::vec(0u8..20, 0..6),
+            proptest::collection::vec((any::<u8>(), any::<bool>(), proptest::collection::vec(0u8..20, 0..3)), 0..4),
+        )
+            .prop_map(|(job, found, ended)| Op::Frontier { job, found, ended }),
     ]
 }
 
@@ -132,6 +146,36 @@ enum Answer {
     Leased(Vec<String>),
     Released(u64),
     Reported(bool),
+    Queued(Vec<String>),
+}
+
+/// Page `n` of the two hosts of the crawls.
+fn page(n: u8) -> NewUrl {
+    let host = format!("h{}.example", n % 2);
+    NewUrl {
+        url: format!("http://{host}/p{n}"),
+        host,
+        depth: u32::from(n % 3),
+        parent: None,
+    }
+}
+
+/// The jobs' ids, oldest first.
+async fn job_ids(store: &Store) -> Vec<i64> {
+    let mut ids: Vec<i64> = store
+        .crawl_jobs(1_000)
+        .await
+        .unwrap()
+        .iter()
+        .map(|j| j.id)
+        .collect();
+    ids.sort_unstable();
+    ids
+}
+
+/// A frontier's calls block, as on a crawl's own thread.
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    tokio::task::spawn_blocking(f).await.unwrap()
 }
 
 /// The stored proxies, by identity: ids and their proxies.
@@ -260,6 +304,44 @@ async fn apply(store: &Store, op: &Op, at: i64) -> Answer {
             }
             Answer::Nothing
         }
+        Op::Frontier { job, found, ended } => {
+            let jobs = job_ids(store).await;
+            if jobs.is_empty() {
+                return Answer::Nothing;
+            }
+            let job = jobs[usize::from(*job) % jobs.len()];
+            let (store, found, ended) = (store.clone(), found.clone(), ended.clone());
+            let queued = blocking(move || {
+                let mut f = store.frontier(job).unwrap();
+                let mut queued: Vec<String> = f
+                    .add(&found.iter().map(|&n| page(n)).collect::<Vec<_>>())
+                    .unwrap()
+                    .into_iter()
+                    .map(|q| q.url)
+                    .collect();
+                for (pick, done, links) in ended {
+                    let host = format!("h{}.example", pick % 2);
+                    let waiting = f.waiting(&host, 0, 100).unwrap();
+                    if waiting.is_empty() {
+                        continue;
+                    }
+                    let q = &waiting[usize::from(pick) % waiting.len()];
+                    let state = if done {
+                        UrlState::Done
+                    } else {
+                        UrlState::Failed
+                    };
+                    let links: Vec<NewUrl> = links.iter().map(|&n| page(n)).collect();
+                    let more = f.finish(q.id, state, 1, &links).unwrap();
+                    queued.push(format!("ended {}", q.url));
+                    queued.extend(more.into_iter().map(|q| q.url));
+                }
+                f.commit(&[("pages", queued.len().to_string())]).unwrap();
+                queued
+            })
+            .await;
+            Answer::Queued(queued)
+        }
         Op::CrawlJob { seed, end } => {
             let spec = format!(r#"{{"seeds":["http://site{seed}.example/"],"max_pages":5}}"#);
             let job = store.insert_crawl_job(spec).await.unwrap();
@@ -330,6 +412,31 @@ async fn observe(store: &Store) -> String {
             SiteRecord { proxy_id: 0, ..s }
         ));
     }
+    for job in job_ids(store).await {
+        let s = store.clone();
+        let pages = blocking(move || {
+            let mut f = s.frontier(job).unwrap();
+            let mut text = format!(
+                "frontier total={} done={} failed={} meta={:?}\n",
+                f.total().unwrap(),
+                f.count(UrlState::Done).unwrap(),
+                f.count(UrlState::Failed).unwrap(),
+                f.meta("pages").unwrap()
+            );
+            for host in f.hosts_with_work_after("", 10).unwrap() {
+                let waiting: Vec<String> = f
+                    .waiting(&host, 0, 100)
+                    .unwrap()
+                    .into_iter()
+                    .map(|q| format!("{} {}", q.url, q.depth))
+                    .collect();
+                text.push_str(&format!("{host}: {waiting:?}\n"));
+            }
+            text
+        })
+        .await;
+        out.push_str(&pages);
+    }
     for j in store.crawl_jobs(100).await.unwrap() {
         out.push_str(&format!(
             "job {} {} {:?} {:?} started={} finished={}\n",
@@ -380,7 +487,7 @@ proptest! {
     #![proptest_config(ProptestConfig {
         // Each case is some thirty steps on both backends: hundreds of
         // steps in all, in seconds.
-        cases: 24,
+        cases: 16,
         ..ProptestConfig::default()
     })]
 
