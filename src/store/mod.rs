@@ -9,6 +9,24 @@
 //! worked from a crawl's own thread). Each backend (`sqlite`, the
 //! embedded default; `postgres`, for several nodes) has its own SQL and
 //! migrations behind that surface.
+//!
+//! The surface, which both backends keep alike (`tests/it/differential.rs`
+//! runs the same random work on both and compares what a user sees):
+//! - source runs: [`Store::record_source_run`], whole whatever other
+//!   sources or nodes write at the same time;
+//! - checks: due pages and leases ([`Store::lease_due`],
+//!   [`Store::release_leases`]), verdicts ([`Store::record_checks`]),
+//!   reports and uses, the change sequence nodes follow, purge;
+//! - reads: listings and pages, [`Store::stats`], sources, presence;
+//! - site records, snapshots, crawl jobs and their frontiers;
+//! - nodes: harvest claims, change notices, write health
+//!   ([`Store::write_trouble`]).
+//!
+//! Each backend implements every method of this surface under the same
+//! name in its file of the same topic (`sqlite/ingest.rs`,
+//! `postgres/ingest.rs`, …), and the `dispatch` macro routes to it; what is not
+//! SQL (whether a candidate changes a row, say) lives in the topic's file
+//! here, shared by both.
 
 mod checks;
 mod crawls;
