@@ -152,7 +152,7 @@ pub(super) async fn run(config_path: Option<&Path>, args: CheckArgs) -> anyhow::
     if store.counts().await?.total == 0 {
         eprintln!(
             "error: the database {} holds no proxies yet: run `proxywarden harvest` first",
-            config.database.path.display()
+            store.path().display()
         );
         return Ok(ExitCode::from(1));
     }
@@ -205,8 +205,8 @@ pub(super) async fn run(config_path: Option<&Path>, args: CheckArgs) -> anyhow::
     let summary = match result {
         Err(check::CheckError::Store(e)) if e.write_failure().is_some() => bail!(
             "{e}: the round stopped; the results committed before it are kept and the proxies \
-             not recorded stay due: free space for {} and check again",
-            config.database.path.display()
+             not recorded stay due: {} and check again",
+            super::free_space(&store)
         ),
         other => other?,
     };

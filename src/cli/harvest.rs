@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use anyhow::bail;
 use clap::Args;
 
-use super::{checkpoint, load, name_width, open_store};
+use super::{checkpoint, free_space, load, name_width, open_store};
 use crate::harvest::{self, HarvestReport, Progress, SourceReport};
 
 /// `harvest` options.
@@ -77,10 +77,15 @@ pub(super) async fn run(config_path: Option<&Path>, args: HarvestArgs) -> anyhow
     if let Some(e) = report.store_error() {
         let stored: usize = report.sources.iter().map(|s| s.stored).sum();
         let found: usize = report.sources.iter().map(|s| s.found).sum();
+        // Disk space is named only when the disk refused the write; any
+        // other failure is the cause its message names.
+        let advice = match report.sources.iter().any(|s| s.unwritable.is_some()) {
+            true => format!("{} and harvest again", free_space(&store)),
+            false => "harvest again".to_owned(),
+        };
         eprintln!(
             "error: {e}; {stored} of the {found} proxies found were stored, in whole \
-             transactions, and the rest were not: free space for {} and harvest again",
-            config.database.path.display()
+             transactions, and the rest were not: {advice}"
         );
         Ok(ExitCode::from(1))
     } else if report.any_worked() {

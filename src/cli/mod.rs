@@ -241,6 +241,20 @@ async fn checkpoint(store: &Store) {
     }
 }
 
+/// Where room must be made when the database refused a write for want of
+/// it: the SQLite file, or the PostgreSQL server (named without its
+/// password).
+fn free_space(store: &Store) -> String {
+    if store.is_shared() {
+        format!(
+            "free space on the PostgreSQL server of {}",
+            store.path().display()
+        )
+    } else {
+        format!("free space for {}", store.path().display())
+    }
+}
+
 /// The width of a SOURCE column holding `names`.
 fn name_width<'a>(names: impl Iterator<Item = &'a str>) -> usize {
     names.map(str::len).max().unwrap_or(0).max("SOURCE".len())

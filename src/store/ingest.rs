@@ -3,7 +3,8 @@
 //! counted), the links the list left out unlisted, and the source's row.
 
 use super::{Store, StoreError, dispatch};
-use crate::model::CandidateList;
+use crate::model::{Candidate, CandidateList};
+use crate::proxy::Anonymity;
 
 /// What happened when one source was fetched.
 #[derive(Clone, Debug)]
@@ -69,5 +70,52 @@ impl Store {
         counts: &mut UpsertCounts,
     ) -> Result<(), StoreError> {
         dispatch!(self.record_source_run_into(run, candidates, counts))
+    }
+}
+
+/// True when two candidates of the chunk share an address (and user
+/// name), whatever their schemes: one may then find or change the row the
+/// other writes, which only the row-by-row path sees.
+pub(super) fn addresses_repeat(candidates: &[Candidate]) -> bool {
+    // Sorting a chunk's addresses costs less than hashing them.
+    let mut addresses: Vec<_> = candidates
+        .iter()
+        .map(|c| (c.proxy.host, c.proxy.port, c.proxy.username()))
+        .collect();
+    addresses.sort_unstable();
+    addresses.windows(2).any(|w| w[0] == w[1])
+}
+
+/// What a stored proxy's row holds of what a source may tell about it.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct StoredHints<'a> {
+    pub password: Option<&'a str>,
+    pub detect: bool,
+    pub country: Option<&'a str>,
+    pub country_source: Option<&'a str>,
+    pub anonymity: Option<&'a str>,
+    pub https: Option<bool>,
+}
+
+impl StoredHints<'_> {
+    /// Whether writing candidate `c` over this row changes it, and whether
+    /// its country changes (which changes what filters select). A GeoIP
+    /// country is what the exit address really is: a source's claim never
+    /// overrides it. The same rules as every backend's update statement.
+    pub(super) fn changed_by(&self, c: &Candidate) -> (bool, bool) {
+        let password = c.proxy.auth.as_ref().map(|a| a.password.as_str());
+        let country = c.hints.country.as_ref().map(|c| c.as_str());
+        let country_changes =
+            self.country_source != Some("geoip") && country.is_some() && self.country != country;
+        let changes = country_changes
+            || (password.is_some() && self.password != password)
+            || (self.detect && !c.detect)
+            || (country.is_some()
+                && self.country_source != Some("geoip")
+                && self.country_source != Some("source"))
+            || (c.hints.anonymity.is_some()
+                && self.anonymity != c.hints.anonymity.map(Anonymity::as_str))
+            || (c.hints.https.is_some() && self.https != c.hints.https);
+        (changes, country_changes)
     }
 }

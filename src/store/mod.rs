@@ -9,6 +9,24 @@
 //! worked from a crawl's own thread). Each backend (`sqlite`, the
 //! embedded default; `postgres`, for several nodes) has its own SQL and
 //! migrations behind that surface.
+//!
+//! The surface, which both backends keep alike (`tests/it/differential.rs`
+//! runs the same random work on both and compares what a user sees):
+//! - source runs: [`Store::record_source_run`], whole whatever other
+//!   sources or nodes write at the same time;
+//! - checks: due pages and leases ([`Store::lease_due`],
+//!   [`Store::release_leases`]), verdicts ([`Store::record_checks`]),
+//!   reports and uses, the change sequence nodes follow, purge;
+//! - reads: listings and pages, [`Store::stats`], sources, presence;
+//! - site records, snapshots, crawl jobs and their frontiers;
+//! - nodes: harvest claims, change notices, write health
+//!   ([`Store::write_trouble`]).
+//!
+//! Each backend implements every method of this surface under the same
+//! name in its file of the same topic (`sqlite/ingest.rs`,
+//! `postgres/ingest.rs`, …), and the `dispatch` macro routes to it; what is not
+//! SQL (whether a candidate changes a row, say) lives in the topic's file
+//! here, shared by both.
 
 mod checks;
 mod crawls;
@@ -60,6 +78,16 @@ pub enum StoreError {
     Missing {
         /// The file.
         path: PathBuf,
+    },
+    /// A read-only command found a PostgreSQL database with no
+    /// proxywarden schema in it.
+    #[error(
+        "the database {url} holds no proxywarden data yet: run `proxywarden harvest` (or `serve`) \
+         first, or point database.url at the right database"
+    )]
+    Empty {
+        /// The database's URL, without its password.
+        url: PathBuf,
     },
     /// The file is not a proxywarden database.
     #[error(
@@ -156,6 +184,13 @@ impl StoreError {
         }
     }
 
+    /// True for an error of a transaction the server gave up for another's
+    /// sake (a deadlock, a serialization failure): running it again may
+    /// commit.
+    pub(crate) fn transient(&self) -> bool {
+        matches!(self, StoreError::Database(e) if e.transient)
+    }
+
     /// `Unwritable` for a database error the disk caused; others as they
     /// are.
     fn classified(self) -> StoreError {
@@ -163,6 +198,7 @@ impl StoreError {
             StoreError::Database(DbError {
                 failure: Some(kind),
                 source,
+                ..
             }) => StoreError::Unwritable {
                 kind,
                 reason: source.to_string(),
@@ -179,6 +215,9 @@ impl StoreError {
 pub struct DbError {
     /// Set when the disk refused the write.
     failure: Option<WriteFailure>,
+    /// Set when the server gave the transaction up for another's sake (a
+    /// deadlock, a serialization failure): run again, it may well commit.
+    transient: bool,
     source: Box<dyn std::error::Error + Send + Sync>,
 }
 
@@ -187,6 +226,7 @@ impl DbError {
     fn unexpected(what: String) -> DbError {
         DbError {
             failure: None,
+            transient: false,
             source: what.into(),
         }
     }
@@ -285,10 +325,12 @@ impl Store {
     }
 
     /// [`Store::open_configured`] for commands that only read: a SQLite
-    /// file is opened read-only (see [`Store::open_read_only`]).
+    /// file is opened read-only (see [`Store::open_read_only`]), and a
+    /// PostgreSQL database is read as it is, never created or migrated
+    /// (see [`Store::connect_read_only`]).
     pub async fn open_configured_read_only(config: &DatabaseConfig) -> Result<Store, StoreError> {
         match &config.postgres {
-            Some(url) => Store::connect(url.as_str()).await,
+            Some(url) => Store::connect_read_only(url.as_str()).await,
             None => Store::open_read_only(&config.path),
         }
     }
@@ -299,6 +341,17 @@ impl Store {
     pub async fn connect(url: &str) -> Result<Store, StoreError> {
         Ok(Store {
             backend: Backend::Postgres(Postgres::connect(url).await?),
+        })
+    }
+
+    /// Connects to the PostgreSQL database at `url` for reading only: its
+    /// transactions are read-only, and a database without proxywarden's
+    /// schema at this binary's version is refused
+    /// ([`StoreError::Empty`], [`StoreError::TooOld`],
+    /// [`StoreError::TooNew`]), never migrated.
+    pub async fn connect_read_only(url: &str) -> Result<Store, StoreError> {
+        Ok(Store {
+            backend: Backend::Postgres(Postgres::connect_read_only(url).await?),
         })
     }
 

@@ -18,6 +18,7 @@ mod daemon;
 mod dashboard;
 mod deadlines;
 mod deploy;
+mod differential;
 mod disk_full;
 mod fakes_selftest;
 mod freshness;

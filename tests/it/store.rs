@@ -1602,7 +1602,118 @@ async fn harvest_claims_leases_given_back_and_failures_in_use(db: TestDb) {
     assert!(changed[0].failed_since_checked());
 }
 
+/// Sources whose lists overlap, as public lists do, written at the same
+/// time (a harvest's concurrency, and on PostgreSQL two nodes): every
+/// source is stored whole, each proxy once with a link to every source
+/// that lists it, the hints any source gave, and the new ones counted once
+/// in all. Lists longer than a transaction and short ones, in the
+/// sources' own orders, so that writers meet the same new proxies in
+/// different orders.
+async fn overlapping_sources_written_at_once_store_every_source(db: TestDb) {
+    const SOURCES: u32 = 8;
+    const ADDRESSES: u32 = 9_000;
+    let other = db.second_node().await;
+    // Source `s` lists address `a` when this hash says so: about half of
+    // all, so that every pair of lists shares about a quarter.
+    let lists =
+        |s: u32, a: u32| (a.wrapping_mul(2_654_435_761) ^ s.wrapping_mul(40_503)) % 7 < 3 + s % 2;
+    let country = |a: u32| ["DE", "US", "FR"][(a % 3) as usize];
+    let mut expected: std::collections::BTreeMap<String, BTreeSet<String>> = Default::default();
+    let mut runs = Vec::new();
+    for s in 0..SOURCES {
+        let name = format!("s{s}");
+        // Short lists (one transaction) and long ones; forward and backward.
+        let limit = if s % 3 == 0 { 1_500 } else { ADDRESSES };
+        let mut addrs: Vec<u32> = (0..ADDRESSES)
+            .filter(|&a| lists(s, a))
+            .take(limit as usize)
+            .collect();
+        if s % 2 == 1 {
+            addrs.reverse();
+        }
+        let list: Vec<Candidate> = addrs
+            .iter()
+            .map(|&a| {
+                // Half the sources give a country: the same one for an
+                // address whichever source gives it.
+                let hints = Hints {
+                    country: (s % 2 == 0)
+                        .then(|| proxywarden::proxy::Country::parse(country(a)).unwrap()),
+                    ..Hints::default()
+                };
+                let scheme = if a % 5 == 0 {
+                    Scheme::Socks5
+                } else {
+                    Scheme::Http
+                };
+                Candidate::new(
+                    IpAddr::V4(Ipv4Addr::from(0x0b00_0000 + a)),
+                    8080,
+                    None,
+                    None,
+                    SourceScheme::Fixed(scheme),
+                    hints,
+                )
+            })
+            .collect();
+        for c in &list {
+            expected
+                .entry(c.proxy.to_string())
+                .or_default()
+                .insert(name.clone());
+        }
+        let store = if s % 2 == 0 {
+            db.store.clone()
+        } else {
+            other.clone()
+        };
+        let len = list.len();
+        runs.push(async move {
+            let counts = store.record_source_run(run(&name, 1_000), list).await;
+            (name, len, counts)
+        });
+    }
+    let mut new = 0;
+    for (name, len, counts) in futures::future::join_all(runs).await {
+        let counts = counts.unwrap_or_else(|e| panic!("source {name} was not stored: {e}"));
+        assert_eq!(counts.found, len, "{name}");
+        new += counts.new;
+    }
+    assert_eq!(new, expected.len(), "every proxy counted new once in all");
+    let stats = db.store.stats().await.unwrap();
+    assert_eq!(stats.total, expected.len() as i64);
+    let stored = db.store.list_proxies(ProxyFilter::default()).await.unwrap();
+    assert_eq!(stored.len(), expected.len());
+    for r in &stored {
+        let url = r.proxy.to_string();
+        let sources: BTreeSet<String> = r.sources.iter().cloned().collect();
+        assert_eq!(Some(&sources), expected.get(&url), "{url}");
+        // It has a country when one of its sources gave it.
+        let gave = sources
+            .iter()
+            .any(|n| n[1..].parse::<u32>().unwrap() % 2 == 0);
+        let a = u32::from(match r.proxy.host {
+            IpAddr::V4(v4) => v4,
+            IpAddr::V6(_) => unreachable!(),
+        }) - 0x0b00_0000;
+        assert_eq!(
+            r.country.as_ref().map(|c| c.as_str().to_owned()),
+            gave.then(|| country(a).to_owned()),
+            "{url}"
+        );
+    }
+    for source in db.store.list_sources().await.unwrap() {
+        let listed = expected
+            .values()
+            .filter(|s| s.contains(&source.name))
+            .count();
+        assert_eq!(source.proxies, listed as i64, "{}", source.name);
+        assert_eq!(source.last_found, Some(listed as i64), "{}", source.name);
+    }
+}
+
 on_both_backends!(
+    overlapping_sources_written_at_once_store_every_source,
     harvest_claims_leases_given_back_and_failures_in_use,
     due_checks_are_leased_once_across_nodes,
     uses_reports_lookups_and_purge,
@@ -1728,6 +1839,178 @@ async fn commands_use_the_postgres_database_the_config_names() {
     assert_eq!(stats["sources"][0]["last_found"], 3);
     let store = Store::connect(&server.url()).await.unwrap();
     assert_eq!(store.list_sources().await.unwrap()[0].name, "list");
+}
+
+/// `harvest` of lists that repeat each other's proxies, all fetched at
+/// once: PostgreSQL stores every source, and what `export` and `stats`
+/// show is what SQLite shows for the same lists. A store error that is not
+/// the disk's is named as it is, without advice about disk space or a
+/// SQLite file.
+#[tokio::test]
+async fn a_harvest_of_overlapping_lists_stores_on_postgres_what_it_stores_on_sqlite() {
+    let server = tokio::task::spawn_blocking(common::postgres::PgServer::start)
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut sources = String::from("[harvest]\nconcurrency = 8\n");
+    for s in 0..8u32 {
+        // Each list: a run of its own and a run shared with the next list.
+        let mut text = String::new();
+        for a in (s * 300)..(s * 300 + 700) {
+            let [_, _, hi, lo] = (0x0c00_0000u32 + a).to_be_bytes();
+            let scheme = if a % 4 == 0 { "socks5://" } else { "" };
+            text.push_str(&format!("{scheme}12.0.{hi}.{lo}:{}\n", 3128 + a % 3));
+        }
+        let path = dir.path().join(format!("list{s}.txt"));
+        std::fs::write(&path, text).unwrap();
+        sources.push_str(&format!(
+            "[[sources]]\nname = \"list{s}\"\nurl = {:?}\n",
+            path.display().to_string()
+        ));
+    }
+    let config_of = |name: &str, database: &str| {
+        let path = dir.path().join(format!("{name}.toml"));
+        std::fs::write(&path, format!("[database]\n{database}\n{sources}")).unwrap();
+        path
+    };
+    let sqlite = config_of(
+        "sqlite",
+        &format!("path = {:?}", dir.path().join("proxywarden.db")),
+    );
+    let postgres = config_of(
+        "postgres",
+        &format!(
+            "url = {:?}\npath = {:?}",
+            server.url(),
+            dir.path().join("unused.db")
+        ),
+    );
+    let bin = env!("CARGO_BIN_EXE_proxywarden");
+    let text = |o: &std::process::Output| {
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        )
+    };
+    let mut seen = Vec::new();
+    for config in [&sqlite, &postgres] {
+        let out = common::binary::run(bin, config, &["harvest"])
+            .await
+            .unwrap();
+        assert!(out.status.success(), "{}", text(&out));
+        let out = common::binary::run(bin, config, &["export", "--status", "all"])
+            .await
+            .unwrap();
+        assert!(out.status.success(), "{}", text(&out));
+        let mut exported: Vec<String> = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(str::to_owned)
+            .collect();
+        exported.sort();
+        let out = common::binary::run(bin, config, &["stats", "--json"])
+            .await
+            .unwrap();
+        assert!(out.status.success(), "{}", text(&out));
+        let stats: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let per_source: Vec<(String, i64, i64)> = stats["sources"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| {
+                (
+                    s["name"].as_str().unwrap().to_owned(),
+                    s["last_found"].as_i64().unwrap(),
+                    s["proxies"].as_i64().unwrap(),
+                )
+            })
+            .collect();
+        seen.push((exported, stats["total"].clone(), per_source));
+    }
+    assert_eq!(seen[0].1, 2_800, "the lists hold 2,800 distinct proxies");
+    assert_eq!(seen[0].0.len(), 2_800);
+    assert_eq!(seen[1], seen[0], "PostgreSQL stores what SQLite stores");
+
+    // A write the server refuses for a reason that is not the disk.
+    let (client, connection) = tokio_postgres::connect(&server.url(), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    client
+        .batch_execute(
+            "CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN RAISE EXCEPTION 'refused by a rule of the test' USING DETAIL = 'no new proxies'; END $$;
+             CREATE TRIGGER refuse BEFORE INSERT ON proxies FOR EACH ROW EXECUTE FUNCTION refuse();",
+        )
+        .await
+        .unwrap();
+    std::fs::write(dir.path().join("list0.txt"), "13.0.0.1:8080\n").unwrap();
+    let out = common::binary::run(bin, &postgres, &["harvest", "--source", "list0"])
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("refused by a rule of the test"), "{stderr}");
+    assert!(!stderr.contains("free space"), "{stderr}");
+    assert!(!stderr.contains(".db"), "{stderr}");
+}
+
+/// `stats` and `export` only read: on an empty PostgreSQL database they
+/// say there is nothing there yet, naming the database, and leave it as
+/// it was (no tables made); `check`, which writes, names the database by
+/// its URL when it holds no proxies, not a SQLite file.
+#[tokio::test]
+async fn reading_commands_leave_an_empty_postgres_database_untouched() {
+    let server = tokio::task::spawn_blocking(common::postgres::PgServer::start)
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let url = server.url().replace("postgres@", "postgres:s3cret@");
+    let config = dir.path().join("proxywarden.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[database]\nurl = {url:?}\npath = {:?}\n",
+            dir.path().join("proxywarden.db")
+        ),
+    )
+    .unwrap();
+    let bin = env!("CARGO_BIN_EXE_proxywarden");
+    let (client, connection) = tokio_postgres::connect(&server.url(), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    let tables = async || -> i64 {
+        client
+            .query_one(
+                "SELECT count(*) FROM information_schema.tables WHERE table_schema = 'public'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0)
+    };
+    for args in [&["stats"][..], &["export", "--status", "all"]] {
+        let out = common::binary::run(bin, &config, args).await.unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains("the database postgres://postgres:***@127.0.0.1:")
+                && stderr.contains("holds no proxywarden data yet"),
+            "{args:?}: {stderr}"
+        );
+        assert!(!stderr.contains("s3cret"), "{stderr}");
+        assert_eq!(tables().await, 0, "{args:?} made tables");
+    }
+    let out = common::binary::run(bin, &config, &["check"]).await.unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("the database postgres://postgres:***@127.0.0.1:")
+            && stderr.contains("holds no proxies yet"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("proxywarden.db"), "{stderr}");
 }
 
 fn new_url(url: &str, depth: u32) -> NewUrl {

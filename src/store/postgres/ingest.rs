@@ -1,6 +1,15 @@
 //! PostgreSQL: a source run written in bounded transactions (known
 //! proxies updated only where something changed, new ones inserted), the
 //! links the list left out unlisted, and the source's row.
+//!
+//! Other sources of the same harvest and other nodes write the same
+//! proxies at the same time. A new proxy goes in with `ON CONFLICT DO
+//! NOTHING`, and one that another transaction stored meanwhile is looked
+//! up again and taken as known, so that a list is never refused for a
+//! proxy another list names too. Rows are locked in one order by every
+//! writer of a source run (new ones by identity, known ones by id), and a
+//! transaction the server still gives up (a deadlock with a check's
+//! writes, say) is run again.
 
 use deadpool_postgres::GenericClient;
 
@@ -8,14 +17,19 @@ use super::Postgres;
 use super::checks::bump_change_seq;
 use crate::model::{Candidate, CandidateList};
 use crate::proxy::Anonymity;
+use crate::store::ingest::{StoredHints, addresses_repeat};
 use crate::store::{DbError, SourceRun, StoreError, UpsertCounts};
 
 /// Candidates written per transaction: a bounded time holding row locks
 /// other nodes' harvests and checks may wait for.
-const SOURCE_CHUNK: usize = 2_000;
+const SOURCE_CHUNK: usize = 5_000;
 
-/// Columns read to decide whether a known proxy's row changes, then the
-/// link's `listed` for source `$5` (`$4` without a scheme).
+/// How often a transaction the server gave up for another's sake is run
+/// again before its error is returned.
+const RETRIES: u32 = 8;
+
+/// Columns read to decide whether a known proxy's row changes (see
+/// [`known`]), then the link's `listed` for the source.
 const FOUND_COLUMNS: &str = "p.id, p.password, p.scheme_detect, p.country, p.country_source, \
     p.hint_anonymity, p.hint_https";
 
@@ -26,13 +40,30 @@ const UPDATE_KNOWN: &str = "UPDATE proxies SET
         country_source = CASE WHEN country_source = 'geoip' OR $4::text IS NULL
                          THEN country_source ELSE 'source' END,
         hint_anonymity = coalesce($5, hint_anonymity),
-        hint_https = coalesce($6, hint_https),
-        changed_seq = CASE WHEN $7 THEN (SELECT change_seq FROM meta) ELSE changed_seq END
+        hint_https = coalesce($6, hint_https)
     WHERE id = $1";
 
+/// [`UPDATE_KNOWN`] for many rows: `$1` ids (locked beforehand in id
+/// order), then the candidates' password, detect, country, anonymity and
+/// https.
+const UPDATE_KNOWN_MANY: &str = "UPDATE proxies p SET
+        password = coalesce(u.password, p.password),
+        scheme_detect = p.scheme_detect AND u.detect,
+        country = CASE WHEN p.country_source = 'geoip' OR u.country IS NULL
+                  THEN p.country ELSE u.country END,
+        country_source = CASE WHEN p.country_source = 'geoip' OR u.country IS NULL
+                         THEN p.country_source ELSE 'source' END,
+        hint_anonymity = coalesce(u.anonymity, p.hint_anonymity),
+        hint_https = coalesce(u.https, p.hint_https)
+    FROM unnest($1::bigint[], $2::text[], $3::boolean[], $4::text[], $5::text[], $6::boolean[])
+        AS u(id, password, detect, country, anonymity, https)
+    WHERE p.id = u.id";
+
+/// Links proxies `$1` (distinct, in id order) to source `$2`'s latest
+/// list, taken at `$3`.
 const LINK_SOURCE: &str =
     "INSERT INTO proxy_sources (proxy_id, source_id, first_seen, last_seen, listed)
-     VALUES ($1, $2, $3, $3, true)
+     SELECT id, $2, $3, $3, true FROM unnest($1::bigint[]) WITH ORDINALITY AS l(id, n) ORDER BY n
      ON CONFLICT (source_id, proxy_id) DO UPDATE SET
          listed = true, last_seen = greatest(proxy_sources.last_seen, excluded.last_seen)";
 
@@ -43,7 +74,7 @@ impl Postgres {
         candidates: impl Into<CandidateList>,
         counts: &mut UpsertCounts,
     ) -> Result<(), StoreError> {
-        let list: CandidateList = candidates.into();
+        let mut list: CandidateList = candidates.into();
         let mut c = self.client().await?;
         let row = c
             .query_one(
@@ -55,30 +86,65 @@ impl Postgres {
             .await?;
         let (source, listed_before): (i64, Option<i64>) = (row.get(0), row.get(1));
         let now = run.started_at;
+        // As on SQLite: a list that fits one transaction keeps its order
+        // (its new proxies are numbered, and first checked, in the order
+        // the source gives); a longer one walks the identity index in
+        // order. Sorting millions of entries is CPU work: off the runtime.
+        if list.len() > SOURCE_CHUNK {
+            list = match tokio::task::spawn_blocking(move || {
+                list.sort_by_identity_text();
+                list
+            })
+            .await
+            {
+                Ok(l) => l,
+                Err(e) => std::panic::resume_unwind(e.into_panic()),
+            };
+        }
         let mut seen: Vec<i64> = Vec::with_capacity(list.len());
-        let all: Vec<Candidate> = list.iter().collect();
-        for chunk in all.chunks(SOURCE_CHUNK) {
-            let tx = c.transaction().await?;
-            let (written, ids) = upsert(&tx, source, now, chunk).await?;
-            tx.commit().await?;
+        let mut items = list.iter();
+        loop {
+            let chunk: Vec<Candidate> = items.by_ref().take(SOURCE_CHUNK).collect();
+            if chunk.is_empty() {
+                break;
+            }
+            let (written, ids) = write_chunk(&mut c, source, now, &chunk).await?;
             counts.found += written.found;
             counts.new += written.new;
             seen.extend(ids);
         }
+        drop(items);
+        drop(list);
         // A run that stored nothing (a failed fetch) leaves the last list
         // standing; before the first list there is nothing to unlist.
         if let (true, Some(listed_before)) = (counts.found > 0, listed_before) {
-            c.execute(
-                "WITH gone AS (
-                     UPDATE proxy_sources SET listed = false,
-                         last_seen = greatest(last_seen, $3)
-                     WHERE source_id = $1 AND listed AND NOT (proxy_id = ANY($2))
-                     RETURNING proxy_id)
-                 UPDATE proxies SET last_seen = greatest(last_seen, $3)
-                 WHERE id IN (SELECT proxy_id FROM gone)",
-                &[&source, &seen, &listed_before],
-            )
-            .await?;
+            seen.sort_unstable();
+            seen.dedup();
+            let mut tries = 0;
+            loop {
+                let unlisted = c
+                    .execute(
+                        "WITH gone AS (
+                             UPDATE proxy_sources SET listed = false,
+                                 last_seen = greatest(last_seen, $3)
+                             WHERE source_id = $1 AND listed
+                                 AND NOT EXISTS (SELECT 1 FROM unnest($2::bigint[]) s(id)
+                                                 WHERE s.id = proxy_id)
+                             RETURNING proxy_id)
+                         UPDATE proxies SET last_seen = greatest(last_seen, $3)
+                         WHERE id IN (SELECT proxy_id FROM gone)",
+                        &[&source, &seen, &listed_before],
+                    )
+                    .await
+                    .map_err(StoreError::from);
+                match unlisted {
+                    Err(e) if again(&e, &mut tries) => {}
+                    other => {
+                        other?;
+                        break;
+                    }
+                }
+            }
         }
         let failed = i64::from(run.error.is_some());
         c.execute(
@@ -113,9 +179,368 @@ impl Postgres {
     }
 }
 
-/// Writes one chunk of a source's candidates, linked to the source; the
-/// counts and the row id of every candidate.
-async fn upsert(
+/// Whether to run again a transaction that failed with `e`, `tries`
+/// times before: when the server gave it up for another's sake, up to
+/// [`RETRIES`] times.
+fn again(e: &StoreError, tries: &mut u32) -> bool {
+    if !e.transient() || *tries >= RETRIES {
+        return false;
+    }
+    *tries += 1;
+    tracing::debug!(error = %e, tries = *tries, "a harvest's transaction was given up for another's sake; running it again");
+    true
+}
+
+/// Writes one chunk of a source's candidates in a transaction of its own,
+/// run again while the server gives it up for another's sake.
+async fn write_chunk(
+    c: &mut deadpool_postgres::Object,
+    source: i64,
+    now: i64,
+    chunk: &[Candidate],
+) -> Result<(UpsertCounts, Vec<i64>), StoreError> {
+    if let Some(c) = chunk.iter().find(|c| c.proxy.port == 0) {
+        return Err(StoreError::Database(DbError::unexpected(format!(
+            "{}: port 0 is not a proxy's port",
+            c.proxy
+        ))));
+    }
+    let repeat = addresses_repeat(chunk);
+    let mut tries = 0;
+    loop {
+        let tx = c.transaction().await?;
+        let written = if repeat {
+            upsert_rowwise(&tx, source, now, chunk).await
+        } else {
+            upsert_batched(&tx, source, now, chunk).await
+        };
+        let done = match written {
+            Ok(w) => tx.commit().await.map(|()| w).map_err(StoreError::from),
+            // Dropping the transaction rolls it back.
+            Err(e) => Err(e),
+        };
+        match done {
+            Err(e) if again(&e, &mut tries) => {}
+            other => return other,
+        }
+    }
+}
+
+/// A stored row a candidate names, with what writing it would do.
+#[derive(Clone, Copy, Debug)]
+struct Known {
+    id: i64,
+    detect: bool,
+    changes: bool,
+    country_changes: bool,
+    /// `None` without a link to the source, else whether it is listed.
+    listed: Option<bool>,
+}
+
+/// Compares candidate `c` with its stored row (`FOUND_COLUMNS` from
+/// column `at`, then the link's `listed`).
+fn known(r: &tokio_postgres::Row, at: usize, c: &Candidate) -> Known {
+    let stored = StoredHints {
+        password: r.get(at + 1),
+        detect: r.get(at + 2),
+        country: r.get(at + 3),
+        country_source: r.get(at + 4),
+        anonymity: r.get(at + 5),
+        https: r.get(at + 6),
+    };
+    let (changes, country_changes) = stored.changed_by(c);
+    Known {
+        id: r.get(at),
+        detect: stored.detect,
+        changes,
+        country_changes,
+        listed: r.get(at + 7),
+    }
+}
+
+/// Finds the stored rows of the candidates `which` (indexes into
+/// `chunk`) into `found`: by identity, and for a candidate whose scheme is
+/// to be detected any row at its address, the one with a settled scheme
+/// first, then the oldest.
+async fn lookup(
+    tx: &impl GenericClient,
+    source: i64,
+    chunk: &[Candidate],
+    hosts: &[String],
+    which: &[usize],
+    found: &mut [Option<Known>],
+) -> Result<(), StoreError> {
+    let keys = which
+        .iter()
+        .map(|&i| if chunk[i].detect { 3 } else { 1 })
+        .sum();
+    let mut schemes: Vec<&str> = Vec::with_capacity(keys);
+    let mut key_hosts: Vec<&str> = Vec::with_capacity(keys);
+    let mut ports: Vec<i32> = Vec::with_capacity(keys);
+    let mut users: Vec<&str> = Vec::with_capacity(keys);
+    let mut at: Vec<i32> = Vec::with_capacity(keys);
+    for &i in which {
+        let c = &chunk[i];
+        let all = ["http", "socks4", "socks5"];
+        let these: &[&str] = if c.detect {
+            &all
+        } else {
+            std::slice::from_ref(
+                &all[match c.proxy.scheme {
+                    crate::proxy::Scheme::Http => 0,
+                    crate::proxy::Scheme::Socks4 => 1,
+                    crate::proxy::Scheme::Socks5 => 2,
+                }],
+            )
+        };
+        for s in these {
+            schemes.push(s);
+            key_hosts.push(&hosts[i]);
+            ports.push(i32::from(c.proxy.port));
+            users.push(c.proxy.username());
+            at.push(i as i32);
+        }
+    }
+    let find = tx
+        .prepare_cached(&format!(
+            "SELECT k.i, {FOUND_COLUMNS}, ps.listed
+             FROM unnest($1::text[], $2::text[], $3::integer[], $4::text[], $5::integer[])
+                 AS k(scheme, host, port, username, i)
+             JOIN proxies p ON p.scheme = k.scheme AND p.host = k.host AND p.port = k.port
+                 AND p.username = k.username
+             LEFT JOIN proxy_sources ps ON ps.source_id = $6 AND ps.proxy_id = p.id"
+        ))
+        .await?;
+    let rows = tx
+        .query(&find, &[&schemes, &key_hosts, &ports, &users, &at, &source])
+        .await?;
+    for r in &rows {
+        let i = r.get::<_, i32>(0) as usize;
+        let k = known(r, 1, &chunk[i]);
+        let better = match &found[i] {
+            None => true,
+            Some(old) => (k.detect, k.id) < (old.detect, old.id),
+        };
+        if better {
+            found[i] = Some(k);
+        }
+    }
+    Ok(())
+}
+
+/// Writes a chunk whose candidates all have distinct addresses with a
+/// few statements: one lookup, one insert of the new proxies, one update
+/// of the known rows that change and one insert of the links. A new proxy
+/// another transaction stored since the lookup is looked up again and
+/// written as a known one. The outcome is that of [`upsert_rowwise`].
+async fn upsert_batched(
+    tx: &impl GenericClient,
+    source: i64,
+    now: i64,
+    chunk: &[Candidate],
+) -> Result<(UpsertCounts, Vec<i64>), StoreError> {
+    let mut counts = UpsertCounts::default();
+    let hosts: Vec<String> = chunk.iter().map(|c| c.proxy.host.to_string()).collect();
+    let mut found: Vec<Option<Known>> = vec![None; chunk.len()];
+    let all: Vec<usize> = (0..chunk.len()).collect();
+    lookup(tx, source, chunk, &hosts, &all, &mut found).await?;
+    let mut fresh: Vec<usize> = all
+        .iter()
+        .copied()
+        .filter(|&i| found[i].is_none())
+        .collect();
+    // The id each candidate's row has.
+    let mut ids: Vec<i64> = vec![0; chunk.len()];
+    if !fresh.is_empty() {
+        // Ids taken in the list's order, so that its new proxies are
+        // numbered in that order although they are inserted in identity
+        // order, the order every writer takes: two transactions inserting
+        // the same new proxies never wait on each other crosswise.
+        let mut taken: Vec<i64> = tx
+            .query(
+                "SELECT nextval(pg_get_serial_sequence('proxies', 'id'))
+                 FROM generate_series(1, $1::bigint)",
+                &[&(fresh.len() as i64)],
+            )
+            .await?
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        taken.sort_unstable();
+        for (&i, id) in fresh.iter().zip(taken) {
+            ids[i] = id;
+        }
+        let mut order = fresh.clone();
+        order.sort_by(|&a, &b| {
+            let key = |i: usize| {
+                let p = &chunk[i].proxy;
+                (p.scheme.as_str(), hosts[i].as_str(), p.port, p.username())
+            };
+            key(a).cmp(&key(b))
+        });
+        let new_ids: Vec<i64> = order.iter().map(|&i| ids[i]).collect();
+        let schemes = column(&order, |i| chunk[i].proxy.scheme.as_str());
+        let new_hosts = column(&order, |i| hosts[i].as_str());
+        let ports = column(&order, |i| i32::from(chunk[i].proxy.port));
+        let users = column(&order, |i| chunk[i].proxy.username());
+        let passwords = column(&order, |i| {
+            chunk[i].proxy.auth.as_ref().map(|a| a.password.as_str())
+        });
+        let detect = column(&order, |i| chunk[i].detect);
+        let countries = column(&order, |i| {
+            chunk[i].hints.country.as_ref().map(|c| c.as_str())
+        });
+        let anonymity = column(&order, |i| chunk[i].hints.anonymity.map(Anonymity::as_str));
+        let https = column(&order, |i| chunk[i].hints.https);
+        let insert = tx
+            .prepare_cached(
+                "INSERT INTO proxies (id, scheme, host, port, username, password, scheme_detect,
+                     country, country_source, hint_anonymity, hint_https,
+                     first_seen, last_seen, next_check_at)
+                 SELECT id, scheme, host, port, username, password, detect, country,
+                     CASE WHEN country IS NULL THEN NULL ELSE 'source' END, anonymity, https,
+                     $11, $11, $11
+                 FROM unnest($1::bigint[], $2::text[], $3::text[], $4::integer[], $5::text[],
+                     $6::text[], $7::boolean[], $8::text[], $9::text[], $10::boolean[])
+                     WITH ORDINALITY
+                     AS n(id, scheme, host, port, username, password, detect, country,
+                          anonymity, https, n)
+                 ORDER BY n
+                 ON CONFLICT (scheme, host, port, username) DO NOTHING
+                 RETURNING id",
+            )
+            .await?;
+        let mut written: Vec<i64> = tx
+            .query(
+                &insert,
+                &[
+                    &new_ids, &schemes, &new_hosts, &ports, &users, &passwords, &detect,
+                    &countries, &anonymity, &https, &now,
+                ],
+            )
+            .await?
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        counts.new += written.len();
+        if written.len() < fresh.len() {
+            // Stored by another transaction since the lookup: known now.
+            written.sort_unstable();
+            let lost: Vec<usize> = fresh
+                .iter()
+                .copied()
+                .filter(|&i| written.binary_search(&ids[i]).is_err())
+                .collect();
+            lookup(tx, source, chunk, &hosts, &lost, &mut found).await?;
+            if let Some(&i) = lost.iter().find(|&&i| found[i].is_none()) {
+                // Gone again (purged) before this transaction saw it: the
+                // chunk is run again.
+                return Err(gone(&chunk[i].proxy));
+            }
+            fresh.retain(|&i| found[i].is_none());
+        }
+    }
+    // Known rows that change, locked in id order (as every writer of a
+    // source run takes them), then written in one statement.
+    let mut changing: Vec<usize> = (0..chunk.len())
+        .filter(|&i| found[i].is_some_and(|k| k.changes))
+        .collect();
+    changing.sort_by_key(|&i| found[i].map(|k| k.id));
+    changing.dedup_by_key(|i| found[*i].map(|k| k.id));
+    if !changing.is_empty() {
+        let ids_of: Vec<i64> = changing
+            .iter()
+            .filter_map(|&i| found[i].map(|k| k.id))
+            .collect();
+        tx.execute(
+            "SELECT 1 FROM (SELECT id FROM proxies WHERE id = ANY($1) ORDER BY id FOR UPDATE) l",
+            &[&ids_of],
+        )
+        .await?;
+        let passwords = column(&changing, |i| {
+            chunk[i].proxy.auth.as_ref().map(|a| a.password.as_str())
+        });
+        let detect = column(&changing, |i| chunk[i].detect);
+        let countries = column(&changing, |i| {
+            chunk[i].hints.country.as_ref().map(|c| c.as_str())
+        });
+        let anonymity = column(&changing, |i| {
+            chunk[i].hints.anonymity.map(Anonymity::as_str)
+        });
+        let https = column(&changing, |i| chunk[i].hints.https);
+        let update = tx.prepare_cached(UPDATE_KNOWN_MANY).await?;
+        tx.execute(
+            &update,
+            &[&ids_of, &passwords, &detect, &countries, &anonymity, &https],
+        )
+        .await?;
+    }
+    let mut link: Vec<i64> = Vec::new();
+    let mut restamp: Vec<i64> = Vec::new();
+    for i in 0..chunk.len() {
+        match found[i] {
+            Some(k) => {
+                ids[i] = k.id;
+                if k.listed != Some(true) {
+                    link.push(k.id);
+                }
+                if k.country_changes {
+                    restamp.push(k.id);
+                }
+            }
+            None => link.push(ids[i]),
+        }
+    }
+    link.sort_unstable();
+    link.dedup();
+    if !link.is_empty() {
+        let st = tx.prepare_cached(LINK_SOURCE).await?;
+        tx.execute(&st, &[&link, &source, &now]).await?;
+    }
+    counts.found += chunk.len();
+    restamp_countries(tx, restamp).await?;
+    Ok((counts, ids))
+}
+
+/// A proxy whose insert found it stored that a lookup then did not find
+/// (purged in between): the transaction is run again.
+fn gone(p: &crate::proxy::Proxy) -> StoreError {
+    StoreError::Database(DbError {
+        failure: None,
+        transient: true,
+        source: format!("{p} was neither stored nor written").into(),
+    })
+}
+
+/// One array parameter: `f` of each candidate index in `order`.
+fn column<T>(order: &[usize], f: impl Fn(usize) -> T) -> Vec<T> {
+    order.iter().map(|&i| f(i)).collect()
+}
+
+/// Stamps the rows whose country changed (a country from the source
+/// changes what filters select) with a new change number, rows first and
+/// the counter last as every writer does (see `checks::record_checks`).
+async fn restamp_countries(
+    tx: &impl GenericClient,
+    mut restamp: Vec<i64>,
+) -> Result<(), StoreError> {
+    if restamp.is_empty() {
+        return Ok(());
+    }
+    restamp.sort_unstable();
+    restamp.dedup();
+    bump_change_seq(tx).await?;
+    tx.execute(
+        "UPDATE proxies SET changed_seq = (SELECT change_seq FROM meta) WHERE id = ANY($1)",
+        &[&restamp],
+    )
+    .await?;
+    Ok(())
+}
+
+/// Writes a chunk row by row, in order: for chunks where two candidates
+/// share an address, so that one finds what the other wrote.
+async fn upsert_rowwise(
     tx: &impl GenericClient,
     source: i64,
     now: i64,
@@ -123,10 +548,6 @@ async fn upsert(
 ) -> Result<(UpsertCounts, Vec<i64>), StoreError> {
     let mut counts = UpsertCounts::default();
     let mut ids = Vec::with_capacity(candidates.len());
-    // The rows whose country changes (a country from the source changes
-    // what filters select): stamped with a new change number once every
-    // row is written, rows first and the counter last as every writer
-    // does (see `checks::record_checks`).
     let mut restamp: Vec<i64> = Vec::new();
     let find = tx
         .prepare_cached(&format!(
@@ -152,112 +573,91 @@ async fn upsert(
                  first_seen, last_seen, next_check_at)
              VALUES ($1, $2, $3, $4, $5, $6, $7,
                  CASE WHEN $7::text IS NULL THEN NULL ELSE 'source' END, $8, $9, $10, $10, $10)
+             ON CONFLICT (scheme, host, port, username) DO NOTHING
              RETURNING id",
         )
         .await?;
     let update = tx.prepare_cached(UPDATE_KNOWN).await?;
-    let link = tx.prepare_cached(LINK_SOURCE).await?;
+    let link = tx
+        .prepare_cached(
+            "INSERT INTO proxy_sources (proxy_id, source_id, first_seen, last_seen, listed)
+             VALUES ($1, $2, $3, $3, true)
+             ON CONFLICT (source_id, proxy_id) DO UPDATE SET
+                 listed = true, last_seen = greatest(proxy_sources.last_seen, excluded.last_seen)",
+        )
+        .await?;
     for c in candidates {
         let p = &c.proxy;
-        if p.port == 0 {
-            return Err(StoreError::Database(DbError::unexpected(format!(
-                "{p}: port 0 is not a proxy's port"
-            ))));
-        }
         let host = p.host.to_string();
         let port = i32::from(p.port);
+        let scheme = p.scheme.as_str();
+        let username = p.username();
         let password = p.auth.as_ref().map(|a| a.password.as_str());
         let country = c.hints.country.as_ref().map(|c| c.as_str());
         let anonymity = c.hints.anonymity.map(Anonymity::as_str);
-        let known = if c.detect {
-            tx.query_opt(&find_any, &[&host, &port, &p.username(), &source])
-                .await?
+        let (find_row, params): (_, Vec<&(dyn tokio_postgres::types::ToSql + Sync)>) = if c.detect {
+            (&find_any, vec![&host, &port, &username, &source])
         } else {
-            tx.query_opt(
-                &find,
-                &[&p.scheme.as_str(), &host, &port, &p.username(), &source],
-            )
-            .await?
+            (&find, vec![&scheme, &host, &port, &username, &source])
         };
-        let (id, listed) = match known {
-            Some(r) => {
-                let id: i64 = r.get(0);
-                let stored_password: Option<&str> = r.get(1);
-                let detect: bool = r.get(2);
-                let stored_country: Option<&str> = r.get(3);
-                let country_source: Option<&str> = r.get(4);
-                let hint_anonymity: Option<&str> = r.get(5);
-                let hint_https: Option<bool> = r.get(6);
-                let listed: Option<bool> = r.get(7);
-                // The update's rules: a GeoIP country is what the exit
-                // address really is, and a source's claim never overrides it.
-                let country_changes = country_source != Some("geoip")
-                    && country.is_some()
-                    && stored_country != country;
-                let changes = country_changes
-                    || (password.is_some() && stored_password != password)
-                    || (detect && !c.detect)
-                    || (country.is_some()
-                        && country_source != Some("geoip")
-                        && country_source != Some("source"))
-                    || (anonymity.is_some() && hint_anonymity != anonymity)
-                    || (c.hints.https.is_some() && hint_https != c.hints.https);
-                if country_changes {
-                    restamp.push(id);
+        let k = match tx.query_opt(find_row, &params).await? {
+            Some(r) => known(&r, 0, c),
+            None => match tx
+                .query_opt(
+                    &insert,
+                    &[
+                        &p.scheme.as_str(),
+                        &host,
+                        &port,
+                        &p.username(),
+                        &password,
+                        &c.detect,
+                        &country,
+                        &anonymity,
+                        &c.hints.https,
+                        &now,
+                    ],
+                )
+                .await?
+            {
+                Some(r) => {
+                    let id: i64 = r.get(0);
+                    counts.new += 1;
+                    tx.execute(&link, &[&id, &source, &now]).await?;
+                    ids.push(id);
+                    counts.found += 1;
+                    continue;
                 }
-                if changes {
-                    tx.execute(
-                        &update,
-                        &[
-                            &id,
-                            &password,
-                            &c.detect,
-                            &country,
-                            &anonymity,
-                            &c.hints.https,
-                            &country_changes,
-                        ],
-                    )
-                    .await?;
-                }
-                (id, listed == Some(true))
-            }
-            None => {
-                let id: i64 = tx
-                    .query_one(
-                        &insert,
-                        &[
-                            &p.scheme.as_str(),
-                            &host,
-                            &port,
-                            &p.username(),
-                            &password,
-                            &c.detect,
-                            &country,
-                            &anonymity,
-                            &c.hints.https,
-                            &now,
-                        ],
-                    )
-                    .await?
-                    .get(0);
-                counts.new += 1;
-                (id, false)
-            }
+                // Stored by another transaction since the lookup.
+                None => match tx.query_opt(find_row, &params).await? {
+                    Some(r) => known(&r, 0, c),
+                    None => return Err(gone(p)),
+                },
+            },
         };
-        if !listed {
-            tx.execute(&link, &[&id, &source, &now]).await?;
+        if k.country_changes {
+            restamp.push(k.id);
         }
-        ids.push(id);
+        if k.changes {
+            tx.execute(
+                &update,
+                &[
+                    &k.id,
+                    &password,
+                    &c.detect,
+                    &country,
+                    &anonymity,
+                    &c.hints.https,
+                ],
+            )
+            .await?;
+        }
+        if k.listed != Some(true) {
+            tx.execute(&link, &[&k.id, &source, &now]).await?;
+        }
+        ids.push(k.id);
         counts.found += 1;
     }
-    if !restamp.is_empty() {
-        bump_change_seq(tx).await?;
-        tx.execute(
-            "UPDATE proxies SET changed_seq = (SELECT change_seq FROM meta) WHERE id = ANY($1)",
-            &[&restamp],
-        )
-        .await?;
-    }
+    restamp_countries(tx, restamp).await?;
     Ok((counts, ids))
 }

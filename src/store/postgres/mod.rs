@@ -58,12 +58,66 @@ impl From<tokio_postgres::Error> for DbError {
             SqlState::IO_ERROR => Some(WriteFailure::Io),
             _ => None,
         });
+        let transient = e.code().is_some_and(|c| {
+            *c == SqlState::T_R_DEADLOCK_DETECTED || *c == SqlState::T_R_SERIALIZATION_FAILURE
+        });
         // The server's own message and detail, not the driver's summary.
         let source: Box<dyn std::error::Error + Send + Sync> = match e.as_db_error() {
-            Some(db) => db.to_string().into(),
+            Some(_) => describe(&e).into(),
             None => Box::new(e),
         };
-        DbError { failure, source }
+        DbError {
+            failure,
+            transient,
+            source,
+        }
+    }
+}
+
+/// What went wrong, in one line: the server's message with its detail and
+/// hint (which PostgreSQL sends as lines of their own), or the driver's
+/// error with its causes ("error connecting to server: Connection refused").
+pub(super) fn describe(e: &tokio_postgres::Error) -> String {
+    let one_line = |s: &str| s.split_whitespace().collect::<Vec<_>>().join(" ");
+    match e.as_db_error() {
+        Some(db) => {
+            let mut text = format!("{}: {}", db.severity(), one_line(db.message()));
+            if let Some(detail) = db.detail() {
+                text.push_str(&format!(" (detail: {})", one_line(detail)));
+            }
+            if let Some(hint) = db.hint() {
+                text.push_str(&format!(" (hint: {})", one_line(hint)));
+            }
+            text
+        }
+        None => {
+            let mut text = e.to_string();
+            let mut cause = std::error::Error::source(e);
+            while let Some(c) = cause {
+                let more = c.to_string();
+                if !text.contains(&more) {
+                    text.push_str(&format!(": {more}"));
+                }
+                cause = c.source();
+            }
+            one_line(&text)
+        }
+    }
+}
+
+/// A pool's failure to hand out a connection, in one line with its cause.
+fn describe_pool(e: &deadpool_postgres::PoolError) -> String {
+    match e {
+        deadpool_postgres::PoolError::Backend(e) => describe(e),
+        deadpool_postgres::PoolError::Timeout(deadpool_postgres::TimeoutType::Wait) => format!(
+            "every connection to the server stayed busy for {}s",
+            CONNECT_TIMEOUT.as_secs()
+        ),
+        deadpool_postgres::PoolError::Timeout(_) => format!(
+            "the server did not answer within {}s",
+            CONNECT_TIMEOUT.as_secs()
+        ),
+        other => other.to_string(),
     }
 }
 
@@ -82,10 +136,53 @@ impl From<deadpool_postgres::PoolError> for StoreError {
             deadpool_postgres::PoolError::Backend(e) => e.into(),
             other => StoreError::Database(DbError {
                 failure: None,
-                source: Box::new(other),
+                transient: false,
+                source: describe_pool(&other).into(),
             }),
         }
     }
+}
+
+/// A failure to reach the database at `shown`, as [`StoreError::Open`].
+fn open_err(shown: &Path, e: impl std::fmt::Display) -> StoreError {
+    StoreError::Open {
+        path: shown.to_path_buf(),
+        reason: e.to_string(),
+    }
+}
+
+/// The pool of connections to `url` (not yet connected), its
+/// configuration and the URL as shown; `read_only` makes every
+/// transaction of its connections read-only.
+fn pool(url: &str, read_only: bool) -> Result<(Pool, tokio_postgres::Config, PathBuf), StoreError> {
+    let shown = PathBuf::from(crate::config::redact_password(url));
+    let mut config = tokio_postgres::Config::from_str(url).map_err(|e| open_err(&shown, e))?;
+    if config.get_connect_timeout().is_none() {
+        config.connect_timeout(CONNECT_TIMEOUT);
+    }
+    config.application_name("proxywarden");
+    if read_only {
+        let options = match config.get_options() {
+            Some(o) => format!("{o} -c default_transaction_read_only=on"),
+            None => "-c default_transaction_read_only=on".to_owned(),
+        };
+        config.options(&options);
+    }
+    let manager = Manager::from_config(
+        config.clone(),
+        NoTls,
+        ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        },
+    );
+    let pool = Pool::builder(manager)
+        .max_size(CONNECTIONS)
+        .wait_timeout(Some(CONNECT_TIMEOUT))
+        .create_timeout(Some(CONNECT_TIMEOUT))
+        .runtime(deadpool_postgres::Runtime::Tokio1)
+        .build()
+        .map_err(|e| open_err(&shown, e))?;
+    Ok((pool, config, shown))
 }
 
 /// A cheap, cloneable handle to one PostgreSQL database.
@@ -112,35 +209,63 @@ impl Postgres {
     /// Connects to the database at `url` (a `postgres://` URL), applies
     /// pending migrations and keeps a pool of connections.
     pub(crate) async fn connect(url: &str) -> Result<Postgres, StoreError> {
-        let shown = PathBuf::from(crate::config::redact_password(url));
-        let open_err = |reason: String| StoreError::Open {
-            path: shown.clone(),
-            reason,
-        };
-        let mut config =
-            tokio_postgres::Config::from_str(url).map_err(|e| open_err(e.to_string()))?;
-        if config.get_connect_timeout().is_none() {
-            config.connect_timeout(CONNECT_TIMEOUT);
-        }
-        config.application_name("proxywarden");
-        let manager = Manager::from_config(
-            config.clone(),
-            NoTls,
-            ManagerConfig {
-                recycling_method: RecyclingMethod::Fast,
-            },
-        );
-        let pool = Pool::builder(manager)
-            .max_size(CONNECTIONS)
-            .wait_timeout(Some(CONNECT_TIMEOUT))
-            .create_timeout(Some(CONNECT_TIMEOUT))
-            .runtime(deadpool_postgres::Runtime::Tokio1)
-            .build()
-            .map_err(|e| open_err(e.to_string()))?;
-        let mut client = pool.get().await.map_err(|e| open_err(e.to_string()))?;
+        let (pool, config, shown) = pool(url, false)?;
+        let mut client = pool
+            .get()
+            .await
+            .map_err(|e| open_err(&shown, describe_pool(&e)))?;
         migrate(&mut client, &shown).await?;
         drop(client);
-        Ok(Postgres {
+        Ok(Postgres::of(pool, shown, config))
+    }
+
+    /// Connects for reading only (`stats`, `export`): every transaction
+    /// of its connections is read-only, and a database that holds no
+    /// proxywarden schema, or an older or newer one, is refused, not
+    /// migrated.
+    pub(crate) async fn connect_read_only(url: &str) -> Result<Postgres, StoreError> {
+        let (pool, config, shown) = pool(url, true)?;
+        let client = pool
+            .get()
+            .await
+            .map_err(|e| open_err(&shown, describe_pool(&e)))?;
+        let read = async || -> Result<Option<i64>, tokio_postgres::Error> {
+            let exists: bool = client
+                .query_one("SELECT to_regclass('schema_migrations') IS NOT NULL", &[])
+                .await?
+                .get(0);
+            if !exists {
+                return Ok(None);
+            }
+            let row = client
+                .query_one(
+                    "SELECT coalesce(max(version), 0) FROM schema_migrations",
+                    &[],
+                )
+                .await?;
+            Ok(Some(row.get(0)))
+        };
+        let version = read().await.map_err(|e| open_err(&shown, describe(&e)))?;
+        drop(client);
+        match version {
+            None | Some(0) => Err(StoreError::Empty { url: shown }),
+            Some(found) if found > LATEST => Err(StoreError::TooNew {
+                path: shown,
+                setting: "database.url",
+                found,
+                supported: LATEST,
+            }),
+            Some(found) if found < LATEST => Err(StoreError::TooOld {
+                path: shown,
+                found,
+                supported: LATEST,
+            }),
+            Some(_) => Ok(Postgres::of(pool, shown, config)),
+        }
+    }
+
+    fn of(pool: Pool, shown: PathBuf, config: tokio_postgres::Config) -> Postgres {
+        Postgres {
             inner: Arc::new(Shared {
                 pool,
                 shown,
@@ -148,7 +273,7 @@ impl Postgres {
                 config,
                 notices: std::sync::OnceLock::new(),
             }),
-        })
+        }
     }
 
     /// A connection of the pool.

@@ -10,6 +10,7 @@ use super::Sqlite;
 use super::rows::bump_change_seq;
 use crate::model::{Candidate, CandidateList};
 use crate::proxy::{Anonymity, Scheme};
+use crate::store::ingest::addresses_repeat;
 use crate::store::{SourceRun, StoreError, UpsertCounts};
 
 /// Candidates written per transaction: a few tens of milliseconds of
@@ -246,19 +247,6 @@ const LINK_SOURCE: &str =
 const COUNT_NEW: &str = "INSERT INTO proxy_counts (status, scheme, country, anonymity, reason, n)
      VALUES ('unknown', ?1, coalesce(?2, ''), '', '', ?3)
      ON CONFLICT (status, scheme, country, anonymity, reason) DO UPDATE SET n = n + excluded.n";
-
-/// True when two candidates of the chunk share an address (and user
-/// name), whatever their schemes: one may then find or change the row the
-/// other writes, which only the row-by-row path sees.
-fn addresses_repeat(candidates: &[Candidate]) -> bool {
-    // Sorting a chunk's addresses costs less than hashing them.
-    let mut addresses: Vec<_> = candidates
-        .iter()
-        .map(|c| (c.proxy.host, c.proxy.port, c.proxy.username()))
-        .collect();
-    addresses.sort_unstable();
-    addresses.windows(2).any(|w| w[0] == w[1])
-}
 
 /// Appends `ip` as text, as its `Display` writes it: an IPv4 address
 /// without the formatting machinery, which cost more than a tenth of

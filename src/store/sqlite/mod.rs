@@ -32,6 +32,7 @@ impl From<rusqlite::Error> for DbError {
     fn from(e: rusqlite::Error) -> DbError {
         DbError {
             failure: WriteFailure::of(&e),
+            transient: false,
             source: Box::new(e),
         }
     }
