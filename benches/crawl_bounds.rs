@@ -6,8 +6,10 @@
 //!   and its RSS back within 200 MiB of where it started within a minute
 //!   after the job ended.
 //! - `disk`: a job on a link farm (every page links 10,000 new same-host
-//!   URLs) for 25 s, then `DELETE`. Targets: the database and its log grow
-//!   by at most 256 MB, and the job's frontier is gone after the `DELETE`.
+//!   URLs) for 25 s (`CRAWL_BOUNDS_FARM_SECS`), then `DELETE`. Targets: the
+//!   database and its log grow by at most 256 MB, and the job's frontier is
+//!   gone after the `DELETE`. A build slower than release needs longer to
+//!   fill the job's frontier (250,000 URLs: 250 pages).
 //!
 //! The site and its proxies run in a child (`--serve-farm PASS`), so their
 //! memory is not `serve`'s; figures are printed next to their targets, not
@@ -34,7 +36,7 @@ const FLAT_PAGES: usize = 8;
 const FLAT_BYTES: usize = 10 * 1024 * 1024 - 4096;
 /// Links per page of the `disk` pass.
 const FARM_LINKS: usize = 10_000;
-/// How long the `disk` pass crawls before its `DELETE`.
+/// How long the `disk` pass crawls before its `DELETE`, by default.
 const FARM_TIME: Duration = Duration::from_secs(25);
 
 fn main() {
@@ -185,6 +187,10 @@ async fn measure(pass: &str) -> anyhow::Result<()> {
         .await?;
     let id = job["id"].as_i64().context("a job id")?;
     let posted = Instant::now();
+    let farm_time = std::env::var("CRAWL_BOUNDS_FARM_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .map_or(FARM_TIME, Duration::from_secs);
     let mut peak_db: f64 = start_db;
     loop {
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -196,14 +202,14 @@ async fn measure(pass: &str) -> anyhow::Result<()> {
             .json()
             .await?;
         let state = view["state"].as_str().unwrap_or_default().to_owned();
-        if pass == "disk" && posted.elapsed() >= FARM_TIME {
+        if pass == "disk" && posted.elapsed() >= farm_time {
             let view: serde_json::Value = http
                 .delete(api(&format!("/crawls/{id}")))
                 .send()
                 .await?
                 .json()
                 .await?;
-            println!("[disk] summary after {FARM_TIME:?}: {}", view["summary"]);
+            println!("[disk] summary after {farm_time:?}: {}", view["summary"]);
             break;
         }
         if pass == "memory" && !matches!(state.as_str(), "queued" | "running") {

@@ -150,7 +150,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             std::io::stdout().lock().write_all(&out)?;
             Ok(ExitCode::SUCCESS)
         }
-        Command::Config(command) => config::run(config_path, command),
+        Command::Config(command) => config::run(config_path, command).await,
         Command::Harvest(args) => harvest::run(config_path, args).await,
         Command::Serve => serve::run(config_path).await,
         // `check --list FILE` checks a list given by hand; `check` alone

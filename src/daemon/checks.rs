@@ -68,6 +68,20 @@ impl CheckLoop {
                 None
             }
         };
+        // A node restarted under the same node.id (killed, say) takes back
+        // at once what its last run leased: no check of those runs any
+        // more, since a node.id is one process's, so they need not wait
+        // for the leases to end.
+        match self.store.release_leases(self.config.node.id()).await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(
+                proxies = n,
+                "took back the check leases of this node's last run"
+            ),
+            Err(e) => {
+                tracing::debug!(error = %e, "cannot take back the check leases of the last run")
+            }
+        }
         let mut retry = JUDGE_RETRY_FIRST;
         let mut outage = JudgeOutage::default();
         let mut prepared: Option<(Arc<Checker>, std::time::Instant)> = None;

@@ -344,6 +344,14 @@ impl Store {
         })
     }
 
+    /// Connects to the PostgreSQL database at `url` once and leaves it
+    /// untouched: `Ok` when it takes the login; else why not in plain
+    /// words (the server cannot be reached, it has no such database, it
+    /// refused the login).
+    pub async fn reach(url: &str) -> Result<(), StoreError> {
+        postgres::reach(url).await
+    }
+
     /// Connects to the PostgreSQL database at `url` for reading only: its
     /// transactions are read-only, and a database without proxywarden's
     /// schema at this binary's version is refused

@@ -660,3 +660,49 @@ async fn a_page_of_a_huge_title_writes_a_small_line() {
     })
     .await;
 }
+
+/// A flat page over the node cap and a page with a tag of 400,000
+/// attributes are read up to there, and their lines say why.
+#[tokio::test]
+async fn a_page_over_a_parse_cap_says_so_in_its_line() {
+    common::within(async {
+        let dir = tempfile::tempdir().unwrap();
+        let flat = format!(
+            "<title>flat</title><a href=\"/crowded\">c</a>{}",
+            "<br>".repeat(300_000)
+        );
+        let attrs: String = (0..400_000).map(|i| format!(" a{i}")).collect();
+        let crowded = format!("<title>crowded</title><div{attrs}>x</div>");
+        let site = Site::routes(vec![
+            ("/", common::site::Reply::html(flat)),
+            ("/crowded", common::site::Reply::html(crowded)),
+        ])
+        .await;
+        let (_farm, alive) = working_proxies(1).await;
+        let (store, _) = store_with_alive(&dir.path().join("daemon.db"), &alive).await;
+        drop(store);
+        let daemon = start(dir.path(), None).await;
+        let (status, job) = post(&daemon, &format!(r#"{{"seeds": ["{}"]}}"#, site.url("/"))).await;
+        assert_eq!(status, 201, "{job}");
+        let id = job["id"].as_i64().unwrap();
+        wait_job(&daemon, id, "finished", |j| j["state"] == "finished").await;
+        let (lines, _) = page_lines(&daemon, id, 0).await;
+        let stopped = |title: &str| {
+            lines
+                .iter()
+                .find(|l| l["title"] == title)
+                .map(|l| l["parse_stopped"].clone())
+                .unwrap_or_else(|| panic!("no page titled {title}: {lines:?}"))
+        };
+        assert_eq!(
+            stopped("flat"),
+            "more than 200000 nodes: links and fields read up to there"
+        );
+        assert_eq!(
+            stopped("crowded"),
+            "more than 200000 attributes, or a tag with more than 1000: links and fields read up to there"
+        );
+        daemon.stop().await;
+    })
+    .await;
+}

@@ -342,6 +342,56 @@ async fn a_node_killed_mid_round_leaves_its_proxies_to_the_other() {
     b.kill().await;
 }
 
+/// A node killed with SIGKILL mid-round and started again under the same
+/// node.id takes back the proxies its last run leased at once, rather than
+/// after the leases (ten minutes here) end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_restarted_under_its_id_takes_back_its_leases_at_once() {
+    const N: usize = 24;
+    let dir = tempfile::tempdir().unwrap();
+    let server = pg().await;
+    let proxied = Arc::new(AtomicUsize::new(0));
+    let judge = judge(Duration::from_millis(400), proxied.clone()).await;
+    let proxies = farm(N).await;
+    let site = Site::routes(vec![("/list.json", Reply::ok(json_list(&proxies)))]).await;
+    let base = base(dir.path(), &site.url("/list.json"), &judge, 4, "10m");
+    let url = server.url();
+    let a = Node::start(dir.path(), "a", &url, &base).await;
+    common::until(
+        "the round is under way on node a",
+        Duration::from_secs(30),
+        || async { a.checks().await >= 4.0 },
+    )
+    .await;
+    a.kill().await;
+    let store = Store::connect(&url).await.unwrap();
+    let unknown = store
+        .counts()
+        .await
+        .unwrap()
+        .by_status
+        .get("unknown")
+        .copied();
+    assert!(unknown.unwrap_or(0) > 0, "node a was killed mid-round");
+    let a = Node::start(dir.path(), "a", &url, &base).await;
+    common::until(
+        "node a, back, says it took back its leases",
+        Duration::from_secs(30),
+        || async {
+            std::fs::read_to_string(&a.log)
+                .is_ok_and(|l| l.contains("took back the check leases of this node's last run"))
+        },
+    )
+    .await;
+    common::until(
+        "node a, back, finishes the round",
+        Duration::from_secs(60),
+        || async { a.servable().await == N as u64 },
+    )
+    .await;
+    a.kill().await;
+}
+
 /// (e): two nodes harvesting every two seconds fetch each source once per
 /// slot in all, and the node that skips a slot says so.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

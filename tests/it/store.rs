@@ -2013,6 +2013,94 @@ async fn reading_commands_leave_an_empty_postgres_database_untouched() {
     assert!(!stderr.contains("proxywarden.db"), "{stderr}");
 }
 
+/// `config check` connects to the PostgreSQL database `database.url`
+/// names and says in plain words what is wrong: a server that cannot be
+/// reached, a database it does not have, a login it refuses; `--offline`
+/// checks the file alone.
+#[tokio::test]
+async fn config_check_names_a_postgres_database_it_cannot_use() {
+    let server = tokio::task::spawn_blocking(common::postgres::PgServer::start)
+        .await
+        .unwrap();
+    let (client, connection) = tokio_postgres::connect(&server.url(), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    client
+        .batch_execute("CREATE ROLE locked NOLOGIN")
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let bin = env!("CARGO_BIN_EXE_proxywarden");
+    let base = server.url();
+    let port = base
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .split('/')
+        .next()
+        .unwrap()
+        .to_owned();
+    let nobody = common::free_port();
+    let cases = [
+        (base.clone(), None),
+        (
+            format!("postgres://postgres@127.0.0.1:{nobody}/postgres"),
+            Some(format!(
+                "cannot reach the PostgreSQL server at 127.0.0.1:{nobody}"
+            )),
+        ),
+        (
+            format!("postgres://postgres@127.0.0.1:{port}/nosuch"),
+            Some(format!(
+                "the server at 127.0.0.1:{port} has no database \"nosuch\""
+            )),
+        ),
+        (
+            format!("postgres://locked@127.0.0.1:{port}/postgres"),
+            Some(format!(
+                "the server at 127.0.0.1:{port} refused the login of user \"locked\""
+            )),
+        ),
+    ];
+    for (url, wrong) in cases {
+        let config = dir.path().join("proxywarden.toml");
+        std::fs::write(&config, format!("[database]\nurl = {url:?}\n")).unwrap();
+        let out = common::binary::run(bin, &config, &["config", "check"])
+            .await
+            .unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        match &wrong {
+            None => assert!(out.status.success(), "{url}: {text}"),
+            Some(what) => {
+                assert!(!out.status.success(), "{url}: {text}");
+                assert!(text.contains(what), "{url}: {text}");
+                assert_eq!(text.trim().lines().count(), 1, "one line: {text}");
+                let out = common::binary::run(bin, &config, &["config", "check", "--offline"])
+                    .await
+                    .unwrap();
+                assert!(out.status.success(), "{url} --offline");
+                // `serve` says the server's own words, not the pool's "db error".
+                let out = tokio::time::timeout(
+                    Duration::from_secs(60),
+                    common::binary::run(bin, &config, &["serve"]),
+                )
+                .await
+                .expect("serve gives up on a database it cannot use")
+                .unwrap();
+                let text = String::from_utf8_lossy(&out.stderr).into_owned()
+                    + &String::from_utf8_lossy(&out.stdout);
+                assert!(!out.status.success(), "{url}: {text}");
+                assert!(!text.contains("db error"), "{url}: {text}");
+            }
+        }
+    }
+}
+
 fn new_url(url: &str, depth: u32) -> NewUrl {
     NewUrl {
         url: url.into(),

@@ -185,6 +185,55 @@ fn pool(url: &str, read_only: bool) -> Result<(Pool, tokio_postgres::Config, Pat
     Ok((pool, config, shown))
 }
 
+/// See [`crate::store::Store::reach`].
+pub(crate) async fn reach(url: &str) -> Result<(), StoreError> {
+    let (_, config, shown) = pool(url, true)?;
+    let user = config.get_user().unwrap_or("(the system user)").to_owned();
+    let database = config.get_dbname().unwrap_or(&user).to_owned();
+    let at = config
+        .get_hosts()
+        .iter()
+        .zip(config.get_ports().iter().chain(std::iter::repeat(&5432)))
+        .map(|(h, p)| match h {
+            tokio_postgres::config::Host::Tcp(h) => format!("{h}:{p}"),
+            tokio_postgres::config::Host::Unix(path) => path.display().to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join(", ");
+    let plain = |e: tokio_postgres::Error| -> String {
+        match e.code() {
+            Some(c) if *c == SqlState::INVALID_CATALOG_NAME => format!(
+                "the server at {at} has no database {database:?}: create it (CREATE DATABASE) or \
+                 name another in the URL"
+            ),
+            Some(c)
+                if *c == SqlState::INVALID_PASSWORD
+                    || *c == SqlState::INVALID_AUTHORIZATION_SPECIFICATION =>
+            {
+                format!(
+                    "the server at {at} refused the login of user {user:?}: {}",
+                    describe(&e)
+                )
+            }
+            Some(_) => describe(&e),
+            None => format!(
+                "cannot reach the PostgreSQL server at {at}: {}",
+                describe(&e)
+            ),
+        }
+    };
+    let (client, connection) = config
+        .connect(NoTls)
+        .await
+        .map_err(|e| open_err(&shown, plain(e)))?;
+    let driver = tokio::spawn(connection);
+    let answered = client.simple_query("SELECT 1").await;
+    drop(client);
+    let _ = driver.await;
+    answered.map_err(|e| open_err(&shown, plain(e)))?;
+    Ok(())
+}
+
 /// A cheap, cloneable handle to one PostgreSQL database.
 #[derive(Clone)]
 pub(crate) struct Postgres {
