@@ -1518,7 +1518,7 @@ async fn config_check_reports_everything_at_once_in_plain_words() {
     let out = proxywarden(dir.path(), &["config", "check", "-c", "add.toml"]).await;
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(
-        stdout(&out).contains("add.toml: ok (17 sources, 17 enabled;"),
+        stdout(&out).contains("add.toml: ok (20 sources, 20 enabled;"),
         "{}",
         stdout(&out)
     );

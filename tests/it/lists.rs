@@ -299,7 +299,7 @@ async fn sources_and_the_dashboard_show_each_ones_yield() {
     let page = get("/").await;
     assert!(page.contains("Only here"), "no yield column");
     assert!(
-        page.contains(r#"data-stat="unique">5<"#),
+        page.contains(r#"class="num unique">5<"#),
         "spys' 5 not shown"
     );
 }

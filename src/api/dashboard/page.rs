@@ -427,7 +427,7 @@ fn sources(v: &View) -> Markup {
                             td.num { (s.last_new.map_or_else(String::new, count)) }
                             td.num { (count(s.alive)) " of " (count(s.proxies)) }
                             td { (charts::share(s.alive, s.proxies)) " " (percent(s.alive, s.proxies)) }
-                            td.num data-stat="unique" { (count(s.unique)) }
+                            td.num.unique { (count(s.unique)) }
                             td.num { (count(s.fetches_failed)) " of " (count(s.fetches_total)) }
                             td.bad { (s.last_error.as_deref().unwrap_or("")) }
                         }
