@@ -420,3 +420,52 @@ async fn proxy_answers_the_better_of_two_independent_draws() {
     assert!(counts[slow] > 400, "{counts:?}");
     assert_eq!(counts.len(), 3, "the others are still answered: {counts:?}");
 }
+
+/// A crawl through the pool spreads one site's pages over the proxies as
+/// the gateway does: 36 pages under round-robin, 36 proxies.
+#[tokio::test]
+async fn a_crawl_spreads_one_sites_pages_over_every_proxy() {
+    use proxywarden::crawl::{CrawlOptions, Progress, crawl};
+    within(async {
+        let dir = tempfile::tempdir().unwrap();
+        let pages = 36;
+        let site = Site::start(SiteOpts::new(move |p, _| {
+            common::site::tree_page(p, pages, 3)
+        }))
+        .await;
+        let (_proxies, alive) = working_proxies(N).await;
+        let (store, _) = store_with_alive(&dir.path().join("c.db"), &alive).await;
+        let feedback = Feedback::new(load_index(&store).await.unwrap(), store);
+        let opts = PoolOptions {
+            strategy: StrategyKind::RoundRobin,
+            ..PoolOptions::default()
+        };
+        let pool = Pool::new(feedback, opts).unwrap();
+        let summary = crawl(
+            &pool,
+            CrawlOptions {
+                seeds: vec![site.url("/").parse().unwrap()],
+                output: Some(dir.path().join("pages.jsonl")),
+                ..CrawlOptions::default()
+            },
+            CancellationToken::new(),
+            Arc::new(Progress::default()),
+        )
+        .await
+        .unwrap();
+        assert_eq!(summary.ok(), pages as u64);
+        let peers: Vec<IpAddr> = site
+            .log()
+            .iter()
+            .filter(|h| h.path != "/robots.txt")
+            .map(|h| h.peer)
+            .collect();
+        assert_eq!(peers.len(), pages);
+        let (distinct, _) = spread(&peers);
+        assert!(
+            distinct >= pages * 9 / 10,
+            "{distinct} proxies carried {pages} pages"
+        );
+    })
+    .await;
+}

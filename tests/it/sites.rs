@@ -231,7 +231,8 @@ async fn reports_naming_a_site_ban_the_pair_or_put_the_proxy_first_for_that_site
         );
         assert!(listed(&daemon, "site=news.example").await.contains(&ids[1]));
 
-        // Worked at a site: handed out first for it, listed first.
+        // Worked at a site: it wins every draw of two it is in there (5 in
+        // 9 answers of three), the others are still answered; listed first.
         let (status, body) = report(
             &daemon,
             ids[2],
@@ -239,10 +240,15 @@ async fn reports_naming_a_site_ban_the_pair_or_put_the_proxy_first_for_that_site
         )
         .await;
         assert_eq!(status, 200, "{body}");
-        assert_eq!(
-            handed_out(&daemon, "site=news.example", 20).await,
-            HashSet::from([ids[2]])
-        );
+        let mut won = 0;
+        for _ in 0..90 {
+            if one(&daemon, "site=news.example").await == Ok(ids[2]) {
+                won += 1;
+            }
+        }
+        // 50 expected, a standard deviation of 4.7.
+        assert!(won > 30, "{won} of 90");
+        assert_eq!(handed_out(&daemon, "site=news.example", 90).await.len(), 3);
         assert_eq!(listed(&daemon, "site=news.example").await[0], ids[2]);
         assert_eq!(listed(&daemon, "site=news.example").await.len(), 3);
 

@@ -520,11 +520,11 @@ fn rotation(v: &View) -> Markup {
         } @else {
             table #rotation {
                 tr { th { "site" } th.num { "requests" } th.num { "proxies" } th.num { "largest share" } }
-                @for (i, s) in v.rotation.iter().take(20).enumerate() {
+                @for s in v.rotation.iter().take(20) {
                     tr {
                         td { (s.site) }
-                        td.num data-stat=(format!("rotation.{i}.uses")) { (s.uses) }
-                        td.num data-stat=(format!("rotation.{i}.proxies")) { (s.proxies) }
+                        td.num { (s.uses) }
+                        td.num { (s.proxies) }
                         td.num { (format!("{:.0}%", s.top_share * 100.0)) }
                     }
                 }
