@@ -395,7 +395,9 @@ async fn measure_cold() -> anyhow::Result<()> {
         None,
         shutdown.clone(),
     ));
+    let tls = proxywarden::net::tls::client_config(None, proxywarden::net::tls::ALPN_H2_H1)?;
     let http = reqwest::Client::builder()
+        .tls_backend_preconfigured(std::sync::Arc::unwrap_or_clone(tls))
         .no_proxy()
         .timeout(Duration::from_secs(10))
         .build()?;

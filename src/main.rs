@@ -24,8 +24,8 @@ fn main() -> ExitCode {
         (0, true) | (1, _) => "info",
         _ => "debug",
     };
-    let filter = EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| EnvFilter::new(format!("proxywarden={base},warn")));
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(cli::log_filter(base)));
     // Under systemd, journald adds its own timestamps and shows no colours.
     let journald = std::env::var_os("JOURNAL_STREAM").is_some();
     // The daemon logs to stdout (journald's stream); commands keep stdout

@@ -113,16 +113,25 @@ pub async fn show(
     Ok(Json(job).into_response())
 }
 
-/// `DELETE /crawls/{id}`: cancels a job; its view once it stopped.
+/// `DELETE /crawls/{id}`: cancels a job; its view once it stopped. A job
+/// that had already ended answers 409, naming how.
 #[utoipa::path(delete, path = "/crawls/{id}", tag = "crawls",
     params(("id" = i64, Path, description = "The job's id")),
     responses((status = 200, description = "The job, once it stopped", body = super::schema::CrawlJob),
+        (status = 409, description = "The job had already ended", body = super::schema::ErrorBody),
         super::schema::Errors))]
 pub async fn cancel(
     State(state): State<AppState>,
     id: Result<Path<String>, PathRejection>,
 ) -> Result<Response, ApiError> {
     let id = job_id(id)?;
+    let before = state.crawls.get(id).await?.ok_or_else(|| no_job(id))?;
+    if !matches!(before.state.as_str(), "queued" | "running") {
+        return Err(ApiError::Conflict(format!(
+            "crawl job {id} had already ended ({}); there is nothing to cancel",
+            before.state
+        )));
+    }
     let job = state.crawls.cancel(id).await?.ok_or_else(|| no_job(id))?;
     Ok(Json(job).into_response())
 }

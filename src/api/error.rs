@@ -18,6 +18,10 @@ pub enum ApiError {
     /// Nothing matches (no proxy, unknown id, unknown route).
     #[error("{0}")]
     NotFound(String),
+    /// The request does not fit the resource's state (a finished crawl
+    /// job cannot be cancelled).
+    #[error("{0}")]
+    Conflict(String),
     /// The client asks too often; it may ask again in `retry_after` seconds.
     #[error("too many requests; try again in {retry_after} s")]
     TooManyRequests {
@@ -103,6 +107,7 @@ impl ApiError {
             ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
             ApiError::NotFound(_) | ApiError::Disabled(_) => StatusCode::NOT_FOUND,
+            ApiError::Conflict(_) => StatusCode::CONFLICT,
             ApiError::TooManyRequests { .. } | ApiError::QueueFull { .. } => {
                 StatusCode::TOO_MANY_REQUESTS
             }
@@ -127,6 +132,7 @@ impl ApiError {
             ApiError::BadRequest(_) => "bad_request",
             ApiError::Unauthorized => "unauthorized",
             ApiError::NotFound(_) | ApiError::Disabled(_) => "not_found",
+            ApiError::Conflict(_) => "conflict",
             ApiError::TooManyRequests { .. } | ApiError::QueueFull { .. } => "too_many_requests",
             ApiError::PayloadTooLarge(_) => "payload_too_large",
             ApiError::UnsupportedMediaType(_) => "unsupported_media_type",

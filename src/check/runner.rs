@@ -663,8 +663,11 @@ async fn write_results(
                         out.passed = Some(out.passed.map_or(started, |p| p.max(started)));
                         out.vouch(Some(started));
                     } else if !summary.judge_lost {
-                        // A failure once every judge is lost is dropped.
                         out.pending.push_back((rec, ended));
+                    } else {
+                        // A failure once every judge is lost is dropped,
+                        // and the proxy it hid served again.
+                        restore(&w, vec![rec.id]);
                     }
                     (out.batch.len() >= BATCH, false)
                 }
@@ -762,5 +765,20 @@ fn lose(w: &Writer, summary: &mut RoundSummary, out: &mut Unwritten) {
     }
     summary.judge_lost = true;
     w.lost.cancel();
-    out.pending.clear();
+    let ids = out.pending.drain(..).map(|(rec, _)| rec.id).collect();
+    restore(w, ids);
+}
+
+/// Serves again the proxies whose failures were dropped (see
+/// [`Feedback::restore`]).
+fn restore(w: &Writer, ids: Vec<i64>) {
+    if ids.is_empty() {
+        return;
+    }
+    let feedback = w.feedback.clone();
+    tokio::spawn(async move {
+        if let Err(e) = feedback.restore(ids).await {
+            tracing::debug!(error = %e, "cannot serve again the proxies a lost judge failed");
+        }
+    });
 }

@@ -302,8 +302,8 @@ pub fn print_check_summary(
     };
     writeln!(
         out,
-        "checked {} proxies in {:.1}s{}: {} alive, {} dead{https}",
-        s.checked,
+        "checked {} in {:.1}s{}: {} alive, {} dead{https}",
+        crate::cli::proxies(s.checked),
         s.elapsed.as_secs_f64(),
         if s.interrupted { " (interrupted)" } else { "" },
         s.alive,
@@ -351,6 +351,25 @@ mod tests {
         let mut out = Vec::new();
         print_check_summary(&s, &mut out).unwrap();
         assert!(!String::from_utf8(out).unwrap().contains("unconfirmed"));
+    }
+
+    /// One proxy is one proxy.
+    #[test]
+    fn the_summary_counts_one_proxy_in_the_singular() {
+        let mut s = crate::check::RoundSummary::default();
+        (s.checked, s.alive) = (1, 1);
+        let mut out = Vec::new();
+        print_check_summary(&s, &mut out).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert!(text.starts_with("checked 1 proxy in "), "{text}");
+        s.checked = 2;
+        let mut out = Vec::new();
+        print_check_summary(&s, &mut out).unwrap();
+        assert!(
+            String::from_utf8(out)
+                .unwrap()
+                .starts_with("checked 2 proxies in ")
+        );
     }
 
     /// "alive with HTTPS" counts only the proxies this round tested.

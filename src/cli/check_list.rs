@@ -289,8 +289,8 @@ pub(super) async fn run(
     let dead = results.len() - working.len();
     writeln!(
         err,
-        "checked {} proxies in {:.1}s{}: {} working, {dead} dead",
-        results.len(),
+        "checked {} in {:.1}s{}: {} working, {dead} dead",
+        crate::cli::proxies(results.len() as u64),
         elapsed.as_secs_f64(),
         if interrupted { " (interrupted)" } else { "" },
         working.len(),

@@ -86,6 +86,10 @@ pub(super) async fn run(config_path: Option<&Path>, args: ExportArgs) -> anyhow:
             .list_proxies(q.to_filter(status, crate::store::now_ms()))
             .await?
     };
+    if records.is_empty() {
+        // An empty list says nothing of why; a person asked for something.
+        eprintln!("no stored proxy matched the status and filters given");
+    }
     match &args.output {
         Some(path) => {
             export::write_file(&records, args.format.into(), path)

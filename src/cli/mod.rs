@@ -255,7 +255,66 @@ fn free_space(store: &Store) -> String {
     }
 }
 
+/// The log filter without `RUST_LOG`: proxywarden's own lines from
+/// `level`, other crates' warnings. html5ever's tree builder warns about
+/// markup it repairs ("foster parenting not implemented"): a parser's
+/// notes on a page, not the operator's concern, so only its errors show.
+pub fn log_filter(level: &str) -> String {
+    format!("proxywarden={level},html5ever=error,warn")
+}
+
+/// `n proxies`, or `1 proxy`.
+pub(crate) fn proxies(n: u64) -> String {
+    if n == 1 {
+        "1 proxy".into()
+    } else {
+        format!("{n} proxies")
+    }
+}
+
 /// The width of a SOURCE column holding `names`.
 fn name_width<'a>(names: impl Iterator<Item = &'a str>) -> usize {
     names.map(str::len).max().unwrap_or(0).max("SOURCE".len())
+}
+
+#[cfg(test)]
+mod log_tests {
+    use std::io::Write;
+    use std::sync::{Arc, Mutex};
+
+    #[derive(Clone, Default)]
+    struct Buf(Arc<Mutex<Vec<u8>>>);
+
+    impl Write for Buf {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn html5ever_warnings_stay_out_of_the_log() {
+        let buf = Buf::default();
+        let writer = buf.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(super::log_filter(
+                "info",
+            )))
+            .with_writer(move || writer.clone())
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            tracing::warn!(target: "html5ever::tree_builder", "foster parenting not implemented");
+            tracing::warn!(target: "hyper::proto", "another crate warns");
+            tracing::info!(target: "proxywarden::harvest", "our own line");
+        });
+        let text = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+        assert!(!text.contains("foster parenting"), "{text}");
+        assert!(
+            text.contains("another crate warns") && text.contains("our own line"),
+            "{text}"
+        );
+    }
 }

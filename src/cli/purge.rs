@@ -13,6 +13,6 @@ pub(super) async fn run(config_path: Option<&Path>) -> anyhow::Result<ExitCode> 
         .purge(crate::store::now_ms(), config.check.purge_after)
         .await?;
     checkpoint(&store).await;
-    println!("purged {purged} proxies");
+    println!("purged {}", super::proxies(purged as u64));
     Ok(ExitCode::SUCCESS)
 }

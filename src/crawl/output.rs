@@ -15,6 +15,9 @@ pub const FAILED_LEN: &str = "failed_len";
 
 enum Target {
     Stdout,
+    /// A file created at its first line, so that a crawl where nothing
+    /// failed leaves no empty `failed.jsonl`.
+    Unopened(PathBuf),
     /// `len` counts the bytes in `pending` too.
     File {
         file: File,
@@ -49,7 +52,11 @@ impl Target {
     }
 
     fn line(&mut self, line: &[u8]) -> io::Result<()> {
+        if let Target::Unopened(path) = self {
+            *self = Target::open(path, None)?;
+        }
         match self {
+            Target::Unopened(_) => unreachable!("opened above"),
             Target::Stdout => {
                 let mut out = io::stdout().lock();
                 out.write_all(line)?;
@@ -76,6 +83,7 @@ impl Target {
     fn len(&self) -> Option<u64> {
         match self {
             Target::Stdout => None,
+            Target::Unopened(_) => Some(0),
             Target::File { len, .. } => Some(*len),
         }
     }
@@ -113,9 +121,22 @@ impl Sink {
             });
         };
         let failed_path = path.parent().unwrap_or(Path::new("")).join("failed.jsonl");
+        let failed = match failed_len {
+            Some(n) if n > 0 => Target::open(&failed_path, failed_len)?,
+            // Nothing committed to keep: what an earlier crawl left goes,
+            // as it would be cut to nothing, and the file comes with the
+            // first failed page.
+            _ => {
+                match std::fs::remove_file(&failed_path) {
+                    Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+                    _ => {}
+                }
+                Target::Unopened(failed_path.clone())
+            }
+        };
         Ok(Sink {
             out: Target::open(path, out_len)?,
-            failed: Some(Target::open(&failed_path, failed_len)?),
+            failed: Some(failed),
             failed_path: Some(failed_path),
         })
     }
@@ -177,6 +198,23 @@ mod tests {
     use super::*;
 
     #[test]
+    fn failed_jsonl_comes_only_with_a_failed_page() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("pages.jsonl");
+        let failed = dir.path().join("failed.jsonl");
+        let mut sink = Sink::open(Some(&path), None, None).unwrap();
+        sink.page(&serde_json::json!({"url": "a"}), false).unwrap();
+        sink.flush().unwrap();
+        drop(sink);
+        assert!(!failed.exists(), "an empty failed.jsonl was created");
+        let mut sink = Sink::open(Some(&path), None, None).unwrap();
+        sink.page(&serde_json::json!({"url": "b", "error": "x"}), true)
+            .unwrap();
+        sink.flush().unwrap();
+        assert_eq!(std::fs::read_to_string(&failed).unwrap().lines().count(), 1);
+    }
+
+    #[test]
     fn resumed_outputs_are_cut_back_to_the_committed_length() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("pages.jsonl");
@@ -196,10 +234,8 @@ mod tests {
         drop(sink);
         let text = std::fs::read_to_string(&path).unwrap();
         assert_eq!(text, "{\"url\":\"a\"}\n{\"url\":\"c\"}\n");
-        assert_eq!(
-            std::fs::read_to_string(dir.path().join("failed.jsonl")).unwrap(),
-            ""
-        );
+        // Nothing failed was committed: no failed.jsonl, not an empty one.
+        assert!(!dir.path().join("failed.jsonl").exists());
         // Afresh: replaced.
         let sink = Sink::open(Some(&path), None, None).unwrap();
         drop(sink);

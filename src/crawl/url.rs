@@ -77,7 +77,14 @@ pub fn parse_seed(text: &str) -> Result<Url, String> {
             format!("{s:?}")
         }
     };
-    let url = Url::parse(text).map_err(|e| format!("{} is not a URL: {e}", shown(text)))?;
+    let url = Url::parse(text).map_err(|e| match e {
+        // `site.test/page`: a URL needs its scheme.
+        url::ParseError::RelativeUrlWithoutBase => format!(
+            "{} has no scheme: write it with http:// or https:// in front",
+            shown(text)
+        ),
+        e => format!("{} is not a URL: {e}", shown(text)),
+    })?;
     if !matches!(url.scheme(), "http" | "https") {
         return Err(format!("{} is not an http or https URL", shown(text)));
     }
@@ -290,5 +297,12 @@ mod tests {
         assert!(any.allows(&u("https://other.org/products/1")));
         assert!(!any.allows(&u("https://other.org/about")));
         assert!(!any.allows(&u("https://other.org/products/1.pdf")));
+    }
+
+    #[test]
+    fn a_seed_without_a_scheme_is_told_to_add_one() {
+        let e = parse_seed("site.test").unwrap_err();
+        assert!(e.contains("has no scheme") && e.contains("http://"), "{e}");
+        assert!(!e.contains("relative URL"), "{e}");
     }
 }

@@ -717,6 +717,31 @@ impl Feedback {
         self.inner.index.apply(records);
     }
 
+    /// Serves again proxies a failed check hid whose verdict was dropped
+    /// (every judge was lost: the failures say nothing about the
+    /// proxies), as their stored records say. Without this they stayed
+    /// out of `/proxy` and `/export` while `proxywarden export`, reading
+    /// the same records, listed them.
+    pub async fn restore(&self, ids: Vec<i64>) -> Result<(), StoreError> {
+        if ids.is_empty() {
+            return Ok(());
+        }
+        {
+            let mut hidden = lock(&self.inner.hidden);
+            for id in &ids {
+                hidden.remove(id);
+            }
+        }
+        let records = self.inner.store.proxies_by_ids(ids).await?;
+        self.apply(
+            records
+                .into_iter()
+                .filter(|r| r.status == crate::proxy::Status::Alive)
+                .collect(),
+        );
+        Ok(())
+    }
+
     /// Makes the index hold what `records` (every alive proxy in the
     /// store) say, for a pool that follows the store rather than a check
     /// loop: proxies not among them leave, the rest are (re)indexed as
@@ -1095,6 +1120,22 @@ mod tests {
             feedback.take_rechecks().is_empty(),
             "swept a second after the last"
         );
+    }
+
+    /// A failure whose verdict is dropped (the judges were lost) does not
+    /// keep the proxy hidden.
+    #[tokio::test]
+    async fn a_failure_dropped_with_the_judges_serves_the_proxy_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, ids) = store_with(dir.path(), 2).await;
+        let feedback = Feedback::new(HealthIndex::new(), store);
+        let now = now_ms();
+        let alive = ids.iter().map(|id| checked(*id, now, None)).collect();
+        feedback.commit_checks(alive, POLICY).await.unwrap();
+        feedback.checked(ids[0], &Outcome::dead(Reason::Timeout), now + 10);
+        assert!(feedback.index().get(ids[0]).is_none(), "hidden at once");
+        feedback.restore(vec![ids[0]]).await.unwrap();
+        assert!(feedback.index().get(ids[0]).is_some(), "served again");
     }
 
     /// `reports_ok` of proxy `id`.

@@ -317,6 +317,20 @@ async fn harvest_prints_a_line_per_source_and_export_round_trips() {
         .collect();
     assert!(leftovers.is_empty(), "temp files left: {leftovers:?}");
 
+    // Nothing matches: an empty list, and stderr says so.
+    let out = proxywarden(
+        dir.path(),
+        &["export", "--status", "all", "--country", "ZZ"],
+    )
+    .await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(out.stdout.is_empty());
+    assert!(
+        stderr(&out).contains("no stored proxy matched"),
+        "{}",
+        stderr(&out)
+    );
+
     let out = proxywarden(dir.path(), &["export", "--country", "Germany"]).await;
     assert!(!out.status.success());
     assert!(

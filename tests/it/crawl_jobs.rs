@@ -193,6 +193,24 @@ async fn crawl_jobs_run_stream_cancel_and_continue_after_a_restart() {
         let (_, job) = daemon.json(&format!("/crawls/{id2}")).await;
         assert_eq!(job["state"], "cancelled");
         assert_eq!(slow.log().len(), fetched, "a cancelled job stays stopped");
+        // Cancelling a job that has ended is a conflict that says so.
+        let (status, err) = status_json(
+            daemon
+                .req(reqwest::Method::DELETE, &format!("/crawls/{witness}"))
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await;
+        assert_eq!(
+            (status, err["error"]["code"].as_str()),
+            (409, Some("conflict"))
+        );
+        let message = err["error"]["message"].as_str().unwrap();
+        assert!(
+            message.contains("had already ended (finished)"),
+            "{message}"
+        );
 
         let (status, err) = daemon.json("/crawls/99").await;
         assert_eq!(
