@@ -1,6 +1,8 @@
 //! proxywarden keeps a pool of working free proxies: it harvests public
-//! lists, checks every proxy, records the results in SQLite and serves the
-//! ones that work.
+//! lists, checks every proxy, records the results in its store (SQLite, or
+//! PostgreSQL for several nodes) and serves the ones that work.
+//! `ARCHITECTURE.md` is the map: the paths through these modules and where
+//! to add a source format, a strategy or a store backend.
 //!
 //! Modules, lowest first; a module imports only from those above it here:
 //!
@@ -12,10 +14,10 @@
 //! - [`net`]: the dialer: a stream to host:port directly or through any proxy; TLS setup
 //! - [`store`]: the durable record behind one surface: SQLite (embedded default; WAL, one writer thread) or PostgreSQL (several nodes, leases), migrations per backend, listings, what sites taught, crawl jobs and frontiers
 //! - [`health`]: the in-memory index of servable proxies, the filters' values, selection, the one feedback path with the (proxy, site) records
-//! - [`harvest`]: fetch sources with limits; parse text, HTML and JSON lists
+//! - [`harvest`]: fetch sources with limits (gzip recognised by its bytes); parse text, HTML, JSON and regex lists
 //! - [`check`]: probes per scheme over the dialer, judges, anonymity, the batched check round
 //! - [`pool`]: fetch through proxies, one pool per process with a client per user: strategies, sticky sessions, caps with a line, cooldowns, bans, per-site pacing, retries
-//! - [`crawl`]: the polite crawler: frontier in SQLite, per-host politeness, robots.txt, extraction, output
+//! - [`crawl`]: the polite crawler: frontier through the store, per-host politeness, robots.txt, extraction, output
 //! - [`gateway`]: the local rotating forward proxy: HTTP (absolute-form, CONNECT) and SOCKS5 on one port, through the pool
 //! - [`export`]: proxies as txt, json or csv, files written atomically
 //! - [`api`]: the axum router: serving, listings, reports, metrics, health and what is degraded, the judge, the dashboard, the OpenAPI document; bounded connections
