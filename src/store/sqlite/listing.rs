@@ -263,14 +263,15 @@ fn list_sources(conn: &Connection) -> Result<Vec<SourceRecord>, StoreError> {
                     (SELECT count(*) FROM proxy_sources ps JOIN proxies p ON p.id = ps.proxy_id
                       WHERE ps.source_id = s.id AND p.status = 'alive'),
                     s.last_private,
-                    -- Two range searches on the (proxy_id, source_id) key: one
-                    -- with `<>` made SQLite scan, quadratic in the links.
-                    (SELECT count(*) FROM proxy_sources ps
-                      WHERE ps.source_id = s.id AND NOT EXISTS (SELECT 1 FROM proxy_sources o
-                        WHERE o.proxy_id = ps.proxy_id AND o.source_id > ps.source_id)
-                      AND NOT EXISTS (SELECT 1 FROM proxy_sources o
-                        WHERE o.proxy_id = ps.proxy_id AND o.source_id < ps.source_id))
-             FROM sources s ORDER BY s.name",
+                    coalesce(u.n, 0)
+             -- One pass over the links, grouped by proxy: the links are keyed
+             -- by source first, so a search by proxy per link would scan.
+             FROM sources s
+             LEFT JOIN (SELECT src, count(*) AS n
+                          FROM (SELECT min(source_id) AS src FROM proxy_sources
+                                 GROUP BY proxy_id HAVING count(*) = 1)
+                         GROUP BY src) u ON u.src = s.id
+             ORDER BY s.name",
     )?;
     let rows = stmt.query_map([], |r| {
         Ok(SourceRecord {
