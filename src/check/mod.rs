@@ -175,7 +175,7 @@ impl Checker {
                     let body = String::from_utf8_lossy(&a.body);
                     if judge::genuine(jc, &body, &n) {
                         if let Some(hook) = &opts.on_judge {
-                            hook(jc.url.as_str(), Ok(took));
+                            hook(&jc.shown(), Ok(took));
                         }
                         own.learn(&Echo::parse(&body));
                         let target = match target.tls {
@@ -203,9 +203,9 @@ impl Checker {
         let mut problems = Vec::with_capacity(failed.len());
         for (jc, why) in failed {
             if let Some(hook) = &opts.on_judge {
-                hook(jc.url.as_str(), Err(why.as_str()));
+                hook(&jc.shown(), Err(why.as_str()));
             }
-            let p = format!("{}: {why}", jc.url);
+            let p = format!("{}: {why}", jc.shown());
             tracing::warn!(problem = %p, "judge not usable this round");
             problems.push(p);
         }
@@ -267,7 +267,7 @@ impl Checker {
             Err(_) => Probe::Silent,
         };
         if let Some(hook) = &self.on_judge {
-            let url = judge.config.url.as_str();
+            let url = &judge.config.shown();
             match probe {
                 Probe::Genuine => hook(url, Ok(started.elapsed())),
                 Probe::Wrong => hook(url, Err("wrong answer")),
@@ -282,9 +282,9 @@ impl Checker {
 
     fn log_standing(&self, judge: &ReadyJudge, why: &str) {
         if judge.health.is_healthy() {
-            tracing::info!(judge = %judge.config.url, "judge out of quarantine");
+            tracing::info!(judge = %judge.config.shown(), "judge out of quarantine");
         } else {
-            tracing::warn!(judge = %judge.config.url, why, "judge quarantined");
+            tracing::warn!(judge = %judge.config.shown(), why, "judge quarantined");
         }
     }
 

@@ -944,3 +944,55 @@ async fn an_empty_pool_says_nothing_is_alive() {
     assert_eq!(stats["last_check"]["unconfirmed"], 0, "{stats}");
     d.stop().await;
 }
+
+/// A judge's password in its URL never leaves the config: `/healthz` (open
+/// to every Host), `/stats` and `/metrics` name the judge without it.
+#[tokio::test]
+async fn judge_urls_are_shown_without_their_password() {
+    let dir = tempfile::tempdir().unwrap();
+    let closed = fakes::closed_port();
+    let proxy = fakes::http_proxy(2).await;
+    let (store, _) = common::store_with_alive(
+        &dir.path().join("test.db"),
+        &[common::AliveProxy::new(proxy.url())],
+    )
+    .await;
+    drop(store);
+    let judges = format!(
+        "[\"http://judgeuser:s3cret-judge@{}/judge\"]",
+        closed.addr()
+    );
+    let d = start_with(dir.path(), "", |c| c.db("test.db").judges(&judges)).await;
+    // verify=true asks the judge directly; it fails, and says so.
+    let _ = d.json("/proxy?verify=true").await;
+    let shown = format!("http://{}/judge", closed.addr());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let stats = d.get("/stats").await.text().await.unwrap();
+        let health = d.get("/healthz").await.text().await.unwrap();
+        let metrics = d.get("/metrics").await.text().await.unwrap();
+        for (what, text) in [
+            ("/stats", &stats),
+            ("/healthz", &health),
+            ("/metrics", &metrics),
+        ] {
+            assert!(
+                !text.contains("s3cret-judge"),
+                "{what} shows the judge's password: {text}"
+            );
+            assert!(
+                !text.contains("judgeuser"),
+                "{what} shows the judge's user: {text}"
+            );
+        }
+        if stats.contains(&shown) && metrics.contains(&shown) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the judge is not named in /stats and /metrics: {stats}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    d.stop().await;
+}
