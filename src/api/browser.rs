@@ -6,7 +6,7 @@
 //! forms have their own guard.
 
 use axum::extract::Request;
-use axum::http::{HeaderMap, header};
+use axum::http::HeaderMap;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
@@ -33,26 +33,12 @@ fn from_this_site(headers: &HeaderMap) -> Result<(), String> {
                     (Sec-Fetch-Site: cross-site); the API answers its own clients"
             .into());
     }
-    let Some(origin) = headers.get(header::ORIGIN) else {
-        return Ok(());
-    };
-    let origin = origin.to_str().unwrap_or("");
-    let host = headers
-        .get(header::HOST)
-        .and_then(|h| h.to_str().ok())
-        .unwrap_or("");
-    let authority = origin
-        .strip_prefix("http://")
-        .or_else(|| origin.strip_prefix("https://"));
-    match authority {
-        Some(a) if !host.is_empty() && a.eq_ignore_ascii_case(host) => Ok(()),
-        _ => {
-            let shown: String = origin.chars().take(100).collect();
-            Err(format!(
-                "this request comes from a page of another origin ({shown:?}, not this API's \
-                 {host:?}); the API answers its own clients"
-            ))
-        }
+    match super::dashboard::session::foreign_origin(headers) {
+        None => Ok(()),
+        Some((shown, host)) => Err(format!(
+            "this request comes from a page of another origin ({shown:?}, not this API's \
+             {host:?}); the API answers its own clients"
+        )),
     }
 }
 

@@ -230,10 +230,20 @@ pub fn same_origin(headers: &HeaderMap) -> Result<(), String> {
             ));
         }
     }
-    let Some(origin) = headers.get(header::ORIGIN) else {
-        return Ok(());
-    };
-    let origin = origin.to_str().unwrap_or("");
+    match foreign_origin(headers) {
+        None => Ok(()),
+        Some((shown, _)) => Err(format!(
+            "the form was posted from another origin ({shown:?}, not this dashboard's); \
+             use the dashboard's own page"
+        )),
+    }
+}
+
+/// The request's `Origin` (its first 100 characters) and `Host` when the
+/// `Origin` names another authority than the `Host`; `None` without an
+/// `Origin` (clients that are not browsers) or when they agree.
+pub fn foreign_origin(headers: &HeaderMap) -> Option<(String, String)> {
+    let origin = headers.get(header::ORIGIN)?.to_str().unwrap_or("");
     let host = headers
         .get(header::HOST)
         .and_then(|h| h.to_str().ok())
@@ -242,14 +252,8 @@ pub fn same_origin(headers: &HeaderMap) -> Result<(), String> {
         .strip_prefix("http://")
         .or_else(|| origin.strip_prefix("https://"));
     match authority {
-        Some(a) if !host.is_empty() && a.eq_ignore_ascii_case(host) => Ok(()),
-        _ => {
-            let shown: String = origin.chars().take(100).collect();
-            Err(format!(
-                "the form was posted from another origin ({shown:?}, not this dashboard's); \
-                 use the dashboard's own page"
-            ))
-        }
+        Some(a) if !host.is_empty() && a.eq_ignore_ascii_case(host) => None,
+        _ => Some((origin.chars().take(100).collect(), host.to_owned())),
     }
 }
 
