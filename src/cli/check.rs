@@ -12,6 +12,7 @@ use clap::Args;
 use super::{Signals, checkpoint, load, open_store, parse_duration};
 use crate::model::SourceScheme;
 use crate::proxy::Scheme;
+use crate::store::WriteFailure;
 
 /// `check` options; each overrides its `[check]` key.
 #[derive(Debug, Args)]
@@ -206,7 +207,7 @@ pub(super) async fn run(config_path: Option<&Path>, args: CheckArgs) -> anyhow::
         Err(check::CheckError::Store(e)) if e.write_failure().is_some() => bail!(
             "{e}: the round stopped; the results committed before it are kept and the proxies \
              not recorded stay due: {} and check again",
-            super::free_space(&store)
+            super::free_space(&store, e.write_failure().unwrap_or(WriteFailure::DiskFull))
         ),
         other => other?,
     };

@@ -79,9 +79,9 @@ pub(super) async fn run(config_path: Option<&Path>, args: HarvestArgs) -> anyhow
         let found: usize = report.sources.iter().map(|s| s.found).sum();
         // Disk space is named only when the disk refused the write; any
         // other failure is the cause its message names.
-        let advice = match report.sources.iter().any(|s| s.unwritable.is_some()) {
-            true => format!("{} and harvest again", free_space(&store)),
-            false => "harvest again".to_owned(),
+        let advice = match report.sources.iter().find_map(|s| s.unwritable) {
+            Some(kind) => format!("{} and harvest again", free_space(&store, kind)),
+            None => "harvest again".to_owned(),
         };
         eprintln!(
             "error: {e}; {stored} of the {found} proxies found were stored, in whole \

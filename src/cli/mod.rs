@@ -241,11 +241,16 @@ async fn checkpoint(store: &Store) {
     }
 }
 
-/// Where room must be made when the database refused a write for want of
-/// it: the SQLite file, or the PostgreSQL server (named without its
-/// password).
-fn free_space(store: &Store) -> String {
-    if store.is_shared() {
+/// What to do when the database refused a write of `kind`: make room for
+/// the SQLite file or on the PostgreSQL server (named without its
+/// password), or bring that server back when it could not be reached.
+fn free_space(store: &Store, kind: crate::store::WriteFailure) -> String {
+    if kind == crate::store::WriteFailure::Unreachable {
+        format!(
+            "make the PostgreSQL server of {} reachable",
+            store.path().display()
+        )
+    } else if store.is_shared() {
         format!(
             "free space on the PostgreSQL server of {}",
             store.path().display()

@@ -258,7 +258,7 @@ impl CheckLoop {
             }
             Ok(None) => POLL,
             Err(e) => {
-                tracing::error!(error = %e, "cannot read when the next check is due");
+                log_store_error(&e, "cannot read when the next check is due");
                 POLL
             }
         };

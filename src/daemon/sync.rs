@@ -90,6 +90,12 @@ impl IndexSync {
                         return;
                     }
                 }
+                // An unreachable server is said once by the write
+                // component; the index serves from memory meanwhile.
+                Err(e) if e.write_failure().is_some() => {
+                    tracing::debug!(error = %e, "cannot read changed proxies into the index");
+                    return;
+                }
                 Err(e) => {
                     tracing::error!(error = %e, "cannot read changed proxies into the index");
                     return;

@@ -1,7 +1,8 @@
-//! When the disk refuses writes (full, read-only, failing): the kinds of
-//! failure, how many of each, and the back-off that pauses writes after a
-//! failure — 1 s, doubling to a minute — so that work needing the disk
-//! waits for it instead of failing over and over. A nearly full disk takes
+//! When the disk refuses writes (full, read-only, failing), or the
+//! database server cannot be reached: the kinds of failure, how many of
+//! each, and the back-off that pauses writes after a failure — 1 s,
+//! doubling to a minute — so that work needing the disk waits for it
+//! instead of failing over and over. A nearly full disk takes
 //! small writes (the log file keeps the room a failed transaction took) and
 //! refuses the next large one: a failure soon after writes worked again
 //! goes on with the pause where it was, not from the first.
@@ -24,14 +25,18 @@ pub enum WriteFailure {
     ReadOnly,
     /// The disk failed to read or write (`SQLITE_IOERR`).
     Io,
+    /// The database server cannot be reached or takes no new connection
+    /// (stopped, restarting, at its connection limit): PostgreSQL only.
+    Unreachable,
 }
 
 impl WriteFailure {
     /// Every kind, in the order metrics and `/stats` list them.
-    pub const ALL: [WriteFailure; 3] = [
+    pub const ALL: [WriteFailure; 4] = [
         WriteFailure::DiskFull,
         WriteFailure::ReadOnly,
         WriteFailure::Io,
+        WriteFailure::Unreachable,
     ];
 
     /// The name in metrics and JSON.
@@ -40,6 +45,7 @@ impl WriteFailure {
             WriteFailure::DiskFull => "disk_full",
             WriteFailure::ReadOnly => "read_only",
             WriteFailure::Io => "io_error",
+            WriteFailure::Unreachable => "unreachable",
         }
     }
 
@@ -64,6 +70,7 @@ impl std::fmt::Display for WriteFailure {
             WriteFailure::DiskFull => "disk full",
             WriteFailure::ReadOnly => "read-only",
             WriteFailure::Io => "I/O error",
+            WriteFailure::Unreachable => "server unreachable",
         })
     }
 }
@@ -78,7 +85,7 @@ pub const RETRY_MAX: Duration = Duration::from_secs(60);
 pub struct WriteTrouble {
     /// The kind of the latest failure.
     pub kind: WriteFailure,
-    /// What SQLite said about it.
+    /// What the database said about it.
     pub reason: String,
     /// When the first failure was (unix ms).
     pub since_ms: i64,
@@ -111,7 +118,7 @@ struct State {
     /// still resume it (see [`RESUME_WITHIN`]).
     ended: Option<(WriteTrouble, Instant)>,
     /// Failed transactions since start, by [`WriteFailure::slot`].
-    failures: [u64; 3],
+    failures: [u64; WriteFailure::ALL.len()],
 }
 
 /// A failure this soon after writes worked again resumes the trouble they
@@ -239,7 +246,8 @@ mod tests {
             vec![
                 (WriteFailure::DiskFull, 2),
                 (WriteFailure::ReadOnly, 0),
-                (WriteFailure::Io, 10)
+                (WriteFailure::Io, 10),
+                (WriteFailure::Unreachable, 0)
             ]
         );
         let mut changes = h.subscribe();

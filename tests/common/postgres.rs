@@ -17,6 +17,9 @@ pub struct PgServer {
     bin: PathBuf,
     data: PathBuf,
     port: u16,
+    /// The server's options (port, socket folder, settings), for a start
+    /// after a stop.
+    options: String,
     /// Holds the cluster and the socket; removed after the server stops.
     _dir: tempfile::TempDir,
 }
@@ -153,7 +156,7 @@ impl PgServer {
                 .arg("start");
             if tries == 3 {
                 run(&mut start);
-                break port;
+                break (port, options);
             }
             let started = start
                 .stdin(Stdio::null())
@@ -162,15 +165,51 @@ impl PgServer {
                 .status()
                 .is_ok_and(|s| s.success());
             if started {
-                break port;
+                break (port, options);
             }
         };
+        let (port, options) = port;
         PgServer {
             bin,
             data,
             port,
+            options,
             _dir: dir,
         }
+    }
+
+    /// `pg_ctl <action>` on this server's cluster, waiting until it is
+    /// done; the server's output goes to its log file.
+    fn pg_ctl(&self, action: &str) {
+        let log = self.data.parent().unwrap().join("server.log");
+        run(as_server_user(&self.bin.join("pg_ctl"))
+            .arg("-D")
+            .arg(&self.data)
+            .args(["-w", "-t", "60", "-m", "fast", "-o", &self.options, "-l"])
+            .arg(log)
+            .arg(action));
+    }
+
+    /// Stops the server (fast: sessions are ended, what is committed is
+    /// kept); [`PgServer::start_again`] starts it on the same port.
+    pub fn stop(&self) {
+        self.pg_ctl("stop");
+    }
+
+    /// Starts the server [`PgServer::stop`] stopped, on the same port.
+    pub fn start_again(&self) {
+        self.pg_ctl("start");
+    }
+
+    /// `pg_ctl restart`: every session is ended, the server comes back on
+    /// the same port.
+    pub fn restart(&self) {
+        self.pg_ctl("restart");
+    }
+
+    /// The URL of database `db` on this server, logging in as `user`.
+    pub fn url_as(&self, user: &str, db: &str) -> String {
+        format!("postgres://{user}@127.0.0.1:{}/{db}", self.port)
     }
 
     /// The URL of database `postgres` on this server.

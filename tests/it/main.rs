@@ -33,6 +33,7 @@ mod nodes;
 mod openapi;
 mod operator_logs;
 mod parsers_fuzz;
+mod pg_faults;
 mod pool;
 mod reload;
 mod rotation;

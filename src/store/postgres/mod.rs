@@ -52,18 +52,30 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 impl From<tokio_postgres::Error> for DbError {
     fn from(e: tokio_postgres::Error) -> DbError {
-        let failure = e.code().and_then(|c| match *c {
-            SqlState::DISK_FULL => Some(WriteFailure::DiskFull),
-            SqlState::READ_ONLY_SQL_TRANSACTION => Some(WriteFailure::ReadOnly),
-            SqlState::IO_ERROR => Some(WriteFailure::Io),
-            _ => None,
-        });
+        let failure = match e.code() {
+            Some(c) => match *c {
+                SqlState::DISK_FULL => Some(WriteFailure::DiskFull),
+                SqlState::READ_ONLY_SQL_TRANSACTION => Some(WriteFailure::ReadOnly),
+                SqlState::IO_ERROR => Some(WriteFailure::Io),
+                // The server stops or restarts (its sessions are ended),
+                // is still starting, or takes no more connections.
+                SqlState::ADMIN_SHUTDOWN
+                | SqlState::CRASH_SHUTDOWN
+                | SqlState::CANNOT_CONNECT_NOW
+                | SqlState::TOO_MANY_CONNECTIONS => Some(WriteFailure::Unreachable),
+                _ if c.code().starts_with("08") => Some(WriteFailure::Unreachable),
+                _ => None,
+            },
+            None => lost_connection(&e).then_some(WriteFailure::Unreachable),
+        };
         let transient = e.code().is_some_and(|c| {
             *c == SqlState::T_R_DEADLOCK_DETECTED || *c == SqlState::T_R_SERIALIZATION_FAILURE
         });
-        // The server's own message and detail, not the driver's summary.
+        // The server's own message and detail, or the driver's error with
+        // its cause ("Connection refused"), not the driver's summary.
         let source: Box<dyn std::error::Error + Send + Sync> = match e.as_db_error() {
             Some(_) => describe(&e).into(),
+            None if failure.is_some() => describe(&e).into(),
             None => Box::new(e),
         };
         DbError {
@@ -72,6 +84,22 @@ impl From<tokio_postgres::Error> for DbError {
             source,
         }
     }
+}
+
+/// True for a driver error that says the server could not be reached or
+/// the connection to it broke (refused, reset, closed, no answer in
+/// time), rather than a fault in a statement or its rows. The driver
+/// names its kinds only in words.
+fn lost_connection(e: &tokio_postgres::Error) -> bool {
+    let said = e.to_string();
+    e.is_closed()
+        || [
+            "error connecting to server",
+            "error communicating with the server",
+            "timeout waiting for server",
+        ]
+        .iter()
+        .any(|kind| said.starts_with(kind))
 }
 
 /// What went wrong, in one line: the server's message with its detail and
@@ -135,7 +163,16 @@ impl From<deadpool_postgres::PoolError> for StoreError {
         match e {
             deadpool_postgres::PoolError::Backend(e) => e.into(),
             other => StoreError::Database(DbError {
-                failure: None,
+                // No new connection within the time: the server is away
+                // (a pool merely busy is not).
+                failure: matches!(
+                    other,
+                    deadpool_postgres::PoolError::Timeout(
+                        deadpool_postgres::TimeoutType::Create
+                            | deadpool_postgres::TimeoutType::Recycle
+                    )
+                )
+                .then_some(WriteFailure::Unreachable),
                 transient: false,
                 source: describe_pool(&other).into(),
             }),
@@ -325,8 +362,20 @@ impl Postgres {
         }
     }
 
-    /// A connection of the pool.
+    /// A connection of the pool. While the server was found unreachable
+    /// and the pause after that runs, none is asked for: the call fails
+    /// at once, as a write does on a full disk, instead of every caller
+    /// waiting on a connection that cannot come.
     async fn client(&self) -> Result<deadpool_postgres::Object, StoreError> {
+        if let Some(t) = self.inner.health.trouble()
+            && t.kind == WriteFailure::Unreachable
+            && !t.retry_in().is_zero()
+        {
+            return Err(StoreError::Unwritable {
+                kind: t.kind,
+                reason: t.reason,
+            });
+        }
         Ok(self.inner.pool.get().await?)
     }
 
@@ -356,16 +405,22 @@ impl Postgres {
     }
 
     /// Passes `r` on, noting in the write health a write the server
-    /// refused for want of room or because it turned read-only, as the
-    /// SQLite writer notes its own: the daemon then says it is degraded
+    /// refused for want of room or because it turned read-only, and a
+    /// server that cannot be reached, as the SQLite writer notes its own: the daemon then says it is degraded
     /// and backs off. A trial write ([`Postgres::probe_writes`]) that
     /// works ends the trouble.
     pub(crate) fn observed<T>(&self, r: Result<T, StoreError>) -> Result<T, StoreError> {
+        // A call refused during the pause (`Unwritable`) is no new try.
         if let Err(e) = &r
             && let Some(kind) = e.write_failure()
+            && !matches!(e, StoreError::Unwritable { .. })
         {
             tracing::debug!(database = %self.inner.shown.display(), %kind, error = %e, "the database refused a write");
-            self.inner.health.failed(kind, e.to_string());
+            let reason = match e {
+                StoreError::Database(d) | StoreError::Migrate { source: d, .. } => d.to_string(),
+                other => other.to_string(),
+            };
+            self.inner.health.failed(kind, reason);
         }
         r
     }
