@@ -128,10 +128,22 @@ impl Harvester {
         }
         let mut reloads = self.state.watch_config();
         reloads.mark_unchanged();
+        // Claims of nodes that died mid-harvest are looked for twice per
+        // lease, so a source they held is harvested within a lease and a
+        // half of their death.
+        let mut lapsed = tokio::time::interval((self.config.node.lease / 2).max(LAPSED_MIN));
+        lapsed.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         loop {
             let retry_at = retry.as_ref().map(|r: &Retry| r.at);
             tokio::select! {
                 _ = stop.cancelled() => return,
+                _ = lapsed.tick() => {
+                    let Some(config) = self.lapsed().await else { continue };
+                    tokio::select! {
+                        _ = stop.cancelled() => return,
+                        report = self.harvest(&config) => retry = self.retry_after(report, None),
+                    }
+                }
                 Ok(()) = reloads.changed() => {
                     // A reload: the next runs use its sources and limits,
                     // and the sources it adds or changes are harvested now.
@@ -210,9 +222,16 @@ impl Harvester {
                 kept.push(source);
                 continue;
             }
+            let now = now_ms();
             match self
                 .store
-                .claim_harvest(source.name.clone(), slot_ms, node.clone(), now_ms())
+                .claim_harvest(
+                    source.name.clone(),
+                    slot_ms,
+                    node.clone(),
+                    now,
+                    now.saturating_add(lease_ms(self.config.node.lease)),
+                )
                 .await
             {
                 Ok(true) => kept.push(source),
@@ -235,6 +254,47 @@ impl Harvester {
         }
         config.sources = kept;
         config
+    }
+
+    /// `config` with only the sources whose harvest this node takes over
+    /// now: claimed by a node whose lease ended before its harvest did (it
+    /// died), or by this node's last run; `None` when there are none.
+    async fn lapsed(&self) -> Option<Config> {
+        let node = self.config.node.id();
+        let now = now_ms();
+        let until = now.saturating_add(lease_ms(self.config.node.lease));
+        let taken = match self
+            .store
+            .take_lapsed_harvests(node.clone(), now, until)
+            .await
+        {
+            Ok(taken) => taken,
+            Err(e) if e.write_failure().is_some() => {
+                tracing::debug!(error = %e, "cannot look for harvests to take over");
+                return None;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot look for harvests to take over");
+                return None;
+            }
+        };
+        if taken.is_empty() {
+            return None;
+        }
+        let mut names: Vec<String> = taken.into_iter().map(|(source, _)| source).collect();
+        names.sort_unstable();
+        names.dedup();
+        let config = self.only(&names);
+        if config.sources.is_empty() {
+            // Sources this node does not harvest: nobody will, this slot.
+            let _ = self.store.finish_harvest_claims(node, None).await;
+            return None;
+        }
+        tracing::info!(
+            sources = %names.join(", "),
+            "taking over harvests whose node stopped before they ended"
+        );
+        Some(config)
     }
 
     /// The configuration with only the enabled sources named.
@@ -413,7 +473,41 @@ impl Harvester {
             tracing::debug!("harvest waits until the database takes writes again");
             self.store.writable().await;
         }
-        match harvest::harvest_all(config, &self.store).await {
+        // The claims of this harvest are held while it runs, renewed a
+        // few times per lease, and ended with it: a node that dies
+        // mid-harvest leaves claims that lapse, and another takes them.
+        // Each source's claim ends as soon as it is stored, so a node dying
+        // later in the harvest leaves only the sources it had not finished.
+        let node = self.config.node.id();
+        let lease = self.config.node.lease;
+        // One name per source of the harvest: bounded by the config.
+        let (finished, mut names) = mpsc::unbounded_channel::<String>();
+        let done = move |r: &harvest::SourceReport, _: harvest::Progress| {
+            let _ = finished.send(r.name.clone());
+        };
+        let run = harvest::harvest_all_reporting(config, &self.store, &done);
+        tokio::pin!(run);
+        let mut beat = tokio::time::interval_at(Instant::now() + lease / 3, lease / 3);
+        beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        let finish = async |source: Option<String>| {
+            if let Err(e) = self.store.finish_harvest_claims(node.clone(), source).await {
+                tracing::debug!(error = %e, "cannot end this node's harvest claims");
+            }
+        };
+        let result = loop {
+            tokio::select! {
+                result = &mut run => break result,
+                Some(name) = names.recv() => finish(Some(name)).await,
+                _ = beat.tick() => {
+                    let until = now_ms().saturating_add(lease_ms(lease));
+                    if let Err(e) = self.store.renew_harvest_claims(node.clone(), until).await {
+                        tracing::debug!(error = %e, "cannot renew this node's harvest claims");
+                    }
+                }
+            }
+        };
+        finish(None).await;
+        match result {
             Ok(report) => {
                 self.state.metrics.observe_harvest(&report);
                 self.worked_before |= report.any_worked();
@@ -435,6 +529,14 @@ impl Harvester {
             }
         }
     }
+}
+
+/// The shortest wait between looks for harvests to take over.
+const LAPSED_MIN: Duration = Duration::from_millis(500);
+
+/// A lease in stored milliseconds.
+fn lease_ms(lease: Duration) -> i64 {
+    i64::try_from(lease.as_millis()).unwrap_or(i64::MAX)
 }
 
 /// Waits until `at`, or for ever without one.

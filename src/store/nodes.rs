@@ -1,6 +1,7 @@
 //! What nodes sharing one database coordinate through it, besides check
-//! leases (see `checks`): claims on scheduled harvests, giving back a
-//! node's leases, and notice of new change numbers.
+//! leases (see `checks`): claims on scheduled harvests (held while the
+//! harvest runs, taken over when their node dies), giving back a node's
+//! leases, and notice of new change numbers.
 
 use std::sync::Arc;
 
@@ -38,8 +39,12 @@ impl ChangeNotices {
 
 impl Store {
     /// Claims the harvest of `source` in schedule slot `slot` (the slot's
-    /// time, unix ms) for `node`: true for the first claim of that pair,
-    /// false when another node (or process) has it. Claims older than a
+    /// time, unix ms) for `node`, held until `until` (unix ms; renewed by
+    /// [`Store::renew_harvest_claims`] while the harvest runs, ended by
+    /// [`Store::finish_harvest_claims`]): true for the first claim of that
+    /// pair, and for a claim whose holder's lease ended before its harvest
+    /// did (a node that died); false when a node holds it (this one too:
+    /// see [`Store::take_lapsed_harvests`]) or harvested it. Claims older than a
     /// week are forgotten.
     pub async fn claim_harvest(
         &self,
@@ -47,8 +52,39 @@ impl Store {
         slot: i64,
         node: String,
         now: i64,
+        until: i64,
     ) -> Result<bool, StoreError> {
-        dispatch!(self.claim_harvest(source, slot, node, now))
+        dispatch!(self.claim_harvest(source, slot, node, now, until))
+    }
+
+    /// Holds every open harvest claim of `node` until `until`: its
+    /// heartbeat while it harvests. How many it still holds.
+    pub async fn renew_harvest_claims(&self, node: String, until: i64) -> Result<u64, StoreError> {
+        dispatch!(self.renew_harvest_claims(node, until))
+    }
+
+    /// Ends the open harvest claims of `node` on `source` (on every
+    /// source without one): that harvest is over, and no node harvests
+    /// those sources again in those slots.
+    pub async fn finish_harvest_claims(
+        &self,
+        node: String,
+        source: Option<String>,
+    ) -> Result<u64, StoreError> {
+        dispatch!(self.finish_harvest_claims(node, source))
+    }
+
+    /// Takes for `node`, until `until`, every open harvest claim whose
+    /// lease ended before `now` (its node died mid-harvest) or that `node`
+    /// held in its last run: the (source, slot) pairs it must harvest now.
+    /// Of nodes asking at once, each claim goes to one.
+    pub async fn take_lapsed_harvests(
+        &self,
+        node: String,
+        now: i64,
+        until: i64,
+    ) -> Result<Vec<(String, i64)>, StoreError> {
+        dispatch!(self.take_lapsed_harvests(node, now, until))
     }
 
     /// Gives back every check lease `node` holds: the proxies are due for

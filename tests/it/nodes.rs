@@ -617,3 +617,82 @@ async fn a_write_postgres_refuses_makes_the_daemon_degraded_until_writes_work() 
     .await;
     d.stop().await;
 }
+
+/// Two nodes starting together harvest each source once; the node that
+/// claimed a source and is killed with SIGKILL mid-fetch leaves a claim
+/// that lapses with its lease, and the other node takes the source over
+/// and harvests it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_harvest_claim_of_a_killed_node_lapses_and_another_node_takes_the_source() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = pg().await;
+    let proxied = Arc::new(AtomicUsize::new(0));
+    let judge = judge(Duration::ZERO, proxied).await;
+    let proxies = farm(2).await;
+    let list = json_list(&proxies);
+    // The first fetch of slow.json never ends; later ones answer.
+    let site = Site::start(common::site::SiteOpts::new(move |path, hit| match path {
+        "/list.json" => Reply::ok(list.clone()),
+        "/slow.json" if hit == 1 => Reply::hang(),
+        "/slow.json" => Reply::ok(list.clone()),
+        _ => Reply::status(404),
+    }))
+    .await;
+    let base = base(dir.path(), &site.url("/list.json"), &judge, 4, "2s")
+        .source("slow", &site.url("/slow.json"), "format = \"json\"")
+        .set("harvest", "schedule", "\"0 0 0 1 1 *\"")
+        .set("harvest", "timeout", "\"5m\"");
+    let url = server.url();
+    let (a, b) = tokio::join!(
+        Node::start(dir.path(), "a", &url, &base),
+        Node::start(dir.path(), "b", &url, &base)
+    );
+    common::until(
+        "both sources are fetched",
+        Duration::from_secs(30),
+        || async { site.hits("/list.json") >= 1 && site.hits("/slow.json") >= 1 },
+    )
+    .await;
+    let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let claim = async || -> (String, bool) {
+        let row = client
+            .query_one(
+                "SELECT node, lease_until IS NULL FROM harvest_claims WHERE source = 'slow'",
+                &[],
+            )
+            .await
+            .unwrap();
+        (row.get(0), row.get(1))
+    };
+    let (holder, done) = claim().await;
+    assert!(!done, "the hanging harvest is still running");
+    let (dead, survivor) = if holder == "a" { (a, b) } else { (b, a) };
+    dead.kill().await;
+
+    common::until(
+        "the other node takes the source over and harvests it",
+        Duration::from_secs(30),
+        || async { claim().await.1 },
+    )
+    .await;
+    let (holder, _) = claim().await;
+    let survivor_id = if holder == "a" { "a" } else { "b" };
+    assert_eq!(site.hits("/slow.json"), 2, "fetched once more, by one node");
+    assert_eq!(site.hits("/list.json"), 1, "the other source once in all");
+    let ok: Option<i64> = client
+        .query_one("SELECT last_ok_at FROM sources WHERE name = 'slow'", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(ok.is_some(), "the source taken over was stored");
+    let log = survivor.log();
+    assert!(
+        log.contains("taking over harvests whose node stopped before they ended")
+            && log.contains("slow"),
+        "node {survivor_id}:\n{log}"
+    );
+    survivor.kill().await;
+}

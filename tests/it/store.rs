@@ -1546,7 +1546,11 @@ async fn harvest_claims_leases_given_back_and_failures_in_use(db: TestDb) {
     let claim = |s: &Store, source: &str, slot: i64, node: &str| {
         let s = s.clone();
         let (source, node) = (source.to_owned(), node.to_owned());
-        async move { s.claim_harvest(source, slot, node, now).await.unwrap() }
+        async move {
+            s.claim_harvest(source, slot, node, now, now + 60_000)
+                .await
+                .unwrap()
+        }
     };
     let (first, second) = tokio::join!(claim(&a, "x", 1_000, "a"), claim(&b, "x", 1_000, "b"));
     assert!(
@@ -1556,6 +1560,66 @@ async fn harvest_claims_leases_given_back_and_failures_in_use(db: TestDb) {
     assert!(!claim(&a, "x", 1_000, "a").await);
     assert!(claim(&b, "x", 2_000, "b").await, "the next slot is free");
     assert!(claim(&b, "y", 1_000, "b").await, "another source is free");
+
+    // Held claims lapse when their node stops renewing them (it died):
+    // another node takes them over, one node each; a finished harvest is
+    // never taken again; a node restarted under its id takes its own back
+    // at once.
+    let lapsed = |s: &Store, node: &str, at: i64| {
+        let (s, node) = (s.clone(), node.to_owned());
+        async move {
+            let mut taken = s.take_lapsed_harvests(node, at, at + 60_000).await.unwrap();
+            taken.sort_unstable();
+            taken
+        }
+    };
+    let holder = if first { "a" } else { "b" };
+    // x (slot 1000) is the holder's; x (2000) and y are b's.
+    assert!(lapsed(&a, "c", now + 1).await.is_empty(), "all are held");
+    assert_eq!(
+        b.renew_harvest_claims("b".into(), now + 120_000)
+            .await
+            .unwrap(),
+        2 + u64::from(second)
+    );
+    let (one, other) = tokio::join!(lapsed(&a, "c", now + 60_001), lapsed(&b, "d", now + 60_001));
+    let taken: Vec<_> = one.iter().chain(&other).cloned().collect();
+    let expected: Vec<(String, i64)> = if holder == "a" {
+        vec![("x".into(), 1_000)]
+    } else {
+        Vec::new()
+    };
+    assert_eq!(
+        taken, expected,
+        "only the lapsed claim of a, once: {one:?} {other:?}"
+    );
+    assert!(!claim(&a, "y", 1_000, "a").await, "b still holds y");
+    assert_eq!(
+        b.finish_harvest_claims("b".into(), Some("y".into()))
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(
+        b.finish_harvest_claims("b".into(), None).await.unwrap(),
+        1 + u64::from(second)
+    );
+    assert_eq!(
+        lapsed(&a, "c", now + 10_000_000).await,
+        expected,
+        "what c or d took lapses in turn; what b finished never does"
+    );
+    assert!(
+        !claim(&a, "y", 1_000, "a").await,
+        "y was harvested in that slot"
+    );
+    assert!(claim(&a, "z", 1_000, "a").await);
+    assert_eq!(
+        lapsed(&a, "a", now).await,
+        vec![("z".into(), 1_000)],
+        "a restarted takes its own claim back at once"
+    );
+    assert!(!claim(&b, "z", 1_000, "b").await);
 
     let lease = std::time::Duration::from_secs(60);
     let held = a

@@ -1,4 +1,4 @@
-//! PostgreSQL: harvest claims, giving back leases, and the connection that
+//! PostgreSQL: harvest claims and their leases, giving back leases, and the connection that
 //! LISTENs for new change numbers.
 
 use std::sync::Arc;
@@ -24,13 +24,14 @@ const RELISTEN_MAX: Duration = Duration::from_secs(30);
 impl Postgres {
     /// The primary key decides: of two nodes inserting one (source, slot),
     /// the second finds the row (waiting for the first to commit) and
-    /// inserts nothing.
+    /// takes it only if its lease ended before its harvest did.
     pub(crate) async fn claim_harvest(
         &self,
         source: String,
         slot: i64,
         node: String,
         now: i64,
+        until: i64,
     ) -> Result<bool, StoreError> {
         let c = self.client().await?;
         c.execute(
@@ -40,12 +41,70 @@ impl Postgres {
         .await?;
         let n = c
             .execute(
-                "INSERT INTO harvest_claims (source, slot, node, claimed_at)
-                 VALUES ($1, $2, $3, $4) ON CONFLICT (source, slot) DO NOTHING",
-                &[&source, &slot, &node, &now],
+                "INSERT INTO harvest_claims (source, slot, node, claimed_at, lease_until)
+                 VALUES ($1, $2, $3, $4, $5)
+                 ON CONFLICT (source, slot) DO UPDATE
+                 SET node = excluded.node, claimed_at = excluded.claimed_at,
+                     lease_until = excluded.lease_until
+                 WHERE harvest_claims.lease_until < excluded.claimed_at",
+                &[&source, &slot, &node, &now, &until],
             )
             .await?;
         Ok(n == 1)
+    }
+
+    pub(crate) async fn renew_harvest_claims(
+        &self,
+        node: String,
+        until: i64,
+    ) -> Result<u64, StoreError> {
+        Ok(self
+            .client()
+            .await?
+            .execute(
+                "UPDATE harvest_claims SET lease_until = $2
+                 WHERE node = $1 AND lease_until IS NOT NULL",
+                &[&node, &until],
+            )
+            .await?)
+    }
+
+    pub(crate) async fn finish_harvest_claims(
+        &self,
+        node: String,
+        source: Option<String>,
+    ) -> Result<u64, StoreError> {
+        Ok(self
+            .client()
+            .await?
+            .execute(
+                "UPDATE harvest_claims SET lease_until = NULL
+                 WHERE node = $1 AND lease_until IS NOT NULL
+                   AND ($2::text IS NULL OR source = $2)",
+                &[&node, &source],
+            )
+            .await?)
+    }
+
+    /// The UPDATE re-reads each row it waited for: a claim another node
+    /// took meanwhile has a lease in the future and is left.
+    pub(crate) async fn take_lapsed_harvests(
+        &self,
+        node: String,
+        now: i64,
+        until: i64,
+    ) -> Result<Vec<(String, i64)>, StoreError> {
+        let rows = self
+            .client()
+            .await?
+            .query(
+                "UPDATE harvest_claims SET node = $1, claimed_at = $2, lease_until = $3
+                 WHERE lease_until IS NOT NULL AND (lease_until < $2 OR node = $1)
+                 RETURNING source, slot",
+                &[&node, &now, &until],
+            )
+            .await?;
+        Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
     }
 
     pub(crate) async fn release_leases(&self, node: String) -> Result<u64, StoreError> {

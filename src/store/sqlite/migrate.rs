@@ -28,6 +28,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../../migrations/0016_check_leases.sql"),
     include_str!("../../../migrations/0017_nodes.sql"),
     include_str!("../../../migrations/0018_crawl_leases.sql"),
+    include_str!("../../../migrations/0019_harvest_claim_leases.sql"),
 ];
 
 /// Every table the migrations create: a database holding any other is
