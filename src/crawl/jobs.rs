@@ -160,12 +160,17 @@ impl CrawlJobs {
     /// until `stop`, then stops its jobs (pages in flight finish within
     /// [`JOB_GRACE`]) with their state kept and their leases let go.
     pub async fn run(self, stop: CancellationToken) {
-        if !self.inner.store.is_shared()
-            && let Err(e) = self.inner.store.clear_crawl_leases().await
-        {
-            // A SQLite database is this node's alone: what its last run
-            // held is its own again (or once its leases end, when the disk
-            // refuses the write; the write watch says so).
+        // A SQLite database is this node's alone: what its last run held is
+        // its own again (or once its leases end, when the disk refuses the
+        // write; the write watch says so). On a shared one, what this
+        // node.id held: no process crawls it any more.
+        let taken_back = if self.inner.store.is_shared() {
+            let node = self.inner.node.clone();
+            self.inner.store.release_crawl_leases(node).await
+        } else {
+            self.inner.store.clear_crawl_leases().await
+        };
+        if let Err(e) = taken_back {
             if e.write_failure().is_some() {
                 tracing::debug!(error = %e, "cannot take back the crawl jobs of the last run");
             } else {
@@ -440,12 +445,19 @@ impl CrawlJobs {
         };
         let result = crawl(&pool, opts, cancel, progress).await;
         drop(permit);
-        // What earlier runs (before a restart) did counts too.
-        let earlier: Option<JobSummary> = match self.inner.store.crawl_job(id).await {
+        // What earlier runs (before a restart, or on a node that died) did
+        // counts too: as their frontier kept it, committed with their
+        // pages; else (a frontier of an older version) as they recorded it
+        // when they ended.
+        let recorded: Option<JobSummary> = match self.inner.store.crawl_job(id).await {
             Ok(Some(rec)) => rec.summary.and_then(|s| serde_json::from_str(&s).ok()),
             _ => None,
         };
         let total = |s: &Summary| {
+            let earlier = match &s.earlier {
+                Some(counts) => Some(JobSummary::of_counts(counts)),
+                None => recorded.clone(),
+            };
             let all = JobSummary::of(s).after(earlier.as_ref());
             serde_json::to_string(&all).unwrap_or_default()
         };
@@ -680,6 +692,25 @@ impl JobSummary {
                 p99: ms(99.0),
             },
             pool: serde_json::to_value(&s.pool).unwrap_or_default(),
+        }
+    }
+
+    /// What runs counted, as their frontier kept it.
+    fn of_counts(c: &super::summary::RunCounts) -> JobSummary {
+        JobSummary {
+            elapsed_ms: c.elapsed_ms,
+            pages_ok: c.ok_by_status.values().sum(),
+            pages_failed: c.failed_by_reason.values().sum(),
+            ok_by_status: c
+                .ok_by_status
+                .iter()
+                .map(|(k, v)| (k.to_string(), *v))
+                .collect(),
+            failed_by_reason: c.failed_by_reason.clone(),
+            bytes: c.bytes,
+            frontier_full: c.frontier_full,
+            links_cut: c.links_cut,
+            ..JobSummary::default()
         }
     }
 

@@ -341,6 +341,7 @@ async fn crawl_here(
         tracing::info!(requeued = n, "re-queued failed pages");
     }
     let resumed = frontier.meta("started")?.is_some();
+    let earlier = summary::start_run(&mut frontier, resumed)?;
     let (out_len, failed_len) = if resumed {
         let len = |k: &str| -> Result<Option<u64>, CrawlError> {
             Ok(frontier.meta(k)?.and_then(|v| v.parse().ok()))
@@ -411,7 +412,11 @@ async fn crawl_here(
         known,
         max_frontier,
         no_proxy: None,
-        summary: Summary::default(),
+        summary: Summary {
+            earlier,
+            ..Summary::default()
+        },
+        started,
         progress,
         frontier,
         selects: opts.selects.clone().into(),
@@ -465,6 +470,8 @@ struct Crawler {
     /// the crawl ends with this.
     no_proxy: Option<String>,
     summary: Summary,
+    /// When this run started.
+    started: Instant,
     progress: Arc<Progress>,
     frontier: Frontier,
     /// `opts.selects`, shared with the tasks that parse large pages.
@@ -1157,7 +1164,12 @@ impl Crawler {
             what: "the output".into(),
             source,
         })?;
-        self.frontier.commit(&sink.offsets())?;
+        let mut meta = sink.offsets();
+        meta.push((
+            summary::COUNTS_META,
+            self.summary.kept(self.started.elapsed()),
+        ));
+        self.frontier.commit(&meta)?;
         Ok(())
     }
 

@@ -86,6 +86,9 @@ pub struct Summary {
     pub latency: Latencies,
     /// What the pool did.
     pub pool: PoolStats,
+    /// What the runs before this one on the same frontier counted (see
+    /// [`RunCounts`]); `None` where the frontier kept no counts.
+    pub earlier: Option<RunCounts>,
 }
 
 impl Summary {
@@ -184,4 +187,100 @@ mod tests {
         assert_eq!(l.percentile(90.0), Some(Duration::from_millis(91)));
         assert_eq!(l.percentile(100.0), Some(Duration::from_millis(119_999)));
     }
+}
+
+/// What one run of a crawl counted, kept in its frontier's meta
+/// ([`COUNTS_META`]) with every commit, so in the same transaction as the
+/// pages it counts: a run that dies (a node killed) leaves its counts up
+/// to its last commit, and the next run on that frontier adds them to
+/// those of the runs before.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct RunCounts {
+    /// Wall time.
+    pub elapsed_ms: u64,
+    /// Pages fetched with a status below 400, by status.
+    pub ok_by_status: BTreeMap<u16, u64>,
+    /// Pages that failed for good, by reason.
+    pub failed_by_reason: BTreeMap<String, u64>,
+    /// Body bytes received.
+    pub bytes: u64,
+    /// New links not stored because the frontier was full.
+    pub frontier_full: u64,
+    /// New links past the number kept per page.
+    pub links_cut: u64,
+}
+
+/// The frontier's meta key holding [`KeptCounts`].
+pub(crate) const COUNTS_META: &str = "counts";
+
+/// The runs before the current one, added up, and the current one's.
+#[derive(Default, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+struct KeptCounts {
+    before: RunCounts,
+    run: RunCounts,
+}
+
+impl RunCounts {
+    /// The counts of `s`, a run `elapsed` long so far.
+    fn of(s: &Summary, elapsed: Duration) -> RunCounts {
+        RunCounts {
+            elapsed_ms: elapsed.as_millis() as u64,
+            ok_by_status: s.ok_by_status.clone(),
+            failed_by_reason: s.failed_by_reason.clone(),
+            bytes: s.bytes,
+            frontier_full: s.frontier_full,
+            links_cut: s.links_cut,
+        }
+    }
+
+    fn add(&mut self, o: &RunCounts) {
+        self.elapsed_ms += o.elapsed_ms;
+        self.bytes += o.bytes;
+        self.frontier_full += o.frontier_full;
+        self.links_cut += o.links_cut;
+        for (k, v) in &o.ok_by_status {
+            *self.ok_by_status.entry(*k).or_default() += v;
+        }
+        for (k, v) in &o.failed_by_reason {
+            *self.failed_by_reason.entry(k.clone()).or_default() += v;
+        }
+    }
+}
+
+impl Summary {
+    /// The meta value to commit with the pages: the runs before and this
+    /// one so far.
+    pub(crate) fn kept(&self, elapsed: Duration) -> String {
+        let kept = KeptCounts {
+            before: self.earlier.clone().unwrap_or_default(),
+            run: RunCounts::of(self, elapsed),
+        };
+        serde_json::to_string(&kept).unwrap_or_default()
+    }
+}
+
+/// Starts a run on `frontier`: what the runs before it counted (the last
+/// one's up to its last commit, whether it ended or died), now kept as
+/// "before" with this run's counts at zero. `None` for a frontier resumed
+/// from a version that kept no counts.
+pub(crate) fn start_run(
+    frontier: &mut crate::store::Frontier,
+    resumed: bool,
+) -> Result<Option<RunCounts>, crate::store::StoreError> {
+    let kept: Option<KeptCounts> = frontier
+        .meta(COUNTS_META)?
+        .and_then(|v| serde_json::from_str(&v).ok());
+    if kept.is_none() && resumed {
+        return Ok(None);
+    }
+    let mut before = kept.unwrap_or_default();
+    let run = std::mem::take(&mut before.run);
+    before.before.add(&run);
+    frontier.set_meta(
+        COUNTS_META,
+        &serde_json::to_string(&before).unwrap_or_default(),
+    )?;
+    Ok(Some(before.before))
 }

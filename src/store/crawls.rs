@@ -187,6 +187,13 @@ impl Store {
         dispatch!(self.clear_crawl_leases())
     }
 
+    /// Clears the crawl job and page leases `node` holds: a node restarted
+    /// under the same `node.id` takes its jobs back at once, since no
+    /// process crawls them any more, rather than after the leases end.
+    pub async fn release_crawl_leases(&self, node: String) -> Result<(), StoreError> {
+        dispatch!(self.release_crawl_leases(node))
+    }
+
     /// Takes job `job`'s next turn at host `host`: the turn starts at the
     /// later of `now` and the host's next allowed time, which moves on to
     /// that start plus `delay`, in one atomic step, so that nodes taking

@@ -21,11 +21,16 @@ impl Node {
     /// on a free port, one crawl job at a time, nothing to harvest; once
     /// its API answers.
     pub async fn start(dir: &Path, url: &str, bin: &str) -> Node {
+        Node::start_as(dir, url, bin, None).await
+    }
+
+    /// [`Node::start`] under `node.id` `id`, when given.
+    pub async fn start_as(dir: &Path, url: &str, bin: &str, id: Option<&str>) -> Node {
         std::fs::create_dir_all(dir).unwrap();
         let port = super::free_port();
         let empty = dir.join("empty.txt");
         std::fs::write(&empty, "").unwrap();
-        let config: PathBuf = TestConfig::new(dir)
+        let config = TestConfig::new(dir)
             .set("database", "url", &format!("\"{url}\""))
             .set("api", "listen", &format!("\"127.0.0.1:{port}\""))
             .set("gateway", "listen", "\"127.0.0.1:0\"")
@@ -35,8 +40,12 @@ impl Node {
             .judges(&format!(
                 "[{{ url = \"http://127.0.0.1:{port}/judge\", marker = \"proxywarden-judge\" }}]"
             ))
-            .source("empty", &empty.display().to_string(), "")
-            .write();
+            .source("empty", &empty.display().to_string(), "");
+        let config = match id {
+            Some(id) => config.set("node", "id", &format!("\"{id}\"")),
+            None => config,
+        };
+        let config: PathBuf = config.write();
         let log = std::fs::File::create(dir.join("serve.log")).unwrap();
         let child = tokio::process::Command::new(bin)
             .arg("serve")

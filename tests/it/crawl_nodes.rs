@@ -132,8 +132,20 @@ async fn a_crawl_job_is_finished_by_the_other_node_when_its_node_is_killed() {
             gap >= CRAWL_DELAY.mul_f64(0.8),
             "two requests {gap:?} apart"
         );
+        // The summary counts the pages of both runs, the killed one's up to
+        // its last commit: each page once, as the frontier has it.
         let (_, view) = b.json(&format!("/crawls/{id}")).await;
-        assert!(view["summary"]["pages_ok"].as_u64().unwrap() > 0, "{view}");
+        assert_eq!(
+            view["summary"]["pages_ok"].as_u64(),
+            Some(PAGES as u64),
+            "{view}"
+        );
+        assert_eq!(view["summary"]["pages_failed"].as_u64(), Some(0), "{view}");
+        assert_eq!(
+            view["progress"]["pages"].as_u64(),
+            Some(PAGES as u64),
+            "{view}"
+        );
     })
     .await
     .expect("timed out");
@@ -280,6 +292,81 @@ async fn a_job_taken_over_waits_out_the_crawl_delay_of_the_last_node_s_request()
         );
         let gap = smallest_gap(&site);
         assert!(gap >= delay.mul_f64(0.9), "two requests {gap:?} apart");
+    })
+    .await
+    .expect("timed out");
+}
+
+/// A node killed mid-job and started again under the same `node.id` takes
+/// its job (and the pages it held) back at once, though their leases would
+/// hold for ten more minutes, and finishes it with every page counted once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_restarted_under_its_id_takes_its_crawl_job_back_at_once() {
+    tokio::time::timeout(Duration::from_secs(180), async {
+        let cluster = Cluster::start(3).await;
+        let site = &cluster.site;
+        let bin = env!("CARGO_BIN_EXE_proxywarden");
+        let dir = cluster.dir.path().join("a");
+        let url = cluster.pg.url();
+        let a = Node::start_as(&dir, &url, bin, Some("a")).await;
+        let body = format!(
+            r#"{{"seeds": ["{}"], "per_host_concurrency": 2}}"#,
+            site.url("/")
+        );
+        let (status, job) = a.post_crawl(body).await;
+        assert_eq!(status, 201, "{job}");
+        let id = job["id"].as_i64().unwrap();
+        until("node a crawls", Duration::from_secs(30), || async {
+            site.per_path()
+                .keys()
+                .filter(|p| p.starts_with("/p/"))
+                .count()
+                >= 5
+        })
+        .await;
+        a.kill().await;
+        // What the killed run held stays held for ten minutes more.
+        let (admin, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        let later = proxywarden::store::now_ms() + 600_000;
+        let held = admin
+            .execute(
+                "UPDATE crawl_jobs SET lease_until = $1 WHERE lease_node = 'a'",
+                &[&later],
+            )
+            .await
+            .unwrap();
+        assert_eq!(held, 1, "the killed node held its job");
+        admin
+            .execute(
+                "UPDATE crawl_urls SET lease_until = $1 WHERE lease_node = 'a'",
+                &[&later],
+            )
+            .await
+            .unwrap();
+
+        let again = Node::start_as(&dir, &url, bin, Some("a")).await;
+        until(
+            "the restarted node finishes the job",
+            Duration::from_secs(90),
+            || async { again.state(id).await == "finished" },
+        )
+        .await;
+        let pages = site
+            .per_path()
+            .into_keys()
+            .filter(|p| p != "/robots.txt")
+            .count();
+        assert_eq!(pages, PAGES, "every page fetched");
+        let (_, view) = again.json(&format!("/crawls/{id}")).await;
+        assert_eq!(
+            view["summary"]["pages_ok"].as_u64(),
+            Some(PAGES as u64),
+            "{view}"
+        );
+        again.kill().await;
     })
     .await
     .expect("timed out");

@@ -354,6 +354,21 @@ impl Postgres {
         Ok(())
     }
 
+    pub(crate) async fn release_crawl_leases(&self, node: String) -> Result<(), StoreError> {
+        let c = self.client().await?;
+        for table in ["crawl_jobs", "crawl_urls"] {
+            c.execute(
+                &format!(
+                    "UPDATE {table} SET lease_node = NULL, lease_until = NULL
+                     WHERE lease_node = $1"
+                ),
+                &[&node],
+            )
+            .await?;
+        }
+        Ok(())
+    }
+
     /// One statement: the row's lock orders nodes taking turns at once.
     pub(crate) async fn take_crawl_turn(
         &self,

@@ -327,6 +327,20 @@ impl Sqlite {
         .await
     }
 
+    pub(crate) async fn release_crawl_leases(&self, node: String) -> Result<(), StoreError> {
+        self.write(move |c| {
+            for table in ["crawl_jobs", "crawl_urls"] {
+                c.prepare_cached(&format!(
+                    "UPDATE {table} SET lease_node = NULL, lease_until = NULL
+                     WHERE lease_node = ?1"
+                ))?
+                .execute([&node])?;
+            }
+            Ok(())
+        })
+        .await
+    }
+
     pub(crate) async fn take_crawl_turn(
         &self,
         job: i64,
