@@ -2572,3 +2572,57 @@ async fn an_ended_jobs_frontier_is_deleted_and_ended_jobs_are_kept_for_a_while(d
     assert_eq!(left, [c]);
     assert_eq!(frontier(c).await.0, 100);
 }
+
+/// On PostgreSQL a source's links go with their proxy and with their
+/// source (triggers, as on SQLite): a deleted proxy or source leaves no
+/// link behind.
+#[tokio::test]
+async fn postgres_links_go_with_their_proxy_and_their_source() {
+    let server = tokio::task::spawn_blocking(common::postgres::PgServer::start)
+        .await
+        .unwrap();
+    let store = Store::connect(&server.url()).await.unwrap();
+    let candidates: Vec<Candidate> = (1..=3u8)
+        .map(|i| {
+            Candidate::new(
+                IpAddr::from([10, 0, 0, i]),
+                8080,
+                None,
+                None,
+                SourceScheme::Fixed(Scheme::Http),
+                Hints::default(),
+            )
+        })
+        .collect();
+    for source in ["a", "b"] {
+        store
+            .record_source_run(
+                common::source_run(source, "http://127.0.0.1/x", 1_000),
+                candidates.clone(),
+            )
+            .await
+            .unwrap();
+    }
+    let (client, conn) = tokio_postgres::connect(&server.url(), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let links = async || -> i64 {
+        client
+            .query_one("SELECT count(*) FROM proxy_sources", &[])
+            .await
+            .unwrap()
+            .get(0)
+    };
+    assert_eq!(links().await, 6);
+    client
+        .execute("DELETE FROM proxies WHERE host = '10.0.0.1'", &[])
+        .await
+        .unwrap();
+    assert_eq!(links().await, 4, "the proxy's two links went with it");
+    client
+        .execute("DELETE FROM sources WHERE name = 'a'", &[])
+        .await
+        .unwrap();
+    assert_eq!(links().await, 2, "the source's links went with it");
+}

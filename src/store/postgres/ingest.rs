@@ -358,8 +358,10 @@ async fn upsert_batched(
         // the same new proxies never wait on each other crosswise.
         let mut taken: Vec<i64> = tx
             .query(
-                "SELECT nextval(pg_get_serial_sequence('proxies', 'id'))
-                 FROM generate_series(1, $1::bigint)",
+                // The sequence is named once, not once per id.
+                "SELECT nextval(q.seq) FROM
+                     (SELECT pg_get_serial_sequence('proxies', 'id')::regclass AS seq) q,
+                     generate_series(1, $1::bigint)",
                 &[&(fresh.len() as i64)],
             )
             .await?

@@ -34,6 +34,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../../migrations/postgres/0003_nodes.sql"),
     include_str!("../../../migrations/postgres/0004_crawl_leases.sql"),
     include_str!("../../../migrations/postgres/0005_harvest_claim_leases.sql"),
+    include_str!("../../../migrations/postgres/0006_links_without_foreign_keys.sql"),
 ];
 
 /// The schema version this binary writes.
