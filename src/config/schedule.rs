@@ -10,8 +10,9 @@ use croner::errors::CronError;
 use croner::parser::{CronParser, Seconds};
 
 /// A cron expression with seconds (sec min hour day-of-month month
-/// day-of-week), validated and parsed once. The text is kept because
-/// tokio-cron-scheduler takes the expression as text; times are UTC, as there.
+/// day-of-week), validated and parsed once; times are UTC. The daemon's
+/// cron fires from this parsed form, so what passes `config check` is what
+/// runs.
 #[derive(Clone)]
 pub struct Schedule {
     text: String,
@@ -19,8 +20,7 @@ pub struct Schedule {
 }
 
 impl Schedule {
-    /// Parses an expression the way tokio-cron-scheduler does (seconds
-    /// required), so that what passes here also schedules there.
+    /// Parses an expression with seconds required.
     pub fn parse(text: &str) -> Result<Schedule, CronError> {
         let cron = CronParser::builder()
             .seconds(Seconds::Required)
@@ -64,8 +64,8 @@ impl Schedule {
     }
 
     /// The run nearest to `at`, before or after: what a trigger fired at
-    /// `at` is for. The scheduler may fire a trigger a moment early as
-    /// well as late, so nodes firing for one run agree on it either way.
+    /// `at` is for. A trigger fires a moment late (and a node whose clock
+    /// runs ahead fires early), so nodes firing for one run agree on it either way.
     pub fn nearest_run(&self, at: DateTime<Utc>) -> Option<DateTime<Utc>> {
         let before = self.slot_at(at);
         let after = self.next_after(at.trunc_subsecs(0));
@@ -163,7 +163,7 @@ mod tests {
     }
 
     #[test]
-    fn seconds_are_required_as_in_the_scheduler() {
+    fn seconds_are_required() {
         assert!(Schedule::parse("*/30 * * * *").is_err());
         assert!(Schedule::parse("every day").is_err());
     }

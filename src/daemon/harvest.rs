@@ -197,8 +197,8 @@ impl Harvester {
     }
 
     /// `config` with only the sources this node claimed for a run of
-    /// `harvest.schedule` (for a `trigger`, the run nearest now, as the
-    /// scheduler may fire a moment early; at start-up, the last run): nodes sharing a database harvest each
+    /// `harvest.schedule` (for a `trigger`, the run nearest now, as a
+    /// node's clock may run a moment ahead; at start-up, the last run): nodes sharing a database harvest each
     /// source once per slot, whichever claims it first. A claim the store
     /// cannot answer counts as won: a source harvested twice costs a
     /// fetch, one never harvested costs the pool.

@@ -4,6 +4,7 @@
 //! on one tracker, started together and stopped together.
 
 mod checks;
+mod cron;
 mod harvest;
 mod outage;
 mod purge;
@@ -19,17 +20,16 @@ use std::time::Duration;
 use anyhow::Context;
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
-use tokio_cron_scheduler::{Job, JobScheduler};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::api::{self, AppState};
-use crate::config::Config;
+use crate::config::{Config, Schedule};
 use crate::gateway::{self, Gateway};
 use crate::health::{self, Feedback};
 use crate::store::Store;
 use checks::CheckLoop;
-use harvest::{Harvester, Trigger};
+use harvest::Harvester;
 use purge::Purger;
 use sync::IndexSync;
 use writes::WriteWatch;
@@ -37,7 +37,7 @@ use writes::WriteWatch;
 /// How long checks in flight may run after shutdown begins before they are
 /// stopped (their results are then not recorded).
 const CHECK_GRACE: Duration = Duration::from_secs(5);
-/// How long every component together (the scheduler included) may take to
+/// How long every component together may take to
 /// stop: with the binary's one second for blocking work (`main.rs`), an exit
 /// within 10 s of SIGTERM, well inside the unit's TimeoutStopSec, whatever
 /// is in flight.
@@ -48,7 +48,7 @@ const PURGE_SCHEDULE: &str = "0 17 3 * * *";
 /// Runs the daemon on an already bound API listener (and the gateway's,
 /// when it runs) until `shutdown` is cancelled. Every component (API,
 /// gateway, check loop, harvests, purge, the index sync, the write watch,
-/// watchdog) is a task on one tracker; the cron scheduler only signals the harvest
+/// watchdog) is a task on one tracker; the cron tasks only signal the harvest
 /// and purge components. On shutdown every component is cancelled, checks
 /// in flight get [`CHECK_GRACE`], and the whole stop takes at most
 /// [`STOP_LIMIT`].
@@ -129,10 +129,20 @@ pub async fn run_reloading(
 
     let (harvest_tx, harvest_rx) = mpsc::channel(1);
     let (purge_tx, purge_rx) = mpsc::channel(1);
-    let (mut scheduler, harvest_job) = schedule(&config, harvest_tx.clone(), purge_tx).await?;
 
     let tasks = TaskTracker::new();
     let stop = CancellationToken::new();
+    let harvest_cron = stop.child_token();
+    reload::schedule_harvest(
+        &tasks,
+        config.harvest.schedule.clone(),
+        harvest_tx.clone(),
+        harvest_cron.clone(),
+    );
+    let purge_schedule = Schedule::parse(PURGE_SCHEDULE).context("the purge's schedule")?;
+    cron::spawn(&tasks, purge_schedule, stop.clone(), move || {
+        let _ = purge_tx.try_send(());
+    });
     let abort_checks = CancellationToken::new();
     {
         let (state, stop) = (state.clone(), stop.clone());
@@ -199,8 +209,9 @@ pub async fn run_reloading(
             state: state.clone(),
             file,
             configs: reloads,
-            scheduler: scheduler.clone(),
-            harvest_job,
+            tasks: tasks.clone(),
+            stop: stop.clone(),
+            harvest_cron,
             harvest: harvest_tx,
         }
         .run(stop.clone()),
@@ -215,9 +226,6 @@ pub async fn run_reloading(
     systemd::notify(&[sd_notify::NotifyState::Stopping]);
     stop.cancel();
     let stopped = async {
-        if let Err(e) = scheduler.shutdown().await {
-            tracing::warn!(error = %e, "scheduler did not stop cleanly");
-        }
         tokio::select! {
             _ = tasks.wait() => {}
             _ = tokio::time::sleep(CHECK_GRACE) => {
@@ -261,31 +269,4 @@ impl GatewayComponent {
             tracing::error!(error = %e, "the gateway stopped serving");
         }
     }
-}
-
-/// Starts the cron scheduler; with its harvest job, which a reload may
-/// replace. Its jobs only send a request to the harvest
-/// or purge component (dropped when one is already waiting), so the work
-/// itself runs on the daemon's tracker and stops with it.
-async fn schedule(
-    config: &Config,
-    harvest: mpsc::Sender<Trigger>,
-    purge: mpsc::Sender<()>,
-) -> anyhow::Result<(JobScheduler, Job)> {
-    let scheduler = JobScheduler::new()
-        .await
-        .context("starting the scheduler")?;
-    let harvest_job = reload::harvest_job(config.harvest.schedule.as_str(), harvest)
-        .context("scheduling the harvest")?;
-    scheduler
-        .add(harvest_job.clone())
-        .await
-        .context("scheduling the harvest")?;
-    let job = Job::new(PURGE_SCHEDULE, move |_, _| {
-        let _ = purge.try_send(());
-    })
-    .context("scheduling the purge")?;
-    scheduler.add(job).await.context("scheduling the purge")?;
-    scheduler.start().await.context("starting the scheduler")?;
-    Ok((scheduler, harvest_job))
 }

@@ -8,11 +8,11 @@
 use std::sync::Arc;
 
 use tokio::sync::mpsc;
-use tokio_cron_scheduler::{Job, JobScheduler};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::api::AppState;
-use crate::config::Config;
+use crate::config::{Config, Schedule};
 
 use super::harvest::Trigger;
 
@@ -115,13 +115,18 @@ fn sources_changed(file: &Config, new: &Config) -> Option<String> {
     (!parts.is_empty()).then(|| format!("sources ({})", parts.join("; ")))
 }
 
-/// The cron job that asks for a harvest on `schedule`.
-pub(super) fn harvest_job(schedule: &str, harvest: mpsc::Sender<Trigger>) -> anyhow::Result<Job> {
-    Ok(Job::new(schedule, move |_, _| {
+/// The cron task that asks for a harvest on `schedule`, until `stop`.
+pub(super) fn schedule_harvest(
+    tasks: &TaskTracker,
+    schedule: Schedule,
+    harvest: mpsc::Sender<Trigger>,
+    stop: CancellationToken,
+) {
+    super::cron::spawn(tasks, schedule, stop, move || {
         if harvest.try_send(Trigger::Schedule).is_err() {
             tracing::info!("harvest still running; this slot joins the next run");
         }
-    })?)
+    });
 }
 
 /// The reload component: puts each config read on SIGHUP in force.
@@ -133,10 +138,11 @@ pub(super) struct Reloader {
     pub file: Config,
     /// Configs read on SIGHUP, valid.
     pub configs: mpsc::Receiver<Config>,
-    /// The scheduler and its harvest job, replaced when the schedule
-    /// changes.
-    pub scheduler: JobScheduler,
-    pub harvest_job: Job,
+    /// Where the harvest's cron task runs, and what stops the daemon.
+    pub tasks: TaskTracker,
+    pub stop: CancellationToken,
+    /// Stops the harvest's cron task, replaced when the schedule changes.
+    pub harvest_cron: CancellationToken,
     /// What the harvest job triggers.
     pub harvest: mpsc::Sender<Trigger>,
 }
@@ -166,16 +172,14 @@ impl Reloader {
             );
         }
         if file.harvest.schedule != self.file.harvest.schedule {
-            match harvest_job(file.harvest.schedule.as_str(), self.harvest.clone()) {
-                Ok(job) => {
-                    let _ = self.scheduler.remove(&self.harvest_job.guid()).await;
-                    match self.scheduler.add(job.clone()).await {
-                        Ok(_) => self.harvest_job = job,
-                        Err(e) => tracing::error!(error = %e, "cannot schedule the harvest"),
-                    }
-                }
-                Err(e) => tracing::error!(error = %e, "cannot schedule the harvest"),
-            }
+            self.harvest_cron.cancel();
+            self.harvest_cron = self.stop.child_token();
+            schedule_harvest(
+                &self.tasks,
+                file.harvest.schedule.clone(),
+                self.harvest.clone(),
+                self.harvest_cron.clone(),
+            );
         }
         // What needs a restart kept the file's values; the running config
         // also holds what the daemon filled in at start (the addresses

@@ -517,9 +517,20 @@ async fn the_connection_cap_closes_the_quietest_to_make_room() {
     // Once they have had their second and sent nothing, the oldest make
     // room: for /healthz, then for 10 more silent clients (the first of
     // which takes the slot /healthz left).
-    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
-    let (_, status) = server.healthz().await;
-    assert_eq!(status, "HTTP/1.1 200 OK");
+    // Until then /healthz is told to come back too (a 503 closes no one).
+    common::until(
+        "/healthz gets in",
+        std::time::Duration::from_secs(10),
+        || async {
+            let (_, status) = server.healthz().await;
+            assert!(
+                status == "HTTP/1.1 200 OK" || status.starts_with("HTTP/1.1 503 "),
+                "{status}"
+            );
+            status == "HTTP/1.1 200 OK"
+        },
+    )
+    .await;
     tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     for _ in 0..10 {
         let c = tokio::net::TcpStream::connect(server.addr).await.unwrap();
