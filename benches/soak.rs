@@ -203,7 +203,7 @@ fn serve_farm() {
     let rt = tokio::runtime::Runtime::new().expect("tokio runtime");
     rt.block_on(async {
         raise_nofile_limit();
-        // Two judges, as the README advises for each kind in use.
+        // Two judges, as the guide's Checking chapter advises for each kind in use.
         let judges = [Judge::plain().await, Judge::plain().await];
         let mut opts = SiteOpts::new(|path, _| {
             let bare = path.split('?').next().unwrap_or(path);

@@ -470,7 +470,7 @@ async fn limit_time(State(state): State<AppState>, req: Request, next: Next) -> 
 /// Requires `Authorization: Bearer <token>` when a token is configured,
 /// and without one a `Host` naming this machine (see [`check_host`]);
 /// `/healthz` and `/judge`, which reveal nothing (and must answer monitors
-/// and proxies by any name), and `/openapi.json` (what the README says
+/// and proxies by any name), and `/openapi.json` (what the guide says
 /// too, for tools that read it before they are given the token) are open
 /// either way. With a token, a browser
 /// logged in to the dashboard may instead show its session cookie: for

@@ -249,7 +249,7 @@ async fn a_rebound_host_cannot_read_the_api_without_a_token() {
     assert_eq!(
         resp.status(),
         404,
-        "the README's report example gets to the handler"
+        "the guide's report example (docs/src/api.md) gets to the handler"
     );
     stop.cancel();
 }

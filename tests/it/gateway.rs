@@ -145,7 +145,7 @@ async fn plain_http_rotates_per_request_and_names_the_proxy() {
         let seen: HashSet<IpAddr> = peers(&site).into_iter().collect();
         assert_eq!(seen, HashSet::from([ip(2), ip(3), ip(4)]));
 
-        // The README's curl line.
+        // The guide's curl line (docs/src/gateway.md).
         let (code, body, err) = curl(&["-x", &gw.url(), &site.url("/a")]).await;
         assert_eq!((code, body.as_str()), (0, "page a"), "{err}");
         assert!(!peers(&site).contains(&ip(1)), "the gateway went direct");

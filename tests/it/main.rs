@@ -25,6 +25,7 @@ mod freshness;
 mod gateway;
 mod grafana;
 mod guards;
+mod guide;
 mod harvest;
 mod inputs_fuzz;
 mod lists;
