@@ -45,6 +45,12 @@ impl Browser {
     /// Starts chromedriver on a free loopback port, waits for it to say it
     /// listens, and opens a headless Chromium with JavaScript off.
     async fn start() -> Browser {
+        Browser::start_with(1280, false).await
+    }
+
+    /// A Chromium `width` px wide, its page script on when `script` (the
+    /// page has none; WebDriver's own scripts need it to measure).
+    async fn start_with(width: u32, script: bool) -> Browser {
         let driver_bin = which(&["chromedriver"]).expect(
             "chromedriver is not installed: apt-get install chromium chromium-driver (.ci/run does)",
         );
@@ -82,12 +88,19 @@ impl Browser {
                 "binary": chromium,
                 "args": [
                     "--headless", "--no-sandbox", "--disable-gpu",
-                    "--disable-background-networking", "--window-size=1280,2400",
+                    "--disable-background-networking", format!("--window-size={width},2400"),
                 ],
                 // The page must work without script.
-                "prefs": { "profile.managed_default_content_settings.javascript": 2 },
+                "prefs": { "profile.managed_default_content_settings.javascript": if script { 1 } else { 2 } },
             },
         });
+        let mut caps = caps;
+        if script {
+            // A window is never narrower than about 500 px: a phone's
+            // width needs the device emulation.
+            caps["goog:chromeOptions"]["mobileEmulation"] = serde_json::json!(
+                { "deviceMetrics": { "width": width, "height": 2400, "pixelRatio": 1 } });
+        }
         let serde_json::Value::Object(caps) = caps else {
             unreachable!()
         };
@@ -618,4 +631,95 @@ async fn a_session_cookie_reads_but_does_not_write_the_json_api() {
         daemon.stop().await;
     })
     .await;
+}
+
+/// What breaks the layout at the window's width, measured in the page:
+/// the document wider than the viewport, an element sticking out of it
+/// (outside a box that scrolls), a table header cell out of sight, text
+/// drawn under 11 px (SVG text at its scaled size).
+const LAYOUT_FAULTS: &str = r#"
+const vw = document.documentElement.clientWidth;
+const faults = [];
+if (document.documentElement.scrollWidth > vw) {
+  faults.push(`page scrollWidth ${document.documentElement.scrollWidth} > viewport ${vw}`);
+}
+const scrolls = (e) => { for (let p = e.parentElement; p; p = p.parentElement) {
+  const o = getComputedStyle(p).overflowX; if (o === 'auto' || o === 'scroll') return true; }
+  return false; };
+const name = (e) => e.tagName.toLowerCase() + (e.id ? '#' + e.id : '') +
+  ' "' + (e.textContent || '').trim().slice(0, 40) + '"';
+for (const e of document.body.querySelectorAll('*')) {
+  const r = e.getBoundingClientRect();
+  if (r.width === 0 && r.height === 0) continue;
+  if ((r.right > vw + 0.5 || r.left < -0.5) && !scrolls(e)) {
+    faults.push(`${name(e)} spans ${r.left.toFixed(0)}..${r.right.toFixed(0)}`);
+  }
+  const text = [...e.childNodes].some(n => n.nodeType === 3 && n.textContent.trim());
+  if (text) {
+    let px = parseFloat(getComputedStyle(e).fontSize);
+    const svg = e.closest('svg');
+    if (svg && svg.viewBox && svg.viewBox.baseVal && svg.viewBox.baseVal.width) {
+      px *= svg.getBoundingClientRect().width / svg.viewBox.baseVal.width;
+    }
+    if (px < 10.95) faults.push(`${name(e)} drawn at ${px.toFixed(1)} px`);
+  }
+}
+for (const th of document.querySelectorAll('th')) {
+  const r = th.getBoundingClientRect();
+  if ((r.right > vw + 0.5 || r.left < -0.5) && !scrolls(th)) {
+    faults.push(`header ${name(th)} out of sight at ${r.left.toFixed(0)}..${r.right.toFixed(0)}`);
+  }
+}
+return faults;
+"#;
+
+#[tokio::test]
+async fn the_dashboard_fits_375_1024_and_1400_px_with_readable_text_and_every_column_in_sight() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_three, _dead) = pool(dir.path()).await;
+    let (daemon, _gateway) = Daemon::start_with_gateway(dir.path(), "", |c| c).await;
+    // Judges asked, one of them the daemon's own.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (_, stats) = daemon.json("/stats").await;
+        if stats["last_check"].is_object() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no check round: {stats}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for width in [375u32, 1024, 1400] {
+        let browser = common::within(Browser::start_with(width, true)).await;
+        let b = &browser;
+        common::within(async {
+            b.client.goto(&daemon.url("/")).await.unwrap();
+            assert_eq!(b.count("#judges").await, 1);
+            let vw = b
+                .client
+                .execute("return document.documentElement.clientWidth;", vec![])
+                .await
+                .unwrap();
+            let vw = vw.as_u64().unwrap();
+            assert!(
+                vw <= u64::from(width) && vw + 20 >= u64::from(width),
+                "the viewport is {vw} px wide, not {width}"
+            );
+            let shot = b.screenshot(&format!("dashboard-{width}")).await;
+            let faults = b
+                .client
+                .execute(LAYOUT_FAULTS, vec![])
+                .await
+                .unwrap_or_else(|e| panic!("cannot measure the page: {e}"));
+            let faults: Vec<String> = serde_json::from_value(faults).unwrap();
+            assert!(
+                faults.is_empty(),
+                "at {width} px (screenshot {}):\n{}",
+                shot.display(),
+                faults.join("\n")
+            );
+        })
+        .await;
+        drop(browser);
+    }
+    daemon.stop().await;
 }

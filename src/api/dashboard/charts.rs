@@ -8,10 +8,10 @@ use maud::{Markup, html};
 /// Drawing area, in the SVG's own units (it scales to the page's width).
 const WIDTH: f64 = 640.0;
 const HEIGHT: f64 = 180.0;
-const LEFT: f64 = 52.0;
+const LEFT: f64 = 64.0;
 const RIGHT: f64 = 8.0;
 const TOP: f64 = 8.0;
-const BOTTOM: f64 = 22.0;
+const BOTTOM: f64 = 26.0;
 
 /// One line of a chart over time.
 pub struct Series<'a> {
@@ -48,7 +48,7 @@ fn grid((step, lines): (i64, i64)) -> Markup {
         @for i in 0..=lines {
             @let y = TOP + plot_h - plot_h * i as f64 / lines as f64;
             line.grid x1=(LEFT) x2=(WIDTH - RIGHT) y1=(y) y2=(y) {}
-            text.axis x=(LEFT - 4.0) y=(y + 4.0) text-anchor="end" { (super::format::count(step * i)) }
+            text.axis x=(LEFT - 4.0) y=(y + 6.0) text-anchor="end" { (super::format::count(step * i)) }
         }
     }
 }
@@ -139,7 +139,7 @@ pub fn bars(title: &str, class: &str, bars: &[(String, i64)], unit: &str) -> Mar
     let slot = plot_w / bars.len().max(1) as f64;
     let width = (slot * 0.8).clamp(1.0, 48.0);
     // Labels only where they fit.
-    let label_every = ((bars.len() as f64 * 60.0 / plot_w).ceil() as usize).max(1);
+    let label_every = ((bars.len() as f64 * 90.0 / plot_w).ceil() as usize).max(1);
     html! {
         figure {
             svg.chart viewBox=(format!("0 0 {WIDTH} {HEIGHT}")) role="img" aria-label=(title) {

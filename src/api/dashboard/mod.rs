@@ -135,8 +135,10 @@ async fn gather(state: &AppState, access: &Access) -> Result<page::View, ApiErro
             .anonymity
             .map_or_else(|| "unknown".to_owned(), |a| a.as_str().to_owned());
         *by.anonymity.entry(anonymity).or_default() += 1;
-        if r.https == Some(true) {
-            by.https += 1;
+        match r.https {
+            Some(true) => by.https += 1,
+            Some(false) => by.no_https += 1,
+            None => {}
         }
         if let Some(l) = r.latency_ms {
             latencies.push(l);

@@ -61,6 +61,8 @@ pub struct Breakdowns {
     pub country: BTreeMap<String, i64>,
     pub anonymity: BTreeMap<String, i64>,
     pub https: i64,
+    /// Known to fail CONNECT (HTTPS): plain HTTP only.
+    pub no_https: i64,
 }
 
 const STYLE: &str = r#"
@@ -76,8 +78,10 @@ header h1 { font-size: 1.25em; margin: 0; }
 header .meta { color: var(--muted); }
 header form { margin-left: auto; }
 nav a { margin-right: .8em; color: var(--c1); }
-main { padding: 1em 1.5em; display: grid; gap: 1em; grid-template-columns: repeat(auto-fit, minmax(420px, 1fr)); }
-section { background: var(--card); border: 1px solid var(--line); border-radius: 6px; padding: .8em 1em; }
+main { padding: 1em 1.5em; display: grid; gap: 1em;
+  grid-template-columns: repeat(auto-fit, minmax(min(420px, 100%), 1fr)); }
+@media (max-width: 600px) { main { padding: .6em; } header { padding: .6em; } }
+section { min-width: 0; background: var(--card); border: 1px solid var(--line); border-radius: 6px; padding: .8em 1em; }
 section.wide { grid-column: 1 / -1; }
 h2 { font-size: 1.05em; margin: 0 0 .6em; }
 h3 { font-size: .95em; margin: .8em 0 .3em; color: var(--muted); }
@@ -86,16 +90,23 @@ h3 { font-size: .95em; margin: .8em 0 .3em; color: var(--muted); }
 .tile .n { font-size: 1.6em; font-weight: 600; font-variant-numeric: tabular-nums; }
 .tile .l { color: var(--muted); font-size: .85em; }
 table { border-collapse: collapse; width: 100%; font-variant-numeric: tabular-nums; }
-th, td { text-align: left; padding: .25em .5em; border-bottom: 1px solid var(--line); vertical-align: top; }
+th, td { text-align: left; padding: .25em .5em; border-bottom: 1px solid var(--line); vertical-align: top;
+  overflow-wrap: break-word; }
+/* A table keeps its words whole and scrolls in its box; a URL breaks anywhere. */
+td.url { overflow-wrap: anywhere; min-width: 8em; }
+.scroll { overflow-x: auto; max-width: 100%; }
 td.num, th.num { text-align: right; }
 .muted { color: var(--muted); }
 .bad { color: var(--c3); }
 .good { color: var(--c2); }
 .banner { grid-column: 1 / -1; background: #fff4e0; color: #6b4500; border: 1px solid #e5c07b;
   border-radius: 6px; padding: .6em 1em; }
-svg.chart { width: 100%; height: auto; }
+figure { overflow-x: auto; }
+/* Axis labels are 18 units of a 640 wide chart: never drawn narrower than
+   392 px, they stay at 11 px or more; a narrower box scrolls. */
+svg.chart { width: 100%; min-width: 392px; height: auto; }
 svg.chart .grid { stroke: var(--line); stroke-width: 1; }
-svg.chart .axis { fill: var(--muted); font-size: 10px; }
+svg.chart .axis { fill: var(--muted); font-size: 18px; }
 svg polyline { stroke-width: 1.8; }
 .c1 { stroke: var(--c1); fill: var(--c1); } .c2 { stroke: var(--c2); fill: var(--c2); }
 .c3 { stroke: var(--c3); fill: var(--c3); } .c4 { stroke: var(--c4); fill: var(--c4); }
@@ -108,7 +119,8 @@ figcaption { color: var(--muted); font-size: .85em; }
 .swatch.c3 { background: var(--c3); } .swatch.c4 { background: var(--c4); }
 svg.share { width: 6em; height: .6em; }
 svg.share .track { fill: var(--line); }
-.cols { display: grid; grid-template-columns: repeat(auto-fit, minmax(180px, 1fr)); gap: 0 1em; }
+.cols { display: grid; grid-template-columns: repeat(auto-fit, minmax(min(180px, 100%), 1fr)); gap: 0 1em; }
+.cols > * { min-width: 0; }
 button { font: inherit; padding: .2em .7em; cursor: pointer; }
 .login { max-width: 26em; margin: 12vh auto; }
 .login input[type=password] { width: 100%; font: inherit; padding: .4em; margin: .4em 0 .8em; }
@@ -207,12 +219,14 @@ fn counts_table(
             @if rows.is_empty() {
                 p.muted { "none" }
             } @else {
-                table {
-                    @for (k, n) in rows.iter().take(limit) {
-                        tr {
-                            td { (k) }
-                            td.num data-stat=[stat.map(|s| format!("{s}.{k}"))] { (count(**n)) }
-                            td { (charts::share(**n, total)) }
+                div.scroll {
+                    table {
+                        @for (k, n) in rows.iter().take(limit) {
+                            tr {
+                                td { (k) }
+                                td.num data-stat=[stat.map(|s| format!("{s}.{k}"))] { (count(**n)) }
+                                td { (charts::share(**n, total)) }
+                            }
                         }
                     }
                 }
@@ -278,9 +292,11 @@ fn pool_now(v: &View) -> Markup {
     let by_status = |k: &str| v.stats.by_status.get(k).copied().unwrap_or(0);
     let mut https = BTreeMap::new();
     https.insert("with HTTPS".to_owned(), v.servable_by.https);
+    https.insert("plain HTTP only".to_owned(), v.servable_by.no_https);
+    // Not tested for CONNECT yet: neither of the above.
     https.insert(
-        "plain HTTP only".to_owned(),
-        v.servable as i64 - v.servable_by.https,
+        "HTTPS not known yet".to_owned(),
+        v.servable as i64 - v.servable_by.https - v.servable_by.no_https,
     );
     html! {
         section.wide #pool {
@@ -410,26 +426,28 @@ fn sources(v: &View) -> Markup {
             @if v.sources.is_empty() {
                 p.muted { "No source has run yet." }
             } @else {
-                table {
-                    tr {
-                        th { "Source" } th { "Last run" } th.num { "Took" } th.num { "Found" }
-                        th.num { "New" } th.num { "Alive" } th { "Alive share" } th.num { "Only here" }
-                        th.num { "Failed runs" } th { "Last error" }
-                    }
-                    @for s in &v.sources {
-                        @let failing = s.last_error.is_some();
-                        tr data-source=(s.name) {
-                            td { span class=(if failing { "bad" } else { "good" }) {
-                                (if failing { "✗ " } else { "✓ " }) } (s.name) }
-                            td { (s.last_fetch_at.map_or_else(|| "never".to_owned(), |t| ago(t, v.now))) }
-                            td.num { (s.last_duration_ms.map_or_else(String::new, duration_ms)) }
-                            td.num { (s.last_found.map_or_else(String::new, count)) }
-                            td.num { (s.last_new.map_or_else(String::new, count)) }
-                            td.num { (count(s.alive)) " of " (count(s.proxies)) }
-                            td { (charts::share(s.alive, s.proxies)) " " (percent(s.alive, s.proxies)) }
-                            td.num.unique { (count(s.unique)) }
-                            td.num { (count(s.fetches_failed)) " of " (count(s.fetches_total)) }
-                            td.bad { (s.last_error.as_deref().unwrap_or("")) }
+                div.scroll {
+                    table {
+                        tr {
+                            th { "Source" } th { "Last run" } th.num { "Took" } th.num { "Found" }
+                            th.num { "New" } th.num { "Alive" } th { "Alive share" } th.num { "Only here" }
+                            th.num { "Failed runs" } th { "Last error" }
+                        }
+                        @for s in &v.sources {
+                            @let failing = s.last_error.is_some();
+                            tr data-source=(s.name) {
+                                td { span class=(if failing { "bad" } else { "good" }) {
+                                    (if failing { "✗ " } else { "✓ " }) } (s.name) }
+                                td { (s.last_fetch_at.map_or_else(|| "never".to_owned(), |t| ago(t, v.now))) }
+                                td.num { (s.last_duration_ms.map_or_else(String::new, duration_ms)) }
+                                td.num { (s.last_found.map_or_else(String::new, count)) }
+                                td.num { (s.last_new.map_or_else(String::new, count)) }
+                                td.num { (count(s.alive)) " of " (count(s.proxies)) }
+                                td { (charts::share(s.alive, s.proxies)) " " (percent(s.alive, s.proxies)) }
+                                td.num.unique { (count(s.unique)) }
+                                td.num { (count(s.fetches_failed)) " of " (count(s.fetches_total)) }
+                                td.bad.url { (s.last_error.as_deref().unwrap_or("")) }
+                            }
                         }
                     }
                 }
@@ -445,17 +463,19 @@ fn judges(v: &View) -> Markup {
             @if v.judges.is_empty() {
                 p.muted { "No judge asked yet (they are asked before each check round)." }
             } @else {
-                table {
-                    tr { th { "Judge" } th { "State" } th.num { "Answers in" } th.num { "Failures" }
-                         th { "Asked" } }
-                    @for (url, j) in &v.judges {
-                        tr {
-                            td { (url) }
-                            td { @if j.up { span.good { "answers" } } @else {
-                                span.bad title=[j.last_error.as_deref()] { "no answer" } } }
-                            td.num { (j.latency.map_or_else(String::new, |l| duration_ms(l.as_millis() as i64))) }
-                            td.num { (count(j.failures as i64)) }
-                            td { (ago(j.last_asked_ms, v.now)) }
+                div.scroll {
+                    table {
+                        tr { th { "Judge" } th { "State" } th.num { "Answers in" } th.num { "Failures" }
+                             th { "Asked" } }
+                        @for (url, j) in &v.judges {
+                            tr {
+                                td.url { (url) }
+                                td { @if j.up { span.good { "answers" } } @else {
+                                    span.bad title=[j.last_error.as_deref()] { "no answer" } } }
+                                td.num { (j.latency.map_or_else(String::new, |l| duration_ms(l.as_millis() as i64))) }
+                                td.num { (count(j.failures as i64)) }
+                                td { (ago(j.last_asked_ms, v.now)) }
+                            }
                         }
                     }
                 }
@@ -518,14 +538,16 @@ fn rotation(v: &View) -> Markup {
         @if v.rotation.is_empty() {
             p.muted { "No request through the pool in the last 10 minutes." }
         } @else {
-            table #rotation {
-                tr { th { "site" } th.num { "requests" } th.num { "proxies" } th.num { "largest share" } }
-                @for s in v.rotation.iter().take(20) {
-                    tr {
-                        td { (s.site) }
-                        td.num { (s.uses) }
-                        td.num { (s.proxies) }
-                        td.num { (format!("{:.0}%", s.top_share * 100.0)) }
+            div.scroll {
+                table #rotation {
+                    tr { th { "site" } th.num { "requests" } th.num { "proxies" } th.num { "largest share" } }
+                    @for s in v.rotation.iter().take(20) {
+                        tr {
+                            td.url { (s.site) }
+                            td.num { (s.uses) }
+                            td.num { (s.proxies) }
+                            td.num { (format!("{:.0}%", s.top_share * 100.0)) }
+                        }
                     }
                 }
             }
@@ -541,28 +563,30 @@ fn crawls(v: &View) -> Markup {
             @if v.crawls.is_empty() {
                 p.muted { "No crawl job yet (" code { "POST /crawls" } ")." }
             } @else {
-                table {
-                    tr { th.num { "Job" } th { "State" } th.num { "Seeds" } th.num { "Pages" }
-                         th.num { "Failed" } th.num { "Queued" } th.num { "In flight" }
-                         th { "Started" } th { "Ended" } th {} }
-                    @for j in &v.crawls {
-                        @let id = j.id;
-                        @let state = j.state.as_str();
-                        tr data-crawl=(id) {
-                            td.num { a href=(format!("/crawls/{id}")) { (id) } }
-                            td.state { (state) @if let Some(e) = &j.error { " " span.bad { (e) } } }
-                            td.num { (count(j.seeds_total.unwrap_or(0))) }
-                            td.num { (n(j.progress.pages)) }
-                            td.num { (n(j.progress.failed)) }
-                            td.num { (n(j.progress.queued)) }
-                            td.num { (n(j.progress.in_flight)) }
-                            td { (j.started_at.as_deref().and_then(ms_of).map_or_else(String::new, |t| ago(t, v.now))) }
-                            td { (j.finished_at.as_deref().and_then(ms_of).map_or_else(String::new, |t| ago(t, v.now))) }
-                            td {
-                                @if state == "queued" || state == "running" {
-                                    form method="post" action=(format!("/dashboard/crawls/{id}/cancel")) {
-                                        input type="hidden" name="csrf" value=(v.csrf);
-                                        button type="submit" { "Cancel" }
+                div.scroll {
+                    table {
+                        tr { th.num { "Job" } th { "State" } th.num { "Seeds" } th.num { "Pages" }
+                             th.num { "Failed" } th.num { "Queued" } th.num { "In flight" }
+                             th { "Started" } th { "Ended" } th {} }
+                        @for j in &v.crawls {
+                            @let id = j.id;
+                            @let state = j.state.as_str();
+                            tr data-crawl=(id) {
+                                td.num { a href=(format!("/crawls/{id}")) { (id) } }
+                                td.state { (state) @if let Some(e) = &j.error { " " span.bad { (e) } } }
+                                td.num { (count(j.seeds_total.unwrap_or(0))) }
+                                td.num { (n(j.progress.pages)) }
+                                td.num { (n(j.progress.failed)) }
+                                td.num { (n(j.progress.queued)) }
+                                td.num { (n(j.progress.in_flight)) }
+                                td { (j.started_at.as_deref().and_then(ms_of).map_or_else(String::new, |t| ago(t, v.now))) }
+                                td { (j.finished_at.as_deref().and_then(ms_of).map_or_else(String::new, |t| ago(t, v.now))) }
+                                td {
+                                    @if state == "queued" || state == "running" {
+                                        form method="post" action=(format!("/dashboard/crawls/{id}/cancel")) {
+                                            input type="hidden" name="csrf" value=(v.csrf);
+                                            button type="submit" { "Cancel" }
+                                        }
                                     }
                                 }
                             }
