@@ -8,6 +8,7 @@ mod config;
 mod crawl;
 mod export;
 mod harvest;
+mod man;
 mod purge;
 mod serve;
 mod stats;
@@ -146,7 +147,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Man => {
             let mut out = Vec::new();
-            clap_mangen::Man::new(<Cli as clap::CommandFactory>::command()).render(&mut out)?;
+            man::render(<Cli as clap::CommandFactory>::command(), &mut out)?;
             std::io::stdout().lock().write_all(&out)?;
             Ok(ExitCode::SUCCESS)
         }

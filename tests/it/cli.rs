@@ -1127,12 +1127,29 @@ async fn completions_and_the_manual_page_are_printed() {
         "export",
         "crawl",
         "completions",
+        "config check",
+        "config example",
+        "man",
     ] {
+        // Each command is a subsection of this one page.
         assert!(
-            page.contains(command),
+            page.contains(&format!(".SS \"proxywarden {command}\"")),
             "{command} missing from the manual page"
         );
     }
+    // It sends the reader to no page that is not installed: the only
+    // page is proxywarden(1) itself.
+    let refs: Vec<&str> = page
+        .match_indices("(1)")
+        .map(|(at, _)| {
+            let start = page[..at]
+                .rfind(|c: char| c.is_whitespace() || c == '"')
+                .map_or(0, |i| i + 1);
+            &page[start..at]
+        })
+        .filter(|name| *name != "proxywarden")
+        .collect();
+    assert!(refs.is_empty(), "pages named but not installed: {refs:?}");
 }
 
 /// Runs the binary with `input` on stdin.
