@@ -92,7 +92,9 @@ pub(super) async fn run(config_path: Option<&Path>, args: HarvestArgs) -> anyhow
         Ok(ExitCode::SUCCESS)
     } else {
         eprintln!(
-            "error: all {} sources failed; nothing was harvested",
+            "error: all {} sources failed; nothing was harvested (each source's error is in \
+             the table above; check the network, or configure sources as [[sources]] tables: \
+             `proxywarden config example` shows them)",
             report.sources.len()
         );
         Ok(ExitCode::from(1))

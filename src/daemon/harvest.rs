@@ -344,18 +344,20 @@ impl Harvester {
             .next_after(now)
             .and_then(|next| (next - now).to_std().ok())
             .is_none_or(|to_slot| to_slot > wait);
-        let why: Vec<String> = failed
+        // Each failed source's error on a line of its own (a first run
+        // offline fails every source: one line holding them all ran to
+        // thousands of characters); the harvest's line names them.
+        let why: Vec<&str> = failed
             .iter()
             .filter(|s| !s.worked() || s.unwritable.is_none())
             .map(|s| {
-                format!(
-                    "{}: {}",
-                    s.name,
-                    s.error
-                        .as_deref()
-                        .or(s.store_error.as_deref())
-                        .unwrap_or("listed no proxy")
-                )
+                let error = s
+                    .error
+                    .as_deref()
+                    .or(s.store_error.as_deref())
+                    .unwrap_or("listed no proxy");
+                tracing::warn!(source = %s.name, error = %clip(error), "cannot harvest this source");
+                s.name.as_str()
             })
             .collect();
         let retry_in = if retry {
@@ -366,21 +368,25 @@ impl Harvester {
         let fetched = report.sources.iter().filter(|s| s.worked()).count();
         let served = self.state.index().len();
         let next_harvest = self.next_harvest();
+        let sources = why.join(", ");
         if why.is_empty() {
             tracing::debug!(sources = failed.len(), %retry_in, "sources not stored; harvesting them again");
         } else if fetched == 0 && !self.worked_before && served == 0 {
             tracing::error!(
-                sources = %why.join("; "),
+                failed = why.len(),
+                %sources,
                 %retry_in,
                 %next_harvest,
-                "no source worked, so there is nothing new to check or serve; check the network and the sources' URLs"
+                "no source worked, so there is nothing new to check or serve; check the network \
+                 and the sources' URLs (each source's error is logged above); sources are \
+                 [[sources]] tables in the config file, `proxywarden config example` shows them"
             );
         } else if fetched == 0 {
             // Other sources worked before (or proxies are served): this is
             // not the daemon out of work.
             tracing::warn!(
                 failed = why.len(),
-                sources = %why.join("; "),
+                %sources,
                 %retry_in,
                 %next_harvest,
                 served,
@@ -390,7 +396,7 @@ impl Harvester {
             tracing::warn!(
                 failed = why.len(),
                 of = report.sources.len(),
-                sources = %why.join("; "),
+                %sources,
                 %retry_in,
                 %next_harvest,
                 "some sources failed"
@@ -546,3 +552,15 @@ async fn until(at: Option<Instant>) {
         None => std::future::pending().await,
     }
 }
+
+/// A source's error as logged: at most [`MAX_ERROR_CHARS`] characters, so
+/// that a list's or a server's words cannot make a line without end.
+fn clip(error: &str) -> std::borrow::Cow<'_, str> {
+    match error.char_indices().nth(MAX_ERROR_CHARS) {
+        Some((at, _)) => format!("{}…", &error[..at]).into(),
+        None => error.into(),
+    }
+}
+
+/// See [`clip`].
+const MAX_ERROR_CHARS: usize = 400;

@@ -359,6 +359,12 @@ async fn harvest_fails_with_a_clear_message_when_every_source_fails() {
         "{}",
         stderr(&out)
     );
+    // And says what to do.
+    assert!(
+        stderr(&out).contains("[[sources]]") && stderr(&out).contains("config example"),
+        "{}",
+        stderr(&out)
+    );
     assert!(stdout(&out).contains("HTTP 500"));
     assert!(stdout(&out).contains("cannot read /definitely/not/here.txt"));
 
@@ -1039,17 +1045,40 @@ async fn serve_says_no_source_worked_and_retries_failed_sources() {
         .spawn()
         .unwrap();
     let mut logs = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
-    let line = common::within(async {
+    let (before, line) = common::within(async {
+        let mut before = Vec::new();
         while let Some(line) = logs.next_line().await.unwrap() {
             if line.contains("no source worked") {
-                return line;
+                return (before, line);
             }
+            before.push(line);
         }
         panic!("serve ended without saying no source worked");
     })
     .await;
-    for needle in ["flaky: ", "503", "refusing: ", "retry_in=1s"] {
+    // One line names the sources, says when they are tried again and how
+    // sources are configured; each source's error has a line of its own.
+    for needle in [
+        "flaky",
+        "refusing",
+        "retry_in=1s",
+        "[[sources]]",
+        "config example",
+    ] {
         assert!(line.contains(needle), "{needle:?} not in {line}");
+    }
+    assert!(
+        line.len() < 700,
+        "a line of {} characters: {line}",
+        line.len()
+    );
+    for (source, error) in [("flaky", "503"), ("refusing", "refused")] {
+        let said: Vec<&String> = before
+            .iter()
+            .filter(|l| l.contains(&format!("source={source} ")))
+            .collect();
+        assert_eq!(said.len(), 1, "{source}'s error said once: {before:#?}");
+        assert!(said[0].contains(error), "{error:?} not in {}", said[0]);
     }
     // Keep reading the log so the daemon never blocks on a full pipe.
     tokio::spawn(async move { while let Ok(Some(_)) = logs.next_line().await {} });

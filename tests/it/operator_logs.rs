@@ -155,7 +155,7 @@ async fn the_log_tells_the_truth_while_sources_work() {
     let mut serve = Serve::start(dir.path(), &path, port);
     let failed = serve.line("some sources failed").await;
     assert!(
-        failed.contains("WARN") && failed.contains("refusing: "),
+        failed.contains("WARN") && failed.contains("sources=refusing"),
         "{failed}"
     );
     assert!(failed.contains("next_harvest="), "{failed}");
@@ -172,8 +172,13 @@ async fn the_log_tells_the_truth_while_sources_work() {
     let log = serve.stop().await;
     assert!(!log.contains("no source worked"), "{log}");
     assert!(!log.contains("applied database migration"), "{log}");
-    // The failure is said in the harvest's line, not once more per source.
+    // The failure is said once: the harvest's line names the source, one
+    // line gives its error.
     assert!(!log.contains("source failed"), "{log}");
+    assert!(
+        log.contains("cannot harvest this source source=refusing"),
+        "{log}"
+    );
 }
 
 /// Issue 24, Must 7: a daemon whose only source fails says "no source
