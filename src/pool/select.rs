@@ -217,9 +217,7 @@ impl Pool {
             });
             match entry {
                 Some(e) => chosen = Some(e),
-                None => {
-                    st.sessions.remove(key);
-                }
+                None => st.end_session(key),
             }
         }
         if chosen.is_none() {
@@ -268,16 +266,28 @@ impl Pool {
         }
         recent.push_back(entry.id);
         if let Some(key) = session {
-            if st.sessions.len() >= MAX_SESSIONS {
-                let age = opts.session_age;
-                st.sessions.retain(|_, s| now - s.since < age);
+            if !st.sessions.contains_key(key) {
+                let evicted = st.make_room(inner.shared.max_sessions, now, opts.session_age);
+                if evicted > 0 {
+                    inner
+                        .shared
+                        .sessions_evicted
+                        .fetch_add(evicted, Ordering::Relaxed);
+                }
+                let seq = st.next_session;
+                st.next_session += 1;
+                st.session_order.insert(seq, key.to_owned());
+                st.sessions.insert(
+                    key.to_owned(),
+                    Session {
+                        id: entry.id,
+                        uses: 0,
+                        since: now,
+                        seq,
+                    },
+                );
             }
-            if st.sessions.len() < MAX_SESSIONS || st.sessions.contains_key(key) {
-                let s = st.sessions.entry(key.to_owned()).or_insert(Session {
-                    id: entry.id,
-                    uses: 0,
-                    since: now,
-                });
+            if let Some(s) = st.sessions.get_mut(key) {
                 s.uses += 1;
             }
         }
@@ -297,6 +307,37 @@ impl Pool {
             }),
             None,
         )
+    }
+}
+
+impl State {
+    /// Forgets session `key`.
+    fn end_session(&mut self, key: &str) {
+        if let Some(s) = self.sessions.remove(key) {
+            self.session_order.remove(&s.seq);
+        }
+    }
+
+    /// Makes room in the sessions table for one more: drops the sessions
+    /// older than `age` at its front (they would not stick any more), then,
+    /// while it is still full, the oldest live ones, which it counts.
+    /// Oldest first by creation, so each step costs a lookup, not a scan
+    /// of the table.
+    fn make_room(&mut self, max: usize, now: Instant, age: Duration) -> u64 {
+        let mut evicted = 0;
+        while let Some(entry) = self.session_order.first_entry() {
+            let expired = self
+                .sessions
+                .get(entry.get())
+                .is_none_or(|s| now - s.since >= age);
+            if !expired && self.sessions.len() < max {
+                break;
+            }
+            let key = entry.remove();
+            self.sessions.remove(&key);
+            evicted += u64::from(!expired);
+        }
+        evicted
     }
 }
 
