@@ -418,3 +418,43 @@ impl Drop for SlotWaiter<'_> {
         self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn open(st: &mut State, key: &str, since: Instant) {
+        let seq = st.next_session;
+        st.next_session += 1;
+        st.session_order.insert(seq, key.to_owned());
+        st.sessions.insert(
+            key.to_owned(),
+            Session {
+                id: 1,
+                uses: 1,
+                since,
+                seq,
+            },
+        );
+    }
+
+    #[test]
+    fn a_full_table_drops_expired_sessions_quietly_and_counts_live_ones() {
+        let age = Duration::from_secs(600);
+        let now = Instant::now() + Duration::from_secs(3_600);
+        let mut st = State::default();
+        open(&mut st, "old", now - Duration::from_secs(900));
+        open(&mut st, "a", now - Duration::from_secs(60));
+        open(&mut st, "b", now - Duration::from_secs(30));
+        // Room below the cap: only the expired one goes, uncounted.
+        assert_eq!(st.make_room(3, now, age), 0);
+        assert_eq!(st.sessions.len(), 2);
+        assert!(!st.sessions.contains_key("old"));
+        // At the cap: the oldest live one goes, counted.
+        assert_eq!(st.make_room(2, now, age), 1);
+        assert!(st.sessions.contains_key("b") && !st.sessions.contains_key("a"));
+        // Ended sessions leave the order too, so it never outgrows the table.
+        st.end_session("b");
+        assert!(st.sessions.is_empty() && st.session_order.is_empty());
+    }
+}
