@@ -1,21 +1,26 @@
 //! The gateway's counters: requests and tunnels by result, retries,
 //! upstream failures by reason, bytes each way, and the latency the gateway
-//! adds, for `/metrics` (Prometheus) and `/stats` (a snapshot).
+//! adds, the sticky sessions table, for `/metrics` (Prometheus) and `/stats`
+//! (a snapshot).
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use prometheus_client::metrics::counter::Counter;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use serde::Serialize;
 
 use crate::lock;
 use crate::model::Reason;
+use crate::pool::Pool;
 
 type Labels = Vec<(&'static str, String)>;
 
@@ -61,6 +66,9 @@ pub struct GatewayMetrics {
     added_count: AtomicU64,
     /// For `/stats`, by (kind, result): the counters of `requests`.
     totals: Mutex<BTreeMap<(&'static str, &'static str), Counter>>,
+    /// The pool whose sticky sessions the gateway's clients hold, read
+    /// when shown.
+    pool: Option<Pool>,
 }
 
 impl Default for GatewayMetrics {
@@ -88,6 +96,7 @@ impl Default for GatewayMetrics {
             added_sum_us: AtomicU64::new(0),
             added_count: AtomicU64::new(0),
             totals: Mutex::default(),
+            pool: None,
         }
     }
 }
@@ -120,9 +129,23 @@ pub struct GatewayStats {
     pub evicted: u64,
     /// Mean latency the gateway added (picking, retries, its own work), in ms.
     pub added_latency_mean_ms: f64,
+    /// Sticky sessions held now (`pool.max_sessions` at most).
+    pub sessions: u64,
+    /// Live sessions dropped, oldest first, to make room for new ones at
+    /// `pool.max_sessions`: each such client moved to another proxy.
+    pub sessions_evicted: u64,
 }
 
 impl GatewayMetrics {
+    /// The metrics of a gateway picking from `pool`, whose sessions table
+    /// they show.
+    pub fn new(pool: Pool) -> GatewayMetrics {
+        GatewayMetrics {
+            pool: Some(pool),
+            ..GatewayMetrics::default()
+        }
+    }
+
     /// Adds every metric to `registry` (the daemon's, under a `gateway_`
     /// prefix).
     pub fn register(&self, registry: &mut Registry) {
@@ -174,6 +197,9 @@ impl GatewayMetrics {
             "Client connections waiting for a request head closed to make room for a new one",
             self.evicted.clone(),
         );
+        if let Some(pool) = &self.pool {
+            registry.register_collector(Box::new(SessionsCollector(pool.clone())));
+        }
     }
 
     /// Counts a finished request or tunnel set-up.
@@ -262,11 +288,42 @@ impl GatewayMetrics {
         s.tunnels_open = self.tunnels_open.get();
         s.refused = self.refused.get();
         s.evicted = self.evicted.get();
+        if let Some(pool) = &self.pool {
+            let sessions = pool.sessions();
+            s.sessions = sessions.open;
+            s.sessions_evicted = sessions.evicted;
+        }
         let count = self.added_count.load(Ordering::Relaxed);
         if count > 0 {
             s.added_latency_mean_ms =
                 self.added_sum_us.load(Ordering::Relaxed) as f64 / count as f64 / 1000.0;
         }
         s
+    }
+}
+
+/// The sticky sessions table, read from the pool at scrape time.
+#[derive(Debug)]
+struct SessionsCollector(Pool);
+
+impl Collector for SessionsCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let s = self.0.sessions();
+        // A table's size fits an i64.
+        let open = ConstGauge::new(s.open as i64);
+        open.encode(encoder.encode_descriptor(
+            "sessions",
+            "Sticky sessions held (pool.max_sessions at most)",
+            None,
+            MetricType::Gauge,
+        )?)?;
+        let evicted = ConstCounter::new(s.evicted);
+        evicted.encode(encoder.encode_descriptor(
+            "sessions_evicted",
+            "Live sticky sessions dropped, oldest first, to make room for new ones at pool.max_sessions",
+            None,
+            MetricType::Counter,
+        )?)?;
+        Ok(())
     }
 }

@@ -157,11 +157,12 @@ impl Gateway {
             ..PoolOptions::default()
         };
         let pool = pool.client(opts)?;
+        let metrics = Arc::new(GatewayMetrics::new(pool.clone()));
         Ok(Gateway {
             inner: Arc::new(Inner {
                 pool,
                 settings,
-                metrics: Arc::default(),
+                metrics,
                 upstreams: upstream::Upstreams::default(),
                 auth,
             }),

@@ -120,6 +120,10 @@ pub struct PoolOptions {
     pub session_uses: u32,
     /// …or once it is this old.
     pub session_age: Duration,
+    /// Sticky sessions kept at once, for every client together (the
+    /// pool's): a new session beyond it evicts the oldest, counted in
+    /// [`SessionCounts::evicted`].
+    pub max_sessions: usize,
     /// The `User-Agent` sent.
     pub user_agent: String,
     /// Which answers are blocks or proxy lies.
@@ -155,6 +159,7 @@ impl Default for PoolOptions {
             no_proxy: NoProxy::Wait(Duration::from_secs(60)),
             session_uses: 100,
             session_age: Duration::from_secs(600),
+            max_sessions: DEFAULT_MAX_SESSIONS,
             user_agent: DEFAULT_USER_AGENT.to_owned(),
             classifier: Classifier::default(),
             extra_ca: None,
@@ -470,8 +475,9 @@ pub struct PoolStats {
 
 /// Proxies refused alike (bare 403) before the answer is the page.
 const REFUSAL_QUORUM: u32 = 3;
-/// Sticky sessions kept.
-const MAX_SESSIONS: usize = 100_000;
+/// Sticky sessions kept unless [`PoolOptions::max_sessions`] says
+/// otherwise.
+pub const DEFAULT_MAX_SESSIONS: usize = 100_000;
 /// Sites whose bans are counted for the stats.
 const MAX_BAN_SITES: usize = 1024;
 /// A proxy that carried one of a site's last this many requests is taken
@@ -498,12 +504,31 @@ struct Session {
     id: i64,
     uses: u32,
     since: Instant,
+    /// Its place in [`State::session_order`].
+    seq: u64,
+}
+
+/// The sticky sessions table: how full it is and what it let go to make
+/// room.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct SessionCounts {
+    /// Sessions held now (some may have expired and wait to be dropped).
+    pub open: u64,
+    /// The most held at once ([`PoolOptions::max_sessions`]).
+    pub max: u64,
+    /// Live sessions dropped, oldest first, to make room for a new one:
+    /// each such client moved to another proxy.
+    pub evicted: u64,
 }
 
 #[derive(Default)]
 struct State {
     usage: crate::health::IdMap<Usage>,
     sessions: HashMap<String, Session>,
+    /// Session keys by creation, oldest first: who makes room for a new
+    /// one when the table is full.
+    session_order: BTreeMap<u64, String>,
+    next_session: u64,
     last_rr: i64,
     failed: HashSet<i64>,
     bans: HashMap<String, HashSet<i64>>,
@@ -556,6 +581,9 @@ struct Shared {
     /// A failed proxy's first rest, and its longest.
     cooldown: Duration,
     max_cooldown: Duration,
+    /// Sticky sessions held at most, and how many were evicted.
+    max_sessions: usize,
+    sessions_evicted: AtomicU64,
 }
 
 impl Drop for Shared {
@@ -661,6 +689,7 @@ impl Pool {
             feedback,
             PoolOptions {
                 max_in_flight: config.max_per_proxy,
+                max_sessions: config.max_sessions,
                 ..PoolOptions::default()
             },
         )
@@ -683,6 +712,8 @@ impl Pool {
             max_in_flight: opts.max_in_flight,
             cooldown: opts.cooldown,
             max_cooldown: opts.max_cooldown,
+            max_sessions: opts.max_sessions.max(1),
+            sessions_evicted: AtomicU64::new(0),
         });
         Pool::handle(shared, opts)
     }
@@ -755,6 +786,16 @@ impl Pool {
                 .iter()
                 .map(|(s, ids)| (s.clone(), ids.len() as u64))
                 .collect(),
+        }
+    }
+
+    /// The sticky sessions table (shared by every client of the pool).
+    pub fn sessions(&self) -> SessionCounts {
+        let shared = &self.inner.shared;
+        SessionCounts {
+            open: lock(&shared.state).sessions.len() as u64,
+            max: shared.max_sessions as u64,
+            evicted: shared.sessions_evicted.load(Ordering::Relaxed),
         }
     }
 

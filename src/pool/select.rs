@@ -217,9 +217,7 @@ impl Pool {
             });
             match entry {
                 Some(e) => chosen = Some(e),
-                None => {
-                    st.sessions.remove(key);
-                }
+                None => st.end_session(key),
             }
         }
         if chosen.is_none() {
@@ -268,16 +266,28 @@ impl Pool {
         }
         recent.push_back(entry.id);
         if let Some(key) = session {
-            if st.sessions.len() >= MAX_SESSIONS {
-                let age = opts.session_age;
-                st.sessions.retain(|_, s| now - s.since < age);
+            if !st.sessions.contains_key(key) {
+                let evicted = st.make_room(inner.shared.max_sessions, now, opts.session_age);
+                if evicted > 0 {
+                    inner
+                        .shared
+                        .sessions_evicted
+                        .fetch_add(evicted, Ordering::Relaxed);
+                }
+                let seq = st.next_session;
+                st.next_session += 1;
+                st.session_order.insert(seq, key.to_owned());
+                st.sessions.insert(
+                    key.to_owned(),
+                    Session {
+                        id: entry.id,
+                        uses: 0,
+                        since: now,
+                        seq,
+                    },
+                );
             }
-            if st.sessions.len() < MAX_SESSIONS || st.sessions.contains_key(key) {
-                let s = st.sessions.entry(key.to_owned()).or_insert(Session {
-                    id: entry.id,
-                    uses: 0,
-                    since: now,
-                });
+            if let Some(s) = st.sessions.get_mut(key) {
                 s.uses += 1;
             }
         }
@@ -297,6 +307,37 @@ impl Pool {
             }),
             None,
         )
+    }
+}
+
+impl State {
+    /// Forgets session `key`.
+    fn end_session(&mut self, key: &str) {
+        if let Some(s) = self.sessions.remove(key) {
+            self.session_order.remove(&s.seq);
+        }
+    }
+
+    /// Makes room in the sessions table for one more: drops the sessions
+    /// older than `age` at its front (they would not stick any more), then,
+    /// while it is still full, the oldest live ones, which it counts.
+    /// Oldest first by creation, so each step costs a lookup, not a scan
+    /// of the table.
+    fn make_room(&mut self, max: usize, now: Instant, age: Duration) -> u64 {
+        let mut evicted = 0;
+        while let Some(entry) = self.session_order.first_entry() {
+            let expired = self
+                .sessions
+                .get(entry.get())
+                .is_none_or(|s| now - s.since >= age);
+            if !expired && self.sessions.len() < max {
+                break;
+            }
+            let key = entry.remove();
+            self.sessions.remove(&key);
+            evicted += u64::from(!expired);
+        }
+        evicted
     }
 }
 
@@ -375,5 +416,45 @@ impl<'a> SlotWaiter<'a> {
 impl Drop for SlotWaiter<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn open(st: &mut State, key: &str, since: Instant) {
+        let seq = st.next_session;
+        st.next_session += 1;
+        st.session_order.insert(seq, key.to_owned());
+        st.sessions.insert(
+            key.to_owned(),
+            Session {
+                id: 1,
+                uses: 1,
+                since,
+                seq,
+            },
+        );
+    }
+
+    #[test]
+    fn a_full_table_drops_expired_sessions_quietly_and_counts_live_ones() {
+        let age = Duration::from_secs(600);
+        let now = Instant::now() + Duration::from_secs(3_600);
+        let mut st = State::default();
+        open(&mut st, "old", now - Duration::from_secs(900));
+        open(&mut st, "a", now - Duration::from_secs(60));
+        open(&mut st, "b", now - Duration::from_secs(30));
+        // Room below the cap: only the expired one goes, uncounted.
+        assert_eq!(st.make_room(3, now, age), 0);
+        assert_eq!(st.sessions.len(), 2);
+        assert!(!st.sessions.contains_key("old"));
+        // At the cap: the oldest live one goes, counted.
+        assert_eq!(st.make_room(2, now, age), 1);
+        assert!(st.sessions.contains_key("b") && !st.sessions.contains_key("a"));
+        // Ended sessions leave the order too, so it never outgrows the table.
+        st.end_session("b");
+        assert!(st.sessions.is_empty() && st.session_order.is_empty());
     }
 }

@@ -30,6 +30,8 @@ pub enum Fault {
     Stall,
     /// Random text for three requests in ten, genuine answers otherwise.
     GarbageSometimes,
+    /// The genuine answer's head at once, then its body one byte a second.
+    Drip,
 }
 
 /// A server task stopped on drop.
@@ -225,7 +227,7 @@ impl Judge {
                     let n = asked.fetch_add(1, Ordering::Relaxed);
                     let faulty = n >= after
                         && match fault {
-                            Fault::RandomContent | Fault::Stall => true,
+                            Fault::RandomContent | Fault::Stall | Fault::Drip => true,
                             Fault::GarbageSometimes => matches!((n - after) % 10, 2 | 5 | 8),
                         };
                     // Proxies in tests forward from other 127.x addresses.
@@ -240,6 +242,12 @@ impl Judge {
                         }
                         match fault {
                             Fault::Stall => std::future::pending().await,
+                            Fault::Drip => {
+                                let genuine = proxywarden::api::judge::judge(info, m, u, h)
+                                    .await
+                                    .into_response();
+                                drip(genuine).await
+                            }
                             Fault::RandomContent | Fault::GarbageSometimes => {
                                 format!("{:032x}", rand::random::<u128>()).into_response()
                             }
@@ -406,4 +414,30 @@ pub fn make_certs() -> (
         leaf.der().clone(),
         rustls_pki_types::PrivateKeyDer::Pkcs8(leaf_key.serialize_der().into()),
     )
+}
+
+/// `answer` with its head at once and its body one byte a second.
+async fn drip(answer: axum::response::Response) -> axum::response::Response {
+    let (mut parts, body) = answer.into_parts();
+    let bytes = axum::body::to_bytes(body, usize::MAX)
+        .await
+        .unwrap_or_default();
+    parts
+        .headers
+        .insert(axum::http::header::CONTENT_LENGTH, bytes.len().into());
+    let bytes = bytes.to_vec();
+    let slow = futures::stream::unfold(0usize, move |i| {
+        let byte = bytes.get(i).copied();
+        async move {
+            if i > 0 {
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+            }
+            let byte = byte?;
+            Some((
+                Ok::<_, std::io::Error>(bytes::Bytes::copy_from_slice(&[byte])),
+                i + 1,
+            ))
+        }
+    });
+    axum::response::Response::from_parts(parts, axum::body::Body::from_stream(slow))
 }

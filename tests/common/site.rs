@@ -45,6 +45,10 @@ pub enum Delivery {
     /// The head with the body's whole length, half the body, then the
     /// connection closes.
     Cut,
+    /// The head with the body's whole length at once, then the body one
+    /// byte a second: slow on purpose, never idle long enough for an idle
+    /// timeout.
+    Drip,
 }
 
 impl Reply {
@@ -91,6 +95,14 @@ impl Reply {
         Reply {
             delivery: Delivery::Endless,
             ..Reply::ok("")
+        }
+    }
+
+    /// `body` one byte a second (see [`Delivery::Drip`]).
+    pub fn drip(body: impl Into<Vec<u8>>) -> Reply {
+        Reply {
+            delivery: Delivery::Drip,
+            ..Reply::ok(body)
         }
     }
 
@@ -520,6 +532,21 @@ async fn answer(
                 Err(std::io::Error::other("cut short on purpose")),
             ]);
             StreamBody::new(cut).boxed()
+        }
+        Delivery::Drip => {
+            resp = resp.header("Content-Length", reply.body.len());
+            let bytes = reply.body;
+            let drip = futures::stream::unfold(0usize, move |i| {
+                let byte = bytes.get(i).copied();
+                async move {
+                    if i > 0 {
+                        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                    }
+                    let byte = byte?;
+                    Some((Ok(Frame::data(Bytes::copy_from_slice(&[byte]))), i + 1))
+                }
+            });
+            StreamBody::new(drip).boxed()
         }
     };
     resp.body(body).unwrap()

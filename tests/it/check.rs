@@ -1231,6 +1231,41 @@ async fn a_judge_stalling_mid_round_kills_no_proxy() {
     one_of_two_judges_turning(Fault::Stall, true, 1, "stall").await;
 }
 
+/// Of two judges, one starts dripping its answers (the head at once, then a
+/// byte a second) mid-round: each check through it ends at `check.timeout`
+/// like a silent one, and the slowness is the judge's, so no working proxy
+/// is marked dead; one that went silent is still found dead once the
+/// healthy judge confirms it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_judge_dripping_its_answers_mid_round_kills_no_proxy() {
+    one_of_two_judges_turning(Fault::Drip, true, 1, "drip").await;
+}
+
+/// The only judge starts dripping every answer mid-round, its direct ones
+/// too: the judge is out of reach, not the proxies, so the round stops and
+/// no working proxy is marked dead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_only_judge_dripping_every_answer_kills_no_proxy() {
+    let dir = tempfile::tempdir().unwrap();
+    let faulted = Arc::new(AtomicUsize::new(0));
+    let judge = Judge::plain_with(Judge::turning(6, Fault::Drip, faulted.clone())).await;
+    let scene = Scene::start(false).await;
+    let judges = format!(r#"["{}"]"#, judge.url());
+    let (config, store) = scene.stored(dir.path(), &judges).await;
+    let round = common::within(run_round(&config, &store, false)).await;
+    assert!(
+        faulted.load(Ordering::Relaxed) >= 1,
+        "no check met the drip ({round:?})"
+    );
+    // The round may stop before the others' verdicts: what it must not do
+    // is bury a working proxy.
+    let records = store.list_proxies(ProxyFilter::default()).await.unwrap();
+    for addr in scene.farm.alive_addrs() {
+        let r = by_addr(&records, addr);
+        assert_eq!(r.status, Status::Alive, "{addr}: {r:?} ({round:?})");
+    }
+}
+
 /// A round of the scene (with a proxy that went silent if `with_silent`)
 /// against two judges, the first turning to `fault` after six requests: at
 /// least `at_least` checks meet the fault (`what` in the message), all 40

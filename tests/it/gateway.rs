@@ -374,6 +374,47 @@ async fn a_session_keeps_its_proxy_until_the_proxy_fails() {
 }
 
 #[tokio::test]
+async fn a_full_sessions_table_evicts_the_oldest_session_and_counts_it() {
+    within(async {
+        let dir = tempfile::tempdir().unwrap();
+        let site = Site::start(SiteOpts::routes(vec![("/a", Reply::html("page a"))])).await;
+        let (_proxies, alive) = working_proxies(3).await;
+        let gw = Gw::start_with(dir.path(), &alive, |c| c.set("pool", "max_sessions", "2")).await;
+        let sticky = |name: &str| gw.client(Some((&*format!("session-{name}"), "x")));
+        for name in ["a", "b"] {
+            let resp = sticky(name).get(site.url("/a")).send().await.unwrap();
+            assert_eq!(resp.status(), 200);
+        }
+        let stats = gw.gateway.metrics().snapshot();
+        assert_eq!((stats.sessions, stats.sessions_evicted), (2, 0));
+
+        // A third session finds the table full: the oldest (a) makes room,
+        // and the new one sticks to its proxy as every session does.
+        let c = sticky("c");
+        let mut used = Vec::new();
+        for _ in 0..4 {
+            let resp = c.get(site.url("/a")).send().await.unwrap();
+            assert_eq!(resp.status(), 200);
+            used.push(proxy_id(&resp));
+        }
+        assert!(used.iter().all(|id| *id == used[0]), "{used:?}");
+        let stats = gw.gateway.metrics().snapshot();
+        assert_eq!((stats.sessions, stats.sessions_evicted), (2, 1));
+
+        // What an operator scrapes says so too.
+        let metrics = proxywarden::api::metrics::Metrics::new();
+        metrics.register_gateway(&gw.gateway.metrics());
+        let text = metrics.render(&[], 0);
+        assert!(
+            text.contains("proxywarden_gateway_sessions 2\n")
+                && text.contains("proxywarden_gateway_sessions_evicted_total 1\n"),
+            "{text}"
+        );
+    })
+    .await;
+}
+
+#[tokio::test]
 async fn filters_in_the_username_or_headers_choose_the_proxy() {
     within(async {
         let dir = tempfile::tempdir().unwrap();
