@@ -46,6 +46,13 @@ pub(super) async fn run(
                     .await
                     .map_err(|e| anyhow::anyhow!("{origin}: database.url: {e}"))?;
             }
+            let problems = problems(&config);
+            if !problems.is_empty() {
+                for problem in &problems {
+                    eprintln!("{origin}: {problem}");
+                }
+                return Ok(ExitCode::from(1));
+            }
             let enabled = config.sources.iter().filter(|s| s.enabled).count();
             println!(
                 "{origin}: ok ({} sources, {enabled} enabled; database {})",
@@ -55,4 +62,44 @@ pub(super) async fn run(
             Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+/// What the text cannot show but would leave `serve` storing nothing: a
+/// database folder that does not exist, and enabled sources that are all
+/// on addresses the harvest refuses.
+fn problems(config: &Config) -> Vec<String> {
+    let mut problems = Vec::new();
+    if config.database.postgres.is_none() {
+        let path = &config.database.path;
+        let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
+        if let Some(dir) = dir.filter(|d| !d.is_dir()) {
+            problems.push(format!(
+                "database.path: the folder {} does not exist (create it, or set database.path)",
+                dir.display()
+            ));
+        }
+    }
+    if !config.harvest.allow_private_addresses {
+        let enabled: Vec<&config::SourceConfig> =
+            config.sources.iter().filter(|s| s.enabled).collect();
+        let refused: Vec<String> = enabled
+            .iter()
+            .filter_map(|s| match &s.location {
+                config::SourceLocation::Http(url) => {
+                    let url = url::Url::parse(&url.replace("{page}", "1")).ok()?;
+                    let kind = crate::harvest::fetch::private_host(&url)?;
+                    Some(format!("{} ({kind})", s.name))
+                }
+                config::SourceLocation::File(_) => None,
+            })
+            .collect();
+        if !enabled.is_empty() && refused.len() == enabled.len() {
+            problems.push(format!(
+                "every enabled source is on an address the harvest refuses: {}; \
+                 harvest.allow_private_addresses = true allows them",
+                refused.join(", ")
+            ));
+        }
+    }
+    problems
 }

@@ -443,7 +443,7 @@ impl Fetcher {
 
 /// Why the host of `url` is not a public address, when it is written as
 /// one (an IP literal, `localhost`); names are left to [`PublicOnly`].
-fn private_host(url: &Url) -> Option<&'static str> {
+pub(crate) fn private_host(url: &Url) -> Option<&'static str> {
     match url.host()? {
         url::Host::Ipv4(ip) => special_kind(ip.into()),
         url::Host::Ipv6(ip) => special_kind(ip.into()),

@@ -77,6 +77,61 @@ async fn config_example_is_valid_and_config_check_names_every_problem() {
     assert!(stderr(&out).contains("not valid TOML"), "{}", stderr(&out));
 }
 
+/// What the file's text cannot show but would leave `serve` storing
+/// nothing is a problem too: a database folder that is not there, and
+/// enabled sources that are all on addresses the harvest refuses.
+#[tokio::test]
+async fn config_check_refuses_a_missing_database_folder_and_only_private_sources() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("not-made-yet");
+    std::fs::write(
+        dir.path().join("nofolder.toml"),
+        format!(
+            "[database]\npath = {}\n",
+            toml::Value::from(missing.join("proxywarden.db").display().to_string())
+        ),
+    )
+    .unwrap();
+    let out = proxywarden(dir.path(), &["config", "check", "-c", "nofolder.toml"]).await;
+    assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
+    assert!(!stdout(&out).contains("ok"), "{}", stdout(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("database.path: the folder") && err.contains("not-made-yet"),
+        "{err}"
+    );
+
+    let private = "[[sources]]\nname = \"home\"\nurl = \"http://192.168.1.10/list.txt\"\n\
+                   [[sources]]\nname = \"here\"\nurl = \"http://localhost:8000/list.txt\"\n\
+                   [[sources]]\nname = \"off\"\nurl = \"https://example.com/l.txt\"\nenabled = false\n";
+    std::fs::write(dir.path().join("private.toml"), private).unwrap();
+    let out = proxywarden(dir.path(), &["config", "check", "-c", "private.toml"]).await;
+    assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
+    let err = stderr(&out);
+    for needle in [
+        "home (private)",
+        "here (loopback)",
+        "harvest.allow_private_addresses = true",
+    ] {
+        assert!(err.contains(needle), "{needle:?} not in {err}");
+    }
+    // Allowed, or with one public source beside them, it is fine.
+    std::fs::write(
+        dir.path().join("allowed.toml"),
+        format!("[harvest]\nallow_private_addresses = true\n{private}"),
+    )
+    .unwrap();
+    let out = proxywarden(dir.path(), &["config", "check", "-c", "allowed.toml"]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    std::fs::write(
+        dir.path().join("mixed.toml"),
+        format!("{private}[[sources]]\nname = \"public\"\nurl = \"https://example.net/l.txt\"\n"),
+    )
+    .unwrap();
+    let out = proxywarden(dir.path(), &["config", "check", "-c", "mixed.toml"]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+}
+
 #[tokio::test]
 async fn config_is_found_in_the_environment_then_the_working_directory() {
     let dir = tempfile::tempdir().unwrap();
