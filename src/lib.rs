@@ -36,6 +36,7 @@ pub mod gateway;
 pub mod harvest;
 pub mod health;
 pub mod html;
+pub mod log_level;
 pub mod model;
 pub mod net;
 pub mod pool;

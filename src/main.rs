@@ -48,9 +48,30 @@ fn main() -> ExitCode {
         .with_env_filter(filter)
         .with_writer(writer)
         .with_ansi(terminal && !no_color && !journald);
+    // `log.level` (at start and on a reload) swaps the filter, unless
+    // RUST_LOG chose it.
+    let reloadable = std::env::var_os("RUST_LOG").is_none();
     if journald {
-        builder.without_time().init();
+        let builder = builder.without_time().with_filter_reloading();
+        let handle = builder.reload_handle();
+        if reloadable {
+            proxywarden::log_level::install(base, move |level| {
+                handle
+                    .reload(EnvFilter::new(cli::log_filter(level)))
+                    .map_err(|e| e.to_string())
+            });
+        }
+        builder.init();
     } else {
+        let builder = builder.with_filter_reloading();
+        let handle = builder.reload_handle();
+        if reloadable {
+            proxywarden::log_level::install(base, move |level| {
+                handle
+                    .reload(EnvFilter::new(cli::log_filter(level)))
+                    .map_err(|e| e.to_string())
+            });
+        }
         builder.init();
     }
     let runtime = match tokio::runtime::Builder::new_multi_thread()

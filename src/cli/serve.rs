@@ -12,6 +12,11 @@ use super::{Signals, load};
 /// Runs `serve`.
 pub(super) async fn run(config_path: Option<&Path>) -> anyhow::Result<ExitCode> {
     let (config, origin) = load(config_path)?;
+    if config.log.level.is_some()
+        && let Err(e) = crate::log_level::set(config.log.level.as_deref())
+    {
+        tracing::error!(error = %e, "cannot change the log level");
+    }
     config.check_runtime_files(&origin.to_string())?;
     let listener = tokio::net::TcpListener::bind(config.api.listen)
         .await

@@ -12,6 +12,7 @@ mod files;
 mod gateway;
 mod geoip;
 mod harvest;
+mod log;
 mod node;
 mod pool;
 mod schedule;
@@ -32,6 +33,7 @@ pub use duration::parse_duration;
 pub use gateway::GatewayConfig;
 pub use geoip::GeoipConfig;
 pub use harvest::HarvestConfig;
+pub use log::{LEVELS, LogConfig};
 pub use node::NodeConfig;
 pub use pool::PoolConfig;
 pub use schedule::Schedule;
@@ -86,6 +88,8 @@ pub struct Config {
     pub pool: PoolConfig,
     /// This process as one of several nodes sharing a database.
     pub node: NodeConfig,
+    /// How much the daemon logs.
+    pub log: LogConfig,
 }
 
 /// Every problem found in a config file.
@@ -301,6 +305,7 @@ fn build(root: &mut Section) -> Option<Config> {
     let crawls = root.read_section("crawls", crawls::read);
     let pool = root.read_section("pool", pool::read);
     let node = root.read_section("node", node::read);
+    let log = root.read_section("log", log::read);
     Some(Config {
         database: database?,
         harvest: harvest?,
@@ -312,6 +317,7 @@ fn build(root: &mut Section) -> Option<Config> {
         crawls: crawls?,
         pool: pool?,
         node: node?,
+        log: log?,
     })
 }
 

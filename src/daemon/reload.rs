@@ -81,6 +81,12 @@ pub fn merge(file: &Config, mut new: Config) -> (Config, Changes) {
     if new.api.allowed_hosts != file.api.allowed_hosts {
         changes.applied.push("api.allowed_hosts".into());
     }
+    if new.log != file.log {
+        changes.applied.push(format!(
+            "log.level ({})",
+            new.log.level.as_deref().unwrap_or("as at start")
+        ));
+    }
     (new, changes)
 }
 
@@ -170,6 +176,11 @@ impl Reloader {
                 "changed in the config file, but takes effect only after a restart; \
                  the running value is kept"
             );
+        }
+        if file.log != self.file.log
+            && let Err(e) = crate::log_level::set(file.log.level.as_deref())
+        {
+            tracing::error!(error = %e, "cannot change the log level");
         }
         if file.harvest.schedule != self.file.harvest.schedule {
             self.harvest_cron.cancel();

@@ -187,3 +187,73 @@ async fn a_reload_applies_sources_and_judges_keeps_connections_and_refuses_a_bad
     let exit = common::within(child.wait()).await.unwrap();
     assert!(exit.success(), "{exit}");
 }
+
+/// `log.level` is in force from the start, and a reload changes it: at
+/// `warn` the daemon says nothing of its rounds; reloaded at `info`, it
+/// does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_changes_the_log_level() {
+    let dir = tempfile::tempdir().unwrap();
+    let judge = Judge::plain().await;
+    let (api, gateway) = (common::free_port(), common::free_port());
+    let proxy = http_proxy(2).await;
+    let sources = source(dir.path(), "one", proxy.addr());
+    let at = |level: &str| {
+        format!(
+            "{}[log]\nlevel = \"{level}\"\n",
+            config(dir.path(), api, gateway, &judge.url(), &sources)
+        )
+    };
+    let path = common::write_config(dir.path(), &at("warn"));
+    let log = dir.path().join("serve.log");
+    let file = std::fs::File::create(&log).unwrap();
+    let mut child = tokio::process::Command::new(BIN)
+        .arg("-c")
+        .arg(&path)
+        .arg("serve")
+        .env_remove("RUST_LOG")
+        .env("NO_COLOR", "1")
+        .stdin(std::process::Stdio::null())
+        .stdout(file.try_clone().unwrap())
+        .stderr(file)
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let pid = child.id().unwrap();
+    common::binary::wait_healthy(
+        &mut child,
+        format!("127.0.0.1:{api}"),
+        Duration::from_secs(30),
+    )
+    .await
+    .unwrap();
+    let http = common::daemon::client(Duration::from_secs(10));
+    common::until("the proxy served", Duration::from_secs(30), || async {
+        servable(&http, api).await == 1
+    })
+    .await;
+    let quiet = std::fs::read_to_string(&log).unwrap();
+    assert!(!quiet.contains(" INFO "), "info lines at warn: {quiet}");
+
+    std::fs::write(&path, at("info")).unwrap();
+    hang_up(pid);
+    common::until(
+        "info lines after the reload",
+        Duration::from_secs(10),
+        || async {
+            std::fs::read_to_string(&log)
+                .unwrap()
+                .contains("config reloaded")
+        },
+    )
+    .await;
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(text.contains("log.level (info)"), "{text}");
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let exit = common::within(child.wait()).await.unwrap();
+    assert!(exit.success(), "{exit}");
+}
