@@ -723,3 +723,52 @@ async fn the_dashboard_fits_375_1024_and_1400_px_with_readable_text_and_every_co
     }
     daemon.stop().await;
 }
+
+/// The number a counts table shows beside `label` in the section that
+/// follows the heading `table` (`<h3>HTTPS (CONNECT)</h3>`).
+fn shown_in(html: &str, table: &str, label: &str) -> Option<i64> {
+    let start = html.find(&format!("<h3>{table}</h3>"))?;
+    let rest = &html[start..];
+    let rest = &rest[..rest[4..].find("<h3>").map_or(rest.len(), |e| e + 4)];
+    let cell = format!("<td>{label}</td><td class=\"num\">");
+    let at = rest.find(&cell)? + cell.len();
+    let end = rest[at..].find('<')?;
+    rest[at..at + end].replace(',', "").parse().ok()
+}
+
+#[tokio::test]
+async fn plain_http_only_counts_proxies_known_to_lack_https_and_the_rest_are_not_known_yet() {
+    let dir = tempfile::tempdir().unwrap();
+    // Five servable proxies: one tunnels HTTPS, two are known not to, and
+    // two were never tried with CONNECT. None is due for a check.
+    let closed: Vec<_> = (0..5).map(|_| closed_port()).collect();
+    let https = [Some(true), Some(false), Some(false), None, None];
+    let proxies: Vec<AliveProxy> = closed
+        .iter()
+        .zip(https)
+        .map(|(c, h)| AliveProxy {
+            https: h,
+            ..AliveProxy::new(format!("http://{}", c.addr()))
+        })
+        .collect();
+    let (store, _) = store_with_alive(&dir.path().join("daemon.db"), &proxies).await;
+    drop(store);
+    let daemon = Daemon::start(dir.path(), "", |c| c).await;
+    common::within(async {
+        let (_, stats) = daemon.json("/stats").await;
+        assert_eq!(stat(&stats, "servable"), Some(5), "{stats}");
+        let resp = daemon.get("/").await;
+        assert_eq!(resp.status(), 200);
+        let page = resp.text().await.unwrap();
+        let table = "HTTPS (CONNECT)";
+        assert_eq!(shown_in(&page, table, "with HTTPS"), Some(1), "{page}");
+        assert_eq!(shown_in(&page, table, "plain HTTP only"), Some(2), "{page}");
+        assert_eq!(
+            shown_in(&page, table, "HTTPS not known yet"),
+            Some(2),
+            "{page}"
+        );
+    })
+    .await;
+    daemon.stop().await;
+}
