@@ -772,3 +772,63 @@ async fn plain_http_only_counts_proxies_known_to_lack_https_and_the_rest_are_not
     .await;
     daemon.stop().await;
 }
+
+/// The figure of the tile labelled `label` on the page.
+fn tile_of(html: &str, label: &str) -> Option<i64> {
+    let end = html.find(&format!("<div class=\"l\">{label}</div>"))?;
+    let before = html[..end].strip_suffix("</div>")?;
+    let start = before.rfind('>')? + 1;
+    before[start..].replace(',', "").parse().ok()
+}
+
+#[tokio::test]
+async fn checks_a_minute_counts_the_first_round_within_the_first_minute() {
+    use proxywarden::model::{Candidate, Hints, SourceScheme};
+    use proxywarden::proxy::Proxy;
+    let dir = tempfile::tempdir().unwrap();
+    // Three proxies never checked, so the first round checks them all.
+    let closed: Vec<_> = (0..3).map(|_| closed_port()).collect();
+    let candidates: Vec<Candidate> = closed
+        .iter()
+        .map(|c| {
+            let p = Proxy::parse_url(&format!("http://{}", c.addr())).unwrap();
+            Candidate::new(
+                p.host,
+                p.port,
+                None,
+                Some(p.scheme),
+                SourceScheme::Detect,
+                Hints::default(),
+            )
+        })
+        .collect();
+    let store = proxywarden::store::Store::open(&dir.path().join("daemon.db")).unwrap();
+    let run = common::source_run("test", "file:test", proxywarden::store::now_ms());
+    store.record_source_run(run, candidates).await.unwrap();
+    drop(store);
+    let started = Instant::now();
+    let daemon = Daemon::start(dir.path(), "", |c| c).await;
+    common::within(async {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let checked = loop {
+            let (_, stats) = daemon.json("/stats").await;
+            if let Some(n) = stats["last_check"]["checked"].as_u64().filter(|n| *n > 0) {
+                break n;
+            }
+            assert!(Instant::now() < deadline, "no check round: {stats}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        let page = daemon.get("/").await.text().await.unwrap();
+        let shown = tile_of(&page, "checks a minute");
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the test ran past the first minute"
+        );
+        assert!(
+            shown >= Some(checked as i64),
+            "a round checked {checked} within the first minute; the page shows {shown:?} checks a minute"
+        );
+    })
+    .await;
+    daemon.stop().await;
+}
