@@ -677,8 +677,27 @@ return faults;
 async fn the_dashboard_fits_375_1024_and_1400_px_with_readable_text_and_every_column_in_sight() {
     let dir = tempfile::tempdir().unwrap();
     let (_three, _dead) = pool(dir.path()).await;
-    let (daemon, _gateway) = Daemon::start_with_gateway(dir.path(), "", |c| c).await;
-    // Judges asked, one of them the daemon's own.
+    // Judges whose URLs are long, as private judges behind a path and a
+    // query often are: their rows must not push the table's columns away.
+    let judge = common::judges::Judge::echo().await;
+    let long: Vec<String> = ["a", "b"]
+        .iter()
+        .map(|k| {
+            format!(
+                "http://{}/judge/{k}/behind-a-rather-long-path-of-a-private-deployment/\
+                 and-another-segment?token-free-query=answer-with-every-header&x={k}",
+                judge.addr
+            )
+        })
+        .collect();
+    let judges = long
+        .iter()
+        .map(|u| format!("{{ url = \"{u}\", marker = \"proxywarden-judge\" }}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let (daemon, _gateway) =
+        Daemon::start_with_gateway(dir.path(), "", |c| c.judges(&format!("[{judges}]"))).await;
+    // Judges asked.
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let (_, stats) = daemon.json("/stats").await;
@@ -694,6 +713,10 @@ async fn the_dashboard_fits_375_1024_and_1400_px_with_readable_text_and_every_co
         common::within(async {
             b.client.goto(&daemon.url("/")).await.unwrap();
             assert_eq!(b.count("#judges").await, 1);
+            let shown = b.text("#judges").await;
+            for url in &long {
+                assert!(shown.contains(url.as_str()), "{url} is not in {shown}");
+            }
             let vw = b
                 .client
                 .execute("return document.documentElement.clientWidth;", vec![])
