@@ -677,8 +677,27 @@ return faults;
 async fn the_dashboard_fits_375_1024_and_1400_px_with_readable_text_and_every_column_in_sight() {
     let dir = tempfile::tempdir().unwrap();
     let (_three, _dead) = pool(dir.path()).await;
-    let (daemon, _gateway) = Daemon::start_with_gateway(dir.path(), "", |c| c).await;
-    // Judges asked, one of them the daemon's own.
+    // Judges whose URLs are long, as private judges behind a path and a
+    // query often are: their rows must not push the table's columns away.
+    let judge = common::judges::Judge::echo().await;
+    let long: Vec<String> = ["a", "b"]
+        .iter()
+        .map(|k| {
+            format!(
+                "http://{}/judge/{k}/behind-a-rather-long-path-of-a-private-deployment/\
+                 and-another-segment?token-free-query=answer-with-every-header&x={k}",
+                judge.addr
+            )
+        })
+        .collect();
+    let judges = long
+        .iter()
+        .map(|u| format!("{{ url = \"{u}\", marker = \"proxywarden-judge\" }}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let (daemon, _gateway) =
+        Daemon::start_with_gateway(dir.path(), "", |c| c.judges(&format!("[{judges}]"))).await;
+    // Judges asked.
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let (_, stats) = daemon.json("/stats").await;
@@ -694,6 +713,10 @@ async fn the_dashboard_fits_375_1024_and_1400_px_with_readable_text_and_every_co
         common::within(async {
             b.client.goto(&daemon.url("/")).await.unwrap();
             assert_eq!(b.count("#judges").await, 1);
+            let shown = b.text("#judges").await;
+            for url in &long {
+                assert!(shown.contains(url.as_str()), "{url} is not in {shown}");
+            }
             let vw = b
                 .client
                 .execute("return document.documentElement.clientWidth;", vec![])
@@ -721,5 +744,114 @@ async fn the_dashboard_fits_375_1024_and_1400_px_with_readable_text_and_every_co
         .await;
         drop(browser);
     }
+    daemon.stop().await;
+}
+
+/// The number a counts table shows beside `label` in the section that
+/// follows the heading `table` (`<h3>HTTPS (CONNECT)</h3>`).
+fn shown_in(html: &str, table: &str, label: &str) -> Option<i64> {
+    let start = html.find(&format!("<h3>{table}</h3>"))?;
+    let rest = &html[start..];
+    let rest = &rest[..rest[4..].find("<h3>").map_or(rest.len(), |e| e + 4)];
+    let cell = format!("<td>{label}</td><td class=\"num\">");
+    let at = rest.find(&cell)? + cell.len();
+    let end = rest[at..].find('<')?;
+    rest[at..at + end].replace(',', "").parse().ok()
+}
+
+#[tokio::test]
+async fn plain_http_only_counts_proxies_known_to_lack_https_and_the_rest_are_not_known_yet() {
+    let dir = tempfile::tempdir().unwrap();
+    // Five servable proxies: one tunnels HTTPS, two are known not to, and
+    // two were never tried with CONNECT. None is due for a check.
+    let closed: Vec<_> = (0..5).map(|_| closed_port()).collect();
+    let https = [Some(true), Some(false), Some(false), None, None];
+    let proxies: Vec<AliveProxy> = closed
+        .iter()
+        .zip(https)
+        .map(|(c, h)| AliveProxy {
+            https: h,
+            ..AliveProxy::new(format!("http://{}", c.addr()))
+        })
+        .collect();
+    let (store, _) = store_with_alive(&dir.path().join("daemon.db"), &proxies).await;
+    drop(store);
+    let daemon = Daemon::start(dir.path(), "", |c| c).await;
+    common::within(async {
+        let (_, stats) = daemon.json("/stats").await;
+        assert_eq!(stat(&stats, "servable"), Some(5), "{stats}");
+        let resp = daemon.get("/").await;
+        assert_eq!(resp.status(), 200);
+        let page = resp.text().await.unwrap();
+        let table = "HTTPS (CONNECT)";
+        assert_eq!(shown_in(&page, table, "with HTTPS"), Some(1), "{page}");
+        assert_eq!(shown_in(&page, table, "plain HTTP only"), Some(2), "{page}");
+        assert_eq!(
+            shown_in(&page, table, "HTTPS not known yet"),
+            Some(2),
+            "{page}"
+        );
+    })
+    .await;
+    daemon.stop().await;
+}
+
+/// The figure of the tile labelled `label` on the page.
+fn tile_of(html: &str, label: &str) -> Option<i64> {
+    let end = html.find(&format!("<div class=\"l\">{label}</div>"))?;
+    let before = html[..end].strip_suffix("</div>")?;
+    let start = before.rfind('>')? + 1;
+    before[start..].replace(',', "").parse().ok()
+}
+
+#[tokio::test]
+async fn checks_a_minute_counts_the_first_round_within_the_first_minute() {
+    use proxywarden::model::{Candidate, Hints, SourceScheme};
+    use proxywarden::proxy::Proxy;
+    let dir = tempfile::tempdir().unwrap();
+    // Three proxies never checked, so the first round checks them all.
+    let closed: Vec<_> = (0..3).map(|_| closed_port()).collect();
+    let candidates: Vec<Candidate> = closed
+        .iter()
+        .map(|c| {
+            let p = Proxy::parse_url(&format!("http://{}", c.addr())).unwrap();
+            Candidate::new(
+                p.host,
+                p.port,
+                None,
+                Some(p.scheme),
+                SourceScheme::Detect,
+                Hints::default(),
+            )
+        })
+        .collect();
+    let store = proxywarden::store::Store::open(&dir.path().join("daemon.db")).unwrap();
+    let run = common::source_run("test", "file:test", proxywarden::store::now_ms());
+    store.record_source_run(run, candidates).await.unwrap();
+    drop(store);
+    let started = Instant::now();
+    let daemon = Daemon::start(dir.path(), "", |c| c).await;
+    common::within(async {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let checked = loop {
+            let (_, stats) = daemon.json("/stats").await;
+            if let Some(n) = stats["last_check"]["checked"].as_u64().filter(|n| *n > 0) {
+                break n;
+            }
+            assert!(Instant::now() < deadline, "no check round: {stats}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        let page = daemon.get("/").await.text().await.unwrap();
+        let shown = tile_of(&page, "checks a minute");
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the test ran past the first minute"
+        );
+        assert!(
+            shown >= Some(checked as i64),
+            "a round checked {checked} within the first minute; the page shows {shown:?} checks a minute"
+        );
+    })
+    .await;
     daemon.stop().await;
 }
