@@ -53,24 +53,14 @@ fn main() -> ExitCode {
     let reloadable = std::env::var_os("RUST_LOG").is_none();
     if journald {
         let builder = builder.without_time().with_filter_reloading();
-        let handle = builder.reload_handle();
         if reloadable {
-            proxywarden::log_level::install(base, move |level| {
-                handle
-                    .reload(EnvFilter::new(cli::log_filter(level)))
-                    .map_err(|e| e.to_string())
-            });
+            install_level(base, builder.reload_handle());
         }
         builder.init();
     } else {
         let builder = builder.with_filter_reloading();
-        let handle = builder.reload_handle();
         if reloadable {
-            proxywarden::log_level::install(base, move |level| {
-                handle
-                    .reload(EnvFilter::new(cli::log_filter(level)))
-                    .map_err(|e| e.to_string())
-            });
+            install_level(base, builder.reload_handle());
         }
         builder.init();
     }
@@ -98,4 +88,14 @@ fn main() -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+/// Lets `log.level` swap the filter behind `handle`; `base` is the level
+/// in force now.
+fn install_level<S: 'static>(base: &str, handle: tracing_subscriber::reload::Handle<EnvFilter, S>) {
+    proxywarden::log_level::install(base, move |level| {
+        handle
+            .reload(EnvFilter::new(cli::log_filter(level)))
+            .map_err(|e| e.to_string())
+    });
 }
