@@ -451,24 +451,10 @@ async fn observe(store: &Store) -> String {
     out
 }
 
-/// One PostgreSQL server for the whole run, a fresh database per case.
-struct Server {
-    server: common::postgres::PgServer,
-    next: AtomicU32,
-}
-
-fn server() -> &'static Server {
-    static SERVER: std::sync::OnceLock<Server> = std::sync::OnceLock::new();
-    SERVER.get_or_init(|| Server {
-        server: common::postgres::PgServer::start(),
-        next: AtomicU32::new(0),
-    })
-}
-
-async fn fresh_postgres() -> Store {
-    let s = server();
-    let name = format!("case{}", s.next.fetch_add(1, Ordering::Relaxed));
-    let (client, connection) = tokio_postgres::connect(&s.server.url(), tokio_postgres::NoTls)
+/// A fresh database on `server`, named after the case's number.
+async fn fresh_postgres(server: &common::postgres::PgServer, case: u32) -> Store {
+    let name = format!("case{case}");
+    let (client, connection) = tokio_postgres::connect(&server.url(), tokio_postgres::NoTls)
         .await
         .unwrap();
     let driver = tokio::spawn(connection);
@@ -478,26 +464,34 @@ async fn fresh_postgres() -> Store {
         .unwrap();
     drop(client);
     let _ = driver.await;
-    let url = s.server.url();
+    let url = server.url();
     let url = format!("{}/{name}", url.strip_suffix("/postgres").unwrap());
     Store::connect(&url).await.unwrap()
 }
 
-proptest! {
-    #![proptest_config(ProptestConfig {
-        // Each case is some thirty steps on both backends: hundreds of
-        // steps in all, in seconds.
+/// One PostgreSQL server for every case, a fresh database per case. The
+/// server belongs to the test, not to a static: a static is never
+/// dropped, so its server would outlive the run with its folder.
+#[test]
+fn sqlite_and_postgres_answer_the_same_work_alike() {
+    let server = common::postgres::PgServer::start();
+    let cases = AtomicU32::new(0);
+    // Each case is some thirty steps on both backends: hundreds of steps
+    // in all, in seconds.
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
         cases: 16,
         ..ProptestConfig::default()
-    })]
-
-    #[test]
-    fn sqlite_and_postgres_answer_the_same_work_alike(ops in proptest::collection::vec(op(), 10..40)) {
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    });
+    let result = runner.run(&proptest::collection::vec(op(), 10..40), |ops| {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
         rt.block_on(async {
             let dir = tempfile::tempdir().unwrap();
             let sqlite = Store::open(&dir.path().join("store.db")).unwrap();
-            let postgres = fresh_postgres().await;
+            let case = cases.fetch_add(1, Ordering::Relaxed);
+            let postgres = fresh_postgres(&server, case).await;
             for (i, op) in ops.iter().enumerate() {
                 let at = 1_000_000 + i as i64 * 1_000;
                 let a = apply(&sqlite, op, at).await;
@@ -507,6 +501,9 @@ proptest! {
             let (a, b) = (observe(&sqlite).await, observe(&postgres).await);
             prop_assert_eq!(a, b);
             Ok(())
-        })?;
+        })
+    });
+    if let Err(e) = result {
+        panic!("{e}");
     }
 }
