@@ -128,6 +128,7 @@ button { font: inherit; padding: .2em .7em; cursor: pointer; }
 .login { max-width: 26em; margin: 12vh auto; }
 .login input[type=password] { width: 100%; font: inherit; padding: .4em; margin: .4em 0 .8em; }
 .error { color: var(--c3); }
+nav { display: flex; flex-wrap: wrap; min-width: 0; }
 #proxy-search { display: flex; flex-wrap: wrap; gap: .4em; margin-bottom: .6em; }
 #proxy-search input, #proxy-search select { font: inherit; min-width: 0; max-width: 100%; }
 #proxy-search input { flex: 1 1 12em; padding: .2em .4em; }
