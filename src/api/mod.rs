@@ -6,6 +6,7 @@
 //! when configured.
 
 mod answers;
+pub mod browse;
 mod browser;
 pub mod conditions;
 mod crawls;
@@ -275,6 +276,7 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/proxy", get(handlers::proxy))
         .route("/proxies", get(handlers::proxies))
+        .route("/proxies/browse", get(browse::browse))
         .route("/proxies/{id}/report", post(handlers::report))
         .route("/export", get(handlers::export))
         .route("/stats", get(handlers::stats))

@@ -6,7 +6,7 @@ use axum::Json;
 use utoipa::OpenApi;
 
 use super::schema::{ErrorBody, ErrorDetail, Errors};
-use super::{crawls, dashboard, handlers};
+use super::{browse, crawls, dashboard, handlers};
 
 /// The API's document.
 #[derive(OpenApi)]
@@ -21,6 +21,7 @@ use super::{crawls, dashboard, handlers};
         handlers::proxy,
         handlers::proxies,
         handlers::report,
+        browse::browse,
         handlers::export,
         handlers::stats,
         handlers::sources,

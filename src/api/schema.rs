@@ -166,6 +166,33 @@ pub struct ListParams {
     offset: Option<i64>,
 }
 
+/// `/proxies/browse`' parameters.
+#[derive(IntoParams)]
+#[into_params(parameter_in = Query)]
+#[allow(dead_code)]
+pub struct BrowseParams {
+    /// Part of the address (`scheme://host:port`), or a country code;
+    /// 100 characters at most.
+    #[param(max_length = 100)]
+    q: Option<String>,
+    /// `all` (default), `alive`, `dead` or `unknown`.
+    status: Option<String>,
+    /// Schemes, comma-separated: `http`, `socks4`, `socks5`.
+    scheme: Option<String>,
+    /// Country codes, comma-separated (`US,DE`).
+    country: Option<String>,
+    /// `id` (default: first stored first), `latency` (fastest first) or
+    /// `last_checked` (latest first).
+    sort: Option<String>,
+    /// Rows per page (1 to 500; 50 by default).
+    #[param(minimum = 1, maximum = 500)]
+    limit: Option<i64>,
+    /// The `next` of the previous page (of the same sort).
+    after: Option<String>,
+    /// The `prev` of the next page (of the same sort).
+    before: Option<String>,
+}
+
 /// `/export`'s own parameter.
 #[derive(IntoParams)]
 #[into_params(parameter_in = Query)]

@@ -4,7 +4,8 @@
 //! access goes through [`Store`]'s methods; callers never see a
 //! connection. A file per topic holds its types and its part of the
 //! surface: `ingest` (source runs), `checks` (due proxies, verdicts,
-//! purge), `listing` (filtered reads, counts), `rows` (the records handed
+//! purge), `listing` (filtered reads, counts), `browse` (the operator's
+//! table: searched, keyset-paged), `rows` (the records handed
 //! out), `sites`, `snapshots`, `crawls`, `frontier` (crawl frontiers,
 //! worked from a crawl's own thread). Each backend (`sqlite`, the
 //! embedded default; `postgres`, for several nodes) has its own SQL and
@@ -28,6 +29,7 @@
 //! SQL (whether a candidate changes a row, say) lives in the topic's file
 //! here, shared by both.
 
+mod browse;
 mod checks;
 mod crawls;
 mod frontier;
@@ -42,6 +44,10 @@ mod snapshots;
 mod sqlite;
 mod unwritable;
 
+pub use browse::{
+    Browse, BrowsePage, BrowseSort, Cursor, MAX_BROWSE_LIMIT, MAX_COUNTED, MAX_SEARCH, SITES_SHOWN,
+    Search, SitesTaught,
+};
 pub use checks::{CheckRecord, DueCursor, DueLane, DueProxy, Recorded};
 pub use crawls::{CancelAsk, CrawlJobRecord};
 pub use frontier::{Frontier, NewUrl, Queued, UrlState};

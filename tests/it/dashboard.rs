@@ -214,6 +214,31 @@ async fn pool(dir: &Path) -> (ThreeCountries, i64) {
     proxies.push(AliveProxy::new(format!("http://{}", closed.addr())));
     let (store, ids) = store_with_alive(&dir.join("daemon.db"), &proxies).await;
     let dead = ids[3];
+    // What sites taught about the first: the proxy table shows it.
+    let now = proxywarden::store::now_ms();
+    let taught = |site: &str, worked, blocked, banned_until| proxywarden::store::SiteRecord {
+        site: site.into(),
+        proxy_id: ids[0],
+        worked,
+        blocked,
+        latency_ms: Some(120),
+        last_worked_at: Some(now - 60_000),
+        last_blocked_at: (blocked > 0).then_some(now - 30_000),
+        banned_until,
+        updated_at: now - 1_000,
+    };
+    store
+        .save_site_records(vec![
+            taught("shop.example", 12, 0, None),
+            taught(
+                "a-rather-long-host-name-of-a-site.example.com:8443",
+                0,
+                3,
+                Some(now + 3_600_000),
+            ),
+        ])
+        .await
+        .unwrap();
     let policy = proxywarden::model::RecheckPolicy {
         alive: Duration::from_secs(600),
         alive_jitter: Duration::from_secs(150),
@@ -713,6 +738,13 @@ async fn the_dashboard_fits_375_1024_and_1400_px_with_readable_text_and_every_co
         common::within(async {
             b.client.goto(&daemon.url("/")).await.unwrap();
             assert_eq!(b.count("#judges").await, 1);
+            // The proxy table, every stored proxy on its first page, with
+            // what sites taught, is measured with the rest.
+            assert_eq!(b.count("#proxy-table tr[data-proxy]").await, 4);
+            assert_eq!(b.count("#proxy-table th").await, 8);
+            let taught = b.text("#proxy-table").await;
+            assert!(taught.contains("shop.example"), "{taught}");
+            assert!(taught.contains("banned by 1 now"), "{taught}");
             let shown = b.text("#judges").await;
             for url in &long {
                 assert!(shown.contains(url.as_str()), "{url} is not in {shown}");
@@ -853,5 +885,83 @@ async fn checks_a_minute_counts_the_first_round_within_the_first_minute() {
         );
     })
     .await;
+    daemon.stop().await;
+}
+
+#[tokio::test]
+async fn the_proxy_table_narrows_to_a_search_and_pages_without_script() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_three, dead) = pool(dir.path()).await;
+    let daemon = Daemon::start(dir.path(), "", |c| c).await;
+    let browser = common::within(Browser::start()).await;
+    let b = &browser;
+    common::within(async {
+        let rows = "#proxy-table tr[data-proxy]";
+        b.client.goto(&daemon.url("/")).await.unwrap();
+        assert_eq!(b.count(rows).await, 4, "every stored proxy, dead ones too");
+        assert_eq!(b.count(&format!("tr[data-proxy=\"{dead}\"]")).await, 1);
+
+        // Typing a country code and pressing Search narrows the rows.
+        let field = b.client.find(Locator::Css("#proxy-q")).await.unwrap();
+        field.send_keys("de").await.unwrap();
+        b.submit("#proxy-search button").await;
+        assert_eq!(b.count(rows).await, 1, "{}", b.text("#proxies").await);
+        assert!(b.text("#proxy-table").await.contains("DE"));
+        assert_eq!(b.text("#proxy-total").await, "1 matching, 1 shown.");
+        // The search stays in the box and in the address, so the page's
+        // reload keeps it.
+        let field = b.client.find(Locator::Css("#proxy-q")).await.unwrap();
+        assert_eq!(field.prop("value").await.unwrap().as_deref(), Some("de"));
+        let url = b.client.current_url().await.unwrap();
+        assert!(url.query().unwrap_or("").contains("q=de"), "{url}");
+
+        // A part of an address: the dead proxy's port.
+        let (_, page) = daemon.json("/proxies/browse").await;
+        let dead_address = page["proxies"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["id"] == dead)
+            .unwrap()["address"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        let port = dead_address.rsplit(':').next().unwrap();
+        field.clear().await.unwrap();
+        field.send_keys(&format!(":{port}")).await.unwrap();
+        b.submit("#proxy-search button").await;
+        assert_eq!(b.count(rows).await, 1);
+        assert_eq!(b.count(&format!("tr[data-proxy=\"{dead}\"]")).await, 1);
+
+        // Two a page: next, next, then back.
+        let shown = || async {
+            let mut ids = Vec::new();
+            for e in b.client.find_all(Locator::Css(rows)).await.unwrap() {
+                ids.push(e.attr("data-proxy").await.unwrap().unwrap());
+            }
+            ids
+        };
+        b.client.goto(&daemon.url("/?limit=2")).await.unwrap();
+        let first = shown().await;
+        assert_eq!(first.len(), 2);
+        assert_eq!(b.count("#proxy-prev").await, 0);
+        b.submit("#proxy-next").await;
+        let second = shown().await;
+        assert_eq!(second.len(), 2);
+        assert!(
+            second.iter().all(|id| !first.contains(id)),
+            "{first:?} {second:?}"
+        );
+        assert_eq!(b.count("#proxy-next").await, 0, "4 proxies are two pages");
+        b.submit("#proxy-prev").await;
+        assert_eq!(shown().await, first);
+
+        // A bad parameter is said in the table; the rest of the page shows.
+        b.client.goto(&daemon.url("/?limit=501")).await.unwrap();
+        assert!(b.text("#proxy-error").await.contains("limit"));
+        assert_eq!(b.count("#pool").await, 1);
+    })
+    .await;
+    drop(browser);
     daemon.stop().await;
 }

@@ -221,6 +221,7 @@ fn sound(status: StatusCode, body: &[u8], what: &str) -> Result<(), TestCaseErro
 const ROUTES: &[&str] = &[
     "/proxy",
     "/proxies",
+    "/proxies/browse",
     "/export",
     "/stats",
     "/sources",
@@ -234,6 +235,7 @@ const QUERY_SEEDS: &[&[u8]] = &[
     b"country=US,DE&scheme=socks5&anonymity=elite&https=true&max_latency=500ms&max_age=10m&limit=5",
     b"format=csv&country=us&site=example.com",
     b"format=json&offset=10&limit=1000&status=alive",
+    b"q=de&status=alive&scheme=http,socks5&sort=latency&limit=500&after=latency.12.3",
 ];
 
 const BODY_SEEDS: &[&[u8]] = &[

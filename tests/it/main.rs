@@ -8,6 +8,7 @@ mod common;
 
 mod api;
 mod attacks;
+mod browse;
 mod check;
 mod cli;
 mod client_faults;

@@ -8,13 +8,14 @@ mod charts;
 mod format;
 mod page;
 pub mod session;
+mod table;
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 
 use axum::Router;
 use axum::extract::rejection::PathRejection;
-use axum::extract::{ConnectInfo, Extension, Path, State};
+use axum::extract::{ConnectInfo, Extension, Path, RawQuery, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
@@ -98,22 +99,50 @@ fn refused(message: String) -> Response {
 /// `GET /`: the dashboard, or the login form when a token is set and the
 /// browser has not logged in.
 #[utoipa::path(get, path = "/", tag = "dashboard",
+    params(super::schema::BrowseParams),
     responses(super::schema::Errors,
         (status = 200, description = "The dashboard, or its login form", content_type = "text/html", body = String)))]
 pub(super) async fn dashboard(
     State(state): State<AppState>,
     Extension(access): Extension<Access>,
+    RawQuery(raw): RawQuery,
 ) -> Result<Response, ApiError> {
     if access == Access::Anonymous {
         return Ok(html(StatusCode::OK, page::login(None)));
     }
-    let view = gather(&state, &access).await?;
+    let view = gather(&state, &access, raw.as_deref()).await?;
     Ok(html(StatusCode::OK, page::dashboard(&view)))
 }
 
 /// Everything the page shows, read now.
-async fn gather(state: &AppState, access: &Access) -> Result<page::View, ApiError> {
+async fn gather(
+    state: &AppState,
+    access: &Access,
+    query: Option<&str>,
+) -> Result<page::View, ApiError> {
     let now = now_ms();
+    // The proxy table's page: a bad parameter is said in the table, the
+    // rest of the page is shown all the same.
+    let proxies = match super::query::Params::parse(query, super::browse::PARAMS) {
+        Ok(p) => {
+            let page = match super::browse::request(&p) {
+                Ok(browse) => super::browse::read(state, browse).await,
+                Err(e) => Err(e),
+            };
+            let page = match page {
+                Err(e @ (ApiError::BadRequest(_) | ApiError::Timeout)) => Err(e.to_string()),
+                other => Ok(other?),
+            };
+            table::Table {
+                asked: table::Table::asked(&p),
+                page,
+            }
+        }
+        Err(e) => table::Table {
+            asked: Vec::new(),
+            page: Err(e.to_string()),
+        },
+    };
     let q = crate::health::ProxyQuery {
         max_age: Some(state.config.api.max_age),
         ..crate::health::ProxyQuery::default()
@@ -182,6 +211,7 @@ async fn gather(state: &AppState, access: &Access) -> Result<page::View, ApiErro
         gateway: state.gateway.as_ref().map(|g| g.snapshot()),
         rotation: state.feedback.rotation(),
         crawls,
+        proxies,
         csrf: state.dashboard_keys().csrf(access),
         session: matches!(access, Access::Session(_)),
     })

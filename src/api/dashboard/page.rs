@@ -1,5 +1,6 @@
 //! The dashboard's HTML: one page, rendered on the server from a [`View`]
-//! of the daemon's state, with its stylesheet inline and no script. Each
+//! of the daemon's state, with its stylesheet inline and no script (the
+//! proxy table is in `table`). Each
 //! figure that `/stats` also gives carries `data-stat` naming its key there,
 //! so that what the page shows can be compared with the API.
 
@@ -48,6 +49,8 @@ pub struct View {
     pub rotation: Vec<crate::health::SiteSpread>,
     /// The latest crawl jobs (their API views).
     pub crawls: Vec<crate::crawl::jobs::JobView>,
+    /// The proxy table's page, with its search.
+    pub proxies: super::table::Table,
     /// The CSRF token of this page's forms.
     pub csrf: String,
     /// Whether the viewer is logged in with a cookie (a logout button).
@@ -125,6 +128,12 @@ button { font: inherit; padding: .2em .7em; cursor: pointer; }
 .login { max-width: 26em; margin: 12vh auto; }
 .login input[type=password] { width: 100%; font: inherit; padding: .4em; margin: .4em 0 .8em; }
 .error { color: var(--c3); }
+nav { display: flex; flex-wrap: wrap; min-width: 0; }
+#proxy-search { display: flex; flex-wrap: wrap; gap: .4em; margin-bottom: .6em; }
+#proxy-search input, #proxy-search select { font: inherit; min-width: 0; max-width: 100%; }
+#proxy-search input { flex: 1 1 12em; padding: .2em .4em; }
+td.sites { min-width: 12em; }
+.pager a { margin-right: 1em; color: var(--c1); }
 "#;
 
 /// The page around `body`: the head, the stylesheet and, when `refresh`,
@@ -645,7 +654,7 @@ pub fn dashboard(v: &View) -> Markup {
                     " · reloads every " (REFRESH_S) " s"
                 }
                 nav {
-                    a href="#pool" { "Pool" } a href="#sources" { "Sources" }
+                    a href="#pool" { "Pool" } a href="#proxies" { "Proxies" } a href="#sources" { "Sources" }
                     a href="#checks" { "Checks" } a href="#gateway" { "Gateway" }
                     a href="#crawls" { "Crawls" } a href="/stats" { "/stats" }
                 }
@@ -663,6 +672,7 @@ pub fn dashboard(v: &View) -> Markup {
                     }
                 }
                 (pool_now(v))
+                (super::table::render(&v.proxies, v.now))
                 (history(v))
                 (latency(v))
                 (checks(v))

@@ -12,7 +12,7 @@ use crate::store::{
 };
 
 /// A proxy's columns in [`proxy_from_row`]'s order, over `proxies p`.
-const PROXY_COLUMNS: &str = "p.id, p.scheme, p.host, p.port, p.username, p.password, \
+pub(super) const PROXY_COLUMNS: &str = "p.id, p.scheme, p.host, p.port, p.username, p.password, \
     p.scheme_detect, p.status, p.country, p.country_source, p.anonymity, p.https, \
     p.latency_ms, p.exit_ip, p.last_checked, p.last_alive, p.first_seen, \
     greatest(p.last_seen, coalesce((SELECT max(s.listed_at) FROM sources s \
@@ -40,7 +40,7 @@ fn parse_col<T: std::str::FromStr<Err = crate::proxy::ParseError>>(
     .transpose()
 }
 
-fn proxy_from_row(row: &Row) -> Result<ProxyRecord, StoreError> {
+pub(super) fn proxy_from_row(row: &Row) -> Result<ProxyRecord, StoreError> {
     let host: String = row.try_get(2)?;
     let host = host.parse().map_err(|e: std::net::AddrParseError| {
         StoreError::Database(crate::store::DbError::unexpected(format!(
@@ -109,10 +109,10 @@ pub(super) async fn proxies_by_ids(
     rows.iter().map(proxy_from_row).collect()
 }
 
-type Args = Vec<Box<dyn ToSql + Sync + Send>>;
+pub(super) type Args = Vec<Box<dyn ToSql + Sync + Send>>;
 
 /// The `WHERE` clause (over `proxies p`) of `filter` and its arguments.
-fn filter_sql(f: &ProxyFilter) -> (String, Args) {
+pub(super) fn filter_sql(f: &ProxyFilter) -> (String, Args) {
     let mut sql = String::from("true");
     let mut args: Args = Vec::new();
     let arg = |v: Box<dyn ToSql + Sync + Send>, args: &mut Args| {
@@ -172,7 +172,7 @@ fn filter_sql(f: &ProxyFilter) -> (String, Args) {
     (sql, args)
 }
 
-fn refs(args: &Args) -> Vec<&(dyn ToSql + Sync)> {
+pub(super) fn refs(args: &Args) -> Vec<&(dyn ToSql + Sync)> {
     args.iter()
         .map(|a| a.as_ref() as &(dyn ToSql + Sync))
         .collect()

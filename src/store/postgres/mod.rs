@@ -6,6 +6,7 @@
 //! A file per topic of the store's surface, each an `impl Postgres`; a
 //! crawl frontier has a connection of its own (`frontier`).
 
+mod browse;
 mod checks;
 mod crawls;
 pub(crate) mod frontier;

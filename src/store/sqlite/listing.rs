@@ -10,7 +10,7 @@ use crate::store::{
 
 impl ProxyFilter {
     /// The `WHERE` clause (over `proxies p`) and its arguments.
-    fn sql(&self) -> (String, Vec<rusqlite::types::Value>) {
+    pub(super) fn sql(&self) -> (String, Vec<rusqlite::types::Value>) {
         use rusqlite::types::Value;
         let mut sql = String::from("1 = 1");
         let mut args: Vec<Value> = Vec::new();

@@ -4,6 +4,7 @@
 //! `migrations/`. A file per topic of the store's surface, each an
 //! `impl Sqlite` with that topic's SQL.
 
+mod browse;
 mod checks;
 mod crawls;
 pub(crate) mod frontier;
