@@ -47,8 +47,12 @@ async fn rows(c: &impl GenericClient, browse: &Browse) -> Result<Vec<ProxyRecord
     let limit = args.int(browse.limit as i64 + 1);
     let rows = c
         .query(
+            // The page's ids first, then their columns: the sources'
+            // subqueries in the columns run for the page's rows only.
             &format!(
-                "SELECT {PROXY_COLUMNS} FROM proxies p WHERE {clause} ORDER BY {order} LIMIT {limit}"
+                "SELECT {PROXY_COLUMNS} FROM (SELECT p.id FROM proxies p WHERE {clause}
+                                                ORDER BY {order} LIMIT {limit}) page
+                 JOIN proxies p ON p.id = page.id ORDER BY {order}"
             ),
             &refs(&args.0),
         )

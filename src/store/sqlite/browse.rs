@@ -47,8 +47,13 @@ fn rows(c: &Connection, browse: &Browse) -> Result<Vec<ProxyRecord>, StoreError>
         clause.push_str(&format!(" AND {k}"));
     }
     let limit = args.int(browse.limit as i64 + 1);
+    // The page's ids first, then their columns: the sources' subqueries
+    // in the columns run for the page's rows only, not for every row an
+    // order scans.
     let mut stmt = c.prepare(&format!(
-        "SELECT {PROXY_COLUMNS} FROM proxies p WHERE {clause} ORDER BY {order} LIMIT {limit}"
+        "SELECT {PROXY_COLUMNS} FROM (SELECT p.id FROM proxies p WHERE {clause}
+                                        ORDER BY {order} LIMIT {limit}) page
+         JOIN proxies p ON p.id = page.id ORDER BY {order}"
     ))?;
     let rows = stmt.query_map(rusqlite::params_from_iter(args.0), proxy_from_row)?;
     Ok(rows.collect::<Result<Vec<_>, _>>()?)
