@@ -169,12 +169,7 @@ async fn empty_pool(state: &AppState) -> Option<ApiError> {
     }
     let presence = state.store.presence().await.ok()?;
     let message = if !presence.stored {
-        let harvest = state
-            .rounds
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .last_harvest
-            .clone();
+        let harvest = state.rounds.last().last_harvest;
         match harvest {
             None => "no proxy to serve yet: the first harvest has not finished".to_string(),
             Some(h) if h.failed == h.sources => format!(
@@ -509,11 +504,7 @@ pub(super) struct WriteTroubleView {
 pub async fn stats(State(state): State<AppState>) -> Result<Json<StatsView>, ApiError> {
     // The counts, not the per-source table (`/sources` has that).
     let stats = state.store.counts().await?;
-    let rounds = state
-        .rounds
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .clone();
+    let rounds = state.rounds.last();
     Ok(Json(StatsView {
         total: stats.total,
         servable: state.servable(),
