@@ -42,10 +42,10 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::auth::AuthFailures;
-use crate::check::{self, Checker};
 use crate::config::{Config, Live};
 use crate::gateway::GatewayMetrics;
 use crate::health::{Feedback, HealthIndex};
+use crate::pool::Verifier;
 use crate::store::Store;
 use metrics::Metrics;
 
@@ -107,8 +107,8 @@ pub struct Served {
     /// The configuration in force (the token and allowed hosts follow a
     /// reload).
     pub live: Live,
-    /// The checker of the latest round, for `verify=true`.
-    pub checker: check::Current,
+    /// `verify=true`'s checks, a client of the shared pool.
+    pub verifier: Verifier,
     /// Metrics.
     pub metrics: Arc<Metrics>,
     /// What the last rounds did.
@@ -135,8 +135,8 @@ pub struct AppState {
     pub feedback: Feedback,
     /// The validated configuration.
     pub config: Arc<Config>,
-    /// The checker of the latest round, for `verify=true`.
-    checker: check::Current,
+    /// `verify=true`'s checks.
+    verifier: Verifier,
     /// Metrics.
     pub metrics: Arc<Metrics>,
     /// The last rounds.
@@ -148,8 +148,6 @@ pub struct AppState {
     /// `/judge` calls per client network (see [`client_network`]).
     judge_limiter: Arc<DefaultKeyedRateLimiter<IpAddr>>,
     judge_calls: Arc<AtomicU64>,
-    /// Judge checks made by `verify=true`, all clients together.
-    verify_limiter: Arc<governor::DefaultDirectRateLimiter>,
     /// The gateway's counters, when it runs, for `/stats` and `/metrics`.
     pub gateway: Option<Arc<GatewayMetrics>>,
     /// What is degraded now, for `/healthz`.
@@ -173,15 +171,15 @@ impl std::fmt::Debug for AppState {
 }
 
 impl AppState {
-    /// The API's state over what it serves from, with its own limiters
-    /// (`/judge`, `verify=true`) and caches.
+    /// The API's state over what it serves from, with its own limiter
+    /// (`/judge`) and caches.
     pub fn new(served: Served) -> AppState {
         let Served {
             store,
             feedback,
             config,
             live,
-            checker,
+            verifier,
             metrics,
             rounds,
             crawls,
@@ -195,15 +193,12 @@ impl AppState {
             crawls,
             store,
             feedback,
-            checker,
+            verifier,
             metrics,
             rounds,
             answers: Arc::default(),
             judge_limiter: Arc::new(RateLimiter::keyed(Quota::per_minute(per_minute))),
             judge_calls: Arc::default(),
-            verify_limiter: Arc::new(RateLimiter::direct(Quota::per_minute(
-                NonZeroU32::new(config.api.verify_per_minute).unwrap_or(NonZeroU32::MIN),
-            ))),
             gateway,
             conditions,
             auth,
@@ -235,12 +230,6 @@ impl AppState {
     /// How many proxies can be served now (see [`servable`]).
     pub fn servable(&self) -> usize {
         servable(&self.feedback, &self.config)
-    }
-
-    /// The current checker; right after start-up, when the first one is
-    /// still being prepared, waits for it up to `wait`.
-    async fn checker(&self, wait: std::time::Duration) -> Option<Arc<Checker>> {
-        self.checker.wait(wait).await
     }
 
     /// The index of alive proxies.

@@ -13,7 +13,7 @@ use crate::config::{Config, Live};
 use crate::crawl::jobs::CrawlJobs;
 use crate::gateway::{Gateway, GatewayMetrics};
 use crate::health::Feedback;
-use crate::pool::{Pool, PoolError};
+use crate::pool::{Pool, PoolError, Verifier};
 use crate::store::Store;
 
 /// The service's shared parts over an opened store and its feedback path:
@@ -33,8 +33,11 @@ pub struct Service {
     /// crawl job are clients of it, under its caps.
     pub pool: Pool,
     /// The checker of the latest round: the check loop sets it,
-    /// `verify=true` uses it.
+    /// `verifier` uses it.
     pub checker: check::Current,
+    /// `verify=true`'s checks: a client of `pool` with `checker`, under
+    /// `api.verify_per_minute`.
+    pub verifier: Verifier,
     /// Crawl jobs, clients of `pool`: run by the daemon, served at
     /// `/crawls`.
     pub crawls: CrawlJobs,
@@ -58,13 +61,17 @@ impl Service {
         // With the built-in roots and user agent a pool always builds.
         let pool = Pool::shared(feedback.clone(), &config.pool)
             .expect("the default pool options are valid");
+        let checker = check::Current::default();
+        let verifier = Verifier::new(&pool, checker.clone(), config.api.verify_per_minute)
+            .expect("the default pool options are valid");
         Service {
             crawls: CrawlJobs::new(store.clone(), pool.clone(), &config),
             pool,
             live: Live::new(config.clone()),
             store,
             feedback,
-            checker: check::Current::default(),
+            checker,
+            verifier,
             metrics: Arc::new(Metrics::new()),
             rounds: LastRounds::default(),
             conditions: Arc::default(),
@@ -97,7 +104,7 @@ impl Service {
             feedback: self.feedback.clone(),
             config: self.config.clone(),
             live: self.live.clone(),
-            checker: self.checker.clone(),
+            verifier: self.verifier.clone(),
             metrics: self.metrics.clone(),
             rounds: self.rounds.clone(),
             crawls: self.crawls.clone(),

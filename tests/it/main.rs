@@ -42,3 +42,4 @@ mod serving;
 mod sites;
 mod stop;
 mod store;
+mod verify;
