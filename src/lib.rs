@@ -21,7 +21,7 @@
 //! - [`gateway`]: the local rotating forward proxy: HTTP (absolute-form, CONNECT) and SOCKS5 on one port, through the pool
 //! - [`export`]: proxies as txt, json or csv, files written atomically
 //! - [`api`]: the axum router: serving, listings, reports, metrics, health and what is degraded, the judge, the dashboard, the OpenAPI document; bounded connections
-//! - [`daemon`]: `serve`: the API, check loop, harvests, purge, the watch on store writes and watchdog as components on one task tracker
+//! - [`daemon`]: the composition root ([`daemon::Service`] builds the shared parts) and `serve`: the API, check loop, harvests, purge, the watch on store writes and watchdog as components on one task tracker
 //! - [`cli`]: the clap command tree, a file per command with its options and output
 
 pub mod api;

@@ -15,26 +15,12 @@ use serde::Serialize;
 use super::answers::Form;
 use super::query::{FILTERS, Params, proxy_query, site};
 use super::{ApiError, AppState};
-use crate::check::{Prior, Verdict as CheckVerdict};
 use crate::export::{self, ExportRow, Format};
 use crate::health::BestOfTwo;
 use crate::model::{Block, UseVerdict};
+use crate::pool::VerifyError;
 use crate::proxy::Status;
 use crate::store::{ProxyRecord, ProxySort, SourceRecord, now_ms, rfc3339};
-
-/// Candidates tried by `verify=true` before giving up.
-const VERIFY_TRIES: usize = 10;
-
-/// The longest a `verify=true` re-check may take per candidate.
-const VERIFY_TIMEOUT: Duration = Duration::from_secs(3);
-
-/// How long `verify=true` waits for the first checker after start-up
-/// (asking the judges directly takes a moment).
-const CHECKER_WAIT: Duration = Duration::from_secs(3);
-
-/// The longest `verify=true` spends re-checking candidates in all, well
-/// inside the API's default request timeout.
-const VERIFY_BUDGET: Duration = Duration::from_secs(10);
 
 fn with(extra: &[&'static str]) -> Vec<&'static str> {
     FILTERS.iter().chain(extra).copied().collect()
@@ -52,7 +38,7 @@ pub async fn proxy(
     RawQuery(raw): RawQuery,
 ) -> Result<Response, ApiError> {
     let p = Params::parse(raw.as_deref(), &with(&["format", "verify"]))?;
-    let mut q = proxy_query(&p, state.config.api.max_age)?;
+    let q = proxy_query(&p, state.config.api.max_age)?;
     let site = site(&p)?;
     let text = p.choice("format", &["json", "text"])? == Some("text");
     let verify = p.boolean("verify")?.unwrap_or(false);
@@ -68,78 +54,29 @@ pub async fn proxy(
         {
             return Err(empty_pool(&state).await.unwrap_or_else(none));
         }
-        let checker = state.checker(CHECKER_WAIT).await.ok_or_else(|| {
-            ApiError::NotReady(
-                "no judge has answered yet, so nothing can be verified; try again shortly".into(),
-            )
-        })?;
-        let started = std::time::Instant::now();
-        let mut chosen = None;
-        let (mut tried, mut unsure) = (0, 0);
-        while tried < VERIFY_TRIES && started.elapsed() < VERIFY_BUDGET {
-            let Some(e) = state
-                .feedback
-                .pick(&q, site.as_deref(), now_ms(), &BestOfTwo, &|_| false)
-            else {
-                break;
-            };
-            if let Err(not_until) = state.verify_limiter.check() {
-                if tried > 0 {
-                    break;
+        state
+            .verifier
+            .verify(&q, site.as_deref())
+            .await
+            .map_err(|e| match e {
+                VerifyError::NotReady => ApiError::NotReady(e.to_string()),
+                VerifyError::RateLimited { retry_after } => ApiError::TooManyRequests {
+                    retry_after: retry_after.as_secs() + 1,
+                },
+                VerifyError::NoProxy(e) => {
+                    ApiError::NotReady(format!("no proxy could be verified in time: {e}"))
                 }
-                let clock = state.verify_limiter.clock();
-                let wait = not_until.wait_time_from(governor::clock::Clock::now(clock));
-                return Err(ApiError::TooManyRequests {
-                    retry_after: wait.as_secs() + 1,
-                });
-            }
-            tried += 1;
-            let left = VERIFY_BUDGET.saturating_sub(started.elapsed());
-            // It passed its last check: a failure that may be the judge's
-            // needs a second judge before it counts. HTTPS is not re-tested
-            // here; the answer says what the last full check found.
-            let prior = Prior {
-                alive: true,
-                https_due: false,
-            };
-            let verdict = tokio::time::timeout(
-                VERIFY_TIMEOUT.min(left),
-                checker.check_with(&e.proxy, false, prior),
-            )
-            .await;
-            q.exclude_ids.insert(e.id);
-            let reason = match verdict {
-                Ok(CheckVerdict::Checked(o)) if o.alive() => {
-                    chosen = Some(e);
-                    break;
-                }
-                Ok(CheckVerdict::Checked(o)) => o.failure,
-                // Not the proxy's fault for sure: not served this time,
-                // but not hidden either.
-                Ok(CheckVerdict::Unconfirmed(_)) => {
-                    unsure += 1;
-                    continue;
-                }
-                Err(_) => Some(crate::model::Reason::Timeout),
-            };
-            // Dead right now: stop serving it and have it re-checked.
-            state
-                .feedback
-                .report(e.id, UseVerdict::ProxyFailed(reason), None)
-                .await?;
-        }
-        chosen.ok_or_else(|| match (tried, unsure) {
-            (0, _) => none(),
-            (n, 0) => ApiError::NotFound(format!(
-                "no alive proxy matches the filters: the {n} tried failed a fresh check \
-                 and will not be served until they pass one"
-            )),
-            (n, u) => ApiError::NotFound(format!(
-                "no alive proxy matches the filters: none of the {n} tried passed a fresh \
-                 check ({u} of them only against a judge that may be at fault, so they \
-                 are kept for their next check)"
-            )),
-        })?
+                VerifyError::Failed { tried: 0, .. } => none(),
+                VerifyError::Failed { tried, unsure: 0 } => ApiError::NotFound(format!(
+                    "no alive proxy matches the filters: the {tried} tried failed a fresh check \
+                     and will not be served until they pass one"
+                )),
+                VerifyError::Failed { tried, unsure } => ApiError::NotFound(format!(
+                    "no alive proxy matches the filters: none of the {tried} tried passed a fresh \
+                     check ({unsure} of them only against a judge that may be at fault, so they \
+                     are kept for their next check)"
+                )),
+            })?
     } else {
         match state
             .feedback
@@ -169,12 +106,7 @@ async fn empty_pool(state: &AppState) -> Option<ApiError> {
     }
     let presence = state.store.presence().await.ok()?;
     let message = if !presence.stored {
-        let harvest = state
-            .rounds
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .last_harvest
-            .clone();
+        let harvest = state.rounds.last().last_harvest;
         match harvest {
             None => "no proxy to serve yet: the first harvest has not finished".to_string(),
             Some(h) if h.failed == h.sources => format!(
@@ -509,11 +441,7 @@ pub(super) struct WriteTroubleView {
 pub async fn stats(State(state): State<AppState>) -> Result<Json<StatsView>, ApiError> {
     // The counts, not the per-source table (`/sources` has that).
     let stats = state.store.counts().await?;
-    let rounds = state
-        .rounds
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .clone();
+    let rounds = state.rounds.last();
     Ok(Json(StatsView {
         total: stats.total,
         servable: state.servable(),

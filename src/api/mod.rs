@@ -17,10 +17,12 @@ pub mod judge;
 pub mod metrics;
 pub mod openapi;
 mod query;
+mod rounds;
 pub mod schema;
 pub mod server;
 
 pub use error::ApiError;
+pub use rounds::LastRounds;
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::num::NonZeroU32;
@@ -41,11 +43,10 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::auth::AuthFailures;
-use crate::check::Checker;
-use crate::config::Config;
+use crate::config::{Config, Live};
 use crate::gateway::GatewayMetrics;
 use crate::health::{Feedback, HealthIndex};
-use crate::pool::Pool;
+use crate::pool::Verifier;
 use crate::store::Store;
 use metrics::Metrics;
 
@@ -93,7 +94,39 @@ pub struct CheckInfo {
     pub duration_ms: u64,
 }
 
-/// Everything a request may need: cheap to clone.
+/// What the API serves from: the service's parts the daemon built (see
+/// `daemon::Service`), shared with the components that keep them.
+#[derive(Clone)]
+pub struct Served {
+    /// The durable store (listings of non-alive proxies, reports, stats).
+    pub store: Store,
+    /// Verdicts on proxies, and the index of alive ones for serving
+    /// without the database.
+    pub feedback: Feedback,
+    /// The configuration the daemon started with.
+    pub config: Arc<Config>,
+    /// The configuration in force (the token and allowed hosts follow a
+    /// reload).
+    pub live: Live,
+    /// `verify=true`'s checks, a client of the shared pool.
+    pub verifier: Verifier,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+    /// What the last rounds did.
+    pub rounds: LastRounds,
+    /// Crawl jobs (`/crawls`), run by the daemon.
+    pub crawls: CrawlJobs,
+    /// The gateway's counters, when it runs, for `/stats` and `/metrics`.
+    pub gateway: Option<Arc<GatewayMetrics>>,
+    /// What is degraded now, for `/healthz`.
+    pub conditions: Arc<conditions::Conditions>,
+    /// Wrong tokens per client address: the bearer token's, the
+    /// dashboard login's and (in `serve`) the gateway's.
+    pub auth: Arc<AuthFailures>,
+}
+
+/// Everything a request may need: what it serves from and the API's own
+/// limiters and caches. Cheap to clone.
 #[derive(Clone)]
 pub struct AppState {
     /// The durable store (listings of non-alive proxies, reports, stats).
@@ -103,38 +136,30 @@ pub struct AppState {
     pub feedback: Feedback,
     /// The validated configuration.
     pub config: Arc<Config>,
-    /// The checker of the latest round, for `verify=true`.
-    checker: Arc<tokio::sync::watch::Sender<Option<Arc<Checker>>>>,
+    /// `verify=true`'s checks.
+    verifier: Verifier,
     /// Metrics.
     pub metrics: Arc<Metrics>,
     /// The last rounds.
-    pub rounds: Arc<Mutex<Rounds>>,
-    /// The process's one fetch pool on `feedback`'s index: the gateway
-    /// and every crawl job are clients of it.
-    pub pool: Pool,
-    /// Crawl jobs (`/crawls`), clients of `pool`.
+    pub rounds: LastRounds,
+    /// Crawl jobs (`/crawls`).
     pub crawls: CrawlJobs,
     /// Rendered `/proxy` answers.
     answers: Arc<answers::Answers>,
     /// `/judge` calls per client network (see [`client_network`]).
     judge_limiter: Arc<DefaultKeyedRateLimiter<IpAddr>>,
     judge_calls: Arc<AtomicU64>,
-    /// Judge checks made by `verify=true`, all clients together.
-    verify_limiter: Arc<governor::DefaultDirectRateLimiter>,
     /// The gateway's counters, when it runs, for `/stats` and `/metrics`.
     pub gateway: Option<Arc<GatewayMetrics>>,
     /// What is degraded now, for `/healthz`.
     pub conditions: Arc<conditions::Conditions>,
-    /// The latest check rounds, for the dashboard.
-    check_history: Arc<Mutex<dashboard::RoundHistory>>,
-    /// The configuration as reloaded (SIGHUP); `config` stays the one
-    /// the daemon started with, for what needs a restart to change.
-    live: Arc<tokio::sync::watch::Sender<Arc<Config>>>,
+    /// The configuration in force; `config` stays the one the daemon
+    /// started with, for what needs a restart to change.
+    live: Live,
     /// What signs the dashboard's sessions and forms, with the token in
     /// force.
     dashboard_keys: Arc<Mutex<Arc<dashboard::Keys>>>,
-    /// Wrong tokens per client address: the bearer token's, the
-    /// dashboard login's and (in `serve`) the gateway's.
+    /// Wrong tokens per client address.
     pub auth: Arc<AuthFailures>,
 }
 
@@ -147,34 +172,39 @@ impl std::fmt::Debug for AppState {
 }
 
 impl AppState {
-    /// State over an opened store, reporting verdicts through `feedback`.
-    pub fn new(store: Store, feedback: Feedback, config: Arc<Config>) -> AppState {
-        let per_minute = NonZeroU32::new(config.api.judge_per_minute).unwrap_or(NonZeroU32::MIN);
-        // With the built-in roots and user agent a pool always builds.
-        let pool = Pool::shared(feedback.clone(), &config.pool)
-            .expect("the default pool options are valid");
-        AppState {
-            crawls: CrawlJobs::new(store.clone(), pool.clone(), &config),
-            pool,
+    /// The API's state over what it serves from, with its own limiter
+    /// (`/judge`) and caches.
+    pub fn new(served: Served) -> AppState {
+        let Served {
             store,
             feedback,
-            checker: Arc::new(tokio::sync::watch::Sender::new(None)),
-            metrics: Arc::new(Metrics::new()),
-            rounds: Arc::default(),
+            config,
+            live,
+            verifier,
+            metrics,
+            rounds,
+            crawls,
+            gateway,
+            conditions,
+            auth,
+        } = served;
+        let per_minute = NonZeroU32::new(config.api.judge_per_minute).unwrap_or(NonZeroU32::MIN);
+        let token = live.get().api.token.as_ref().map(|t| t.0.clone());
+        AppState {
+            crawls,
+            store,
+            feedback,
+            verifier,
+            metrics,
+            rounds,
             answers: Arc::default(),
             judge_limiter: Arc::new(RateLimiter::keyed(Quota::per_minute(per_minute))),
             judge_calls: Arc::default(),
-            verify_limiter: Arc::new(RateLimiter::direct(Quota::per_minute(
-                NonZeroU32::new(config.api.verify_per_minute).unwrap_or(NonZeroU32::MIN),
-            ))),
-            gateway: None,
-            conditions: Arc::default(),
-            check_history: Arc::default(),
-            auth: Arc::default(),
-            live: Arc::new(tokio::sync::watch::Sender::new(config.clone())),
-            dashboard_keys: Arc::new(Mutex::new(Arc::new(dashboard::Keys::new(
-                config.api.token.as_ref().map(|t| t.0.as_str()),
-            )))),
+            gateway,
+            conditions,
+            auth,
+            live,
+            dashboard_keys: Arc::new(Mutex::new(Arc::new(dashboard::Keys::new(token.as_deref())))),
             config,
         }
     }
@@ -182,93 +212,43 @@ impl AppState {
     /// The configuration in force: the one the daemon started with, or
     /// the last one a reload applied.
     pub fn live_config(&self) -> Arc<Config> {
-        self.live.borrow().clone()
+        self.live.get()
     }
 
-    /// Follows the configuration in force (see [`AppState::live_config`]).
-    pub fn watch_config(&self) -> tokio::sync::watch::Receiver<Arc<Config>> {
-        self.live.subscribe()
-    }
-
-    /// Puts `config` in force (a reload): the API's token and allowed
-    /// hosts at once, every component following
-    /// [`AppState::watch_config`] at its next step. A changed token ends
-    /// every dashboard session.
-    pub fn set_live_config(&self, config: Arc<Config>) {
-        if self.live_config().api.token != config.api.token {
-            let keys = dashboard::Keys::new(config.api.token.as_ref().map(|t| t.0.as_str()));
-            *self
-                .dashboard_keys
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(keys);
-        }
-        self.live.send_replace(config);
-    }
-
-    /// What signs the dashboard's sessions and forms now.
+    /// What signs the dashboard's sessions and forms now: new keys once
+    /// a reload changed the token, so a changed token ends every
+    /// dashboard session.
     fn dashboard_keys(&self) -> Arc<dashboard::Keys> {
-        self.dashboard_keys
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
-    }
-
-    /// How many proxies can be served now: alive, proven (by a check or a
-    /// use that worked) within `api.max_age` and within the freshness
-    /// window while one is in force. `/proxy`, `/export`, `/stats` and
-    /// `/metrics` all count by this rule.
-    pub fn servable(&self) -> usize {
-        let q = crate::health::ProxyQuery {
-            max_age: Some(self.config.api.max_age),
-            ..crate::health::ProxyQuery::default()
-        };
-        self.feedback.select(&q, None, crate::store::now_ms()).len()
-    }
-
-    /// Shows the gateway's counters in `/stats` and `/metrics`.
-    pub fn with_gateway(mut self, gateway: Arc<GatewayMetrics>) -> AppState {
-        self.metrics.register_gateway(&gateway);
-        self.gateway = Some(gateway);
-        self
-    }
-
-    /// The checker for `verify=true`, once a round has prepared one.
-    pub fn set_checker(&self, checker: Arc<Checker>) {
-        self.checker.send_replace(Some(checker));
-    }
-
-    /// Records what a round did, for `/stats`.
-    pub fn record_round(&self, update: impl FnOnce(&mut Rounds)) {
-        let finished = {
-            let mut rounds = self.rounds.lock().unwrap_or_else(|e| e.into_inner());
-            let before = rounds.last_check.as_ref().map(|c| c.finished_at.clone());
-            update(&mut rounds);
-            // A check round that finished is kept for the dashboard's chart.
-            rounds
-                .last_check
-                .clone()
-                .filter(|c| Some(&c.finished_at) != before.as_ref())
-        };
-        if let Some(round) = finished {
-            crate::lock(&self.check_history).push(round);
+        let config = self.live_config();
+        let token = config.api.token.as_ref().map(|t| t.0.as_str());
+        let mut keys = crate::lock(&self.dashboard_keys);
+        if !keys.signs_for(token) {
+            *keys = Arc::new(dashboard::Keys::new(token));
         }
+        keys.clone()
+    }
+
+    /// How many proxies can be served now (see [`servable`]).
+    pub fn servable(&self) -> usize {
+        servable(&self.feedback, &self.config)
     }
 
     /// The index of alive proxies.
     pub fn index(&self) -> &HealthIndex {
         self.feedback.index()
     }
+}
 
-    /// The current checker; right after start-up, when the first one is
-    /// still being prepared, waits for it up to `wait`.
-    async fn checker(&self, wait: std::time::Duration) -> Option<Arc<Checker>> {
-        let mut rx = self.checker.subscribe();
-        let ready = tokio::time::timeout(wait, rx.wait_for(Option::is_some)).await;
-        match ready {
-            Ok(Ok(checker)) => checker.clone(),
-            _ => None,
-        }
-    }
+/// How many proxies can be served now: alive, proven (by a check or a use
+/// that worked) within `api.max_age` and within the freshness window while
+/// one is in force. `/proxy`, `/export`, `/stats`, `/metrics` and the
+/// dashboard's snapshots all count by this rule.
+pub fn servable(feedback: &Feedback, config: &Config) -> usize {
+    let q = crate::health::ProxyQuery {
+        max_age: Some(config.api.max_age),
+        ..crate::health::ProxyQuery::default()
+    };
+    feedback.select(&q, None, crate::store::now_ms()).len()
 }
 
 /// The router with every route and layer.

@@ -6,12 +6,14 @@
 //! once a second, healthy judge confirms it.
 
 mod answer;
+mod current;
 pub mod geoip;
 mod health;
 pub mod judge;
 pub mod probe;
 mod runner;
 
+pub use current::Current;
 pub use runner::{
     CheckError, CheckLease, CheckOptions, CommitHook, JudgeHook, RoundProgress, RoundSummary,
     check_round,

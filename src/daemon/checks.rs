@@ -9,11 +9,14 @@ use std::time::Duration;
 use rand::RngExt;
 use tokio_util::sync::CancellationToken;
 
-use crate::api::{AppState, CheckInfo};
+use crate::api::conditions::Conditions;
+use crate::api::metrics::Metrics;
+use crate::api::{CheckInfo, LastRounds};
 use crate::check::{
     self, CheckError, CheckLease, CheckOptions, Checker, CommitHook, JudgeHook, RoundProgress,
 };
-use crate::config::Config;
+use crate::config::{Config, Live};
+use crate::health::Feedback;
 use crate::store::{Store, StoreError, now_ms, rfc3339};
 
 use super::outage::Outage;
@@ -48,9 +51,19 @@ pub struct CheckLoop {
     pub config: Arc<Config>,
     /// Where due proxies come from.
     pub store: Store,
-    /// The feedback path results are committed through, metrics, the
-    /// record of the last rounds and the checker `verify=true` uses.
-    pub state: AppState,
+    /// The configuration in force (the judges and limits follow a
+    /// reload).
+    pub live: Live,
+    /// The feedback path results are committed through.
+    pub feedback: Feedback,
+    /// Where each round's checker goes, for `verify=true`.
+    pub checker: check::Current,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+    /// The record of the last rounds.
+    pub rounds: LastRounds,
+    /// What is degraded (no judge, no checks).
+    pub conditions: Arc<Conditions>,
     /// Cancelled when checks in flight must stop at once (their results
     /// are not recorded).
     pub abort: CancellationToken,
@@ -94,7 +107,7 @@ impl CheckLoop {
             // A reload that changed `[check]` (its judges, its limits)
             // takes effect from the next round, with the judges asked
             // again.
-            let live = self.state.live_config();
+            let live = self.live.get();
             if !Arc::ptr_eq(&live, &self.config) {
                 let changed = live.check != self.config.check;
                 self.config = live;
@@ -131,7 +144,7 @@ impl CheckLoop {
                     // check (or, at start, proxies that verify=true may
                     // need them): an idle daemon neither asks them nor
                     // warns about them.
-                    let at_start = prepared.is_none() && !self.state.index().is_empty();
+                    let at_start = prepared.is_none() && !self.feedback.index().is_empty();
                     if !at_start {
                         if !self.until_due(&stop, last_round).await {
                             continue;
@@ -146,7 +159,7 @@ impl CheckLoop {
             match checker {
                 Ok(checker) => {
                     retry = JUDGE_RETRY_FIRST;
-                    if let Some(told) = outage.end(&self.state) {
+                    if let Some(told) = outage.end(&self.conditions, &self.feedback) {
                         tracing::info!(
                             after = %told.lasted(),
                             "judges answer again; re-checking every served proxy now"
@@ -164,7 +177,7 @@ impl CheckLoop {
                         // verify=true works from the first second: the first
                         // checker is prepared at start, not when something
                         // falls due.
-                        self.state.set_checker(checker.clone());
+                        self.checker.set(checker.clone());
                         prepared = Some((checker.clone(), std::time::Instant::now()));
                     }
                     if due_now || self.until_due(&stop, last_round).await {
@@ -194,7 +207,7 @@ impl CheckLoop {
                     }
                 }
                 Err(e) => {
-                    outage.note(&self.state, &e);
+                    outage.note(&self.conditions, &self.feedback, &e);
                     tokio::select! {
                         _ = stop.cancelled() => {}
                         _ = tokio::time::sleep(retry) => {}
@@ -207,9 +220,9 @@ impl CheckLoop {
 
     /// How rounds run, as `[check]` says.
     fn options(&self) -> CheckOptions {
-        let metrics = self.state.metrics.clone();
+        let metrics = self.metrics.clone();
         let hook: CommitHook = Arc::new(move |batch| metrics.observe_checks(batch));
-        let metrics = self.state.metrics.clone();
+        let metrics = self.metrics.clone();
         let judge_hook: JudgeHook = Arc::new(move |url, answer| metrics.observe_judge(url, answer));
         let mut opts = CheckOptions::from_config(&self.config.check);
         opts.on_judge = Some(judge_hook);
@@ -238,7 +251,7 @@ impl CheckLoop {
         last_round: Option<std::time::Instant>,
     ) -> bool {
         self.schedule_adopted().await;
-        let urgent = match self.state.feedback.queue_rechecks(now_ms()).await {
+        let urgent = match self.feedback.queue_rechecks(now_ms()).await {
             Ok(n) => n > 0,
             Err(e) => {
                 log_store_error(&e, "cannot queue proxies for an early re-check");
@@ -247,7 +260,7 @@ impl CheckLoop {
         };
         let gap = match last_round {
             Some(at) if !urgent => {
-                let cycle = self.config.check.serve_cycle(self.state.index().len());
+                let cycle = self.config.check.serve_cycle(self.feedback.index().len());
                 ROUND_GAP.min(cycle / 20).saturating_sub(at.elapsed())
             }
             _ => Duration::ZERO,
@@ -268,7 +281,7 @@ impl CheckLoop {
         let wait = if wait.is_zero() { gap } else { wait };
         tokio::select! {
             _ = stop.cancelled() => {}
-            _ = self.state.feedback.recheck_wanted() => {}
+            _ = self.feedback.recheck_wanted() => {}
             _ = tokio::time::sleep(wait) => {}
         }
         false
@@ -281,12 +294,12 @@ impl CheckLoop {
     /// `check.recheck_alive` away: it is served unverified until the
     /// freshness window passes, then not served at all.
     async fn schedule_adopted(&self) {
-        let adopted = self.state.feedback.take_adopted();
+        let adopted = self.feedback.take_adopted();
         if adopted.is_empty() {
             return;
         }
         let check = &self.config.check;
-        let served = self.state.index().len();
+        let served = self.feedback.index().len();
         let now = now_ms();
         // Many at once (a `proxywarden check` round beside the daemon):
         // spread over the cycle from now, or they would all come back
@@ -314,7 +327,7 @@ impl CheckLoop {
             proxies = due.len(),
             "re-checks of adopted proxies scheduled"
         );
-        if let Err(e) = self.state.feedback.schedule_checks(due).await {
+        if let Err(e) = self.feedback.schedule_checks(due).await {
             log_store_error(&e, "cannot schedule re-checks of the proxies loaded");
         }
     }
@@ -330,16 +343,9 @@ impl CheckLoop {
     /// spreads the next checks of what passes evenly over one cycle.
     fn freshness(&self, due: usize) -> crate::model::RecheckPolicy {
         let check = &self.config.check;
-        let served = self.state.index().len();
-        if self
-            .state
-            .conditions
-            .get(super::writes::COMPONENT)
-            .is_none()
-        {
-            self.state
-                .feedback
-                .set_fresh_within(check.fresh_window(served));
+        let served = self.feedback.index().len();
+        if self.conditions.get(super::writes::COMPONENT).is_none() {
+            self.feedback.set_fresh_within(check.fresh_window(served));
         }
         if check.is_bulk(served, due) {
             check.bulk_policy(served)
@@ -363,7 +369,7 @@ impl CheckLoop {
         match check::check_round(
             checker,
             &self.store,
-            &self.state.feedback,
+            &self.feedback,
             opts,
             policy,
             stop,
@@ -380,8 +386,8 @@ impl CheckLoop {
                     unconfirmed: summary.unconfirmed,
                     duration_ms: summary.elapsed.as_millis() as u64,
                 };
-                self.state.record_round(|r| r.last_check = Some(info));
-                log.add(&summary, self.state.index().len());
+                self.rounds.record(|r| r.last_check = Some(info));
+                log.add(&summary, self.feedback.index().len());
                 // Nothing passed and some failures were laid at the judges'
                 // door: ask them directly now whether they are there.
                 if summary.unconfirmed > 0 && summary.alive == 0 {
@@ -524,7 +530,7 @@ struct JudgeOutage(Outage);
 
 impl JudgeOutage {
     /// Checks could not start: `e` says why.
-    fn note(&mut self, state: &AppState, e: &CheckError) {
+    fn note(&mut self, conditions: &Conditions, feedback: &Feedback, e: &CheckError) {
         let component = match e {
             CheckError::NoJudge(_) => "judges",
             _ => "checks",
@@ -533,8 +539,8 @@ impl JudgeOutage {
             "{e}; nothing can be checked, so proxies are served while they passed a check \
              or carried a request within api.max_age"
         );
-        state.conditions.set(component, message, now_ms());
-        state.feedback.set_fresh_within(Duration::ZERO);
+        conditions.set(component, message, now_ms());
+        feedback.set_fresh_within(Duration::ZERO);
         if let Some(told) = self.0.note() {
             tracing::error!(
                 error = %e,
@@ -548,11 +554,11 @@ impl JudgeOutage {
     /// Checks can run again: how long they could not, if they could not.
     /// Every served proxy is re-checked at once, and until each has passed
     /// again those that have are served first.
-    fn end(&mut self, state: &AppState) -> Option<super::outage::Told> {
+    fn end(&mut self, conditions: &Conditions, feedback: &Feedback) -> Option<super::outage::Told> {
         let told = self.0.end()?;
-        state.conditions.clear("judges");
-        state.conditions.clear("checks");
-        state.feedback.reverify_all(now_ms());
+        conditions.clear("judges");
+        conditions.clear("checks");
+        feedback.reverify_all(now_ms());
         Some(told)
     }
 }

@@ -9,9 +9,11 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::api::{AppState, HarvestInfo};
-use crate::config::Config;
+use crate::api::metrics::Metrics;
+use crate::api::{HarvestInfo, LastRounds};
+use crate::config::{Config, Live};
 use crate::harvest::{self, HarvestReport};
+use crate::health::Feedback;
 use crate::store::{Store, now_ms, rfc3339};
 
 /// What asks for a harvest.
@@ -27,8 +29,14 @@ pub struct Harvester {
     pub config: Arc<Config>,
     /// Where results go.
     pub store: Store,
-    /// Metrics and the record of the last rounds.
-    pub state: AppState,
+    /// The configuration in force, followed for its sources and schedule.
+    pub live: Live,
+    /// The feedback path, for how many proxies are served.
+    pub feedback: Feedback,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+    /// The record of the last rounds.
+    pub rounds: LastRounds,
     /// Harvest requests. The channel holds one, so slots that come while a
     /// harvest runs collapse into the next run instead of piling up.
     pub triggers: mpsc::Receiver<Trigger>,
@@ -86,7 +94,7 @@ impl Harvester {
         // followed a harvest where none did, not "the first harvest has not
         // finished".
         if let Some(info) = last.info {
-            self.state.record_round(|r| r.last_harvest = Some(info));
+            self.rounds.record(|r| r.last_harvest = Some(info));
         }
         self.worked_before = last.worked;
         let mut retry = None;
@@ -126,7 +134,7 @@ impl Harvester {
         if retry.is_none() && last.overdue.is_empty() {
             tracing::info!(next_harvest = %self.next_harvest(), "no source is overdue");
         }
-        let mut reloads = self.state.watch_config();
+        let mut reloads = self.live.watch();
         reloads.mark_unchanged();
         // Claims of nodes that died mid-harvest are looked for twice per
         // lease, so a source they held is harvested within a lease and a
@@ -366,7 +374,7 @@ impl Harvester {
             "at the next harvest".to_owned()
         };
         let fetched = report.sources.iter().filter(|s| s.worked()).count();
-        let served = self.state.index().len();
+        let served = self.feedback.index().len();
         let next_harvest = self.next_harvest();
         let sources = why.join(", ");
         if why.is_empty() {
@@ -515,7 +523,7 @@ impl Harvester {
         finish(None).await;
         match result {
             Ok(report) => {
-                self.state.metrics.observe_harvest(&report);
+                self.metrics.observe_harvest(&report);
                 self.worked_before |= report.any_worked();
                 let failed = report.sources.iter().filter(|s| !s.worked()).count();
                 let info = HarvestInfo {
@@ -526,7 +534,7 @@ impl Harvester {
                     new: report.new,
                     duration_ms: report.elapsed.as_millis() as u64,
                 };
-                self.state.record_round(|r| r.last_harvest = Some(info));
+                self.rounds.record(|r| r.last_harvest = Some(info));
                 Some(report)
             }
             Err(e) => {

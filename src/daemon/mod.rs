@@ -1,7 +1,9 @@
 //! `serve`: the daemon's components (the API, the gateway, the check loop,
 //! harvests on the cron schedule, the daily purge, crawl jobs, the watch on
 //! the store's writes, the dashboard's snapshots, the systemd watchdog), each a task
-//! on one tracker, started together and stopped together.
+//! on one tracker, started together and stopped together. [`Service`] is the
+//! composition root: it builds the shared parts, and each component gets
+//! only those it uses.
 
 mod checks;
 mod cron;
@@ -9,6 +11,7 @@ mod harvest;
 mod outage;
 mod purge;
 mod reload;
+mod service;
 mod snapshots;
 mod sync;
 mod systemd;
@@ -23,7 +26,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::api::{self, AppState};
+use crate::api;
 use crate::config::{Config, Schedule};
 use crate::gateway::{self, Gateway};
 use crate::health::{self, Feedback};
@@ -31,6 +34,7 @@ use crate::store::Store;
 use checks::CheckLoop;
 use harvest::Harvester;
 use purge::Purger;
+pub use service::Service;
 use sync::IndexSync;
 use writes::WriteWatch;
 
@@ -103,13 +107,10 @@ pub async fn run_reloading(
         Ok(pairs) => tracing::debug!(pairs, "what sites taught about proxies loaded"),
         Err(e) => tracing::warn!(error = %e, "cannot load what sites taught about proxies"),
     }
-    let mut state = AppState::new(store.clone(), feedback.clone(), config.clone());
+    let mut service = Service::new(store.clone(), feedback.clone(), config.clone());
     let gateway = match gateway {
         Some(listener) => {
-            let (pool, auth) = (&state.pool, state.auth.clone());
-            let gw = Gateway::sharing_auth(pool, &config.gateway, config.api.max_age, auth)
-                .context("setting up the gateway")?;
-            state = state.with_gateway(gw.metrics());
+            let gw = service.gateway().context("setting up the gateway")?;
             tracing::info!(addr = %listener.local_addr()?, "gateway listening");
             Some(GatewayComponent {
                 listener,
@@ -145,7 +146,7 @@ pub async fn run_reloading(
     });
     let abort_checks = CancellationToken::new();
     {
-        let (state, stop) = (state.clone(), stop.clone());
+        let (state, stop) = (service.api(), stop.clone());
         tasks.spawn(async move {
             if let Err(e) = api::serve(listener, state, stop).await {
                 tracing::error!(error = %e, "the API stopped serving");
@@ -159,7 +160,12 @@ pub async fn run_reloading(
         CheckLoop {
             config: config.clone(),
             store: store.clone(),
-            state: state.clone(),
+            live: service.live.clone(),
+            feedback: feedback.clone(),
+            checker: service.checker.clone(),
+            metrics: service.metrics.clone(),
+            rounds: service.rounds.clone(),
+            conditions: service.conditions.clone(),
             abort: abort_checks.clone(),
         }
         .run(stop.clone()),
@@ -168,7 +174,10 @@ pub async fn run_reloading(
         Harvester {
             config: config.clone(),
             store: store.clone(),
-            state: state.clone(),
+            live: service.live.clone(),
+            feedback: feedback.clone(),
+            metrics: service.metrics.clone(),
+            rounds: service.rounds.clone(),
             triggers: harvest_rx,
             worked_before: false,
         }
@@ -185,7 +194,7 @@ pub async fn run_reloading(
     tasks.spawn(
         IndexSync {
             store: store.clone(),
-            feedback: state.feedback.clone(),
+            feedback: feedback.clone(),
             mark,
         }
         .run(stop.clone()),
@@ -193,20 +202,25 @@ pub async fn run_reloading(
     tasks.spawn(
         WriteWatch {
             store: store.clone(),
-            state: state.clone(),
+            conditions: service.conditions.clone(),
+            feedback: feedback.clone(),
         }
         .run(stop.clone()),
     );
-    tasks.spawn(state.crawls.clone().run(stop.clone()));
+    tasks.spawn(service.crawls.clone().run(stop.clone()));
     tasks.spawn(
         snapshots::Snapshots {
-            state: state.clone(),
+            store: store.clone(),
+            feedback: feedback.clone(),
+            config: config.clone(),
+            metrics: service.metrics.clone(),
+            gateway: service.gateway.clone(),
         }
         .run(stop.clone()),
     );
     tasks.spawn(
         reload::Reloader {
-            state: state.clone(),
+            live: service.live.clone(),
             file,
             configs: reloads,
             tasks: tasks.clone(),
@@ -238,7 +252,7 @@ pub async fn run_reloading(
         stopped.await;
         // Worked uses are written in batches: the last one before the store
         // closes.
-        if let Err(e) = state.feedback.flush().await {
+        if let Err(e) = feedback.flush().await {
             tracing::warn!(error = %e, "cannot record proxies' worked uses");
         }
         // The database file alone then holds everything (a copy of it is

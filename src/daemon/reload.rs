@@ -11,8 +11,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::api::AppState;
-use crate::config::{Config, Schedule};
+use crate::config::{Config, Live, Schedule};
 
 use super::harvest::Trigger;
 
@@ -138,7 +137,7 @@ pub(super) fn schedule_harvest(
 /// The reload component: puts each config read on SIGHUP in force.
 pub(super) struct Reloader {
     /// Where the config in force lives.
-    pub state: AppState,
+    pub live: Live,
     /// The file in force (as read, before the daemon filled in the
     /// addresses it bound and its node id).
     pub file: Config,
@@ -195,7 +194,7 @@ impl Reloader {
         // What needs a restart kept the file's values; the running config
         // also holds what the daemon filled in at start (the addresses
         // bound, the node id), all of them restart settings.
-        let running = self.state.live_config();
+        let running = self.live.get();
         let mut live = file.clone();
         live.api.listen = running.api.listen;
         live.gateway = running.gateway.clone();
@@ -206,7 +205,7 @@ impl Reloader {
         } else {
             tracing::info!(changed = %changes.applied.join(", "), "config reloaded");
         }
-        self.state.set_live_config(Arc::new(live));
+        self.live.set(Arc::new(live));
     }
 }
 

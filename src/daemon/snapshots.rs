@@ -7,8 +7,13 @@ use std::time::Duration;
 use tokio::time::MissedTickBehavior;
 use tokio_util::sync::CancellationToken;
 
-use crate::api::AppState;
-use crate::store::{Snapshot, now_ms};
+use std::sync::Arc;
+
+use crate::api::metrics::Metrics;
+use crate::config::Config;
+use crate::gateway::GatewayMetrics;
+use crate::health::Feedback;
+use crate::store::{Snapshot, Store, now_ms};
 
 /// How often a snapshot is taken.
 pub const EVERY: Duration = Duration::from_secs(60);
@@ -18,8 +23,15 @@ pub const KEEP: Duration = Duration::from_secs(8 * 24 * 3600);
 
 /// Takes a snapshot every [`EVERY`], the first at once.
 pub struct Snapshots {
-    /// What is counted, and the store it is written to.
-    pub state: AppState,
+    /// Where snapshots are written.
+    pub store: Store,
+    /// What is servable (by `api.max_age`).
+    pub feedback: Feedback,
+    pub config: Arc<Config>,
+    /// The checks counted.
+    pub metrics: Arc<Metrics>,
+    /// The gateway's traffic, when it runs.
+    pub gateway: Option<Arc<GatewayMetrics>>,
 }
 
 /// The running totals a snapshot's per-minute figures are the change of.
@@ -52,8 +64,8 @@ impl Snapshots {
     }
 
     fn totals(&self) -> Totals {
-        let (checks, checks_alive) = self.state.metrics.check_totals();
-        let (gateway_requests, gateway_failures) = match &self.state.gateway {
+        let (checks, checks_alive) = self.metrics.check_totals();
+        let (gateway_requests, gateway_failures) = match &self.gateway {
             Some(g) => {
                 let s = g.snapshot();
                 let answered = s
@@ -78,14 +90,14 @@ impl Snapshots {
         let at = now_ms();
         let mut snapshot = Snapshot {
             at: at - at % 60_000,
-            servable: self.state.servable() as i64,
+            servable: crate::api::servable(&self.feedback, &self.config) as i64,
             checks: now.checks.saturating_sub(last.checks) as i64,
             checks_alive: now.checks_alive.saturating_sub(last.checks_alive) as i64,
             gateway_requests: now.gateway_requests.saturating_sub(last.gateway_requests) as i64,
             gateway_failures: now.gateway_failures.saturating_sub(last.gateway_failures) as i64,
             ..Snapshot::default()
         };
-        for (status, _, n) in self.state.store.count_by_status_scheme().await? {
+        for (status, _, n) in self.store.count_by_status_scheme().await? {
             match status.as_str() {
                 "alive" => snapshot.alive += n,
                 "dead" => snapshot.dead += n,
@@ -93,6 +105,6 @@ impl Snapshots {
             }
         }
         let keep_since = at - KEEP.as_millis() as i64;
-        self.state.store.record_snapshot(snapshot, keep_since).await
+        self.store.record_snapshot(snapshot, keep_since).await
     }
 }

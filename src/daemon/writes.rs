@@ -5,12 +5,14 @@
 //! within `api.max_age`, and tries a write at the end of every pause, so
 //! that writes working again are noticed within one pause.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
 use super::outage::Outage;
-use crate::api::AppState;
+use crate::api::conditions::Conditions;
+use crate::health::Feedback;
 use crate::store::{Store, WriteTrouble, now_ms};
 
 /// The component's name in `/healthz` and `/stats`.
@@ -29,9 +31,10 @@ pub const SETTLE: Duration = Duration::from_secs(2);
 pub struct WriteWatch {
     /// Whose writes.
     pub store: Store,
-    /// Where the condition is said, and the feedback path whose freshness
-    /// window is lifted meanwhile.
-    pub state: AppState,
+    /// Where the condition is said.
+    pub conditions: Arc<Conditions>,
+    /// The feedback path, whose freshness window is lifted meanwhile.
+    pub feedback: Feedback,
 }
 
 impl WriteWatch {
@@ -48,7 +51,7 @@ impl WriteWatch {
                     settled_at = None;
                     self.failing(&mut outage, t);
                 }
-                None if self.state.conditions.get(COMPONENT).is_some() => {
+                None if self.conditions.get(COMPONENT).is_some() => {
                     settled_at.get_or_insert(Instant::now() + SETTLE);
                 }
                 None => {}
@@ -86,8 +89,8 @@ impl WriteWatch {
             t.reason,
             humantime::format_duration(t.retry_every)
         );
-        self.state.conditions.set(COMPONENT, message, t.since_ms);
-        self.state.feedback.set_fresh_within(Duration::ZERO);
+        self.conditions.set(COMPONENT, message, t.since_ms);
+        self.feedback.set_fresh_within(Duration::ZERO);
         if let Some(told) = outage.note() {
             tracing::error!(
                 path = %self.store.path().display(),
@@ -105,11 +108,11 @@ impl WriteWatch {
     /// re-checked, as none of their checks since could be recorded.
     fn recovered(&self, outage: &mut Outage) {
         let Some(told) = outage.end() else { return };
-        self.state.conditions.clear(COMPONENT);
-        self.state.feedback.reverify_all(now_ms());
+        self.conditions.clear(COMPONENT);
+        self.feedback.reverify_all(now_ms());
         tracing::info!(
             after = %told.lasted(),
-            unrecorded = self.state.feedback.unrecorded(),
+            unrecorded = self.feedback.unrecorded(),
             "the database takes writes again; re-checking every served proxy now"
         );
     }

@@ -27,10 +27,12 @@ mod rotate;
 mod rotation_props;
 mod select;
 mod strategy;
+mod verify;
 
 pub use classify::{Classifier, DEFAULT_BLOCK_PATTERNS, DEFAULT_PORTAL_PATTERNS};
 pub use select::Shortage;
 pub use strategy::StrategyKind;
+pub use verify::{Verifier, VerifyError};
 
 pub(crate) use rotate::{Answered, Attempt, End, RateLimits, Rotated, Rotation, Tried};
 

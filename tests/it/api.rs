@@ -13,6 +13,7 @@ use axum::extract::ConnectInfo;
 use axum::http::{HeaderName, HeaderValue, Request, StatusCode, header};
 use http_body_util::BodyExt;
 use proxywarden::api::{self, AppState};
+use proxywarden::daemon::Service;
 use proxywarden::health::{Feedback, load_index};
 use proxywarden::store::Store;
 use tower::ServiceExt;
@@ -27,7 +28,7 @@ async fn state(dir: &Path, api: &str) -> AppState {
         .build();
     let store = Store::open(&config.database.path).unwrap();
     let index = load_index(&store).await.unwrap();
-    AppState::new(store.clone(), Feedback::new(index, store), Arc::new(config))
+    Service::new(store.clone(), Feedback::new(index, store), Arc::new(config)).api()
 }
 
 /// A GET of `path` from `peer`, with `headers`.

@@ -17,6 +17,7 @@ use axum::http::{Request, StatusCode, header};
 use http_body_util::BodyExt;
 use proxywarden::api::{self, AppState};
 use proxywarden::config::Config;
+use proxywarden::daemon::Service;
 use proxywarden::harvest::harvest_all;
 use proxywarden::health::{Feedback, load_index};
 use proxywarden::store::{ProxyFilter, Store};
@@ -34,7 +35,7 @@ async fn state(dir: &Path, tune: impl FnOnce(TestConfig) -> TestConfig) -> AppSt
     let config = tune(TestConfig::new(dir).db("attacks.db")).build();
     let store = Store::open(&config.database.path).unwrap();
     let index = load_index(&store).await.unwrap();
-    AppState::new(store.clone(), Feedback::new(index, store), Arc::new(config))
+    Service::new(store.clone(), Feedback::new(index, store), Arc::new(config)).api()
 }
 
 /// One request through the router: its status, headers and JSON body.

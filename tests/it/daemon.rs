@@ -525,8 +525,9 @@ async fn store_with_one_proxy(config: Config, addr: SocketAddr) -> (Config, Stor
 /// proxy stopped answering) is answered 503 in the JSON envelope.
 #[tokio::test]
 async fn a_request_over_the_timeout_gets_a_json_503() {
-    use proxywarden::api::{self, AppState};
+    use proxywarden::api;
     use proxywarden::check::{CheckOptions, Checker};
+    use proxywarden::daemon::Service;
     use proxywarden::health::{Feedback, load_index};
     use proxywarden::store::now_ms;
 
@@ -551,12 +552,13 @@ async fn a_request_over_the_timeout_gets_a_json_503() {
         .unwrap();
     let opts = CheckOptions::from_config(&config.check);
     let checker = Checker::prepare(&config, &opts, None).await.unwrap();
-    let state = AppState::new(
+    let service = Service::new(
         store.clone(),
         Feedback::new(load_index(&store).await.unwrap(), store.clone()),
         std::sync::Arc::new(config),
     );
-    state.set_checker(std::sync::Arc::new(checker));
+    service.checker.set(std::sync::Arc::new(checker));
+    let state = service.api();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let stop = CancellationToken::new();

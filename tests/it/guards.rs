@@ -13,6 +13,7 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode, header};
 use http_body_util::BodyExt;
 use proxywarden::api::{self, AppState};
+use proxywarden::daemon::Service;
 use proxywarden::health::{Feedback, load_index};
 use proxywarden::store::{SourceRun, Store};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -24,12 +25,17 @@ use common::TestConfig;
 
 const TOKEN: &str = "a-token-of-sixteen-or-more";
 
-/// State over an empty store in `dir`, its config tuned by `tune`.
-async fn state(dir: &Path, tune: impl FnOnce(TestConfig) -> TestConfig) -> AppState {
+/// The service over an empty store in `dir`, its config tuned by `tune`.
+async fn service(dir: &Path, tune: impl FnOnce(TestConfig) -> TestConfig) -> Service {
     let config = tune(TestConfig::new(dir).db("guards.db")).build();
     let store = Store::open(&config.database.path).unwrap();
     let index = load_index(&store).await.unwrap();
-    AppState::new(store.clone(), Feedback::new(index, store), Arc::new(config))
+    Service::new(store.clone(), Feedback::new(index, store), Arc::new(config))
+}
+
+/// The API's state over an empty store in `dir`, its config tuned by `tune`.
+async fn state(dir: &Path, tune: impl FnOnce(TestConfig) -> TestConfig) -> AppState {
+    service(dir, tune).await.api()
 }
 
 /// One request through the router: its status, headers and body.
@@ -242,7 +248,7 @@ async fn wrong_tokens_are_limited_per_address_for_the_api_the_login_and_the_gate
     use base64::Engine;
     let dir = tempfile::tempdir().unwrap();
     let gw_token = "gateway-token-of-sixteen";
-    let s = state(dir.path(), |c| {
+    let mut service = service(dir.path(), |c| {
         c.set("api", "token", &format!("\"{TOKEN}\"")).set(
             "gateway",
             "token",
@@ -250,13 +256,8 @@ async fn wrong_tokens_are_limited_per_address_for_the_api_the_login_and_the_gate
         )
     })
     .await;
-    let gateway = proxywarden::gateway::Gateway::sharing_auth(
-        &s.pool,
-        &s.config.gateway,
-        s.config.api.max_age,
-        s.auth.clone(),
-    )
-    .unwrap();
+    let gateway = service.gateway().unwrap();
+    let s = service.api();
     let gw_listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let gw_addr = gw_listener.local_addr().unwrap();
     let gw_stop = CancellationToken::new();
@@ -408,12 +409,13 @@ async fn verify_work_is_capped_per_minute() {
     let checker = Checker::prepare(&config, &CheckOptions::from_config(&config.check), None)
         .await
         .unwrap();
-    let s = AppState::new(
+    let service = Service::new(
         store.clone(),
         Feedback::new(load_index(&store).await.unwrap(), store),
         Arc::new(config),
     );
-    s.set_checker(Arc::new(checker));
+    service.checker.set(Arc::new(checker));
+    let s = service.api();
     let before = judge.requests();
     let mut statuses = Vec::new();
     for _ in 0..10 {

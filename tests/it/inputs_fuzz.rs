@@ -22,6 +22,7 @@ use proptest::test_runner::{Config as RunConfig, TestRunner};
 use proxywarden::api::{self, AppState};
 use proxywarden::crawl::extract::extract;
 use proxywarden::crawl::url::normalize;
+use proxywarden::daemon::Service;
 use proxywarden::gateway::{self, Gateway};
 use proxywarden::health::{Feedback, load_index};
 use proxywarden::pool::Pool;
@@ -186,7 +187,7 @@ async fn api_state(dir: &std::path::Path) -> AppState {
     let config = common::TestConfig::new(dir).db("api.db").build();
     let store = proxywarden::store::Store::open(&config.database.path).unwrap();
     let index = load_index(&store).await.unwrap();
-    AppState::new(store.clone(), Feedback::new(index, store), Arc::new(config))
+    Service::new(store.clone(), Feedback::new(index, store), Arc::new(config)).api()
 }
 
 /// Status and body of one request through the router, as a local client.

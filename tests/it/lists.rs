@@ -237,7 +237,8 @@ async fn sources_and_the_dashboard_show_each_ones_yield() {
     use axum::extract::ConnectInfo;
     use axum::http::Request;
     use http_body_util::BodyExt;
-    use proxywarden::api::{self, AppState};
+    use proxywarden::api;
+    use proxywarden::daemon::Service;
     use proxywarden::health::{Feedback, load_index};
     use tower::ServiceExt;
 
@@ -262,7 +263,7 @@ async fn sources_and_the_dashboard_show_each_ones_yield() {
     let store = Store::open(&config.database.path).unwrap();
     harvest_all(&config, &store).await.unwrap();
     let index = load_index(&store).await.unwrap();
-    let state = AppState::new(store.clone(), Feedback::new(index, store), Arc::new(config));
+    let state = Service::new(store.clone(), Feedback::new(index, store), Arc::new(config)).api();
     let get = |path: &'static str| {
         let mut req = Request::get(path)
             .header("host", "127.0.0.1")

@@ -43,3 +43,4 @@ mod serving;
 mod sites;
 mod stop;
 mod store;
+mod verify;

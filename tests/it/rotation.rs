@@ -18,6 +18,7 @@ use common::site::{Reply, Site, SiteOpts};
 use common::{TestConfig, store_with_alive, within, working_proxies};
 use http_body_util::BodyExt;
 use proxywarden::api::{self, AppState};
+use proxywarden::daemon::Service;
 use proxywarden::gateway::{self, Gateway};
 use proxywarden::health::{Feedback, load_index};
 use proxywarden::pool::{Carrier, Pool, PoolOptions, StrategyKind};
@@ -59,7 +60,7 @@ impl Gw {
         let addr = listener.local_addr().unwrap();
         let shutdown = CancellationToken::new();
         tokio::spawn(gateway::serve(listener, gateway, shutdown.clone()));
-        let state = AppState::new(store, feedback.clone(), Arc::new(config));
+        let state = Service::new(store, feedback.clone(), Arc::new(config)).api();
         Gw {
             addr,
             feedback,

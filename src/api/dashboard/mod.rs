@@ -62,6 +62,11 @@ impl RoundHistory {
         }
         self.0.push_back(round);
     }
+
+    /// The rounds, oldest first.
+    pub fn to_vec(&self) -> Vec<CheckInfo> {
+        self.0.iter().cloned().collect()
+    }
 }
 
 /// An HTML page with the dashboard's headers: never cached, never framed
@@ -184,16 +189,8 @@ async fn gather(
         .await?;
     let sources = state.store.list_sources().await?;
     let crawls = state.crawls.list(CRAWLS_SHOWN, None).await?;
-    let rounds = state
-        .rounds
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .clone();
-    let history = crate::lock(&state.check_history)
-        .0
-        .iter()
-        .cloned()
-        .collect();
+    let rounds = state.rounds.last();
+    let history = state.rounds.checks();
     Ok(page::View {
         now,
         stats,

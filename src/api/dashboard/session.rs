@@ -100,6 +100,12 @@ impl Keys {
         }
     }
 
+    /// Whether these keys sign with `token` (`api.token`): keys made for
+    /// another token are replaced, which ends every session they signed.
+    pub fn signs_for(&self, token: Option<&str>) -> bool {
+        self.token.as_deref() == token
+    }
+
     /// A new session cookie value, valid until `now_ms` + [`SESSION_TTL`]:
     /// `expiry.nonce.signature`. `None` without a token.
     pub fn new_session(&self, now_ms: i64) -> Option<String> {
