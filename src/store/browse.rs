@@ -172,7 +172,7 @@ impl Search {
 /// Which page to read.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Browse {
-    /// Status, countries and schemes (the other fields are not used).
+    /// Which proxies: the API sets status, countries and schemes.
     pub filter: ProxyFilter,
     /// The search, if any.
     pub search: Option<Search>,
