@@ -286,6 +286,11 @@ impl CrawlJobs {
         if self.inner.shutdown.is_cancelled() {
             return;
         }
+        // While writes fail, a job taken would stop at its first commit
+        // after fetching pages again: jobs wait until writes work.
+        if self.inner.store.write_trouble().is_some() {
+            return;
+        }
         let running = lock(&self.inner.live).len();
         let room = self.inner.limits.max_running.max(1).saturating_sub(running);
         if room == 0 {
@@ -483,6 +488,22 @@ impl CrawlJobs {
                 }
             },
             Ok(summary) => Some(("finished", Some(total(&summary)), None)),
+            // The database went away or refused a write under the crawl:
+            // the job is let go, not failed, and taken again (here or on
+            // another node) once writes work, from its last commit.
+            Err(e) if e.write_failure().is_some() => {
+                tracing::warn!(job = id, error = %e, "crawl job stopped: the database cannot be written; it goes on once it can");
+                if let Err(e) = self
+                    .inner
+                    .store
+                    .release_crawl_job(id, &self.inner.node)
+                    .await
+                {
+                    // Its lease lapses by itself.
+                    tracing::debug!(job = id, error = %e, "cannot let go of a crawl job");
+                }
+                None
+            }
             Err(e) => {
                 tracing::warn!(job = id, error = %e, "crawl job failed");
                 Some(("failed", None, Some(e.to_string())))

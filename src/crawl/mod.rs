@@ -167,6 +167,21 @@ pub enum CrawlError {
     RuntimeGone,
 }
 
+impl CrawlError {
+    /// Set when the store holding the crawl's state refused a write or
+    /// could not be reached (a full disk, a database server away): no
+    /// fault of the crawl's, which can go on from its last commit once
+    /// writes work again.
+    pub fn write_failure(&self) -> Option<crate::store::WriteFailure> {
+        match self {
+            CrawlError::State(FrontierError::Store { source, .. }) | CrawlError::Store(source) => {
+                source.write_failure()
+            }
+            _ => None,
+        }
+    }
+}
+
 /// Live counters for a progress display.
 #[derive(Debug, Default)]
 pub struct Progress {

@@ -249,3 +249,161 @@ async fn serve_rides_out_a_postgres_that_refuses_new_connections() {
     writes_again(&d, &as_admin, 0).await;
     d.stop().await;
 }
+
+/// Pages of the crawl tests' site.
+const SITE_PAGES: usize = 40;
+
+/// Posts a crawl job of the `site` (one request at a time) to `d`; its id.
+async fn crawl_job(d: &Daemon, site: &common::site::Site) -> i64 {
+    let resp = d
+        .http
+        .post(d.url("/crawls"))
+        .header("content-type", "application/json")
+        .body(format!(
+            r#"{{"seeds": ["{}"], "per_host_concurrency": 1}}"#,
+            site.url("/")
+        ))
+        .send()
+        .await
+        .unwrap();
+    let (status, job) = common::daemon::status_json(resp).await;
+    assert_eq!(status, 201, "{job}");
+    let id = job["id"].as_i64().unwrap();
+    common::until("the job crawls", Duration::from_secs(30), || async {
+        let (_, j) = d.json(&format!("/crawls/{id}")).await;
+        j["progress"]["pages"].as_u64().unwrap_or(0) >= 5
+    })
+    .await;
+    id
+}
+
+/// The URLs of job `id`'s output, a line each.
+async fn output(d: &Daemon, id: i64) -> Vec<String> {
+    let resp = d.get(&format!("/crawls/{id}/pages")).await;
+    assert_eq!(resp.status(), 200);
+    resp.text()
+        .await
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            v["url"].as_str().unwrap_or_default().to_owned()
+        })
+        .collect()
+}
+
+/// Waits for job `id` to end (an API answer of 503 meanwhile is the
+/// store's outage), then checks what its user sees: finished, every page
+/// of the site fetched, counted and in the output once, the pages of
+/// `before` among them.
+async fn ends_whole(d: &Daemon, site: &common::site::Site, id: i64, before: &[String]) {
+    let view = format!("/crawls/{id}");
+    let job = {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let (status, j) = d.json(&view).await;
+            assert!(status == 200 || status == 503, "{status} {j}");
+            if status == 200 && j["state"] != "running" && j["state"] != "queued" {
+                break j;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the job never ended: {j}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    assert_eq!(job["state"], "finished", "{job}");
+    assert_eq!(job["summary"]["pages_ok"], SITE_PAGES, "{job}");
+    assert_eq!(job["progress"]["pages"], SITE_PAGES, "{job}");
+    let pages = output(d, id).await;
+    let distinct: std::collections::HashSet<&String> = pages.iter().collect();
+    assert_eq!(
+        (pages.len(), distinct.len()),
+        (SITE_PAGES, SITE_PAGES),
+        "every page once: {pages:?}"
+    );
+    let lost: Vec<&String> = before.iter().filter(|p| !distinct.contains(p)).collect();
+    assert!(
+        lost.is_empty(),
+        "pages written before the fault lost: {lost:?}"
+    );
+    let fetched = site
+        .per_path()
+        .into_keys()
+        .filter(|p| p != "/robots.txt")
+        .count();
+    assert_eq!(fetched, SITE_PAGES, "{:?}", site.per_path());
+}
+
+/// A crawl job runs against a loopback site when the server stops for
+/// seconds: the daemon says the store is degraded meanwhile, the job is
+/// not lost and goes on once the server is back, no page written before
+/// the fault is lost, and at the end its summary and its output hold every
+/// page of the site once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crawl_job_rides_out_a_postgres_outage() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = std::sync::Arc::new(pg().await);
+    let url = server.url();
+    let (d, _farm, _urls) = serving(dir.path(), &url).await;
+    let site = common::site::Site::tree(SITE_PAGES, 3, Duration::from_millis(100)).await;
+    let id = crawl_job(&d, &site).await;
+    let before = output(&d, id).await;
+
+    on_server(&server, PgServer::stop).await;
+    assert!(
+        before.len() < SITE_PAGES,
+        "the crawl ended before the fault"
+    );
+    until_degraded(
+        &d,
+        &["cannot write the database (server unreachable)"],
+        Duration::from_secs(30),
+    )
+    .await;
+    // Seconds away: the daemon tries again after 1 s, then 2 s.
+    until_degraded(&d, &["tried again every 2s"], Duration::from_secs(30)).await;
+    on_server(&server, PgServer::start_again).await;
+
+    ends_whole(&d, &site, id, &before).await;
+    assert_eq!(health(&d).await.0, "ok");
+    d.stop().await;
+}
+
+/// The server ends the session a crawl job's frontier runs on (as a
+/// restart, a cut network or an operator's `pg_terminate_backend` does)
+/// while the rest of the store works on: the job is not failed, it goes
+/// on from its last commit on a new session and ends whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crawl_job_goes_on_when_the_server_ends_its_session() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = pg().await;
+    let url = server.url();
+    let (d, _farm, _urls) = serving(dir.path(), &url).await;
+    let site = common::site::Site::tree(SITE_PAGES, 3, Duration::from_millis(100)).await;
+    let id = crawl_job(&d, &site).await;
+    let before = output(&d, id).await;
+    assert!(
+        before.len() < SITE_PAGES,
+        "the crawl ended before the fault"
+    );
+
+    let (admin, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let ended: i64 = admin
+        .query_one(
+            "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+                                   WHERE application_name = $1) t",
+            &[&format!("proxywarden crawl {id}")],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(ended, 1, "the crawl's session");
+
+    ends_whole(&d, &site, id, &before).await;
+    d.stop().await;
+}

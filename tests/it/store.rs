@@ -2626,3 +2626,141 @@ async fn postgres_links_go_with_their_proxy_and_their_source() {
         .unwrap();
     assert_eq!(links().await, 2, "the source's links went with it");
 }
+
+/// On PostgreSQL a purge that deletes a proxy while a harvest's chunk
+/// links it (found, not yet committed) leaves no link to a proxy that is
+/// gone: the purge waits for the chunk, whose links its delete then
+/// removes with the proxy. The interleaving is made, not raced: the chunk
+/// is held after writing its links, where it waits for the change
+/// counter, which the test holds locked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_purge_racing_a_harvest_leaves_no_link_to_a_gone_proxy() {
+    let server = tokio::task::spawn_blocking(common::postgres::PgServer::start)
+        .await
+        .unwrap();
+    let store = Store::connect(&server.url()).await.unwrap();
+    // Two proxies of source a: 10.0.0.0 dead long ago, 10.0.0.1 never
+    // checked (never purged).
+    store
+        .record_source_run(run("a", 1_000), candidates(2))
+        .await
+        .unwrap();
+    let (mut client, conn) = tokio_postgres::connect(&server.url(), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    client
+        .execute(
+            "UPDATE proxies SET status = 'dead', last_checked = 2000 WHERE host = '10.0.0.0'",
+            &[],
+        )
+        .await
+        .unwrap();
+    let waiting = async |client: &tokio_postgres::Client, what: &str| -> i64 {
+        client
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity
+                 WHERE wait_event_type = 'Lock' AND query LIKE '%' || $1 || '%'",
+                &[&what],
+            )
+            .await
+            .unwrap()
+            .get(0)
+    };
+    // The change counter held: a chunk that changes a country stops
+    // before its commit, its links written.
+    let held = client.transaction().await.unwrap();
+    held.execute("UPDATE meta SET change_seq = change_seq", &[])
+        .await
+        .unwrap();
+    let mut listed = candidates(2);
+    listed[1].hints.country = proxywarden::proxy::Country::parse("DE");
+    let harvest = tokio::spawn({
+        let store = store.clone();
+        async move { store.record_source_run(run("b", 3_000), listed).await }
+    });
+    let (probe, conn) = tokio_postgres::connect(&server.url(), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    common::until(
+        "the chunk waits for the counter",
+        Duration::from_secs(30),
+        || async { waiting(&probe, "UPDATE meta SET change_seq = change_seq + 1").await == 1 },
+    )
+    .await;
+    // A purge of what was last alive or listed before 5 s runs meanwhile
+    // (b's list, at 3 s, does not keep 10.0.0.0): it deletes 10.0.0.0 at
+    // once or waits for the chunk.
+    let purge = tokio::spawn({
+        let store = store.clone();
+        async move { store.purge(10_000, Duration::from_secs(5)).await }
+    });
+    common::until(
+        "the purge is done or waits",
+        Duration::from_secs(30),
+        || async { purge.is_finished() || waiting(&probe, "pg_advisory_xact_lock(").await == 1 },
+    )
+    .await;
+    held.rollback().await.unwrap();
+    harvest.await.unwrap().unwrap();
+    assert_eq!(purge.await.unwrap().unwrap(), 1);
+    let orphans: i64 = probe
+        .query_one(
+            "SELECT count(*) FROM proxy_sources ps
+             WHERE NOT EXISTS (SELECT 1 FROM proxies p WHERE p.id = ps.proxy_id)",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(orphans, 0, "links to a purged proxy");
+    let links: i64 = probe
+        .query_one("SELECT count(*) FROM proxy_sources", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(links, 2, "10.0.0.1's links to a and b");
+}
+
+/// On PostgreSQL a source whose first run was cut short after some of its
+/// links were written (its row never recorded a list) is stored whole by
+/// the next run: the links met again are taken as they are, not refused.
+#[tokio::test]
+async fn postgres_a_run_after_one_cut_short_meets_its_links_and_stores_whole() {
+    let server = tokio::task::spawn_blocking(common::postgres::PgServer::start)
+        .await
+        .unwrap();
+    let store = Store::connect(&server.url()).await.unwrap();
+    // More than one transaction's worth, so that later chunks follow the
+    // one that meets the links.
+    let list = candidates(12_000);
+    store
+        .record_source_run(run("a", 1_000), list[..7_000].to_vec())
+        .await
+        .unwrap();
+    let (client, conn) = tokio_postgres::connect(&server.url(), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    // As a run whose last chunks failed leaves it: links, and no list.
+    client
+        .execute("UPDATE sources SET listed_at = NULL", &[])
+        .await
+        .unwrap();
+    let counts = store
+        .record_source_run(run("a", 2_000), list.clone())
+        .await
+        .unwrap();
+    assert_eq!((counts.found, counts.new), (12_000, 5_000));
+    let row = client
+        .query_one(
+            "SELECT count(*), count(*) FILTER (WHERE listed), min(first_seen), max(last_seen)
+             FROM proxy_sources",
+            &[],
+        )
+        .await
+        .unwrap();
+    let got: (i64, i64, i64, i64) = (row.get(0), row.get(1), row.get(2), row.get(3));
+    assert_eq!(got, (12_000, 12_000, 1_000, 2_000));
+}

@@ -6,6 +6,7 @@ use std::time::Duration;
 use deadpool_postgres::GenericClient;
 
 use super::Postgres;
+use super::ingest::LINKS_LOCK;
 use super::listing::proxies_by_ids;
 use crate::model::RecheckPolicy;
 use crate::proxy::{Proxy, Scheme};
@@ -343,7 +344,8 @@ async fn settle_scheme(
     };
     tx.execute(
         "INSERT INTO proxy_sources (proxy_id, source_id, first_seen, last_seen, listed)
-         SELECT $2, source_id, first_seen, last_seen, listed FROM proxy_sources WHERE proxy_id = $1
+         SELECT $2, source_id, first_seen, last_seen, listed FROM proxy_sources
+         WHERE source_id = ANY (ARRAY(SELECT id FROM sources)) AND proxy_id = $1
          ON CONFLICT (source_id, proxy_id) DO UPDATE SET
              first_seen = least(proxy_sources.first_seen, excluded.first_seen),
              last_seen = greatest(proxy_sources.last_seen, excluded.last_seen),
@@ -429,10 +431,17 @@ impl Postgres {
     /// has listed since, in bounded transactions.
     pub(crate) async fn purge(&self, now: i64, after: Duration) -> Result<usize, StoreError> {
         let cutoff = now.saturating_sub(ms(after));
-        let c = self.client().await?;
+        let mut c = self.client().await?;
         let mut purged = 0;
         loop {
-            let n = c
+            // Alone against the harvests' link writes (see `LINKS_LOCK`):
+            // a chunk that found one of these proxies commits its links
+            // first (the delete's trigger then sees them) or runs after
+            // (and finds the proxy gone).
+            let tx = c.transaction().await?;
+            tx.execute("SELECT pg_advisory_xact_lock($1)", &[&LINKS_LOCK])
+                .await?;
+            let n = tx
                 .execute(
                     "DELETE FROM proxies WHERE id IN (
                          SELECT id FROM proxies WHERE status = 'dead'
@@ -444,6 +453,7 @@ impl Postgres {
                     &[&cutoff, &(PURGE_BATCH as i64)],
                 )
                 .await? as usize;
+            tx.commit().await?;
             purged += n;
             if n < PURGE_BATCH {
                 return Ok(purged);

@@ -38,7 +38,10 @@ impl std::fmt::Debug for Frontier {
 impl Postgres {
     pub(crate) fn frontier(&self, job: i64) -> Result<crate::store::Frontier, StoreError> {
         let runtime = tokio::runtime::Handle::try_current().map_err(|_| StoreError::Cancelled)?;
-        let config = self.inner.config.clone();
+        let mut config = self.inner.config.clone();
+        // Named apart from the pool's sessions, so that an operator sees
+        // which session crawls which job.
+        config.application_name(format!("proxywarden crawl {job}"));
         let client = wait(&runtime, async move {
             let (client, conn) =
                 tokio::time::timeout(super::CONNECT_TIMEOUT, config.connect(NoTls))

@@ -28,6 +28,23 @@ const SOURCE_CHUNK: usize = 5_000;
 /// again before its error is returned.
 const RETRIES: u32 = 8;
 
+/// The advisory lock between a harvest's writes of links and the purge of
+/// proxies ("pwlinks\0" in ASCII). Links have no foreign key: a chunk that
+/// found a proxy and links it while a purge deletes it (whose trigger
+/// cannot see the uncommitted link) would leave a link to no proxy. Every
+/// chunk holds the lock shared, so chunks of all sources and nodes run
+/// side by side; a purge takes it alone, between chunks.
+pub(super) const LINKS_LOCK: i64 = 0x7077_6c69_6e6b_7300;
+
+/// The first statement of a chunk's transaction: the links lock, shared
+/// (see [`LINKS_LOCK`]), and an asynchronous commit. A harvest can be run
+/// again and a crash loses at most the last fraction of a second of its
+/// chunks; the source's row, written after its last chunk with the usual
+/// synchronous commit, flushes them all, and so does any later verdict's
+/// commit (the log is written in order), so no verdict is ever lost.
+const BEGIN_CHUNK: &str =
+    "SELECT pg_advisory_xact_lock_shared($1), set_config('synchronous_commit', 'off', true)";
+
 /// Columns read to decide whether a known proxy's row changes (see
 /// [`known`]), then the link's `listed` for the source.
 const FOUND_COLUMNS: &str = "p.id, p.password, p.scheme_detect, p.country, p.country_source, \
@@ -59,13 +76,14 @@ const UPDATE_KNOWN_MANY: &str = "UPDATE proxies p SET
         AS u(id, password, detect, country, anonymity, https)
     WHERE p.id = u.id";
 
-/// Links proxies `$1` (distinct, in id order) to source `$2`'s latest
-/// list, taken at `$3`.
-const LINK_SOURCE: &str =
-    "INSERT INTO proxy_sources (proxy_id, source_id, first_seen, last_seen, listed)
-     SELECT id, $2, $3, $3, true FROM unnest($1::bigint[]) WITH ORDINALITY AS l(id, n) ORDER BY n
-     ON CONFLICT (source_id, proxy_id) DO UPDATE SET
-         listed = true, last_seen = greatest(proxy_sources.last_seen, excluded.last_seen)";
+/// New links, written by [`link_new`].
+const LINK_NEW: &str = "COPY proxy_sources (proxy_id, source_id, first_seen, last_seen, listed)
+     FROM STDIN (FORMAT binary)";
+
+/// Lists again proxies `$1` (in id order) whose links to source `$2` the
+/// lookup found unlisted, seen at `$3`.
+const RELIST: &str = "UPDATE proxy_sources SET listed = true, last_seen = greatest(last_seen, $3)
+     WHERE source_id = $2 AND proxy_id = ANY($1)";
 
 impl Postgres {
     pub(crate) async fn record_source_run_into(
@@ -103,12 +121,16 @@ impl Postgres {
         }
         let mut seen: Vec<i64> = Vec::with_capacity(list.len());
         let mut items = list.iter();
+        // A source that never stored a list has no links to look up (but
+        // for a run cut short by a failure, whose links the plain insert
+        // then meets: from there on they are looked up).
+        let mut linked = listed_before.is_some();
         loop {
             let chunk: Vec<Candidate> = items.by_ref().take(SOURCE_CHUNK).collect();
             if chunk.is_empty() {
                 break;
             }
-            let (written, ids) = write_chunk(&mut c, source, now, &chunk).await?;
+            let (written, ids) = write_chunk(&mut c, source, now, &chunk, &mut linked).await?;
             counts.found += written.found;
             counts.new += written.new;
             seen.extend(ids);
@@ -192,12 +214,15 @@ fn again(e: &StoreError, tries: &mut u32) -> bool {
 }
 
 /// Writes one chunk of a source's candidates in a transaction of its own,
-/// run again while the server gives it up for another's sake.
+/// run again while the server gives it up for another's sake. `linked`
+/// says whether the source may have links to look up; a chunk run again
+/// looks them up, and so do the chunks after it.
 async fn write_chunk(
     c: &mut deadpool_postgres::Object,
     source: i64,
     now: i64,
     chunk: &[Candidate],
+    linked: &mut bool,
 ) -> Result<(UpsertCounts, Vec<i64>), StoreError> {
     if let Some(c) = chunk.iter().find(|c| c.proxy.port == 0) {
         return Err(StoreError::Database(DbError::unexpected(format!(
@@ -209,10 +234,11 @@ async fn write_chunk(
     let mut tries = 0;
     loop {
         let tx = c.transaction().await?;
+        tx.execute(BEGIN_CHUNK, &[&LINKS_LOCK]).await?;
         let written = if repeat {
             upsert_rowwise(&tx, source, now, chunk).await
         } else {
-            upsert_batched(&tx, source, now, chunk).await
+            upsert_batched(&tx, source, now, chunk, *linked).await
         };
         let done = match written {
             Ok(w) => tx.commit().await.map(|()| w).map_err(StoreError::from),
@@ -220,7 +246,7 @@ async fn write_chunk(
             Err(e) => Err(e),
         };
         match done {
-            Err(e) if again(&e, &mut tries) => {}
+            Err(e) if again(&e, &mut tries) => *linked = true,
             other => return other,
         }
     }
@@ -261,10 +287,12 @@ fn known(r: &tokio_postgres::Row, at: usize, c: &Candidate) -> Known {
 /// Finds the stored rows of the candidates `which` (indexes into
 /// `chunk`) into `found`: by identity, and for a candidate whose scheme is
 /// to be detected any row at its address, the one with a settled scheme
-/// first, then the oldest.
+/// first, then the oldest; with each its link to the source when `linked`
+/// (else none is taken to exist).
 async fn lookup(
     tx: &impl GenericClient,
     source: i64,
+    linked: bool,
     chunk: &[Candidate],
     hosts: &[String],
     which: &[usize],
@@ -301,14 +329,21 @@ async fn lookup(
             at.push(i as i32);
         }
     }
+    let (listed, links) = match linked {
+        true => (
+            "ps.listed",
+            "LEFT JOIN proxy_sources ps ON ps.source_id = $6 AND ps.proxy_id = p.id",
+        ),
+        false => ("NULL::boolean", "WHERE $6::bigint IS NOT NULL"),
+    };
     let find = tx
         .prepare_cached(&format!(
-            "SELECT k.i, {FOUND_COLUMNS}, ps.listed
+            "SELECT k.i, {FOUND_COLUMNS}, {listed}
              FROM unnest($1::text[], $2::text[], $3::integer[], $4::text[], $5::integer[])
                  AS k(scheme, host, port, username, i)
              JOIN proxies p ON p.scheme = k.scheme AND p.host = k.host AND p.port = k.port
                  AND p.username = k.username
-             LEFT JOIN proxy_sources ps ON ps.source_id = $6 AND ps.proxy_id = p.id"
+             {links}"
         ))
         .await?;
     let rows = tx
@@ -334,16 +369,17 @@ async fn lookup(
 /// another transaction stored since the lookup is looked up again and
 /// written as a known one. The outcome is that of [`upsert_rowwise`].
 async fn upsert_batched(
-    tx: &impl GenericClient,
+    tx: &deadpool_postgres::Transaction<'_>,
     source: i64,
     now: i64,
     chunk: &[Candidate],
+    linked: bool,
 ) -> Result<(UpsertCounts, Vec<i64>), StoreError> {
     let mut counts = UpsertCounts::default();
     let hosts: Vec<String> = chunk.iter().map(|c| c.proxy.host.to_string()).collect();
     let mut found: Vec<Option<Known>> = vec![None; chunk.len()];
     let all: Vec<usize> = (0..chunk.len()).collect();
-    lookup(tx, source, chunk, &hosts, &all, &mut found).await?;
+    lookup(tx, source, linked, chunk, &hosts, &all, &mut found).await?;
     let mut fresh: Vec<usize> = all
         .iter()
         .copied()
@@ -433,7 +469,7 @@ async fn upsert_batched(
                 .copied()
                 .filter(|&i| written.binary_search(&ids[i]).is_err())
                 .collect();
-            lookup(tx, source, chunk, &hosts, &lost, &mut found).await?;
+            lookup(tx, source, linked, chunk, &hosts, &lost, &mut found).await?;
             if let Some(&i) = lost.iter().find(|&&i| found[i].is_none()) {
                 // Gone again (purged) before this transaction saw it: the
                 // chunk is run again.
@@ -478,13 +514,16 @@ async fn upsert_batched(
         .await?;
     }
     let mut link: Vec<i64> = Vec::new();
+    let mut relist: Vec<i64> = Vec::new();
     let mut restamp: Vec<i64> = Vec::new();
     for i in 0..chunk.len() {
         match found[i] {
             Some(k) => {
                 ids[i] = k.id;
-                if k.listed != Some(true) {
-                    link.push(k.id);
+                match k.listed {
+                    None => link.push(k.id),
+                    Some(false) => relist.push(k.id),
+                    Some(true) => {}
                 }
                 if k.country_changes {
                     restamp.push(k.id);
@@ -493,12 +532,17 @@ async fn upsert_batched(
             None => link.push(ids[i]),
         }
     }
+    relist.sort_unstable();
+    relist.dedup();
+    if !relist.is_empty() {
+        let st = tx.prepare_cached(RELIST).await?;
+        tx.execute(&st, &[&relist, &source, &now]).await?;
+    }
     link.sort_unstable();
     link.dedup();
-    if !link.is_empty() {
-        let st = tx.prepare_cached(LINK_SOURCE).await?;
-        tx.execute(&st, &[&link, &source, &now]).await?;
-    }
+    link_new(tx, &link, source, now)
+        .await
+        .map_err(linked_meanwhile)?;
     counts.found += chunk.len();
     restamp_countries(tx, restamp).await?;
     Ok((counts, ids))
@@ -512,6 +556,51 @@ fn gone(p: &crate::proxy::Proxy) -> StoreError {
         transient: true,
         source: format!("{p} was neither stored nor written").into(),
     })
+}
+
+/// Links proxies `ids` (distinct, in id order, none linked to the source
+/// when looked up) to source `source`'s latest list, taken at `now`. A
+/// `COPY`: the server writes the rows a page at a time, not one by one as
+/// an `INSERT` does. A link written meanwhile (by a run of the same source
+/// elsewhere) fails it, and the chunk is run again, looking links up (see
+/// [`linked_meanwhile`]): an upsert would pay a speculative insertion per
+/// link for that rare case.
+async fn link_new(
+    tx: &deadpool_postgres::Transaction<'_>,
+    ids: &[i64],
+    source: i64,
+    now: i64,
+) -> Result<(), tokio_postgres::Error> {
+    use tokio_postgres::binary_copy::BinaryCopyInWriter;
+    use tokio_postgres::types::Type;
+    if ids.is_empty() {
+        return Ok(());
+    }
+    let sink = tx.copy_in(LINK_NEW).await?;
+    let types = [Type::INT8, Type::INT8, Type::INT8, Type::INT8, Type::BOOL];
+    let mut writer = std::pin::pin!(BinaryCopyInWriter::new(sink, &types));
+    for id in ids {
+        writer
+            .as_mut()
+            .write(&[id, &source, &now, &now, &true])
+            .await?;
+    }
+    writer.finish().await?;
+    Ok(())
+}
+
+/// A link the insert of new links ([`link_new`]) found written since the lookup
+/// (or one the lookup was told not to look for): the chunk is run again,
+/// looking links up. Any other error as it is.
+fn linked_meanwhile(e: tokio_postgres::Error) -> StoreError {
+    if e.code() == Some(&tokio_postgres::error::SqlState::UNIQUE_VIOLATION) {
+        return StoreError::Database(DbError {
+            failure: None,
+            transient: true,
+            source: format!("a link was written meanwhile: {}", super::describe(&e)).into(),
+        });
+    }
+    e.into()
 }
 
 /// One array parameter: `f` of each candidate index in `order`.
