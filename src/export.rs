@@ -160,26 +160,78 @@ pub fn write<R: Borrow<ProxyRecord>>(
     format: Format,
     w: impl Write,
 ) -> io::Result<()> {
-    let mut w = io::BufWriter::new(w);
-    match format {
-        Format::Txt => {
-            for r in records {
-                writeln!(w, "{}", r.borrow().proxy)?;
+    let mut out = Exporter::new(format, io::BufWriter::new(w))?;
+    for r in records {
+        out.row(r.borrow())?;
+    }
+    out.finish()?.flush()
+}
+
+/// An export written a row at a time: what [`write`] writes, without the
+/// whole list at hand, so that a long list streams (from the store's pages
+/// or the index's matches) in the memory of one row.
+pub struct Exporter<W: Write> {
+    format: Format,
+    w: W,
+    rows: u64,
+    secret: bool,
+}
+
+/// Writes one CSV record to `w`: a writer per record keeps no state
+/// between records, so the output is what one writer for all would write.
+fn csv_record<I, T>(w: &mut impl Write, record: I) -> io::Result<()>
+where
+    I: IntoIterator<Item = T>,
+    T: AsRef<[u8]>,
+{
+    let mut csv = csv::WriterBuilder::new()
+        .buffer_capacity(1024)
+        .from_writer(w);
+    csv.write_record(record)?;
+    csv.flush()
+}
+
+impl<W: Write> Exporter<W> {
+    /// Starts an export in `format` to `w` (the CSV header is written at
+    /// once).
+    pub fn new(format: Format, mut w: W) -> io::Result<Exporter<W>> {
+        if format == Format::Csv {
+            csv_record(&mut w, CSV_COLUMNS)?;
+        }
+        Ok(Exporter {
+            format,
+            w,
+            rows: 0,
+            secret: false,
+        })
+    }
+
+    /// Writes one proxy.
+    pub fn row(&mut self, r: &ProxyRecord) -> io::Result<()> {
+        self.secret |= r.proxy.auth.is_some();
+        let first = self.rows == 0;
+        self.rows += 1;
+        let w = &mut self.w;
+        match self.format {
+            Format::Txt => writeln!(w, "{}", r.proxy),
+            Format::Json => {
+                // The array serde_json writes pretty, an element at a
+                // time: each element's lines indented by two spaces (a
+                // string never holds a raw newline, so lines are safe to
+                // indent), elements separated by ",\n".
+                let element = serde_json::to_string_pretty(&ExportRow::from(r))?;
+                w.write_all(if first { b"[\n" } else { b",\n" })?;
+                for (i, line) in element.split('\n').enumerate() {
+                    if i > 0 {
+                        w.write_all(b"\n")?;
+                    }
+                    w.write_all(b"  ")?;
+                    w.write_all(line.as_bytes())?;
+                }
+                Ok(())
             }
-        }
-        Format::Json => {
-            let rows: Vec<ExportRow> = records
-                .iter()
-                .map(|r| ExportRow::from(r.borrow()))
-                .collect();
-            serde_json::to_writer_pretty(&mut w, &rows)?;
-            writeln!(w)?;
-        }
-        Format::Csv => {
-            let mut csv = csv::Writer::from_writer(&mut w);
-            csv.write_record(CSV_COLUMNS)?;
-            for r in records {
-                let row = serde_json::to_value(ExportRow::from(r.borrow()))?;
+            Format::Csv => {
+                let row = serde_json::to_value(ExportRow::from(r))?;
                 let cells = CSV_COLUMNS.iter().map(|c| match &row[*c] {
                     serde_json::Value::Null => String::new(),
                     serde_json::Value::String(s) => s.clone(),
@@ -190,12 +242,37 @@ pub fn write<R: Borrow<ProxyRecord>>(
                         .join(";"),
                     other => other.to_string(),
                 });
-                csv.write_record(cells)?;
+                csv_record(w, cells)
             }
-            csv.flush()?;
         }
     }
-    w.flush()
+
+    /// The proxies written so far.
+    pub fn rows(&self) -> u64 {
+        self.rows
+    }
+
+    /// Whether any proxy written so far carries credentials.
+    pub fn secret(&self) -> bool {
+        self.secret
+    }
+
+    /// Ends the export (the JSON array's close) and hands back the writer.
+    pub fn finish(mut self) -> io::Result<W> {
+        if self.format == Format::Json {
+            let end: &[u8] = if self.rows == 0 { b"[]\n" } else { b"\n]\n" };
+            self.w.write_all(end)?;
+        }
+        Ok(self.w)
+    }
+}
+
+impl Exporter<Vec<u8>> {
+    /// What was written since the last call: the next chunk of a streamed
+    /// body.
+    pub fn take(&mut self) -> Vec<u8> {
+        std::mem::take(&mut self.w)
+    }
 }
 
 /// The prefix of the temporary files an export writes before renaming.
@@ -217,31 +294,68 @@ pub fn write_file<R: Borrow<ProxyRecord>>(
     format: Format,
     path: &Path,
 ) -> io::Result<()> {
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
-    remove_stale_temps(dir, STALE_TEMP_AGE);
-    let mut tmp = tempfile::Builder::new()
-        .prefix(TEMP_PREFIX)
-        .tempfile_in(dir)?;
-    write(records, format, tmp.as_file_mut())?;
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        let secret = records.iter().any(|r| r.borrow().proxy.auth.is_some());
-        let mode = match std::fs::metadata(path) {
-            Ok(existing) => existing.permissions().mode() & 0o7777,
-            Err(_) if secret => 0o600,
-            // Not secret beyond what the directory allows: the usual mode.
-            Err(_) => 0o644,
-        };
-        tmp.as_file()
-            .set_permissions(std::fs::Permissions::from_mode(mode))?;
+    let mut file = FileOutput::create(path)?;
+    let mut out = Exporter::new(format, io::BufWriter::new(file.file()))?;
+    for r in records {
+        out.row(r.borrow())?;
     }
-    tmp.as_file().sync_all()?;
-    tmp.persist(path).map_err(|e| e.error)?;
-    Ok(())
+    let secret = out.secret();
+    out.finish()?.flush()?;
+    file.persist(secret)
+}
+
+/// A file written as [`write_file`] writes it (a temporary beside it, then
+/// a rename), for an export that streams its rows.
+pub struct FileOutput {
+    tmp: tempfile::NamedTempFile,
+    path: std::path::PathBuf,
+}
+
+impl FileOutput {
+    /// Starts the temporary beside `path`, after removing stale ones.
+    pub fn create(path: &Path) -> io::Result<FileOutput> {
+        let dir = match path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => Path::new("."),
+        };
+        remove_stale_temps(dir, STALE_TEMP_AGE);
+        let tmp = tempfile::Builder::new()
+            .prefix(TEMP_PREFIX)
+            .tempfile_in(dir)?;
+        Ok(FileOutput {
+            tmp,
+            path: path.to_owned(),
+        })
+    }
+
+    /// The temporary, to write the export to.
+    pub fn file(&mut self) -> &mut std::fs::File {
+        self.tmp.as_file_mut()
+    }
+
+    /// Puts the written file in place: the mode of the one it replaces, or
+    /// `0600` for a new one when `secret` (it holds credentials) and
+    /// `0644` otherwise; synced, then renamed.
+    pub fn persist(self, secret: bool) -> io::Result<()> {
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = match std::fs::metadata(&self.path) {
+                Ok(existing) => existing.permissions().mode() & 0o7777,
+                Err(_) if secret => 0o600,
+                // Not secret beyond what the directory allows: the usual mode.
+                Err(_) => 0o644,
+            };
+            self.tmp
+                .as_file()
+                .set_permissions(std::fs::Permissions::from_mode(mode))?;
+        }
+        #[cfg(not(unix))]
+        let _ = secret;
+        self.tmp.as_file().sync_all()?;
+        self.tmp.persist(&self.path).map_err(|e| e.error)?;
+        Ok(())
+    }
 }
 
 /// Removes this tool's export temporaries in `dir` last modified more than
@@ -272,6 +386,96 @@ pub fn remove_stale_temps(dir: &Path, age: std::time::Duration) {
                     tracing::debug!(file = %entry.path().display(), error = %e, "cannot remove a stale export temporary")
                 }
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proxy::{Anonymity, Country, Credentials, Proxy, Scheme, Status};
+
+    fn record(i: i64) -> ProxyRecord {
+        ProxyRecord {
+            id: i,
+            proxy: Proxy {
+                scheme: Scheme::Socks5,
+                host: format!("11.0.0.{i}").parse().unwrap(),
+                port: 1080,
+                auth: (i % 2 == 0).then(|| Credentials {
+                    username: format!("u{i}"),
+                    password: "p,\"w\"\n;x".into(),
+                }),
+            },
+            scheme_detect: false,
+            status: Status::Alive,
+            country: Country::parse("DE"),
+            country_source: Some("source".into()),
+            anonymity: Some(Anonymity::Elite),
+            https: (i % 3 != 0).then_some(i % 3 == 1),
+            latency_ms: Some(120 + i),
+            exit_ip: None,
+            last_checked: Some(1_700_000_000_000 + i),
+            last_alive: Some(1_700_000_000_000),
+            first_seen: 1_600_000_000_000,
+            last_seen: 1_600_000_000_000,
+            reason: None,
+            hint_anonymity: None,
+            hint_https: Some(true),
+            checks_total: 4,
+            checks_ok: 3,
+            consecutive_failures: 0,
+            next_check_at: 1_700_000_600_000,
+            sources: (0..i % 3).map(|s| format!("source{s}")).collect(),
+            failed_in_use_at: None,
+        }
+    }
+
+    /// A row at a time writes what serde_json and the csv crate write for
+    /// the whole list at once, for none, one and several proxies.
+    #[test]
+    fn rows_written_one_at_a_time_are_the_whole_list_written_at_once() {
+        for n in [0, 1, 2, 5] {
+            let records: Vec<ProxyRecord> = (1..=n).map(record).collect();
+            let rows: Vec<ExportRow> = records.iter().map(ExportRow::from).collect();
+
+            let mut json = Vec::new();
+            write(&records, Format::Json, &mut json).unwrap();
+            let whole = serde_json::to_string_pretty(&rows).unwrap() + "\n";
+            assert_eq!(String::from_utf8(json).unwrap(), whole, "{n} proxies");
+
+            let mut csv = Vec::new();
+            write(&records, Format::Csv, &mut csv).unwrap();
+            let mut at_once = csv::Writer::from_writer(Vec::new());
+            at_once.write_record(CSV_COLUMNS).unwrap();
+            for r in &rows {
+                let v = serde_json::to_value(r).unwrap();
+                at_once
+                    .write_record(CSV_COLUMNS.iter().map(|c| {
+                        match &v[*c] {
+                            serde_json::Value::Null => String::new(),
+                            serde_json::Value::String(s) => s.clone(),
+                            serde_json::Value::Array(a) => a
+                                .iter()
+                                .filter_map(|v| v.as_str())
+                                .collect::<Vec<_>>()
+                                .join(";"),
+                            other => other.to_string(),
+                        }
+                    }))
+                    .unwrap();
+            }
+            let at_once = at_once.into_inner().unwrap();
+            assert_eq!(
+                String::from_utf8(csv).unwrap(),
+                String::from_utf8(at_once).unwrap(),
+                "{n} proxies"
+            );
+
+            let mut txt = Vec::new();
+            write(&records, Format::Txt, &mut txt).unwrap();
+            let lines: String = records.iter().map(|r| format!("{}\n", r.proxy)).collect();
+            assert_eq!(String::from_utf8(txt).unwrap(), lines);
         }
     }
 }

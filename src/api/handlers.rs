@@ -247,15 +247,46 @@ pub async fn export(
         "csv" => Format::Csv,
         _ => Format::Txt,
     };
-    let rows: Vec<Arc<ProxyRecord>> = state
-        .feedback
-        .select(&q, site.as_deref(), now_ms())
-        .into_iter()
-        .map(|e| e.record.clone())
-        .collect();
-    let mut body = Vec::new();
-    export::write(&rows, format, &mut body).map_err(|e| ApiError::Internal(e.to_string()))?;
+    let rows = state.feedback.select(&q, site.as_deref(), now_ms());
+    let body = axum::body::Body::from_stream(export_chunks(rows, format)?);
     Ok(([(header::CONTENT_TYPE, format.content_type())], body).into_response())
+}
+
+/// Proxies written per chunk of a streamed export: a few hundred
+/// kilobytes of JSON at most, serialized between other requests.
+const EXPORT_CHUNK: usize = 256;
+
+/// The export of `rows` as body chunks, each written when the client takes
+/// the previous one: the body is never whole in memory, whatever the
+/// number of proxies.
+fn export_chunks(
+    rows: Vec<Arc<crate::health::Entry>>,
+    format: Format,
+) -> Result<
+    impl futures::Stream<Item = Result<bytes::Bytes, std::io::Error>> + Send + 'static,
+    ApiError,
+> {
+    let out =
+        export::Exporter::new(format, Vec::new()).map_err(|e| ApiError::Internal(e.to_string()))?;
+    let rows = rows.into_iter();
+    Ok(futures::stream::unfold(
+        Some((rows, out)),
+        |state| async move {
+            let (mut rows, mut out) = state?;
+            let mut more = false;
+            for e in rows.by_ref().take(EXPORT_CHUNK) {
+                if let Err(e) = out.row(&e.record) {
+                    return Some((Err(e), None));
+                }
+                more = true;
+            }
+            if more {
+                Some((Ok(bytes::Bytes::from(out.take())), Some((rows, out))))
+            } else {
+                Some((out.finish().map(bytes::Bytes::from), None))
+            }
+        },
+    ))
 }
 
 /// A client's verdict on a proxy.

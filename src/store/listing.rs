@@ -77,6 +77,19 @@ impl Store {
         dispatch!(self.list_proxies(filter))
     }
 
+    /// Up to `limit` proxies matching `filter` whose id is above `after`,
+    /// ordered by id: a listing read a page at a time (each page from the
+    /// id index, whatever the size of the table), so that an export of
+    /// every stored proxy never holds them all.
+    pub async fn list_proxies_after(
+        &self,
+        filter: ProxyFilter,
+        after: i64,
+        limit: usize,
+    ) -> Result<Vec<ProxyRecord>, StoreError> {
+        dispatch!(self.list_proxies_after(filter, after, limit))
+    }
+
     /// One page of the proxies matching `filter`, in `sort` order: only the
     /// page is read, whatever the size of the table.
     pub async fn list_page(

@@ -21,6 +21,8 @@ use http_body_util::BodyExt;
 use proptest::prelude::*;
 use proptest::test_runner::{Config as RunConfig, TestRunner};
 use proxywarden::api::{self, AppState};
+use proxywarden::daemon::Service;
+use proxywarden::daemon::Service;
 use proxywarden::health::{Feedback, load_index};
 use proxywarden::model::{Candidate, Hints, Outcome, RecheckPolicy, SourceScheme};
 use proxywarden::proxy::{Country, Scheme};
@@ -144,7 +146,7 @@ async fn seed(store: &Store, n: usize) -> Vec<Seeded> {
 async fn state_on(store: Store, dir: &std::path::Path) -> AppState {
     let config = common::TestConfig::new(dir).build();
     let index = load_index(&store).await.unwrap();
-    AppState::new(store.clone(), Feedback::new(index, store), Arc::new(config))
+    Service::new(store.clone(), Feedback::new(index, store), Arc::new(config)).api()
 }
 
 /// Status and JSON body of a GET through the router, as a local client.

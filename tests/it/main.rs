@@ -39,6 +39,7 @@ mod pg_faults;
 mod pool;
 mod reload;
 mod rotation;
+mod scale;
 mod serving;
 mod sites;
 mod stop;
