@@ -22,7 +22,6 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config as RunConfig, TestRunner};
 use proxywarden::api::{self, AppState};
 use proxywarden::daemon::Service;
-use proxywarden::daemon::Service;
 use proxywarden::health::{Feedback, load_index};
 use proxywarden::model::{Candidate, Hints, Outcome, RecheckPolicy, SourceScheme};
 use proxywarden::proxy::{Country, Scheme};

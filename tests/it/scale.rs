@@ -14,7 +14,8 @@ use std::sync::Arc;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use http_body_util::BodyExt;
-use proxywarden::api::{self, AppState};
+use proxywarden::api;
+use proxywarden::daemon::Service;
 use proxywarden::export::{self, Format};
 use proxywarden::health::{Feedback, HealthIndex};
 use proxywarden::model::{Candidate, Hints, SourceScheme};
@@ -73,7 +74,7 @@ async fn export_streams_the_list_a_chunk_at_a_time() {
     let store = Store::open(&config.database.path).unwrap();
     let records = alive(SERVED, now_ms());
     let index = HealthIndex::from_records(records.clone());
-    let state = AppState::new(store.clone(), Feedback::new(index, store), Arc::new(config));
+    let state = Service::new(store.clone(), Feedback::new(index, store), Arc::new(config)).api();
     for (name, format) in [
         ("txt", Format::Txt),
         ("json", Format::Json),
@@ -118,11 +119,12 @@ async fn an_empty_export_streams_the_empty_list() {
     let dir = tempfile::tempdir().unwrap();
     let config = common::TestConfig::new(dir.path()).db("empty.db").build();
     let store = Store::open(&config.database.path).unwrap();
-    let state = AppState::new(
+    let state = Service::new(
         store.clone(),
         Feedback::new(HealthIndex::new(), store),
         Arc::new(config),
-    );
+    )
+    .api();
     for (name, expected) in [
         ("txt", String::new()),
         ("json", "[]\n".to_owned()),
