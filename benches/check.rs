@@ -35,6 +35,18 @@
 //! for the contender (`BENCH_WRAP="strace -c -f -o /tmp/{name}.strace"`;
 //! the tool's CPU is then counted too). The older build must know
 //! `harvest.allow_private_addresses` (the farm is on loopback).
+//!
+//! `scale` (`cargo bench --bench check -- scale`) measures how a round's
+//! cost grows: rounds of 10,000, 40,000 and 100,000 loopback proxies (half
+//! working, a tenth silent, the rest refused; `BENCH_SCALE_SIZES` names
+//! others), each in a fresh measuring process at concurrency 2,000, the
+//! proxies in farm children of 12,000 listeners each on loopback addresses
+//! of their own (127.0.110.1 and up; the refused ports on 127.0.120.x). Per
+//! size it prints CPU per proxy, wall against the timeout floor (silent ×
+//! timeout ÷ concurrency), the round's peak RSS and this process's
+//! voluntary and involuntary context switches per proxy; then the growth
+//! of each from one size to the next (target: CPU grows no faster than
+//! the proxies, CPU per proxy flat).
 
 #[allow(dead_code)]
 #[path = "../tests/common/fakes.rs"]
@@ -138,6 +150,39 @@ fn main() -> ExitCode {
         serve_mixed_farm(Path::new(dir));
         return ExitCode::SUCCESS;
     }
+    if let Some(i) = args.iter().position(|a| a == SCALE_FARM_ARG) {
+        let count = |j: usize| -> usize {
+            args.get(i + j)
+                .and_then(|s| s.parse().ok())
+                .unwrap_or_else(|| panic!("usage: {SCALE_FARM_ARG} ALIVE SILENT INDEX"))
+        };
+        let (listen, binds) = scale_farm_addrs(count(3));
+        serve_farm_on(count(1), count(2), listen, &binds);
+        return ExitCode::SUCCESS;
+    }
+    if let Some(i) = args.iter().position(|a| a == SCALE_MEASURE_ARG) {
+        let size = args.get(i + 1).and_then(|s| s.parse().ok());
+        let Some(size) = size else {
+            eprintln!("usage: {SCALE_MEASURE_ARG} PROXIES");
+            return ExitCode::FAILURE;
+        };
+        return match measure_scale(size) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("check bench, scale {size}: {e:#}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    if args.iter().any(|a| a == SCALE_ARG) {
+        return match scale() {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("check bench, scale: {e:#}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     if args.iter().any(|a| a == VERSUS_ARG) {
         return match versus() {
             Ok(()) => ExitCode::SUCCESS,
@@ -210,6 +255,12 @@ fn orchestrate() -> ExitCode {
 /// Starts the judge and the farm, prints `judge URL`, one `alive ADDR` or
 /// `silent ADDR` line per proxy and `ready`, then serves until stdin closes.
 fn serve_farm(alive: usize, silent: usize) {
+    serve_farm_on(alive, silent, fakes::FARM_IP, &UPSTREAM_BINDS);
+}
+
+/// [`serve_farm`] listening on `listen`, the working proxies forwarding
+/// from `binds` in turn.
+fn serve_farm_on(alive: usize, silent: usize, listen: IpAddr, binds: &[Ipv4Addr]) {
     let rt = tokio::runtime::Runtime::new().expect("tokio runtime");
     rt.block_on(async {
         fakes::raise_nofile_limit();
@@ -217,11 +268,10 @@ fn serve_farm(alive: usize, silent: usize) {
         // One farm per upstream address; the silent listeners go with the
         // first, their upstream is never used.
         let mut farms = Vec::new();
-        for (i, ip) in UPSTREAM_BINDS.iter().enumerate() {
-            let share =
-                alive / UPSTREAM_BINDS.len() + usize::from(i < alive % UPSTREAM_BINDS.len());
+        for (i, ip) in binds.iter().enumerate() {
+            let share = alive / binds.len() + usize::from(i < alive % binds.len());
             let mute = if i == 0 { silent } else { 0 };
-            farms.push(fakes::FakeFarm::start(share, mute, Some(IpAddr::V4(*ip))).await);
+            farms.push(fakes::FakeFarm::start_at(listen, share, mute, Some(IpAddr::V4(*ip))).await);
         }
         {
             let mut out = std::io::BufWriter::new(std::io::stdout().lock());
@@ -276,8 +326,14 @@ impl Farm {
     }
 
     fn spawn(&mut self, alive: usize, silent: usize) -> anyhow::Result<()> {
+        let args = [FARM_ARG.to_owned(), alive.to_string(), silent.to_string()];
+        self.spawn_with(&args, alive, silent)
+    }
+
+    /// Starts a farm child with `args` serving `alive` and `silent` proxies.
+    fn spawn_with(&mut self, args: &[String], alive: usize, silent: usize) -> anyhow::Result<()> {
         let mut child = Command::new(std::env::current_exe()?)
-            .args([FARM_ARG, &alive.to_string(), &silent.to_string()])
+            .args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()?;
@@ -526,6 +582,20 @@ struct Measured {
     /// CPU the rest of the machine used during the round (other work
     /// competing for the cores), when /proc/stat could be read.
     others_cpu: Option<Duration>,
+    /// Voluntary and involuntary context switches of this process (every
+    /// thread) during the round, from getrusage.
+    switches: (i64, i64),
+}
+
+/// This process's voluntary and involuntary context switches so far.
+fn context_switches() -> (i64, i64) {
+    use nix::sys::resource::{UsageWho, getrusage};
+    getrusage(UsageWho::RUSAGE_SELF).map_or((0, 0), |u| {
+        (
+            u.voluntary_context_switches(),
+            u.involuntary_context_switches(),
+        )
+    })
 }
 
 async fn round(config: &Config, concurrency: usize, farm_pids: &[u32]) -> anyhow::Result<Measured> {
@@ -545,7 +615,11 @@ async fn round(config: &Config, concurrency: usize, farm_pids: &[u32]) -> anyhow
     let checker = Arc::new(Checker::prepare(config, &opts, None).await?);
     let policy = config.check.recheck_policy();
 
+    // The peak (VmHWM) starts again from here, so that it is the round's
+    // and not the harvest's (Linux 4.0 and later).
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
     let rss_before_kib = proc_status_kib("VmRSS:");
+    let switches_before = context_switches();
     let cpu_before = cpu_times("self").unwrap_or_default();
     let farm_before = farm_cpu(farm_pids);
     let machine_before = machine_busy();
@@ -568,6 +642,7 @@ async fn round(config: &Config, concurrency: usize, farm_pids: &[u32]) -> anyhow
     // Missed by the watcher only if the round returned within its tick.
     let last_check = watcher.await.ok().flatten().unwrap_or(wall);
     let cpu_after = cpu_times("self").unwrap_or_default();
+    let switches_after = context_switches();
     let (user, system) = (cpu_after.0 - cpu_before.0, cpu_after.1 - cpu_before.1);
     let cpu = user + system;
     let farm_cpu = farm_cpu(farm_pids).zip(farm_before).map(|(a, b)| a - b);
@@ -584,6 +659,10 @@ async fn round(config: &Config, concurrency: usize, farm_pids: &[u32]) -> anyhow
         others_cpu: machine
             .zip(farm_cpu)
             .map(|(m, f)| m.saturating_sub(f + cpu)),
+        switches: (
+            switches_after.0 - switches_before.0,
+            switches_after.1 - switches_before.1,
+        ),
     })
 }
 
@@ -1365,6 +1444,279 @@ fn versus() -> anyhow::Result<()> {
         problems.is_empty(),
         "wrong verdicts: {}",
         problems.join("; ")
+    );
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// scale: how a round's cost grows with the number of proxies
+
+const SCALE_ARG: &str = "scale";
+const SCALE_MEASURE_ARG: &str = "--measure-scale";
+const SCALE_FARM_ARG: &str = "--serve-scale-farm";
+/// Round sizes, unless `BENCH_SCALE_SIZES` names others (comma-separated).
+const SCALE_SIZES: [usize; 3] = [10_000, 40_000, 100_000];
+/// Checks in flight at every size: the same machine, more proxies.
+const SCALE_CONCURRENCY: usize = 2_000;
+/// Listeners (or closed ports) per loopback address: binding port 0 takes
+/// them from the ephemeral range, about 28,000 ports on each address.
+const SCALE_PER_IP: usize = 20_000;
+/// Listeners per farm child: with a round's connections they fit in an
+/// open-file limit of 20,000.
+const SCALE_PER_CHILD: usize = 12_000;
+
+/// Where scale farm child `index` listens, and the addresses its working
+/// proxies forward from: 127.0.(110 + index).1, and .2 to .5. Nothing else
+/// uses these addresses, so no other test's ports are taken.
+fn scale_farm_addrs(index: usize) -> (IpAddr, [Ipv4Addr; 4]) {
+    let net = 110 + u8::try_from(index).expect("fewer than 100 farm children");
+    let ip = |last: u8| Ipv4Addr::new(127, 0, net, last);
+    (IpAddr::V4(ip(1)), [ip(2), ip(3), ip(4), ip(5)])
+}
+
+/// The mix at every size: half working, a tenth silent (each costs a
+/// whole timeout), the rest refused at once.
+fn scale_mix(size: usize) -> (usize, usize, usize) {
+    let alive = size / 2;
+    let silent = size / 10;
+    (alive, silent, size - alive - silent)
+}
+
+/// What one size's measuring process reports to the orchestrator, one
+/// `scale-figures` line of `key=value` words.
+#[derive(Clone, Copy, Debug, Default)]
+struct ScaleFigures {
+    size: usize,
+    wall: f64,
+    floor: f64,
+    cpu: f64,
+    system: f64,
+    hwm_kib: u64,
+    voluntary: i64,
+    involuntary: i64,
+    others: f64,
+}
+
+impl ScaleFigures {
+    fn line(&self) -> String {
+        format!(
+            "scale-figures size={} wall={} floor={} cpu={} system={} hwm_kib={} voluntary={} involuntary={} others={}",
+            self.size,
+            self.wall,
+            self.floor,
+            self.cpu,
+            self.system,
+            self.hwm_kib,
+            self.voluntary,
+            self.involuntary,
+            self.others
+        )
+    }
+
+    fn parse(line: &str) -> Option<ScaleFigures> {
+        let rest = line.strip_prefix("scale-figures ")?;
+        let mut f = ScaleFigures::default();
+        for word in rest.split(' ') {
+            let (k, v) = word.split_once('=')?;
+            match k {
+                "size" => f.size = v.parse().ok()?,
+                "wall" => f.wall = v.parse().ok()?,
+                "floor" => f.floor = v.parse().ok()?,
+                "cpu" => f.cpu = v.parse().ok()?,
+                "system" => f.system = v.parse().ok()?,
+                "hwm_kib" => f.hwm_kib = v.parse().ok()?,
+                "voluntary" => f.voluntary = v.parse().ok()?,
+                "involuntary" => f.involuntary = v.parse().ok()?,
+                "others" => f.others = v.parse().ok()?,
+                _ => return None,
+            }
+        }
+        Some(f)
+    }
+
+    /// CPU per proxy, µs.
+    fn cpu_us(&self) -> f64 {
+        self.cpu * 1e6 / self.size as f64
+    }
+}
+
+/// `cargo bench --bench check -- scale`: a round of each size in a fresh
+/// measuring process, then how CPU, memory and context switches grew.
+fn scale() -> anyhow::Result<()> {
+    let sizes: Vec<usize> = match std::env::var("BENCH_SCALE_SIZES") {
+        Ok(v) => v
+            .split(',')
+            .map(|s| s.trim().replace('_', "").parse())
+            .collect::<Result<_, _>>()?,
+        Err(_) => SCALE_SIZES.to_vec(),
+    };
+    let exe = std::env::current_exe()?;
+    println!(
+        "[scale] rounds of {sizes:?} loopback proxies (half working, a tenth silent, the rest refused), \
+         concurrency {SCALE_CONCURRENCY}, connect {CONNECT_TIMEOUT:?}, total {TIMEOUT:?}, https off; \
+         fake proxies and judge in child processes"
+    );
+    let mut all = Vec::new();
+    for size in sizes {
+        let mut child = Command::new(&exe)
+            .args([SCALE_MEASURE_ARG, &size.to_string()])
+            .stdout(Stdio::piped())
+            .spawn()?;
+        let stdout = child.stdout.take().expect("piped stdout");
+        let mut figures = None;
+        for line in BufReader::new(stdout).lines() {
+            let line = line?;
+            match ScaleFigures::parse(&line) {
+                Some(f) => figures = Some(f),
+                None => println!("{line}"),
+            }
+        }
+        let status = child.wait()?;
+        anyhow::ensure!(status.success(), "the round of {size} failed ({status})");
+        all.push(figures.ok_or_else(|| anyhow::anyhow!("no figures from the round of {size}"))?);
+    }
+    println!(
+        "[scale] {:>7} | {:>8} | {:>10} | {:>14} | {:>9} | {:>13} | {:>14}",
+        "proxies", "CPU s", "µs/proxy", "wall / floor", "peak MiB", "vol. csw/px", "invol. csw/px"
+    );
+    for f in &all {
+        println!(
+            "[scale] {:>7} | {:>8.2} | {:>10.1} | {:>6.2} / {:>5.2} | {:>9.1} | {:>13.3} | {:>14.3}",
+            f.size,
+            f.cpu,
+            f.cpu_us(),
+            f.wall,
+            f.floor,
+            f.hwm_kib as f64 / 1024.0,
+            f.voluntary as f64 / f.size as f64,
+            f.involuntary as f64 / f.size as f64,
+        );
+    }
+    for pair in all.windows(2) {
+        let (a, b) = (pair[0], pair[1]);
+        let grew = b.size as f64 / a.size as f64;
+        println!(
+            "[scale] {} -> {} ({grew:.1}x the proxies): CPU {:.2}x (target <= {grew:.1}x), CPU per proxy {:.2}x (target 1.0x), \
+             wall {:.2}x, voluntary switches per proxy {:.2}x, involuntary {:.2}x",
+            a.size,
+            b.size,
+            b.cpu / a.cpu,
+            b.cpu_us() / a.cpu_us(),
+            b.wall / a.wall,
+            (b.voluntary as f64 / b.size as f64) / (a.voluntary as f64 / a.size as f64).max(1e-9),
+            (b.involuntary as f64 / b.size as f64)
+                / (a.involuntary as f64 / a.size as f64).max(1e-9),
+        );
+    }
+    Ok(())
+}
+
+/// One round of `size` proxies (see [`scale_mix`]), measured in this
+/// process with the farm in children; prints its report and figures.
+fn measure_scale(size: usize) -> anyhow::Result<()> {
+    let (alive, silent, closed) = scale_mix(size);
+    let concurrency = SCALE_CONCURRENCY;
+    // A farm child holds its listeners and, at worst, every connection of
+    // the round (three for a working proxy's check).
+    let needs = (SCALE_PER_CHILD + 3 * concurrency) as u64 + FD_MARGIN;
+    let limit = raise_nofile_to(needs);
+    anyhow::ensure!(
+        limit >= needs,
+        "a round of {size} needs {needs} open files and the limit is {limit} (raise it, or run as root)"
+    );
+    clock_ticks();
+    let pass = Pass {
+        name: "scale",
+        alive,
+        silent,
+        closed,
+        concurrency,
+    };
+    let children = (alive + silent).div_ceil(SCALE_PER_CHILD).max(1);
+    let mut farm = Farm {
+        children: Vec::with_capacity(children),
+        judge: String::new(),
+        alive: Vec::with_capacity(alive),
+        silent: Vec::with_capacity(silent),
+    };
+    let share = |n: usize, i: usize| n / children + usize::from(i < n % children);
+    for i in 0..children {
+        let (a, s) = (share(alive, i), share(silent, i));
+        let args = [
+            SCALE_FARM_ARG.to_owned(),
+            a.to_string(),
+            s.to_string(),
+            i.to_string(),
+        ];
+        farm.spawn_with(&args, a, s)?;
+    }
+    // Ports of 127.0.120.x, where nothing listens or binds: refused at
+    // once, and no descriptor held for each.
+    let closed_addrs: Vec<SocketAddr> = (0..closed)
+        .map(|i| {
+            let net = u8::try_from(i / SCALE_PER_IP).expect("fewer than 256 addresses");
+            let port = 10_000 + (i % SCALE_PER_IP) as u16;
+            SocketAddr::new(IpAddr::V4(Ipv4Addr::new(127, 0, 120, 1 + net)), port)
+        })
+        .collect();
+    let entries = interleave(&[&farm.alive, &farm.silent, &closed_addrs]);
+    let dir = tempfile::tempdir()?;
+    let config = write_config(dir.path(), &farm.judge, &entries, concurrency)?;
+    let rt = tokio::runtime::Runtime::new()?;
+    let result = rt.block_on(round(&config, concurrency, &farm.pids()));
+    drop(rt);
+    drop(farm);
+    let m = result?;
+    // A write-ahead log that grew through the round makes every page
+    // lookup in it slower.
+    let wal = std::fs::metadata(dir.path().join("bench.db-wal")).map_or(0, |m| m.len());
+    let db = std::fs::metadata(dir.path().join("bench.db")).map_or(0, |m| m.len());
+    println!(
+        "[scale {size}]   database {:.1} MB, write-ahead log {:.1} MB at the end",
+        db as f64 / 1e6,
+        wal as f64 / 1e6
+    );
+    let reason = |r: Reason| m.summary.dead_by_reason.get(&r).copied().unwrap_or(0);
+    let mut problems = Vec::new();
+    for (what, got, want) in [
+        ("checked", m.summary.checked, size),
+        ("alive", m.summary.alive, alive),
+        ("timeout", reason(Reason::Timeout), silent),
+        ("refused", reason(Reason::Refused), closed),
+    ] {
+        if got != want as u64 {
+            problems.push(format!("{what}: {got}, expected {want}"));
+        }
+    }
+    report(&pass, concurrency, &m);
+    let floor = TIMEOUT.as_secs_f64() * silent as f64 / concurrency as f64;
+    println!(
+        "[scale {size}]   context switches {} voluntary, {} involuntary = {:.3} and {:.3} per proxy",
+        m.switches.0,
+        m.switches.1,
+        m.switches.0 as f64 / size as f64,
+        m.switches.1 as f64 / size as f64,
+    );
+    println!(
+        "{}",
+        ScaleFigures {
+            size,
+            wall: m.wall.as_secs_f64(),
+            floor,
+            cpu: m.cpu.as_secs_f64(),
+            system: m.system.as_secs_f64(),
+            hwm_kib: m.hwm_kib,
+            voluntary: m.switches.0,
+            involuntary: m.switches.1,
+            others: m.others_cpu.map_or(0.0, |o| o.as_secs_f64()),
+        }
+        .line()
+    );
+    anyhow::ensure!(
+        problems.is_empty(),
+        "the round's verdicts are wrong: {}; dead by reason {:?}",
+        problems.join(", "),
+        m.summary.dead_by_reason
     );
     Ok(())
 }

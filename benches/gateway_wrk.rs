@@ -23,6 +23,16 @@
 //!   per request or tunnel the floor for the daemon's. The CPU of wrk and
 //!   of the tunnel clients per request or tunnel is printed too.
 //!
+//! - `spread`: 300 upstreams, a daemon of their own, and haproxy (Debian's
+//!   package, a child with a generated config; skipped, saying so, when it
+//!   is not installed) in tcp mode balancing round-robin over the same
+//!   300. The same wrk load goes to each in alternating slices, once with
+//!   kept-alive client connections and once with `Connection: close`
+//!   (where haproxy too takes a new upstream per request); then new CONNECT
+//!   tunnels from 32 clients. It prints both rates, each process's CPU per
+//!   request or tunnel, and the ratios gateway ÷ haproxy (targets: rate ≥ 1,
+//!   CPU ≤ 1, tunnels/s ≥ 1).
+//!
 //! When `GATEWAY_BENCH_OLD_BIN` names an older `proxywarden` binary (e.g.
 //! commit f7b9d6a built in a worktree), a daemon of it runs beside this
 //! build's, and both passes take turns between the two: the ratios new ÷
@@ -33,7 +43,7 @@
 //! run in a child process (`--serve-farm`) so that their CPU is not the
 //! daemon's. wrk, the farm and the daemon share this machine's cores: the
 //! rate ratio is bounded by that sharing, and the daemon's CPU per request
-//! is its own cost. `GATEWAY_BENCH_PASS=plain|connect` runs one pass;
+//! is its own cost. `GATEWAY_BENCH_PASS=plain|connect|spread` runs one pass;
 //! `GATEWAY_BENCH_SECS` sets the seconds per path (6), run in 3 alternating
 //! slices. wrk is Debian's package `wrk`; without it the plain pass says so
 //! and is skipped. Files are kept in `target/tmp/gateway_wrk/`.
@@ -67,11 +77,12 @@ const CONNECTIONS: usize = 32;
 const SLICES: u32 = 3;
 
 fn main() -> ExitCode {
-    if std::env::args().any(|a| a == FARM_ARG) {
-        serve_farm();
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(i) = args.iter().position(|a| a == FARM_ARG) {
+        let upstreams = args.get(i + 1).and_then(|a| a.parse().ok());
+        serve_farm(upstreams.unwrap_or(UPSTREAMS));
         return ExitCode::SUCCESS;
     }
-    let args: Vec<String> = std::env::args().collect();
     if let Some(i) = args.iter().position(|a| a == RELAY_ARG) {
         let upstream = args.get(i + 1).and_then(|a| a.parse().ok());
         let Some(upstream) = upstream else {
@@ -104,7 +115,7 @@ fn run_for() -> Duration {
 // ---------------------------------------------------------------------------
 // The child: judge, site, echo target, upstream proxies
 
-fn serve_farm() {
+fn serve_farm(upstreams: usize) {
     let rt = tokio::runtime::Runtime::new().expect("tokio runtime");
     rt.block_on(async {
         raise_nofile_limit();
@@ -112,7 +123,7 @@ fn serve_farm() {
         let site = Site::start(SiteOpts::routes(vec![("/", Reply::text("ok"))])).await;
         let echo = EchoServer::start().await;
         let mut proxies = Vec::new();
-        for _ in 0..UPSTREAMS {
+        for _ in 0..upstreams {
             proxies.push(
                 FakeHttpProxy::start(HttpProxyOpts {
                     connect: true,
@@ -310,25 +321,12 @@ async fn measure() -> anyhow::Result<()> {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir)?;
 
-    let (child, _farm_stdin, mut lines) = common::binary::spawn_role(&[FARM_ARG])?;
-    let mut farm = Farm {
-        pid: child.id().context("the farm exited")?,
-        judge: String::new(),
-        site: free_port()?,
-        echo: free_port()?,
-        proxies: Vec::new(),
-    };
-    loop {
-        let line = lines.next_line().await?.context("the farm exited")?;
-        match line.split_once(' ') {
-            Some(("judge", url)) => farm.judge = url.to_owned(),
-            Some(("site", a)) => farm.site = a.parse()?,
-            Some(("echo", a)) => farm.echo = a.parse()?,
-            Some(("proxy", a)) => farm.proxies.push(a.parse()?),
-            _ if line == "ready" => break,
-            _ => anyhow::bail!("unexpected farm line {line:?}"),
-        }
+    let only = std::env::var("GATEWAY_BENCH_PASS").ok();
+    let runs = |p: &str| only.as_deref().is_none_or(|o| o == p);
+    if only.as_deref() == Some("spread") {
+        return spread(&dir).await;
     }
+    let (_farm_child, farm) = start_farm(UPSTREAMS).await?;
 
     let new = start_daemon(
         "new",
@@ -353,8 +351,6 @@ async fn measure() -> anyhow::Result<()> {
     };
     let (_relay_child, pid, addr) = start_relay(farm.proxies[0]).await?;
     let relay = Relay { pid, addr };
-    let only = std::env::var("GATEWAY_BENCH_PASS").ok();
-    let runs = |p: &str| only.as_deref().is_none_or(|o| o == p);
     println!(
         "[farm] {UPSTREAMS} upstream proxies keeping connections to clients and to the site; \
          {:.0} s per path in {SLICES} alternating slices",
@@ -366,7 +362,40 @@ async fn measure() -> anyhow::Result<()> {
     if runs("connect") {
         connect(&farm, &relay, &new, old.as_ref()).await;
     }
+    if only.is_none() {
+        // The spread pass has a farm and a daemon of its own.
+        drop((new, old));
+        spread(&dir).await?;
+    }
     Ok(())
+}
+
+/// The farm child with `upstreams` upstream proxies; it ends when the
+/// returned child is dropped.
+async fn start_farm(
+    upstreams: usize,
+) -> anyhow::Result<((Child, tokio::process::ChildStdin), Farm)> {
+    let (child, stdin, mut lines) =
+        common::binary::spawn_role(&[FARM_ARG, &upstreams.to_string()])?;
+    let mut farm = Farm {
+        pid: child.id().context("the farm exited")?,
+        judge: String::new(),
+        site: free_port()?,
+        echo: free_port()?,
+        proxies: Vec::new(),
+    };
+    loop {
+        let line = lines.next_line().await?.context("the farm exited")?;
+        match line.split_once(' ') {
+            Some(("judge", url)) => farm.judge = url.to_owned(),
+            Some(("site", a)) => farm.site = a.parse()?,
+            Some(("echo", a)) => farm.echo = a.parse()?,
+            Some(("proxy", a)) => farm.proxies.push(a.parse()?),
+            _ if line == "ready" => break,
+            _ => anyhow::bail!("unexpected farm line {line:?}"),
+        }
+    }
+    Ok(((child, stdin), farm))
 }
 
 // ---------------------------------------------------------------------------
@@ -746,4 +775,188 @@ async fn connect(farm: &Farm, relay: &Relay, new: &Daemon, old: Option<&Daemon>)
             relayed.rate() / old.rate().max(1e-9),
         );
     }
+}
+
+// ---------------------------------------------------------------------------
+// spread: a new upstream for every request, against haproxy
+
+/// Upstreams of the spread pass.
+const SPREAD_UPSTREAMS: usize = 300;
+
+/// haproxy (Debian's package) in tcp mode, round-robin over `upstreams`, as
+/// a child with its config in `dir`: its process, pid and address; `None`
+/// when haproxy is not installed.
+async fn start_haproxy(
+    dir: &Path,
+    upstreams: &[SocketAddr],
+) -> anyhow::Result<Option<(Child, u32, SocketAddr)>> {
+    if std::process::Command::new("haproxy")
+        .arg("-v")
+        .output()
+        .is_err()
+    {
+        return Ok(None);
+    }
+    let listen = free_port()?;
+    let mut config = format!(
+        "global\n    maxconn 8000\n\n\
+         defaults\n    mode tcp\n    timeout connect 5s\n    timeout client 60s\n    timeout server 60s\n\n\
+         listen spread\n    bind {listen}\n    balance roundrobin\n"
+    );
+    for (i, u) in upstreams.iter().enumerate() {
+        config.push_str(&format!("    server u{i} {u}\n"));
+    }
+    // maxconn 8000: haproxy wants two descriptors a connection and
+    // refuses to start above the open-file limit (20,000 here).
+    let path = dir.join("haproxy.cfg");
+    std::fs::write(&path, config)?;
+    let child = Command::new("haproxy")
+        .arg("-db")
+        .arg("-f")
+        .arg(&path)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(dir.join("haproxy.log"))?)
+        .kill_on_drop(true)
+        .spawn()
+        .context("start haproxy")?;
+    let pid = child.id().context("haproxy exited")?;
+    let started = Instant::now();
+    while tokio::net::TcpStream::connect(listen).await.is_err() {
+        anyhow::ensure!(
+            started.elapsed() < Duration::from_secs(10),
+            "haproxy did not listen within 10 s; see {}",
+            dir.join("haproxy.log").display()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(Some((child, pid, listen)))
+}
+
+/// `spread`: 300 upstreams, the gateway taking a new one for every plain
+/// request (round-robin, its default) and every tunnel, against haproxy
+/// in tcp mode balancing round-robin over the same 300, under the same
+/// wrk load in alternating slices. With kept-alive client connections
+/// haproxy spreads per connection (32 upstreams carry everything); with
+/// `Connection: close` it spreads per request as the gateway does.
+async fn spread(dir: &Path) -> anyhow::Result<()> {
+    if std::process::Command::new("wrk")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        println!("[spread] SKIPPED: wrk is not installed (Debian: apt-get install -y wrk)");
+        return Ok(());
+    }
+    let dir = dir.join("spread");
+    std::fs::create_dir_all(&dir)?;
+    let (_farm_child, farm) = start_farm(SPREAD_UPSTREAMS).await?;
+    let Some((_haproxy_child, haproxy_pid, haproxy)) = start_haproxy(&dir, &farm.proxies).await?
+    else {
+        println!("[spread] SKIPPED: haproxy is not installed (Debian: apt-get install -y haproxy)");
+        return Ok(());
+    };
+    let daemon = start_daemon(
+        "new",
+        env!("CARGO_BIN_EXE_proxywarden"),
+        &dir.join("new"),
+        &farm,
+    )
+    .await?;
+    println!(
+        "[spread] {SPREAD_UPSTREAMS} upstream proxies; the gateway (round-robin: each plain request \
+         and each tunnel a new upstream) vs haproxy 2 in tcp mode, balance roundrobin over the \
+         same upstreams; {:.0} s per side in {SLICES} alternating slices",
+        run_for().as_secs_f64()
+    );
+    let slice = run_for().as_secs_f64() / f64::from(SLICES);
+    let sides = [
+        ("gateway", daemon.pid, daemon.gateway),
+        ("haproxy", haproxy_pid, haproxy),
+    ];
+    for (mode, extra) in [
+        ("keep-alive", ""),
+        ("close", "wrk.headers[\"Connection\"] = \"close\"\n"),
+    ] {
+        let script = dir.join(format!("{mode}.lua"));
+        std::fs::write(
+            &script,
+            format!(
+                "wrk.method = \"GET\"\nwrk.path = \"http://{site}/\"\nwrk.headers[\"Host\"] = \"{site}\"\n{extra}",
+                site = farm.site
+            ),
+        )?;
+        for (_, _, addr) in sides {
+            wrk(&script, addr, 1.0).await?;
+        }
+        let mut measured: Vec<Side> = sides.iter().map(|_| Side::default()).collect();
+        for i in 0..SLICES as usize {
+            for k in 0..sides.len() {
+                let k = (k + i) % sides.len();
+                let (_, pid, addr) = sides[k];
+                let before = (
+                    common::cpu_seconds(pid),
+                    common::cpu_seconds(farm.pid),
+                    children_cpu(),
+                );
+                measured[k].runs.push(wrk(&script, addr, slice).await?);
+                measured[k].cpu_daemon += common::cpu_seconds(pid) - before.0;
+                measured[k].cpu_farm += common::cpu_seconds(farm.pid) - before.1;
+                measured[k].cpu_wrk += children_cpu() - before.2;
+            }
+        }
+        for ((name, _, _), side) in sides.iter().zip(&measured) {
+            println!(
+                "[spread {mode}] {name}: {:.0} requests/s, p50 {:.3} ms, p99 {:.3} ms ({} bad); \
+                 its CPU {:.1} µs per request, farm {:.1} µs, wrk {:.1} µs",
+                side.rate(),
+                side.p(|r| r.p50),
+                side.p(|r| r.p99),
+                side.bad(),
+                side.us_per(side.cpu_daemon),
+                side.us_per(side.cpu_farm),
+                side.us_per(side.cpu_wrk),
+            );
+        }
+        let (g, h) = (&measured[0], &measured[1]);
+        println!(
+            "[spread {mode}] gateway ÷ haproxy: {:.2}× requests/s (target ≥ 1.0), {:.2}× CPU per \
+             request (target ≤ 1.0)",
+            g.rate() / h.rate().max(1e-9),
+            g.us_per(g.cpu_daemon) / h.us_per(h.cpu_daemon).max(1e-9),
+        );
+    }
+    // Tunnels: a new one each time, through each side in turn.
+    let mut tunneled: Vec<Tunnels> = sides.iter().map(|_| Tunnels::default()).collect();
+    for i in 0..SLICES as usize {
+        for k in 0..sides.len() {
+            let k = (k + i) % sides.len();
+            let (_, pid, addr) = sides[k];
+            let t = tunnels(vec![addr], &farm, Some(pid), run_for() / SLICES).await;
+            let into = &mut tunneled[k];
+            into.done += t.done;
+            into.failed += t.failed;
+            into.secs += t.secs;
+            into.cpu += t.cpu;
+            into.cpu_farm += t.cpu_farm;
+            into.cpu_clients += t.cpu_clients;
+        }
+    }
+    for ((name, _, _), t) in sides.iter().zip(&tunneled) {
+        println!(
+            "[spread connect] {name}: {:.0} tunnels/s ({} failed); CPU per tunnel: its process \
+             {:.1} µs, farm {:.1} µs, clients {:.1} µs",
+            t.rate(),
+            t.failed,
+            t.us_per(),
+            t.per(t.cpu_farm),
+            t.per(t.cpu_clients),
+        );
+    }
+    let (g, h) = (&tunneled[0], &tunneled[1]);
+    println!(
+        "[spread connect] gateway ÷ haproxy: {:.2}× tunnels/s (target ≥ 1.0), {:.2}× CPU per tunnel",
+        g.rate() / h.rate().max(1e-9),
+        g.us_per() / h.us_per().max(1e-9),
+    );
+    Ok(())
 }

@@ -1301,6 +1301,18 @@ impl FakeFarm {
     /// [`FARM_IP`], whose ports are its own: a farm leaves 127.0.0.1's
     /// to the servers of the tests running beside it.
     pub async fn start(alive: usize, silent: usize, upstream_bind: Option<IpAddr>) -> FakeFarm {
+        FakeFarm::start_at(FARM_IP, alive, silent, upstream_bind).await
+    }
+
+    /// [`FakeFarm::start`] listening on `listen` (a loopback address): one
+    /// address holds about 28,000 listeners (its ephemeral port range), so
+    /// larger farms take several.
+    pub async fn start_at(
+        listen: IpAddr,
+        alive: usize,
+        silent: usize,
+        upstream_bind: Option<IpAddr>,
+    ) -> FakeFarm {
         raise_nofile_limit();
         let opts = Arc::new(HttpProxyOpts {
             connect: true,
@@ -1309,12 +1321,12 @@ impl FakeFarm {
         });
         let mut alive_proxies = Vec::with_capacity(alive);
         for _ in 0..alive {
-            let listener = bind(Some(FARM_IP));
+            let listener = bind(Some(listen));
             alive_proxies.push(FakeHttpProxy::serve(listener, opts.clone()));
         }
         let mut silent_servers = Vec::with_capacity(silent);
         for _ in 0..silent {
-            let listener = bind(Some(FARM_IP));
+            let listener = bind(Some(listen));
             silent_servers.push(serve(listener, |mut stream, _| async move {
                 drain(&mut stream).await
             }));
