@@ -24,6 +24,8 @@ mod learn;
 mod refresh;
 mod rotate;
 #[cfg(test)]
+mod rotate_tests;
+#[cfg(test)]
 mod rotation_props;
 mod select;
 mod strategy;
