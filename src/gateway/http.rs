@@ -31,8 +31,8 @@ use super::upload::{ClientFault, ReadAhead, Upload, UploadState, read_ahead};
 use super::upstream::{Body, Kept, Key, keeps_alive};
 use super::{Gateway, TokenCheck};
 use crate::model::{Reason, UseVerdict};
-use crate::net::{self, DialOptions, Target, hyper_reason, proxy_authorization};
-use crate::pool::{Attempt, End, Lease, Rotated, Tried, Want};
+use crate::net::{DialError, DialOptions, Target, hyper_reason, proxy_authorization};
+use crate::pool::{Attempt, End, Lease, Rotated, Tried, Want, dial_failed};
 use crate::proxy::Proxy;
 
 /// Names the upstream proxy (by id) on every forwarded answer.
@@ -241,15 +241,14 @@ fn controls(user: &str, headers: &HeaderMap, plain: bool) -> Result<Controls, Co
 
 /// Why one attempt of a plain request got no answer.
 enum Failure {
-    /// The proxy failed before the request went (connecting, its
-    /// handshake): the proxy's fault.
+    /// The dial failed: whose fault that is, [`dial_failed`] says.
+    Dial(DialError),
+    /// The proxy failed before the request went: the proxy's fault.
     Proxy(Reason),
     /// The proxy failed once the request went: its fault, or the
     /// request's (one too large or odd for proxies closes or times out on
     /// every one of them alike).
     Sent(Reason),
-    /// The proxy said the target cannot be reached (a SOCKS failure reply).
-    Unreached,
 }
 
 /// Forwards an absolute-form request through a proxy per attempt.
@@ -476,7 +475,7 @@ impl Attempt for Forward<'_> {
             None => sending.await.unwrap_or(Err(Failure::Sent(Reason::Timeout))),
         };
         let tried = match sent {
-            Err(Failure::Unreached) => Tried::ended(UseVerdict::Unreached),
+            Err(Failure::Dial(e)) => dial_failed(e, true),
             Err(Failure::Proxy(reason)) => Tried::ended(UseVerdict::failed(reason)),
             Err(Failure::Sent(reason)) => {
                 gw.inner.upstreams.forget(lease.id());
@@ -572,12 +571,7 @@ async fn send(
         handshake_timeout: s.timeout,
         forward: true,
     };
-    let dialed = net::dial(Some(proxy), target, &opts)
-        .await
-        .map_err(|r| match r {
-            Reason::BadStatus => Failure::Unreached,
-            r => Failure::Proxy(r),
-        })?;
+    let dialed = lease.dial(target, &opts).await.map_err(Failure::Dial)?;
     let forward = dialed.forward;
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(dialed.stream))
         .await

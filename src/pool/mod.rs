@@ -19,6 +19,7 @@
 
 mod attempt;
 mod classify;
+mod dial;
 mod fetch;
 mod learn;
 mod refresh;
@@ -34,6 +35,7 @@ pub use classify::{Classifier, DEFAULT_BLOCK_PATTERNS, DEFAULT_PORTAL_PATTERNS};
 pub use select::Shortage;
 pub use strategy::StrategyKind;
 
+pub(crate) use dial::dial_failed;
 pub(crate) use rotate::{Answered, Attempt, End, RateLimits, Rotated, Rotation, Tried};
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
