@@ -230,16 +230,12 @@ impl Prober {
         };
         let dialed = net::dial(proxy, &dial_target, &opts)
             .await
-            .map_err(|reason| Failure {
-                reason,
-                // The dialer's reasons tell its phases apart: these three
-                // come only from the TCP connect.
-                phase: match reason {
-                    Reason::Refused | Reason::ConnectTimeout | Reason::Unreachable => {
-                        Phase::Connect
-                    }
-                    _ if proxy.is_none() || dialed_forward(proxy, forward) => Phase::Connect,
-                    _ => Phase::Handshake,
+            .map_err(|e| Failure {
+                reason: e.reason,
+                phase: match e.stage {
+                    net::DialStage::Connect => Phase::Connect,
+                    net::DialStage::Handshake => Phase::Handshake,
+                    net::DialStage::Tls => Phase::Tls,
                 },
             })?;
         *phase = Phase::Request;
@@ -322,10 +318,4 @@ impl Prober {
         };
         answer::exchange(&mut stream, &get).await
     }
-}
-
-/// True when the dial of `proxy` was the TCP connect alone: an HTTP proxy
-/// spoken to in absolute form has no handshake.
-fn dialed_forward(proxy: Option<&Proxy>, forward: bool) -> bool {
-    forward && proxy.is_some_and(|p| p.scheme == Scheme::Http)
 }

@@ -3,6 +3,7 @@
 //! plain HTTP, in `X-Proxywarden-*` headers; and the token check.
 
 use base64::Engine;
+use http::HeaderMap;
 use subtle::ConstantTimeEq;
 
 use crate::config::Secret;
@@ -179,6 +180,59 @@ fn list_of<T>(
         value,
         expected,
     })
+}
+
+impl Controls {
+    /// The controls of a request: from the proxy username, then (plain
+    /// HTTP only) from `X-Proxywarden-*` headers, which win.
+    pub(super) fn of_request(
+        user: &str,
+        headers: &HeaderMap,
+        plain: bool,
+    ) -> Result<Controls, ControlError> {
+        let mut c = Controls::from_username(user)?;
+        if plain {
+            let mut seen = Vec::new();
+            for (name, value) in headers {
+                if let Some(key) = name.as_str().strip_prefix(HEADER_PREFIX) {
+                    if seen.contains(&key) {
+                        return Err(ControlError::Twice(name.as_str().to_owned()));
+                    }
+                    seen.push(key);
+                    let value = value.to_str().map_err(|_| ControlError::Value {
+                        key: "header",
+                        value: name.as_str().to_owned(),
+                        expected: "a value in plain ASCII".to_owned(),
+                    })?;
+                    c.set(key, value)?;
+                }
+            }
+        }
+        Ok(c)
+    }
+}
+
+/// The filters asked for, as the username would spell them.
+pub(super) fn describe(c: &Controls) -> String {
+    let mut parts = Vec::new();
+    if !c.countries.is_empty() {
+        let list: Vec<&str> = c.countries.iter().map(|c| c.as_str()).collect();
+        parts.push(format!("country {}", list.join(",")));
+    }
+    if !c.schemes.is_empty() {
+        let list: Vec<&str> = c.schemes.iter().map(|s| s.as_str()).collect();
+        parts.push(format!("scheme {}", list.join(",")));
+    }
+    if let Some(a) = c.min_anonymity {
+        parts.push(format!("anonymity {a}"));
+    }
+    if let Some(ms) = c.max_latency_ms {
+        parts.push(format!("latency ≤ {ms} ms"));
+    }
+    if let Some(s) = &c.session {
+        parts.push(format!("session {s}"));
+    }
+    parts.join(", ")
 }
 
 #[cfg(test)]

@@ -4,9 +4,11 @@
 //! connects to a client's target itself and never looks inside TLS.
 
 mod controls;
+mod forward;
 mod head;
 mod http;
 mod metrics;
+mod rewrite;
 mod slots;
 mod socks;
 mod tunnel;

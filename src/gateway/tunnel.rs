@@ -19,8 +19,8 @@ use super::Gateway;
 use super::controls::Controls;
 use crate::model::Reason;
 use crate::model::UseVerdict;
-use crate::net::{self, DialOptions, Host, Target};
-use crate::pool::{Attempt, End, Lease, NoProxy, RateLimits, Rotation, Tried, Want};
+use crate::net::{DialOptions, Host, Target};
+use crate::pool::{Attempt, End, Lease, NoProxy, RateLimits, Rotation, Tried, Want, dial_failed};
 
 /// Proxies that answer but cannot reach a target before the gateway
 /// believes it cannot be reached.
@@ -195,25 +195,10 @@ impl Attempt for Dial<'_> {
             // The gateway never goes direct.
             return Ok(Tried::ended(UseVerdict::failed(Reason::ProtocolError)));
         };
-        Ok(
-            match net::dial(Some(lease.proxy()), self.target, &self.opts).await {
-                Ok(dialed) => Tried::answered(UseVerdict::Worked, dialed.stream, None),
-                // The proxy answered the handshake but would not or could
-                // not reach the target: the target's fault until others
-                // agree.
-                Err(Reason::BadStatus) => Tried::ended(UseVerdict::Unreached),
-                // Before the target was named: the proxy's own failure.
-                Err(
-                    reason @ (Reason::Refused
-                    | Reason::ConnectTimeout
-                    | Reason::Unreachable
-                    | Reason::ProxyAuthRequired),
-                ) => Tried::ended(UseVerdict::failed(reason)),
-                // Once the target was named: the proxy's, or the target's
-                // when others fail alike.
-                Err(reason) => Tried::failed_after_sending(reason),
-            },
-        )
+        Ok(match lease.dial(self.target, &self.opts).await {
+            Ok(dialed) => Tried::answered(UseVerdict::Worked, dialed.stream, None),
+            Err(e) => dial_failed(e, true),
+        })
     }
 
     async fn learnt(&mut self, lease: &Lease, verdict: UseVerdict) {

@@ -1,6 +1,7 @@
 //! The dialer: a TCP stream to `host:port`, directly or through an HTTP
 //! (forward or CONNECT), SOCKS4/4a or SOCKS5/5h proxy, with a timeout per
-//! phase and every failure mapped to a [`Reason`].
+//! phase and every failure a [`DialError`]: the stage it failed at and a
+//! [`Reason`].
 
 use std::borrow::Cow;
 use std::fmt;
@@ -145,6 +146,66 @@ pub struct Dialed {
     pub forward: bool,
 }
 
+/// Where a dial failed: who had been told what by then.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DialStage {
+    /// The TCP connect: to the proxy, or (direct) to the target. Nothing
+    /// was said yet.
+    Connect,
+    /// The proxy's handshake (CONNECT, SOCKS) once connected: the target
+    /// was named to the proxy.
+    Handshake,
+    /// TLS to the target over the dialed stream (set up by the caller,
+    /// which says so with [`DialError::tls`]).
+    Tls,
+}
+
+impl fmt::Display for DialStage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            DialStage::Connect => "connect",
+            DialStage::Handshake => "proxy handshake",
+            DialStage::Tls => "TLS handshake",
+        })
+    }
+}
+
+/// Why a dial failed: the stage and the reason.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{reason} at the {stage}")]
+pub struct DialError {
+    /// Where it failed.
+    pub stage: DialStage,
+    /// How.
+    pub reason: Reason,
+}
+
+impl DialError {
+    /// A failure of the TCP connect.
+    pub fn connect(reason: Reason) -> DialError {
+        DialError {
+            stage: DialStage::Connect,
+            reason,
+        }
+    }
+
+    /// A failure of the proxy's handshake.
+    pub fn handshake(reason: Reason) -> DialError {
+        DialError {
+            stage: DialStage::Handshake,
+            reason,
+        }
+    }
+
+    /// A failure of TLS over a dialed stream.
+    pub fn tls(reason: Reason) -> DialError {
+        DialError {
+            stage: DialStage::Tls,
+            reason,
+        }
+    }
+}
+
 /// Opens a stream to `target`: through `proxy` when given, otherwise
 /// directly (the host resolved here). Through a proxy, a domain target is
 /// never resolved locally: CONNECT, SOCKS4a and SOCKS5h send the name.
@@ -152,7 +213,7 @@ pub async fn dial(
     proxy: Option<&Proxy>,
     target: &Target,
     opts: &DialOptions,
-) -> Result<Dialed, Reason> {
+) -> Result<Dialed, DialError> {
     let Some(proxy) = proxy else {
         let stream = connect(opts.connect_timeout, async {
             match &target.host {
@@ -160,7 +221,8 @@ pub async fn dial(
                 Host::Domain(name) => TcpStream::connect((name.as_str(), target.port)).await,
             }
         })
-        .await?;
+        .await
+        .map_err(DialError::connect)?;
         return Ok(Dialed {
             stream,
             forward: false,
@@ -170,7 +232,8 @@ pub async fn dial(
         opts.connect_timeout,
         TcpStream::connect((proxy.host, proxy.port)),
     )
-    .await?;
+    .await
+    .map_err(DialError::connect)?;
     if proxy.scheme == Scheme::Http && opts.forward {
         return Ok(Dialed {
             stream,
@@ -188,10 +251,10 @@ pub async fn dial(
     };
     match tokio::time::timeout(opts.handshake_timeout, handshake).await {
         Ok(stream) => Ok(Dialed {
-            stream: stream?,
+            stream: stream.map_err(DialError::handshake)?,
             forward: false,
         }),
-        Err(_) => Err(Reason::Timeout),
+        Err(_) => Err(DialError::handshake(Reason::Timeout)),
     }
 }
 

@@ -13,8 +13,8 @@ pub mod tls;
 
 pub use accept::accept;
 pub use dial::{
-    DialOptions, Dialed, Host, InvalidHost, Target, dial, hyper_reason, io_reason,
-    proxy_authorization,
+    DialError, DialOptions, DialStage, Dialed, Host, InvalidHost, Target, dial, hyper_reason,
+    io_reason, proxy_authorization,
 };
 pub use headers::retry_after;
 pub use idle::{IdleConns, IdleLimits, Reusable};

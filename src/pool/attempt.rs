@@ -70,8 +70,18 @@ impl Pool {
                 status: None,
             }),
             End::Unreachable => Err(FetchError::Unreachable { attempts }),
-            // Only timeouts wait for others to agree: the site is silent.
-            End::Alike { .. } => Err(FetchError::SiteTimeout { attempts }),
+            // Timing out alike: the site is slow or silent.
+            End::Alike {
+                reason: Reason::Timeout,
+                ..
+            } => Err(FetchError::SiteTimeout { attempts }),
+            // Proxies failing alike on a tunnel to the target (reset,
+            // garbled): the target is the likely cause.
+            End::Alike { proxies, reason } => Err(FetchError::Exhausted {
+                attempts,
+                last: format!("{proxies} proxies failed alike ({reason}) on the way to the site"),
+                status: None,
+            }),
             End::RetryAfterTooLong(w) => Err(FetchError::RetryAfterTooLong(w)),
             End::Stopped(Stop::TooLarge) => Err(FetchError::TooLarge {
                 attempts,
@@ -123,7 +133,6 @@ impl Pool {
             user_agent: &self.inner.user_agent,
             headed: None,
         };
-        let proxy = lease.map(|l| (l.entry.id, &l.entry.proxy));
         let mut url = req.url.clone();
         let mut redirects = 0;
         loop {
@@ -140,7 +149,7 @@ impl Pool {
                 .inner
                 .shared
                 .client
-                .get(proxy, &url, limits, pacer)
+                .get(lease, &url, limits, pacer)
                 .await
             {
                 Ok(a) => a,
@@ -149,6 +158,7 @@ impl Pool {
                         p.answered(&url, None, None);
                     }
                     return match f {
+                        Failure::Dial(e) => Ok(super::dial_failed(e, lease.is_some())),
                         Failure::Proxy(r) => Ok(proxy_failed(r)),
                         Failure::BadEncoding => Ok(proxy_failed(Reason::ProtocolError)),
                         Failure::Unreached => Ok(Tried::ended(UseVerdict::Unreached)),

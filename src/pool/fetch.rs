@@ -22,11 +22,12 @@ use url::Url;
 
 use crate::model::Reason;
 use crate::net::{
-    self, DialOptions, IdleConns, IdleLimits, Reusable, hyper_reason, proxy_authorization,
+    self, DialError, DialOptions, IdleConns, IdleLimits, Reusable, hyper_reason,
+    proxy_authorization,
 };
 use crate::proxy::{Proxy, Scheme};
 
-use super::Pacer;
+use super::{Lease, Pacer};
 use crate::lock;
 
 /// Idle connections kept: two per (proxy, origin), 1024 in all, each for
@@ -67,11 +68,12 @@ pub(crate) struct Answer {
 /// Why a request got no answer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Failure {
-    /// The proxy (or, direct, the network) failed.
+    /// The dial (to the proxy, its handshake, TLS to the target) failed:
+    /// whose fault that is, [`super::dial_failed`] says.
+    Dial(DialError),
+    /// The proxy (or, direct, the network) failed once connected.
     Proxy(Reason),
-    /// The proxy spoke its protocol but would not or could not reach the
-    /// target (CONNECT refused, SOCKS host unreachable): a dead site or a
-    /// proxy rule, told apart by asking others.
+    /// The target is not a host a request can go to.
     Unreached,
     /// The body (or its decoding) is larger than the cap.
     TooLarge,
@@ -121,18 +123,19 @@ impl Client {
         }
     }
 
-    /// GETs `url` through `proxy` (`id` names it for keep-alive), or
-    /// directly when `proxy` is `None`, within `limits`. With a `pacer`,
+    /// GETs `url` through the leased proxy, or directly when `lease` is
+    /// `None`, within `limits`. With a `pacer`,
     /// the site's turn is taken once the connection is up: a proxy that
     /// refuses or never answers its handshake costs the site no turn.
     /// The wait for the turn counts against no limit.
     pub async fn get(
         &self,
-        proxy: Option<(i64, &Proxy)>,
+        lease: Option<&Lease>,
         url: &Url,
         limits: Limits<'_>,
         pacer: Option<&Arc<dyn Pacer>>,
     ) -> Result<Answer, Failure> {
+        let proxy = lease.map(|l| l.proxy());
         let https = url.scheme() == "https";
         let host = url
             .host_str()
@@ -141,17 +144,15 @@ impl Client {
             .port_or_known_default()
             .ok_or(Failure::Proxy(Reason::ProtocolError))?;
         let target = net::Target::new(host, port).map_err(|_| Failure::Unreached)?;
-        let key: Key = (proxy.map(|(id, _)| id), origin(url));
+        let key: Key = (lease.map(Lease::id), origin(url));
         let t0 = Instant::now();
         let mut conn: Conn = match self.idle.take(&key) {
             Some(idle) => (idle.sender, idle.tls, idle.forward, idle.mark, false),
             None => {
-                let c = tokio::time::timeout(
-                    limits.total,
-                    self.connect(proxy.map(|(_, p)| p), &target, https, limits),
-                )
-                .await
-                .map_err(|_| Failure::Proxy(Reason::Timeout))??;
+                let c =
+                    tokio::time::timeout(limits.total, self.connect(lease, &target, https, limits))
+                        .await
+                        .map_err(|_| Failure::Proxy(Reason::Timeout))??;
                 (c.0, c.1, c.2, c.3, true)
             }
         };
@@ -178,9 +179,7 @@ impl Client {
                     // one's fault, open a new one, once (the turn is still
                     // ours: the request got no answer).
                     Err(None) => {
-                        let c = self
-                            .connect(proxy.map(|(_, p)| p), &target, https, limits)
-                            .await?;
+                        let c = self.connect(lease, &target, https, limits).await?;
                         if let Some(p) = pacer {
                             c.3.arm(p.clone(), url.clone());
                         }
@@ -206,17 +205,11 @@ impl Client {
         key: Key,
         url: &Url,
         target: &net::Target,
-        proxy: Option<(i64, &Proxy)>,
+        proxy: Option<&Proxy>,
         limits: Limits<'_>,
     ) -> Result<Answer, Option<Failure>> {
         let (mut sender, tls, forward, mark, fresh) = conn;
-        let req = self.request(
-            url,
-            target,
-            forward,
-            proxy.map(|(_, p)| p),
-            limits.user_agent,
-        )?;
+        let req = self.request(url, target, forward, proxy, limits.user_agent)?;
         let sent = tokio::time::timeout(limits.first_byte, sender.send_request(req)).await;
         // Unfired (the request never left): the turn stays as granted.
         mark.disarm();
@@ -262,7 +255,7 @@ impl Client {
     /// A new connection ready for requests: dialed, TLS for https targets.
     async fn connect(
         &self,
-        proxy: Option<&Proxy>,
+        lease: Option<&Lease>,
         target: &net::Target,
         https: bool,
         limits: Limits<'_>,
@@ -272,14 +265,11 @@ impl Client {
             handshake_timeout: limits.first_byte,
             forward: !https,
         };
-        let dialed = net::dial(proxy, target, &opts).await.map_err(|r| match r {
-            // A CONNECT answered with an error status or a SOCKS failure
-            // reply: the proxy works but did not reach the target.
-            Reason::BadStatus if proxy.is_some() => Failure::Unreached,
-            // Direct: the target itself is unreachable.
-            r if proxy.is_none() && r.unreachable() => Failure::Unreached,
-            r => Failure::Proxy(r),
-        })?;
+        let dialed = match lease {
+            Some(l) => l.dial(target, &opts).await,
+            None => net::dial(None, target, &opts).await,
+        }
+        .map_err(Failure::Dial)?;
         let mark = SendMark::default();
         let stream = Marked {
             inner: dialed.stream,
@@ -295,8 +285,8 @@ impl Client {
                 net::tls::connect(&self.tls, &name, stream),
             )
             .await
-            .map_err(|_| Failure::Proxy(Reason::Timeout))?
-            .map_err(Failure::Proxy)?;
+            .map_err(|_| Failure::Dial(DialError::tls(Reason::Timeout)))?
+            .map_err(|r| Failure::Dial(DialError::tls(r)))?;
             Ok((handshake(tls).await?, true, false, mark))
         } else {
             let forward = dialed.forward;

@@ -19,10 +19,13 @@
 
 mod attempt;
 mod classify;
+mod dial;
 mod fetch;
 mod learn;
 mod refresh;
 mod rotate;
+#[cfg(test)]
+mod rotate_tests;
 #[cfg(test)]
 mod rotation_props;
 mod select;
@@ -34,6 +37,7 @@ pub use select::Shortage;
 pub use strategy::StrategyKind;
 pub use verify::{Verifier, VerifyError};
 
+pub(crate) use dial::dial_failed;
 pub(crate) use rotate::{Answered, Attempt, End, RateLimits, Rotated, Rotation, Tried};
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};

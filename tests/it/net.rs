@@ -1,6 +1,6 @@
 //! The dialer against real loopback proxies of every kind: what reaches the
 //! proxy (names unresolved, credentials), whether bytes cross the tunnel,
-//! and the reason a caller gets for each way a proxy fails.
+//! and the stage and reason a caller gets for each way a proxy fails.
 
 use crate::common;
 
@@ -13,7 +13,7 @@ use common::fakes::{
 };
 use common::judges::{Judge, JudgeEcho};
 use proxywarden::model::Reason;
-use proxywarden::net::{self, DialOptions, Target, dial};
+use proxywarden::net::{self, DialError, DialOptions, Target, dial};
 use proxywarden::proxy::{Credentials, Proxy, Scheme};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
@@ -146,7 +146,11 @@ async fn connect_without_or_with_wrong_credentials_is_proxy_auth_required() {
         for auth in [None, Some(("alice", "wrong"))] {
             let p = proxy(Scheme::Http, http.addr(), auth);
             let r = dial(Some(&p), &target, &tunnel()).await;
-            assert_eq!(r.err(), Some(Reason::ProxyAuthRequired), "auth {auth:?}");
+            assert_eq!(
+                r.err().map(|e| e.reason),
+                Some(Reason::ProxyAuthRequired),
+                "auth {auth:?}"
+            );
         }
     })
     .await;
@@ -169,7 +173,11 @@ async fn connect_answered_with_an_error_status_is_bad_status() {
             let http = FakeHttpProxy::start(opts.clone()).await;
             let p = proxy(Scheme::Http, http.addr(), None);
             let r = dial(Some(&p), &target, &tunnel()).await;
-            assert_eq!(r.err(), Some(Reason::BadStatus), "{opts:?}");
+            assert_eq!(
+                r.err(),
+                Some(DialError::handshake(Reason::BadStatus)),
+                "{opts:?}"
+            );
         }
     })
     .await;
@@ -192,7 +200,7 @@ async fn socks4_sends_the_username_as_its_user_id() {
         // ID included, so it cannot read as an authentication failure.
         let p = proxy(Scheme::Socks4, socks.addr(), Some(("bob", "")));
         let r = dial(Some(&p), &target, &tunnel()).await;
-        assert_eq!(r.err(), Some(Reason::BadStatus));
+        assert_eq!(r.err().map(|e| e.reason), Some(Reason::BadStatus));
     })
     .await;
 }
@@ -216,7 +224,11 @@ async fn socks5_password_auth_passes_with_the_right_password_only() {
         for auth in [Some(("alice", "wrong")), None] {
             let p = proxy(Scheme::Socks5, socks.addr(), auth);
             let r = dial(Some(&p), &target, &tunnel()).await;
-            assert_eq!(r.err(), Some(Reason::ProxyAuthRequired), "auth {auth:?}");
+            assert_eq!(
+                r.err().map(|e| e.reason),
+                Some(Reason::ProxyAuthRequired),
+                "auth {auth:?}"
+            );
         }
     })
     .await;
@@ -234,7 +246,12 @@ async fn socks_failure_replies_are_bad_status() {
             proxy(Scheme::Socks5, socks5.addr(), None),
         ] {
             let r = dial(Some(&p), &target, &tunnel()).await;
-            assert_eq!(r.err(), Some(Reason::BadStatus), "{:?}", p.scheme);
+            assert_eq!(
+                r.err().map(|e| e.reason),
+                Some(Reason::BadStatus),
+                "{:?}",
+                p.scheme
+            );
         }
     })
     .await;
@@ -268,10 +285,14 @@ async fn a_closed_port_is_refused() {
         for scheme in [Scheme::Http, Scheme::Socks4, Scheme::Socks5] {
             let p = proxy(scheme, closed.addr(), None);
             let r = dial(Some(&p), &target, &tunnel()).await;
-            assert_eq!(r.err(), Some(Reason::Refused), "{scheme:?}");
+            assert_eq!(
+                r.err(),
+                Some(DialError::connect(Reason::Refused)),
+                "{scheme:?}"
+            );
         }
         let r = dial(None, &Target::from(closed.addr()), &tunnel()).await;
-        assert_eq!(r.err(), Some(Reason::Refused), "direct");
+        assert_eq!(r.err(), Some(DialError::connect(Reason::Refused)), "direct");
     })
     .await;
 }
@@ -381,7 +402,12 @@ async fn a_proxy_that_never_answers_hits_the_handshake_timeout() {
             let start = Instant::now();
             let r = dial(Some(p), &target, &opts).await;
             let took = start.elapsed();
-            assert_eq!(r.err(), Some(Reason::Timeout), "{:?}", p.scheme);
+            assert_eq!(
+                r.err(),
+                Some(DialError::handshake(Reason::Timeout)),
+                "{:?}",
+                p.scheme
+            );
             // The other timeouts are 2 s: well before that, it was this one.
             assert!(
                 took >= HANDSHAKE && took < HANDSHAKE * 5,
@@ -401,7 +427,12 @@ async fn a_garbage_reply_is_a_protocol_error() {
         let each = OneOfEach::start(Behavior::Garbage, SocksBehavior::Garbage).await;
         for p in &each.proxies {
             let r = dial(Some(p), &target, &tunnel()).await;
-            assert_eq!(r.err(), Some(Reason::ProtocolError), "{:?}", p.scheme);
+            assert_eq!(
+                r.err().map(|e| e.reason),
+                Some(Reason::ProtocolError),
+                "{:?}",
+                p.scheme
+            );
         }
     })
     .await;
@@ -419,7 +450,7 @@ async fn a_reset_during_connect_is_reset() {
         .await;
         let p = proxy(Scheme::Http, http.addr(), None);
         let r = dial(Some(&p), &Target::from(echo.addr()), &tunnel()).await;
-        assert_eq!(r.err(), Some(Reason::Reset));
+        assert_eq!(r.err().map(|e| e.reason), Some(Reason::Reset));
     })
     .await;
 }
