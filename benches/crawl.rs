@@ -62,8 +62,11 @@ const MEASURE_ARG: &str = "--measure";
 static IN_FLIGHT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 const FARM_ARG: &str = "--serve-farm";
 const VERSUS_ARG: &str = "versus";
-/// The floor's role: `--floor DELAY_MS CYCLES`.
+/// The floor's role: `--floor DELAY_MS CYCLES [--process]`.
 const FLOOR_ARG: &str = "--floor";
+/// The floor measured as the polite pass measures the crawl: on a
+/// multi-thread runtime, the CPU of the whole process.
+const FLOOR_PROCESS_ARG: &str = "--process";
 /// Older builds `versus` compares with: `NAME=PATH`, comma-separated.
 const OLD_BIN_ENV: &str = "BENCH_OLD_BIN";
 
@@ -149,7 +152,12 @@ fn main() -> ExitCode {
     if let Some(i) = args.iter().position(|a| a == FLOOR_ARG) {
         let arg = |k: usize| args.get(i + k).and_then(|v| v.parse::<u64>().ok());
         let cycles = arg(2).and_then(|c| u32::try_from(c).ok()).unwrap_or(80);
-        floor(Duration::from_millis(arg(1).unwrap_or(250)), cycles);
+        let process = args.iter().any(|a| a == FLOOR_PROCESS_ARG);
+        floor(
+            Duration::from_millis(arg(1).unwrap_or(250)),
+            cycles,
+            process,
+        );
         return ExitCode::SUCCESS;
     }
     if args.iter().any(|a| a == VERSUS_ARG) {
@@ -167,7 +175,14 @@ fn main() -> ExitCode {
         };
     }
     let exe = std::env::current_exe().expect("current exe");
-    let only = std::env::var("CRAWL_BENCH_PASS").ok();
+    // `cargo bench --bench crawl -- polite` runs that pass alone, as
+    // CRAWL_BENCH_PASS=polite does.
+    let only = std::env::var("CRAWL_BENCH_PASS").ok().or_else(|| {
+        args.iter()
+            .skip(1)
+            .find(|a| PASSES.iter().any(|p| p.name == a.as_str()))
+            .cloned()
+    });
     let mut failed = false;
     for pass in PASSES {
         if only.as_deref().is_some_and(|o| o != pass.name) {
@@ -499,6 +514,24 @@ fn measure(pass: Pass) {
                 1.2 * ideal,
                 1.0 / delay + 1.0
             );
+            // The floor wakes as often as the crawl fetched pages, measured
+            // as the crawl is: the ratio is what the crawler adds to waiting.
+            let cycles = std::env::var("CRAWL_BENCH_FLOOR_CYCLES")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(u32::try_from(pages).unwrap_or(u32::MAX).max(1));
+            match floor_child(Duration::from_secs_f64(delay), cycles, true) {
+                Ok(floor) => {
+                    let per_page = cpu.as_secs_f64() * 1000.0 / pages.max(1) as f64;
+                    println!(
+                        "[polite] floor: {floor:.3} ms CPU per wake-up of a bare task ({cycles} sleeps of \
+                         {delay} s, one keep-alive request and one output line each, same runtime and \
+                         CPU count as the crawl); crawl ÷ floor {:.2}× (target ≤ 2×)",
+                        per_page / floor
+                    );
+                }
+                Err(e) => println!("[polite] floor failed: {e:#}"),
+            }
         }
         "throughput" => {
             let ideal = pass.pages as f64 * pass.latency.as_secs_f64() / pass.concurrency as f64;
@@ -649,14 +682,22 @@ fn floor_run(delay: Duration) -> anyhow::Result<f64> {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(80);
-    let out = Command::new(std::env::current_exe()?)
-        .args([
-            FLOOR_ARG,
-            &delay.as_millis().to_string(),
-            &cycles.to_string(),
-        ])
-        .stdin(Stdio::null())
-        .output()?;
+    floor_child(delay, cycles, false)
+}
+
+/// Runs the floor in a child for `cycles` wake-ups (`process`: measured as
+/// the crawl is) and returns its CPU per wake-up, in milliseconds.
+fn floor_child(delay: Duration, cycles: u32, process: bool) -> anyhow::Result<f64> {
+    let mut cmd = Command::new(std::env::current_exe()?);
+    cmd.args([
+        FLOOR_ARG,
+        &delay.as_millis().to_string(),
+        &cycles.to_string(),
+    ]);
+    if process {
+        cmd.arg(FLOOR_PROCESS_ARG);
+    }
+    let out = cmd.stdin(Stdio::null()).output()?;
     anyhow::ensure!(
         out.status.success(),
         "the floor failed: {}",
@@ -674,19 +715,24 @@ fn floor_run(delay: Duration) -> anyhow::Result<f64> {
 /// appends a line to a file, with nothing else to do. Prints the CPU of
 /// that thread (user + system, `RUSAGE_THREAD`) per wake-up, in
 /// milliseconds. The answering server is another thread, not counted.
-fn floor(delay: Duration, cycles: u32) {
+///
+/// With `process`, the loop is a task on a multi-thread runtime (as the
+/// polite pass runs the crawl) and the CPU is the whole process's less the
+/// server thread's own.
+fn floor(delay: Duration, cycles: u32, process: bool) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     let addr = listener.local_addr().expect("address");
-    std::thread::spawn(move || {
+    let server = std::thread::spawn(move || {
         use std::io::Read;
+        let server_cpu = || rusage_cpu(nix::sys::resource::UsageWho::RUSAGE_THREAD);
         let Ok((mut s, _)) = listener.accept() else {
-            return;
+            return server_cpu();
         };
         let mut buf = [0u8; 4096];
         while let Ok(n) = s.read(&mut buf) {
             if n == 0 {
-                return;
+                return server_cpu();
             }
             let body = "<html><body><a href=\"/p/1\">1</a></body></html>";
             let head = format!(
@@ -694,11 +740,31 @@ fn floor(delay: Duration, cycles: u32) {
                 body.len()
             );
             if s.write_all(format!("{head}{body}").as_bytes()).is_err() {
-                return;
+                return server_cpu();
             }
         }
+        server_cpu()
     });
     let dir = tempfile::tempdir().expect("temp dir");
+    if process {
+        let rt = tokio::runtime::Runtime::new().expect("runtime");
+        let cpu0 = cpu_time();
+        rt.block_on(async move {
+            let conn = tokio::net::TcpStream::connect(addr).await.expect("connect");
+            let out = std::fs::File::create(dir.path().join("out.jsonl")).expect("output");
+            tokio::spawn(floor_loop(conn, out, delay, cycles))
+                .await
+                .expect("the floor's task");
+        });
+        let server = server.join().expect("the floor's server");
+        let cpu = cpu_time().saturating_sub(cpu0).saturating_sub(server);
+        rt.shutdown_background();
+        println!(
+            "{:.4}",
+            cpu.as_secs_f64() * 1000.0 / f64::from(cycles.max(1))
+        );
+        return;
+    }
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -720,6 +786,26 @@ fn floor(delay: Duration, cycles: u32) {
         (thread_cpu() - cpu0).as_secs_f64() * 1000.0 / f64::from(cycles.max(1))
     });
     println!("{per:.4}");
+}
+
+/// The floor's loop measured as a whole process: wakes every `delay`,
+/// one request on `conn`, one line to `out`; closes `conn` at the end.
+async fn floor_loop(
+    mut conn: tokio::net::TcpStream,
+    mut out: std::fs::File,
+    delay: Duration,
+    cycles: u32,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf = vec![0u8; 8192];
+    for i in 0..cycles {
+        tokio::time::sleep(delay).await;
+        conn.write_all(b"GET /p/0 HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n")
+            .await
+            .expect("request");
+        let n = conn.read(&mut buf).await.expect("answer");
+        writeln!(out, "{{\"page\":{i},\"bytes\":{n}}}").expect("line");
+    }
 }
 
 /// A fresh farm and database for contender `c`, then its measured crawl.

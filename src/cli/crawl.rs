@@ -232,7 +232,7 @@ pub(super) async fn run(config_path: Option<&Path>, args: CrawlArgs) -> anyhow::
     use crate::crawl::Progress;
     use crate::pool::Pool;
 
-    let args = resume_args(args)?;
+    let args = resume_args(args).await?;
     let (config, _) = load(config_path)?;
     let Validated {
         crawl: options,
@@ -252,8 +252,10 @@ pub(super) async fn run(config_path: Option<&Path>, args: CrawlArgs) -> anyhow::
     {
         // Kept so that `crawl --state FILE` alone resumes with these options.
         let argv: Vec<String> = std::env::args().collect();
-        let mut f = crate::crawl::frontier::Frontier::open(Some(state))?;
-        f.set_meta(CRAWL_ARGV, &serde_json::to_string(&argv)?)?;
+        let mut f = crate::crawl::frontier::Frontier::open(Some(state)).await?;
+        f.set_meta(CRAWL_ARGV, &serde_json::to_string(&argv)?)
+            .await?;
+        f.close().await;
     }
     if let Some(dir) = &args.bodies {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
@@ -310,7 +312,7 @@ pub(super) async fn run(config_path: Option<&Path>, args: CrawlArgs) -> anyhow::
 
 /// With no URL, a `--state` file's stored command line, followed by this
 /// one's options (which win).
-fn resume_args(args: CrawlArgs) -> anyhow::Result<CrawlArgs> {
+async fn resume_args(args: CrawlArgs) -> anyhow::Result<CrawlArgs> {
     let Some(state) = args
         .state
         .as_ref()
@@ -318,8 +320,10 @@ fn resume_args(args: CrawlArgs) -> anyhow::Result<CrawlArgs> {
     else {
         return Ok(args);
     };
-    let f = crate::crawl::frontier::Frontier::open(Some(state))?;
-    let Some(stored) = f.meta(CRAWL_ARGV)? else {
+    let mut f = crate::crawl::frontier::Frontier::open(Some(state)).await?;
+    let stored = f.meta(CRAWL_ARGV).await?;
+    f.close().await;
+    let Some(stored) = stored else {
         return Ok(args);
     };
     let mut argv: Vec<String> =

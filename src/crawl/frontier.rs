@@ -39,7 +39,7 @@ pub struct Frontier {
 impl Frontier {
     /// The frontier of the crawl state at `path` (created if needed), or
     /// of a temporary state removed when the frontier is dropped.
-    pub fn open(path: Option<&Path>) -> Result<Frontier, FrontierError> {
+    pub async fn open(path: Option<&Path>) -> Result<Frontier, FrontierError> {
         let (path, temp) = match path {
             Some(p) => (p.to_path_buf(), None),
             None => {
@@ -54,19 +54,33 @@ impl Frontier {
             path: path.display().to_string(),
             source,
         };
-        let state = Store::open(&path)
-            .and_then(|s| s.frontier(STANDALONE))
+        // Opening migrates the file: blocking work, off the async workers.
+        let opened = path.clone();
+        let store = tokio::task::spawn_blocking(move || Store::open(&opened))
+            .await
+            .map_err(|_| err(StoreError::Cancelled))?
             .map_err(err)?;
+        let state = store.frontier(STANDALONE).await.map_err(err)?;
         Ok(Frontier { state, _temp: temp })
     }
 
     /// Job `job`'s frontier in `store`.
-    pub fn of_job(store: &Store, job: i64) -> Result<Frontier, FrontierError> {
-        let state = store.frontier(job).map_err(|source| FrontierError::Store {
-            path: format!("{} (crawl job {job})", store.path().display()),
-            source,
-        })?;
+    pub async fn of_job(store: &Store, job: i64) -> Result<Frontier, FrontierError> {
+        let state = store
+            .frontier(job)
+            .await
+            .map_err(|source| FrontierError::Store {
+                path: format!("{} (crawl job {job})", store.path().display()),
+                source,
+            })?;
         Ok(Frontier { state, _temp: None })
+    }
+
+    /// Closes the frontier's connection, then removes its temporary
+    /// database, if any.
+    pub async fn close(self) {
+        let Frontier { state, _temp } = self;
+        state.close().await;
     }
 }
 
@@ -88,9 +102,9 @@ impl DerefMut for Frontier {
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_temporary_frontier_removes_its_files() {
-        let mut f = Frontier::open(None).unwrap();
+    #[tokio::test]
+    async fn a_temporary_frontier_removes_its_files() {
+        let mut f = Frontier::open(None).await.unwrap();
         let dir = f._temp.as_ref().unwrap().path().to_path_buf();
         f.add(&[NewUrl {
             url: "http://h/".into(),
@@ -98,21 +112,21 @@ mod tests {
             depth: 0,
             parent: None,
         }])
+        .await
         .unwrap();
         assert!(dir.join("crawl.db").exists());
-        drop(f);
+        f.close().await;
         assert!(!dir.exists());
     }
 
-    #[test]
-    fn a_state_file_resumes_its_crawl() {
+    #[tokio::test]
+    async fn a_state_file_resumes_its_crawl() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("crawl.db");
-        Frontier::open(Some(&path))
-            .unwrap()
-            .set_meta("argv", "[]")
-            .unwrap();
-        let f = Frontier::open(Some(&path)).unwrap();
-        assert_eq!(f.meta("argv").unwrap().as_deref(), Some("[]"));
+        let mut f = Frontier::open(Some(&path)).await.unwrap();
+        f.set_meta("argv", "[]").await.unwrap();
+        f.close().await;
+        let mut f = Frontier::open(Some(&path)).await.unwrap();
+        assert_eq!(f.meta("argv").await.unwrap().as_deref(), Some("[]"));
     }
 }

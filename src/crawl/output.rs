@@ -2,7 +2,8 @@
 //! pages also to `failed.jsonl` beside the output file, and bodies by hash.
 //! Lines of a batch of pages are written whole just before the batch's
 //! commit, which records the lengths written; a resumed crawl cuts the
-//! files back to them, so no line is ever doubled or torn.
+//! files back to them, so no line is ever doubled or torn. Lines wait in
+//! memory and are written on the blocking pool, never from an async worker.
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
@@ -14,10 +15,12 @@ pub const OUT_LEN: &str = "output_len";
 pub const FAILED_LEN: &str = "failed_len";
 
 enum Target {
-    Stdout,
-    /// A file created at its first line, so that a crawl where nothing
-    /// failed leaves no empty `failed.jsonl`.
-    Unopened(PathBuf),
+    /// With the lines not yet written.
+    Stdout(Vec<u8>),
+    /// A file created when its first line is written, so that a crawl
+    /// where nothing failed leaves no empty `failed.jsonl`; with the lines
+    /// not yet written.
+    Unopened(PathBuf, Vec<u8>),
     /// `len` counts the bytes in `pending` too.
     File {
         file: File,
@@ -51,39 +54,58 @@ impl Target {
         Ok(t)
     }
 
-    fn line(&mut self, line: &[u8]) -> io::Result<()> {
-        if let Target::Unopened(path) = self {
-            *self = Target::open(path, None)?;
-        }
+    /// Queues `line` for the next [`Target::flush`]; no I/O.
+    fn line(&mut self, line: &[u8]) {
         match self {
-            Target::Unopened(_) => unreachable!("opened above"),
-            Target::Stdout => {
-                let mut out = io::stdout().lock();
-                out.write_all(line)?;
-                out.flush()
+            Target::Stdout(pending) | Target::Unopened(_, pending) => {
+                pending.extend_from_slice(line)
             }
             Target::File { len, pending, .. } => {
                 pending.extend_from_slice(line);
                 *len += line.len() as u64;
-                Ok(())
             }
         }
     }
 
+    /// True when lines wait to be written.
+    fn pending(&self) -> bool {
+        match self {
+            Target::Stdout(p) | Target::Unopened(_, p) | Target::File { pending: p, .. } => {
+                !p.is_empty()
+            }
+        }
+    }
+
+    /// Writes the queued lines (creating the file first if need be).
+    /// Blocks.
     fn flush(&mut self) -> io::Result<()> {
-        if let Target::File { file, pending, .. } = self
+        if let Target::Unopened(path, pending) = self
             && !pending.is_empty()
         {
-            file.write_all(pending)?;
-            pending.clear();
+            let lines = std::mem::take(pending);
+            *self = Target::open(path, None)?;
+            self.line(&lines);
         }
-        Ok(())
+        match self {
+            Target::Stdout(pending) if !pending.is_empty() => {
+                let mut out = io::stdout().lock();
+                out.write_all(pending)?;
+                pending.clear();
+                out.flush()
+            }
+            Target::File { file, pending, .. } if !pending.is_empty() => {
+                file.write_all(pending)?;
+                pending.clear();
+                Ok(())
+            }
+            _ => Ok(()),
+        }
     }
 
     fn len(&self) -> Option<u64> {
         match self {
-            Target::Stdout => None,
-            Target::Unopened(_) => Some(0),
+            Target::Stdout(_) => None,
+            Target::Unopened(_, pending) => Some(pending.len() as u64),
             Target::File { len, .. } => Some(*len),
         }
     }
@@ -107,15 +129,27 @@ impl std::fmt::Debug for Sink {
 impl Sink {
     /// Pages to `output` (stdout when `None`) and failed pages also to
     /// `failed.jsonl` beside it, each cut back to its committed length when
-    /// resuming (`None`: start afresh).
-    pub fn open(
+    /// resuming (`None`: start afresh). The files are opened on the
+    /// blocking pool.
+    pub async fn open(
+        output: Option<PathBuf>,
+        out_len: Option<u64>,
+        failed_len: Option<u64>,
+    ) -> io::Result<Sink> {
+        tokio::task::spawn_blocking(move || Sink::open_here(output.as_deref(), out_len, failed_len))
+            .await
+            .map_err(io::Error::other)?
+    }
+
+    /// [`Sink::open`] on this thread. Blocks.
+    fn open_here(
         output: Option<&Path>,
         out_len: Option<u64>,
         failed_len: Option<u64>,
     ) -> io::Result<Sink> {
         let Some(path) = output else {
             return Ok(Sink {
-                out: Target::Stdout,
+                out: Target::Stdout(Vec::new()),
                 failed: None,
                 failed_path: None,
             });
@@ -131,7 +165,7 @@ impl Sink {
                     Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
                     _ => {}
                 }
-                Target::Unopened(failed_path.clone())
+                Target::Unopened(failed_path.clone(), Vec::new())
             }
         };
         Ok(Sink {
@@ -142,24 +176,41 @@ impl Sink {
     }
 
     /// Queues a page's line (and, when it failed, to `failed.jsonl`) for
-    /// the next [`Sink::flush`]; stdout gets it at once.
+    /// the next [`Sink::flush`].
     pub fn page(&mut self, line: &serde_json::Value, failed: bool) -> io::Result<()> {
         let mut bytes = serde_json::to_vec(line).map_err(io::Error::other)?;
         bytes.push(b'\n');
-        self.out.line(&bytes)?;
+        self.out.line(&bytes);
         if failed && let Some(f) = &mut self.failed {
-            f.line(&bytes)?;
+            f.line(&bytes);
         }
         Ok(())
     }
 
-    /// Writes the queued lines, before the commit of their pages.
-    pub fn flush(&mut self) -> io::Result<()> {
-        self.out.flush()?;
-        if let Some(f) = &mut self.failed {
-            f.flush()?;
+    /// Writes the queued lines, before the commit of their pages, on the
+    /// blocking pool.
+    pub async fn flush(&mut self) -> io::Result<()> {
+        if !self.out.pending() && !self.failed.as_ref().is_some_and(Target::pending) {
+            return Ok(());
         }
-        Ok(())
+        let mut out = std::mem::replace(&mut self.out, Target::Stdout(Vec::new()));
+        let mut failed = self.failed.take();
+        let (out, failed, written) = tokio::task::spawn_blocking(move || {
+            let mut write = || -> io::Result<()> {
+                out.flush()?;
+                if let Some(f) = &mut failed {
+                    f.flush()?;
+                }
+                Ok(())
+            };
+            let written = write();
+            (out, failed, written)
+        })
+        .await
+        .map_err(io::Error::other)?;
+        self.out = out;
+        self.failed = failed;
+        written
     }
 
     /// The lengths to commit with the pages written.
@@ -197,47 +248,49 @@ pub async fn store_body(dir: &Path, sha256: &str, body: &[u8]) -> io::Result<()>
 mod tests {
     use super::*;
 
-    #[test]
-    fn failed_jsonl_comes_only_with_a_failed_page() {
+    #[tokio::test]
+    async fn failed_jsonl_comes_only_with_a_failed_page() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("pages.jsonl");
         let failed = dir.path().join("failed.jsonl");
-        let mut sink = Sink::open(Some(&path), None, None).unwrap();
+        let mut sink = Sink::open(Some(path.clone()), None, None).await.unwrap();
         sink.page(&serde_json::json!({"url": "a"}), false).unwrap();
-        sink.flush().unwrap();
+        sink.flush().await.unwrap();
         drop(sink);
         assert!(!failed.exists(), "an empty failed.jsonl was created");
-        let mut sink = Sink::open(Some(&path), None, None).unwrap();
+        let mut sink = Sink::open(Some(path.clone()), None, None).await.unwrap();
         sink.page(&serde_json::json!({"url": "b", "error": "x"}), true)
             .unwrap();
-        sink.flush().unwrap();
+        sink.flush().await.unwrap();
         assert_eq!(std::fs::read_to_string(&failed).unwrap().lines().count(), 1);
     }
 
-    #[test]
-    fn resumed_outputs_are_cut_back_to_the_committed_length() {
+    #[tokio::test]
+    async fn resumed_outputs_are_cut_back_to_the_committed_length() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("pages.jsonl");
-        let mut sink = Sink::open(Some(&path), None, None).unwrap();
+        let mut sink = Sink::open(Some(path.clone()), None, None).await.unwrap();
         sink.page(&serde_json::json!({"url": "a"}), false).unwrap();
         let committed = sink.offsets();
         sink.page(&serde_json::json!({"url": "b", "error": "x"}), true)
             .unwrap();
-        sink.flush().unwrap();
+        sink.flush().await.unwrap();
         drop(sink);
         assert_eq!(std::fs::read_to_string(&path).unwrap().lines().count(), 2);
         let out_len = committed[0].1.parse().unwrap();
         let failed_len = committed[1].1.parse().unwrap();
-        let mut sink = Sink::open(Some(&path), Some(out_len), Some(failed_len)).unwrap();
+        let mut sink = Sink::open(Some(path.clone()), Some(out_len), Some(failed_len))
+            .await
+            .unwrap();
         sink.page(&serde_json::json!({"url": "c"}), false).unwrap();
-        sink.flush().unwrap();
+        sink.flush().await.unwrap();
         drop(sink);
         let text = std::fs::read_to_string(&path).unwrap();
         assert_eq!(text, "{\"url\":\"a\"}\n{\"url\":\"c\"}\n");
         // Nothing failed was committed: no failed.jsonl, not an empty one.
         assert!(!dir.path().join("failed.jsonl").exists());
         // Afresh: replaced.
-        let sink = Sink::open(Some(&path), None, None).unwrap();
+        let sink = Sink::open(Some(path.clone()), None, None).await.unwrap();
         drop(sink);
         assert_eq!(std::fs::read_to_string(&path).unwrap(), "");
     }

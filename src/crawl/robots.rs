@@ -11,6 +11,8 @@ use std::time::Duration;
 use texting_robots::Robot;
 use tokio::time::Instant;
 
+use crate::pool::{FetchError, Page};
+
 /// Hosts whose rules are kept.
 pub const MAX_HOSTS: usize = 10_000;
 /// How long a host's rules hold before they are read again.
@@ -61,6 +63,39 @@ impl RobotsCache {
     }
 }
 
+pub(super) enum RobotsOutcome {
+    Parsed(Robot),
+    AllowAll,
+    /// Why not.
+    Unavailable(String),
+    /// No proxy could carry the request: says nothing of the site.
+    NoProxy(FetchError),
+}
+
+/// What a robots.txt fetch means: 2xx parsed, 4xx allow all, anything else
+/// (5xx, no answer) disallow for now.
+pub(super) fn robots_outcome(result: Result<Page, FetchError>, agent: &str) -> RobotsOutcome {
+    match result {
+        Ok(p) if p.status().is_success() => match Robot::new(agent, p.body()) {
+            Ok(r) => RobotsOutcome::Parsed(r),
+            Err(_) => RobotsOutcome::AllowAll,
+        },
+        Ok(p) if p.status().is_client_error() => RobotsOutcome::AllowAll,
+        Err(FetchError::Exhausted {
+            status: Some(s), ..
+        }) if (400..500).contains(&s) && s != 429 => RobotsOutcome::AllowAll,
+        Ok(p) => RobotsOutcome::Unavailable(format!("http {}", p.status().as_u16())),
+        Err(e @ FetchError::NoProxy { .. }) => RobotsOutcome::NoProxy(e),
+        Err(e) => RobotsOutcome::Unavailable(e.to_string()),
+    }
+}
+
+/// The product token of a user agent (`proxywarden` of
+/// `proxywarden/0.1 (+url)`): what robots.txt groups name.
+pub(super) fn robots_agent(ua: &str) -> String {
+    ua.split(['/', ' ']).next().unwrap_or(ua).to_owned()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -88,5 +123,14 @@ mod tests {
         let before = c.len();
         c.insert("new", None);
         assert_eq!(c.len(), before);
+    }
+
+    #[test]
+    fn the_robots_agent_is_the_product_token() {
+        assert_eq!(
+            robots_agent("proxywarden/0.1.0 (+https://x)"),
+            "proxywarden"
+        );
+        assert_eq!(robots_agent("MyBot"), "MyBot");
     }
 }

@@ -265,12 +265,13 @@ impl Summary {
 /// one's up to its last commit, whether it ended or died), now kept as
 /// "before" with this run's counts at zero. `None` for a frontier resumed
 /// from a version that kept no counts.
-pub(crate) fn start_run(
+pub(crate) async fn start_run(
     frontier: &mut crate::store::Frontier,
     resumed: bool,
 ) -> Result<Option<RunCounts>, crate::store::StoreError> {
     let kept: Option<KeptCounts> = frontier
-        .meta(COUNTS_META)?
+        .meta(COUNTS_META)
+        .await?
         .and_then(|v| serde_json::from_str(&v).ok());
     if kept.is_none() && resumed {
         return Ok(None);
@@ -278,9 +279,11 @@ pub(crate) fn start_run(
     let mut before = kept.unwrap_or_default();
     let run = std::mem::take(&mut before.run);
     before.before.add(&run);
-    frontier.set_meta(
-        COUNTS_META,
-        &serde_json::to_string(&before).unwrap_or_default(),
-    )?;
+    frontier
+        .set_meta(
+            COUNTS_META,
+            &serde_json::to_string(&before).unwrap_or_default(),
+        )
+        .await?;
     Ok(Some(before.before))
 }

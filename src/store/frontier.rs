@@ -1,12 +1,13 @@
 //! Crawl frontiers: every URL a crawl has seen, its depth, parent and
 //! state, and the crawl's settings and output lengths, keyed by job.
-//! A crawl's loop works its frontier from a thread of its own that may
-//! block, through a [`Frontier`] holding its own connection; finished
-//! pages are committed in small batches (what the crawler handled in one
-//! turn of its loop), so a crawl of millions of URLs keeps only queue
-//! heads in memory and resumes after `kill -9`.
+//! A crawl's loop works its frontier through a [`Frontier`] holding its own
+//! connection, with async calls on both backends (on SQLite the connection
+//! lives on a thread of its own that takes the calls); finished pages are
+//! committed in small batches (what the crawler handled in one turn of its
+//! loop), so a crawl of millions of URLs keeps only queue heads in memory
+//! and resumes after `kill -9`.
 
-use super::{Store, StoreError, dispatch};
+use super::{Store, StoreError};
 use super::{postgres, sqlite};
 
 /// A URL's state.
@@ -53,15 +54,19 @@ pub struct NewUrl {
 
 impl Store {
     /// Job `job`'s crawl frontier (empty when it has none yet), on a
-    /// connection of its own. Blocks: call it from a thread that may.
-    pub fn frontier(&self, job: i64) -> Result<Frontier, StoreError> {
-        dispatch!(self.frontier(job), sync)
+    /// connection of its own.
+    pub async fn frontier(&self, job: i64) -> Result<Frontier, StoreError> {
+        // A frontier's failures are the crawl's to report, not a sign of
+        // the store's health: not observed.
+        match &self.backend {
+            super::Backend::Sqlite(db) => db.frontier(job).await,
+            super::Backend::Postgres(db) => db.frontier(job).await,
+        }
     }
 }
 
-/// One crawl's frontier and seen set, on a connection of its own. Its
-/// methods block: it belongs to the crawl's own thread, never to the async
-/// workers.
+/// One crawl's frontier and seen set, on a connection of its own. Calls
+/// run in the order made; none blocks an async worker.
 #[derive(Debug)]
 pub struct Frontier {
     backend: FrontierBackend,
@@ -99,8 +104,8 @@ macro_rules! on_backend {
     };
     (mut $self:ident . $method:ident ( $($arg:expr),* )) => {
         match &mut $self.backend {
-            FrontierBackend::Sqlite(f) => f.$method($($arg),*),
-            FrontierBackend::Postgres(f) => f.$method($($arg),*),
+            FrontierBackend::Sqlite(f) => f.$method($($arg),*).await,
+            FrontierBackend::Postgres(f) => f.$method($($arg),*).await,
         }
     };
 }
@@ -112,23 +117,23 @@ impl Frontier {
     /// clears its lease. A crawl job's heartbeat renews them
     /// ([`Store::renew_crawl_job`]). Without it (a node alone on its
     /// database), pages are read without leases.
-    pub fn lease_pages(&mut self, node: &str, ttl: std::time::Duration) {
+    pub async fn lease_pages(&mut self, node: &str, ttl: std::time::Duration) {
         on_backend!(mut self.lease_pages(node, ttl))
     }
 
     /// A stored setting.
-    pub fn meta(&self, key: &str) -> Result<Option<String>, StoreError> {
-        on_backend!(self.meta(key))
+    pub async fn meta(&mut self, key: &str) -> Result<Option<String>, StoreError> {
+        on_backend!(mut self.meta(key))
     }
 
     /// Stores a setting (in the open batch, if there is one).
-    pub fn set_meta(&mut self, key: &str, value: &str) -> Result<(), StoreError> {
+    pub async fn set_meta(&mut self, key: &str, value: &str) -> Result<(), StoreError> {
         on_backend!(mut self.set_meta(key, value))
     }
 
     /// Commits what was written since the last commit, with `meta` (the
     /// output lengths that include the lines of the pages it finishes).
-    pub fn commit(&mut self, meta: &[(&str, String)]) -> Result<(), StoreError> {
+    pub async fn commit(&mut self, meta: &[(&str, String)]) -> Result<(), StoreError> {
         on_backend!(mut self.commit(meta))
     }
 
@@ -138,14 +143,14 @@ impl Frontier {
     }
 
     /// Adds `urls` not seen before and commits; returns those it added.
-    pub fn add(&mut self, urls: &[NewUrl]) -> Result<Vec<Queued>, StoreError> {
+    pub async fn add(&mut self, urls: &[NewUrl]) -> Result<Vec<Queued>, StoreError> {
         on_backend!(mut self.add(urls))
     }
 
     /// Records page `id`'s end (its state and attempts) and adds the URLs
     /// it linked to, in the open batch: nothing is durable before
     /// [`Frontier::commit`], which also stores the output lengths.
-    pub fn finish(
+    pub async fn finish(
         &mut self,
         id: i64,
         state: UrlState,
@@ -157,23 +162,28 @@ impl Frontier {
 
     /// Marks a URL done without fetching it (it was reached through a
     /// redirect), if it is still waiting.
-    pub fn mark_seen_done(&mut self, url: &str, host: &str, depth: u32) -> Result<(), StoreError> {
+    pub async fn mark_seen_done(
+        &mut self,
+        url: &str,
+        host: &str,
+        depth: u32,
+    ) -> Result<(), StoreError> {
         on_backend!(mut self.mark_seen_done(url, host, depth))
     }
 
     /// Up to `limit` hosts with waiting URLs named after `after`, by name.
-    pub fn hosts_with_work_after(
-        &self,
+    pub async fn hosts_with_work_after(
+        &mut self,
         after: &str,
         limit: usize,
     ) -> Result<Vec<String>, StoreError> {
-        on_backend!(self.hosts_with_work_after(after, limit))
+        on_backend!(mut self.hosts_with_work_after(after, limit))
     }
 
     /// Up to `limit` waiting URLs of `host` after row `after`, in
     /// discovery order; leased, in the open batch, when the frontier
     /// leases pages.
-    pub fn waiting(
+    pub async fn waiting(
         &mut self,
         host: &str,
         after: i64,
@@ -183,24 +193,33 @@ impl Frontier {
     }
 
     /// URLs in `state`.
-    pub fn count(&self, state: UrlState) -> Result<u64, StoreError> {
-        on_backend!(self.count(state))
+    pub async fn count(&mut self, state: UrlState) -> Result<u64, StoreError> {
+        on_backend!(mut self.count(state))
     }
 
     /// Every URL the crawl knows.
-    pub fn total(&self) -> Result<u64, StoreError> {
-        on_backend!(self.total())
+    pub async fn total(&mut self) -> Result<u64, StoreError> {
+        on_backend!(mut self.total())
     }
 
     /// When pages are leased: the earliest end (unix ms) of the leases
     /// another node holds on queued pages, which this node must not take
     /// before then; `None` when there are none (or pages are not leased).
-    pub fn held_elsewhere(&self) -> Result<Option<i64>, StoreError> {
-        on_backend!(self.held_elsewhere())
+    pub async fn held_elsewhere(&mut self) -> Result<Option<i64>, StoreError> {
+        on_backend!(mut self.held_elsewhere())
     }
 
     /// Puts the pages that failed for good back in the queue; how many.
-    pub fn requeue_failed(&mut self) -> Result<usize, StoreError> {
+    pub async fn requeue_failed(&mut self) -> Result<usize, StoreError> {
         on_backend!(mut self.requeue_failed())
+    }
+
+    /// Closes the frontier's connection (an open batch is rolled back) and
+    /// waits until it is closed.
+    pub async fn close(self) {
+        match self.backend {
+            FrontierBackend::Sqlite(f) => f.close().await,
+            FrontierBackend::Postgres(f) => drop(f),
+        }
     }
 }

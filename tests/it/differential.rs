@@ -173,11 +173,6 @@ async fn job_ids(store: &Store) -> Vec<i64> {
     ids
 }
 
-/// A frontier's calls block, as on a crawl's own thread.
-async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
-    tokio::task::spawn_blocking(f).await.unwrap()
-}
-
 /// The stored proxies, by identity: ids and their proxies.
 async fn by_identity(store: &Store) -> Vec<(String, i64)> {
     let mut all: Vec<(String, i64)> = store
@@ -311,17 +306,18 @@ async fn apply(store: &Store, op: &Op, at: i64) -> Answer {
             }
             let job = jobs[usize::from(*job) % jobs.len()];
             let (store, found, ended) = (store.clone(), found.clone(), ended.clone());
-            let queued = blocking(move || {
-                let mut f = store.frontier(job).unwrap();
+            let queued = async move {
+                let mut f = store.frontier(job).await.unwrap();
                 let mut queued: Vec<String> = f
                     .add(&found.iter().map(|&n| page(n)).collect::<Vec<_>>())
+                    .await
                     .unwrap()
                     .into_iter()
                     .map(|q| q.url)
                     .collect();
                 for (pick, done, links) in ended {
                     let host = format!("h{}.example", pick % 2);
-                    let waiting = f.waiting(&host, 0, 100).unwrap();
+                    let waiting = f.waiting(&host, 0, 100).await.unwrap();
                     if waiting.is_empty() {
                         continue;
                     }
@@ -332,13 +328,15 @@ async fn apply(store: &Store, op: &Op, at: i64) -> Answer {
                         UrlState::Failed
                     };
                     let links: Vec<NewUrl> = links.iter().map(|&n| page(n)).collect();
-                    let more = f.finish(q.id, state, 1, &links).unwrap();
+                    let more = f.finish(q.id, state, 1, &links).await.unwrap();
                     queued.push(format!("ended {}", q.url));
                     queued.extend(more.into_iter().map(|q| q.url));
                 }
-                f.commit(&[("pages", queued.len().to_string())]).unwrap();
+                f.commit(&[("pages", queued.len().to_string())])
+                    .await
+                    .unwrap();
                 queued
-            })
+            }
             .await;
             Answer::Queued(queued)
         }
@@ -414,18 +412,19 @@ async fn observe(store: &Store) -> String {
     }
     for job in job_ids(store).await {
         let s = store.clone();
-        let pages = blocking(move || {
-            let mut f = s.frontier(job).unwrap();
+        let pages = async move {
+            let mut f = s.frontier(job).await.unwrap();
             let mut text = format!(
                 "frontier total={} done={} failed={} meta={:?}\n",
-                f.total().unwrap(),
-                f.count(UrlState::Done).unwrap(),
-                f.count(UrlState::Failed).unwrap(),
-                f.meta("pages").unwrap()
+                f.total().await.unwrap(),
+                f.count(UrlState::Done).await.unwrap(),
+                f.count(UrlState::Failed).await.unwrap(),
+                f.meta("pages").await.unwrap()
             );
-            for host in f.hosts_with_work_after("", 10).unwrap() {
+            for host in f.hosts_with_work_after("", 10).await.unwrap() {
                 let waiting: Vec<String> = f
                     .waiting(&host, 0, 100)
+                    .await
                     .unwrap()
                     .into_iter()
                     .map(|q| format!("{} {}", q.url, q.depth))
@@ -433,7 +432,7 @@ async fn observe(store: &Store) -> String {
                 text.push_str(&format!("{host}: {waiting:?}\n"));
             }
             text
-        })
+        }
         .await;
         out.push_str(&pages);
     }

@@ -2174,12 +2174,6 @@ fn new_url(url: &str, depth: u32) -> NewUrl {
     }
 }
 
-/// Runs `f` on a thread that may block, as a crawl's own thread is: the
-/// frontier's calls block.
-async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
-    tokio::task::spawn_blocking(f).await.unwrap()
-}
-
 /// A frontier keeps a batch of page ends and their links until it is
 /// committed with its output lengths; what was never committed (a crash)
 /// is not kept; a reopened frontier resumes with what was.
@@ -2187,54 +2181,61 @@ async fn crawl_frontiers_batch_their_writes_and_resume(db: TestDb) {
     let store = db.store.clone();
     let job = store.insert_crawl_job("{}".into()).await.unwrap().id;
     let s = store.clone();
-    blocking(move || {
-        let mut f = s.frontier(job).unwrap();
+    async move {
+        let mut f = s.frontier(job).await.unwrap();
         let added = f
             .add(&[new_url("http://h/a", 0), new_url("http://h/b", 0)])
+            .await
             .unwrap();
         assert_eq!(added.len(), 2);
-        assert!(f.add(&[new_url("http://h/a", 1)]).unwrap().is_empty());
+        assert!(f.add(&[new_url("http://h/a", 1)]).await.unwrap().is_empty());
         let more = f
             .finish(added[0].id, UrlState::Done, 2, &[new_url("http://h/c", 1)])
+            .await
             .unwrap();
         assert_eq!(more.len(), 1);
         assert_eq!(more[0].url, "http://h/c");
         assert!(f.dirty());
         // Reads in the batch see its writes.
-        assert_eq!(f.count(UrlState::Done).unwrap(), 1);
-        f.commit(&[("output_len", "10".into())]).unwrap();
+        assert_eq!(f.count(UrlState::Done).await.unwrap(), 1);
+        f.commit(&[("output_len", "10".into())]).await.unwrap();
         assert!(!f.dirty());
         f.finish(added[1].id, UrlState::Done, 1, &[new_url("http://h/d", 1)])
+            .await
             .unwrap();
         // Dropped with the batch open: as after kill -9.
-    })
+    }
     .await;
     let s = store.clone();
-    blocking(move || {
-        let mut f = s.frontier(job).unwrap();
-        assert_eq!(f.meta("output_len").unwrap().as_deref(), Some("10"));
-        assert_eq!(f.hosts_with_work_after("", 10).unwrap(), ["h"]);
+    async move {
+        let mut f = s.frontier(job).await.unwrap();
+        assert_eq!(f.meta("output_len").await.unwrap().as_deref(), Some("10"));
+        assert_eq!(f.hosts_with_work_after("", 10).await.unwrap(), ["h"]);
         let waiting: Vec<String> = f
             .waiting("h", 0, 10)
+            .await
             .unwrap()
             .into_iter()
             .map(|q| q.url)
             .collect();
         assert_eq!(waiting, ["http://h/b", "http://h/c"], "in discovery order");
-        assert_eq!(f.count(UrlState::Done).unwrap(), 1);
-        assert_eq!(f.total().unwrap(), 3);
-        let b = f.waiting("h", 0, 1).unwrap().remove(0);
-        f.finish(b.id, UrlState::Failed, 1, &[]).unwrap();
-        f.commit(&[]).unwrap();
-        assert_eq!(f.requeue_failed().unwrap(), 1);
-        f.mark_seen_done("http://h/c", "h", 1).unwrap();
-        f.commit(&[]).unwrap();
-        assert_eq!(f.waiting("h", 0, 10).unwrap().len(), 1);
+        assert_eq!(f.count(UrlState::Done).await.unwrap(), 1);
+        assert_eq!(f.total().await.unwrap(), 3);
+        let b = f.waiting("h", 0, 1).await.unwrap().remove(0);
+        f.finish(b.id, UrlState::Failed, 1, &[]).await.unwrap();
+        f.commit(&[]).await.unwrap();
+        assert_eq!(f.requeue_failed().await.unwrap(), 1);
+        f.mark_seen_done("http://h/c", "h", 1).await.unwrap();
+        f.commit(&[]).await.unwrap();
+        assert_eq!(f.waiting("h", 0, 10).await.unwrap().len(), 1);
         // Another job's frontier is its own.
-        let mut other = s.frontier(job + 1).unwrap();
-        assert_eq!(other.meta("output_len").unwrap(), None);
-        assert_eq!(other.add(&[new_url("http://h/a", 0)]).unwrap().len(), 1);
-    })
+        let mut other = s.frontier(job + 1).await.unwrap();
+        assert_eq!(other.meta("output_len").await.unwrap(), None);
+        assert_eq!(
+            other.add(&[new_url("http://h/a", 0)]).await.unwrap().len(),
+            1
+        );
+    }
     .await;
 }
 
@@ -2250,18 +2251,18 @@ async fn crawl_pages_are_leased_to_one_node_until_they_end(db: TestDb) {
         .map(|i| new_url(&format!("http://h/{i}"), 0))
         .collect();
     let (sa, sb) = (a.clone(), b.clone());
-    let taken_by_a = blocking(move || {
-        let mut fa = sa.frontier(job).unwrap();
-        fa.lease_pages("a", minute);
-        fa.add(&urls).unwrap();
-        let got = fa.waiting("h", 0, 4).unwrap();
-        fa.commit(&[]).unwrap();
-        let mut fb = sb.frontier(job).unwrap();
-        fb.lease_pages("b", minute);
-        let got_b = fb.waiting("h", 0, 100).unwrap();
-        fb.commit(&[]).unwrap();
+    let taken_by_a = async move {
+        let mut fa = sa.frontier(job).await.unwrap();
+        fa.lease_pages("a", minute).await;
+        fa.add(&urls).await.unwrap();
+        let got = fa.waiting("h", 0, 4).await.unwrap();
+        fa.commit(&[]).await.unwrap();
+        let mut fb = sb.frontier(job).await.unwrap();
+        fb.lease_pages("b", minute).await;
+        let got_b = fb.waiting("h", 0, 100).await.unwrap();
+        fb.commit(&[]).await.unwrap();
         (got, got_b)
-    })
+    }
     .await;
     let (got_a, got_b) = taken_by_a;
     let ids = |q: &[proxywarden::store::Queued]| q.iter().map(|q| q.id).collect::<Vec<_>>();
@@ -2281,17 +2282,17 @@ async fn crawl_pages_are_leased_to_one_node_until_they_end(db: TestDb) {
     );
     let (sa, sb) = (a.clone(), b.clone());
     let first = got_a[0].id;
-    let (after_end, b_after_release) = blocking(move || {
-        let mut fa = sa.frontier(job).unwrap();
-        fa.lease_pages("a", minute);
-        fa.finish(first, UrlState::Done, 1, &[]).unwrap();
-        fa.commit(&[]).unwrap();
-        let mut fb = sb.frontier(job).unwrap();
-        fb.lease_pages("b", minute);
-        let none = fb.waiting("h", 0, 100).unwrap();
-        fb.commit(&[]).unwrap();
+    let (after_end, b_after_release) = async move {
+        let mut fa = sa.frontier(job).await.unwrap();
+        fa.lease_pages("a", minute).await;
+        fa.finish(first, UrlState::Done, 1, &[]).await.unwrap();
+        fa.commit(&[]).await.unwrap();
+        let mut fb = sb.frontier(job).await.unwrap();
+        fb.lease_pages("b", minute).await;
+        let none = fb.waiting("h", 0, 100).await.unwrap();
+        fb.commit(&[]).await.unwrap();
         (none, fb)
-    })
+    }
     .await;
     assert!(
         after_end.is_empty(),
@@ -2299,11 +2300,11 @@ async fn crawl_pages_are_leased_to_one_node_until_they_end(db: TestDb) {
     );
     a.release_crawl_job(job, "a").await.unwrap();
     let mut fb = b_after_release;
-    let got_b = blocking(move || {
-        let got = fb.waiting("h", 0, 100).unwrap();
-        fb.commit(&[]).unwrap();
+    let got_b = async move {
+        let got = fb.waiting("h", 0, 100).await.unwrap();
+        fb.commit(&[]).await.unwrap();
         got
-    })
+    }
     .await;
     assert_eq!(got_b.len(), 9, "released: b takes all but the done one");
     assert!(!ids(&got_b).contains(&first));
@@ -2311,17 +2312,17 @@ async fn crawl_pages_are_leased_to_one_node_until_they_end(db: TestDb) {
     // A lease that ended is taken by another node.
     let sb = b.clone();
     let sa = a.clone();
-    let taken = blocking(move || {
-        let mut fb = sb.frontier(job).unwrap();
-        fb.lease_pages("b", Duration::ZERO);
-        fb.waiting("h", 0, 100).unwrap();
-        fb.commit(&[]).unwrap();
-        let mut fa = sa.frontier(job).unwrap();
-        fa.lease_pages("a", minute);
-        let got = fa.waiting("h", 0, 100).unwrap();
-        fa.commit(&[]).unwrap();
+    let taken = async move {
+        let mut fb = sb.frontier(job).await.unwrap();
+        fb.lease_pages("b", Duration::ZERO).await;
+        fb.waiting("h", 0, 100).await.unwrap();
+        fb.commit(&[]).await.unwrap();
+        let mut fa = sa.frontier(job).await.unwrap();
+        fa.lease_pages("a", minute).await;
+        let got = fa.waiting("h", 0, 100).await.unwrap();
+        fa.commit(&[]).await.unwrap();
         got
-    })
+    }
     .await;
     assert_eq!(taken.len(), 9, "b's leases ended: a takes its pages");
 
@@ -2332,13 +2333,13 @@ async fn crawl_pages_are_leased_to_one_node_until_they_end(db: TestDb) {
         1
     );
     let sb = b.clone();
-    let got = blocking(move || {
-        let mut fb = sb.frontier(job).unwrap();
-        fb.lease_pages("b", minute);
-        let got = fb.waiting("h", 0, 100).unwrap();
-        fb.commit(&[]).unwrap();
+    let got = async move {
+        let mut fb = sb.frontier(job).await.unwrap();
+        fb.lease_pages("b", minute).await;
+        let got = fb.waiting("h", 0, 100).await.unwrap();
+        fb.commit(&[]).await.unwrap();
         got
-    })
+    }
     .await;
     assert_eq!(got.len(), 9, "the job's new holder takes its pages");
 }
@@ -2493,15 +2494,15 @@ async fn an_ended_jobs_frontier_is_deleted_and_ended_jobs_are_kept_for_a_while(d
     let now = proxywarden::store::now_ms();
     for &job in &ids {
         let s = store.clone();
-        blocking(move || {
-            let mut f = s.frontier(job).unwrap();
+        async move {
+            let mut f = s.frontier(job).await.unwrap();
             let urls: Vec<NewUrl> = (0..100)
                 .map(|i| new_url(&format!("http://h/{i}"), 0))
                 .collect();
-            assert_eq!(f.add(&urls).unwrap().len(), 100);
-            f.set_meta("seeds", "http://h/0").unwrap();
-            f.commit(&[]).unwrap();
-        })
+            assert_eq!(f.add(&urls).await.unwrap().len(), 100);
+            f.set_meta("seeds", "http://h/0").await.unwrap();
+            f.commit(&[]).await.unwrap();
+        }
         .await;
         store
             .take_crawl_turn(job, "h:80", now, Duration::from_secs(1))
@@ -2511,11 +2512,8 @@ async fn an_ended_jobs_frontier_is_deleted_and_ended_jobs_are_kept_for_a_while(d
     let frontier = |job: i64| {
         let s = store.clone();
         async move {
-            blocking(move || {
-                let f = s.frontier(job).unwrap();
-                (f.total().unwrap(), f.meta("seeds").unwrap())
-            })
-            .await
+            let mut f = s.frontier(job).await.unwrap();
+            (f.total().await.unwrap(), f.meta("seeds").await.unwrap())
         }
     };
     let (a, b, c, d, e) = (ids[0], ids[1], ids[2], ids[3], ids[4]);

@@ -1,8 +1,7 @@
-//! PostgreSQL: crawl frontiers, each on a connection of its own. The
-//! crawl's thread may block but runs inside the runtime, so every call is
-//! spawned on the runtime and waited for there: a batch is one open
-//! transaction on the frontier's connection, as on SQLite, so what a turn
-//! of the crawl's loop wrote is seen by its next reads and committed whole.
+//! PostgreSQL: crawl frontiers, each on a connection of its own, every
+//! call async I/O on the runtime: a batch is one open transaction on the
+//! frontier's connection, as on SQLite, so what a turn of the crawl's loop
+//! wrote is seen by its next reads and committed whole.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -16,7 +15,6 @@ use crate::store::{NewUrl, Queued, StoreError, UrlState, now_ms};
 /// One crawl's frontier on a PostgreSQL connection of its own.
 pub(crate) struct Frontier {
     client: Arc<Client>,
-    runtime: tokio::runtime::Handle,
     job: i64,
     /// A transaction is open: writes since the last commit.
     open: bool,
@@ -36,46 +34,27 @@ impl std::fmt::Debug for Frontier {
 }
 
 impl Postgres {
-    pub(crate) fn frontier(&self, job: i64) -> Result<crate::store::Frontier, StoreError> {
-        let runtime = tokio::runtime::Handle::try_current().map_err(|_| StoreError::Cancelled)?;
+    pub(crate) async fn frontier(&self, job: i64) -> Result<crate::store::Frontier, StoreError> {
         let mut config = self.inner.config.clone();
         // Named apart from the pool's sessions, so that an operator sees
         // which session crawls which job.
         config.application_name(format!("proxywarden crawl {job}"));
-        let client = wait(&runtime, async move {
-            let (client, conn) =
-                tokio::time::timeout(super::CONNECT_TIMEOUT, config.connect(NoTls))
-                    .await
-                    .map_err(|_| StoreError::Cancelled)??;
-            tokio::spawn(async move {
-                if let Err(e) = conn.await {
-                    tracing::debug!(error = %e, "a crawl frontier's connection ended");
-                }
-            });
-            Ok(client)
-        })?;
+        let (client, conn) = tokio::time::timeout(super::CONNECT_TIMEOUT, config.connect(NoTls))
+            .await
+            .map_err(|_| StoreError::Cancelled)??;
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "a crawl frontier's connection ended");
+            }
+        });
         Ok(Frontier {
             client: Arc::new(client),
-            runtime,
             job,
             open: false,
             lease: None,
             shown: self.path().display().to_string(),
         }
         .into())
-    }
-}
-
-/// Runs `fut` on the runtime and waits for it on this thread (one that may
-/// block, inside the runtime or not).
-fn wait<T: Send + 'static>(
-    runtime: &tokio::runtime::Handle,
-    fut: impl Future<Output = Result<T, StoreError>> + Send + 'static,
-) -> Result<T, StoreError> {
-    match futures::executor::block_on(runtime.spawn(fut)) {
-        Ok(r) => r,
-        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-        Err(_) => Err(StoreError::Cancelled),
     }
 }
 
@@ -108,11 +87,11 @@ fn ms(d: Duration) -> i64 {
 }
 
 impl Frontier {
-    fn run<T: Send + 'static, F>(&self, f: impl FnOnce(Arc<Client>) -> F) -> Result<T, StoreError>
+    async fn run<T, F>(&self, f: impl FnOnce(Arc<Client>) -> F) -> Result<T, StoreError>
     where
-        F: Future<Output = Result<T, StoreError>> + Send + 'static,
+        F: Future<Output = Result<T, StoreError>>,
     {
-        wait(&self.runtime, f(self.client.clone()))
+        f(self.client.clone()).await
     }
 
     /// The lease's node and its end from now, or NULLs.
@@ -123,11 +102,11 @@ impl Frontier {
         }
     }
 
-    pub(crate) fn lease_pages(&mut self, node: &str, ttl: Duration) {
+    pub(crate) async fn lease_pages(&mut self, node: &str, ttl: Duration) {
         self.lease = Some((node.to_owned(), ttl));
     }
 
-    pub fn meta(&self, key: &str) -> Result<Option<String>, StoreError> {
+    pub async fn meta(&mut self, key: &str) -> Result<Option<String>, StoreError> {
         let (job, key) = (self.job, key.to_owned());
         self.run(move |c| async move {
             let row = c
@@ -138,25 +117,28 @@ impl Frontier {
                 .await?;
             Ok(row.map(|r| r.get(0)))
         })
+        .await
     }
 
-    pub fn set_meta(&mut self, key: &str, value: &str) -> Result<(), StoreError> {
+    pub async fn set_meta(&mut self, key: &str, value: &str) -> Result<(), StoreError> {
         let (job, key, value) = (self.job, key.to_owned(), value.to_owned());
         self.run(move |c| async move {
             c.execute(SET_META, &[&job, &key, &value]).await?;
             Ok(())
         })
+        .await
     }
 
-    fn begin(&mut self) -> Result<(), StoreError> {
+    async fn begin(&mut self) -> Result<(), StoreError> {
         if !self.open {
-            self.run(|c| async move { Ok(c.batch_execute("BEGIN").await?) })?;
+            self.run(|c| async move { Ok(c.batch_execute("BEGIN").await?) })
+                .await?;
             self.open = true;
         }
         Ok(())
     }
 
-    pub fn commit(&mut self, meta: &[(&str, String)]) -> Result<(), StoreError> {
+    pub async fn commit(&mut self, meta: &[(&str, String)]) -> Result<(), StoreError> {
         if !self.open {
             return Ok(());
         }
@@ -165,19 +147,21 @@ impl Frontier {
             .iter()
             .map(|(k, v)| ((*k).to_owned(), v.clone()))
             .collect();
-        let r = self.run(move |c| async move {
-            let done = async {
-                for (k, v) in &meta {
-                    c.execute(SET_META, &[&job, k, v]).await?;
+        let r = self
+            .run(move |c| async move {
+                let done = async {
+                    for (k, v) in &meta {
+                        c.execute(SET_META, &[&job, k, v]).await?;
+                    }
+                    c.batch_execute("COMMIT").await
                 }
-                c.batch_execute("COMMIT").await
-            }
+                .await;
+                if done.is_err() {
+                    let _ = c.batch_execute("ROLLBACK").await;
+                }
+                Ok(done?)
+            })
             .await;
-            if done.is_err() {
-                let _ = c.batch_execute("ROLLBACK").await;
-            }
-            Ok(done?)
-        });
         self.open = false;
         r
     }
@@ -186,14 +170,14 @@ impl Frontier {
         self.open
     }
 
-    pub fn add(&mut self, urls: &[NewUrl]) -> Result<Vec<Queued>, StoreError> {
-        self.begin()?;
-        let added = self.insert(urls)?;
-        self.commit(&[])?;
+    pub async fn add(&mut self, urls: &[NewUrl]) -> Result<Vec<Queued>, StoreError> {
+        self.begin().await?;
+        let added = self.insert(urls).await?;
+        self.commit(&[]).await?;
         Ok(added)
     }
 
-    fn insert(&self, urls: &[NewUrl]) -> Result<Vec<Queued>, StoreError> {
+    async fn insert(&self, urls: &[NewUrl]) -> Result<Vec<Queued>, StoreError> {
         if urls.is_empty() {
             return Ok(Vec::new());
         }
@@ -214,16 +198,17 @@ impl Frontier {
             added.sort_by_key(|q| q.id);
             Ok(added)
         })
+        .await
     }
 
-    pub fn finish(
+    pub async fn finish(
         &mut self,
         id: i64,
         state: UrlState,
         attempts: u32,
         links: &[NewUrl],
     ) -> Result<Vec<Queued>, StoreError> {
-        self.begin()?;
+        self.begin().await?;
         let (state, attempts) = (state as i32, i32::try_from(attempts).unwrap_or(i32::MAX));
         self.run(move |c| async move {
             c.execute(
@@ -234,12 +219,18 @@ impl Frontier {
             )
             .await?;
             Ok(())
-        })?;
-        self.insert(links)
+        })
+        .await?;
+        self.insert(links).await
     }
 
-    pub fn mark_seen_done(&mut self, url: &str, host: &str, depth: u32) -> Result<(), StoreError> {
-        self.begin()?;
+    pub async fn mark_seen_done(
+        &mut self,
+        url: &str,
+        host: &str,
+        depth: u32,
+    ) -> Result<(), StoreError> {
+        self.begin().await?;
         let (job, url, host) = (self.job, url.to_owned(), host.to_owned());
         let depth = i32::try_from(depth).unwrap_or(i32::MAX);
         self.run(move |c| async move {
@@ -252,10 +243,11 @@ impl Frontier {
             .await?;
             Ok(())
         })
+        .await
     }
 
-    pub fn hosts_with_work_after(
-        &self,
+    pub async fn hosts_with_work_after(
+        &mut self,
         after: &str,
         limit: usize,
     ) -> Result<Vec<String>, StoreError> {
@@ -275,12 +267,13 @@ impl Frontier {
                 .await?;
             Ok(rows.iter().map(|r| r.get(0)).collect())
         })
+        .await
     }
 
     /// Leased to this frontier's node when it leases pages: rows leased to
     /// another node whose lease has not ended are left to it, and those
     /// another transaction holds are skipped, not waited for.
-    pub fn waiting(
+    pub async fn waiting(
         &mut self,
         host: &str,
         after: i64,
@@ -317,9 +310,10 @@ impl Frontier {
             q.sort_by_key(|q| q.id);
             Ok(q)
         })
+        .await
     }
 
-    pub fn count(&self, state: UrlState) -> Result<u64, StoreError> {
+    pub async fn count(&mut self, state: UrlState) -> Result<u64, StoreError> {
         let (job, state) = (self.job, state as i32);
         self.run(move |c| async move {
             let n: i64 = c
@@ -331,10 +325,11 @@ impl Frontier {
                 .get(0);
             Ok(n as u64)
         })
+        .await
     }
 
     /// See [`crate::store::Frontier::held_elsewhere`].
-    pub fn held_elsewhere(&self) -> Result<Option<i64>, StoreError> {
+    pub async fn held_elsewhere(&mut self) -> Result<Option<i64>, StoreError> {
         let Some((node, _)) = self.lease.clone() else {
             return Ok(None);
         };
@@ -351,9 +346,10 @@ impl Frontier {
                 .get(0);
             Ok(at)
         })
+        .await
     }
 
-    pub fn total(&self) -> Result<u64, StoreError> {
+    pub async fn total(&mut self) -> Result<u64, StoreError> {
         let job = self.job;
         self.run(move |c| async move {
             let n: i64 = c
@@ -362,10 +358,11 @@ impl Frontier {
                 .get(0);
             Ok(n as u64)
         })
+        .await
     }
 
-    pub fn requeue_failed(&mut self) -> Result<usize, StoreError> {
-        self.commit(&[])?;
+    pub async fn requeue_failed(&mut self) -> Result<usize, StoreError> {
+        self.commit(&[]).await?;
         let job = self.job;
         self.run(move |c| async move {
             let n = c
@@ -377,5 +374,6 @@ impl Frontier {
                 .await?;
             Ok(n as usize)
         })
+        .await
     }
 }

@@ -1,38 +1,106 @@
-//! SQLite: crawl frontiers, each on a connection of its own.
+//! SQLite: crawl frontiers, each on a connection of its own owned by a
+//! thread of its own. The crawl's task sends it calls over a channel and
+//! awaits each reply through a oneshot, so a frontier never blocks an async
+//! worker; calls run in the order sent, and a batch is one open transaction
+//! on that connection, so what a turn of the crawl's loop wrote is seen by
+//! its next reads and committed whole.
 
 use rusqlite::{Connection, OptionalExtension, params};
+use tokio::sync::{mpsc, oneshot};
 
 use super::BUSY_TIMEOUT;
 use super::Sqlite;
 use crate::store::{NewUrl, Queued, StoreError, UrlState, now_ms};
 
-/// One crawl's frontier on a SQLite connection of its own.
+/// Calls waiting for a frontier's thread; the crawl awaits each reply, so
+/// only calls that need none (a page's end without links) ever queue.
+const QUEUE: usize = 64;
+
+/// A call for the frontier's thread.
+type Call = Box<dyn FnOnce(&mut Worker) + Send>;
+
+/// One crawl's frontier: a handle to the thread that owns its connection.
 pub(crate) struct Frontier {
+    calls: mpsc::Sender<Call>,
+    /// Ends when the thread has closed the connection.
+    closed: oneshot::Receiver<()>,
+    /// A transaction is open on the thread (as of the last call).
+    open: bool,
+    path: std::path::PathBuf,
+    job: i64,
+}
+
+impl std::fmt::Debug for Frontier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Frontier")
+            .field("path", &self.path)
+            .field("job", &self.job)
+            .finish()
+    }
+}
+
+/// The frontier's connection, on its thread.
+struct Worker {
     conn: Connection,
     job: i64,
     /// A transaction is open: writes since the last commit.
     open: bool,
     /// Pages are leased to this node for this long when handed out.
     lease: Option<(String, std::time::Duration)>,
+    /// A call sent without waiting for its reply failed: the next call
+    /// answers with this.
+    failed: Option<StoreError>,
     /// Keeps the database (and its writer) open while the crawl runs.
-    db: Sqlite,
-}
-
-impl std::fmt::Debug for Frontier {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Frontier")
-            .field("path", &self.db.path())
-            .field("job", &self.job)
-            .finish()
-    }
+    _db: Sqlite,
 }
 
 impl Sqlite {
-    pub(crate) fn frontier(&self, job: i64) -> Result<crate::store::Frontier, StoreError> {
+    pub(crate) async fn frontier(&self, job: i64) -> Result<crate::store::Frontier, StoreError> {
         if self.inner.writer.is_none() {
             return Err(StoreError::ReadOnly);
         }
-        let path = self.path();
+        let path = self.path().to_path_buf();
+        let db = self.clone();
+        let (calls, mut rx) = mpsc::channel::<Call>(QUEUE);
+        let (ready_tx, ready) = oneshot::channel();
+        let (closed_tx, closed) = oneshot::channel();
+        let opened = path.clone();
+        std::thread::Builder::new()
+            .name("proxywarden-crawl-frontier".into())
+            .spawn(move || {
+                let mut worker = match Worker::open(&opened, job, db) {
+                    Ok(w) => {
+                        let _ = ready_tx.send(Ok(()));
+                        w
+                    }
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e));
+                        return;
+                    }
+                };
+                while let Some(call) = rx.blocking_recv() {
+                    call(&mut worker);
+                }
+                // An open batch is rolled back with the connection: as
+                // after kill -9.
+                drop(worker);
+                drop(closed_tx);
+            })
+            .map_err(StoreError::Thread)?;
+        ready.await.map_err(|_| StoreError::Closed)??;
+        Ok(Frontier {
+            calls,
+            closed,
+            open: false,
+            path,
+            job,
+        }
+        .into())
+    }
+}
+
+impl Worker {
+    fn open(path: &std::path::Path, job: i64, db: Sqlite) -> Result<Worker, StoreError> {
         let conn = Connection::open(path).map_err(|e| StoreError::Open {
             path: path.to_path_buf(),
             reason: e.to_string(),
@@ -45,25 +113,176 @@ impl Sqlite {
             "PRAGMA synchronous = NORMAL; PRAGMA cache_size = -8000;
              PRAGMA journal_size_limit = 67108864;",
         )?;
-        Ok(Frontier {
+        Ok(Worker {
             conn,
             job,
             open: false,
             lease: None,
-            db: self.clone(),
+            failed: None,
+            _db: db,
+        })
+    }
+}
+
+impl Frontier {
+    /// Runs `f` on the frontier's thread and waits for its result.
+    async fn call<T: Send + 'static>(
+        &mut self,
+        f: impl FnOnce(&mut Worker) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let (tx, rx) = oneshot::channel();
+        let call: Call = Box::new(move |w: &mut Worker| {
+            let r = match w.failed.take() {
+                Some(e) => Err(e),
+                None => f(w),
+            };
+            let _ = tx.send((r, w.open));
+        });
+        self.calls
+            .send(call)
+            .await
+            .map_err(|_| StoreError::Closed)?;
+        let (r, open) = rx.await.map_err(|_| StoreError::Closed)?;
+        self.open = open;
+        r
+    }
+
+    /// Sends `f` to the frontier's thread without waiting for it: a
+    /// failure is the answer to the next call.
+    async fn send(
+        &mut self,
+        f: impl FnOnce(&mut Worker) -> Result<(), StoreError> + Send + 'static,
+    ) -> Result<(), StoreError> {
+        let call: Call = Box::new(move |w: &mut Worker| {
+            if w.failed.is_none()
+                && let Err(e) = f(w)
+            {
+                w.failed = Some(e);
+            }
+        });
+        self.calls.send(call).await.map_err(|_| StoreError::Closed)
+    }
+
+    pub(crate) async fn lease_pages(&mut self, node: &str, ttl: std::time::Duration) {
+        let node = node.to_owned();
+        let _ = self
+            .send(move |w| {
+                w.lease = Some((node, ttl));
+                Ok(())
+            })
+            .await;
+    }
+
+    pub async fn meta(&mut self, key: &str) -> Result<Option<String>, StoreError> {
+        let key = key.to_owned();
+        self.call(move |w| w.meta(&key)).await
+    }
+
+    pub async fn set_meta(&mut self, key: &str, value: &str) -> Result<(), StoreError> {
+        let (key, value) = (key.to_owned(), value.to_owned());
+        self.call(move |w| w.set_meta(&key, &value)).await
+    }
+
+    pub async fn commit(&mut self, meta: &[(&str, String)]) -> Result<(), StoreError> {
+        if !self.open {
+            return Ok(());
         }
-        .into())
+        let meta: Vec<(String, String)> = meta
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), v.clone()))
+            .collect();
+        self.call(move |w| w.commit(&meta)).await
+    }
+
+    pub fn dirty(&self) -> bool {
+        self.open
+    }
+
+    pub async fn add(&mut self, urls: &[NewUrl]) -> Result<Vec<Queued>, StoreError> {
+        let urls = urls.to_vec();
+        self.call(move |w| w.add(&urls)).await
+    }
+
+    /// A page's end without links is sent without waiting for it: nothing
+    /// comes back, and a failure is the answer to the next call (at the
+    /// latest the batch's commit).
+    pub async fn finish(
+        &mut self,
+        id: i64,
+        state: UrlState,
+        attempts: u32,
+        links: &[NewUrl],
+    ) -> Result<Vec<Queued>, StoreError> {
+        if links.is_empty() {
+            self.send(move |w| w.finish(id, state, attempts, &[]).map(drop))
+                .await?;
+            self.open = true;
+            return Ok(Vec::new());
+        }
+        let links = links.to_vec();
+        self.call(move |w| w.finish(id, state, attempts, &links))
+            .await
+    }
+
+    pub async fn mark_seen_done(
+        &mut self,
+        url: &str,
+        host: &str,
+        depth: u32,
+    ) -> Result<(), StoreError> {
+        let (url, host) = (url.to_owned(), host.to_owned());
+        self.call(move |w| w.mark_seen_done(&url, &host, depth))
+            .await
+    }
+
+    pub async fn hosts_with_work_after(
+        &mut self,
+        after: &str,
+        limit: usize,
+    ) -> Result<Vec<String>, StoreError> {
+        let after = after.to_owned();
+        self.call(move |w| w.hosts_with_work_after(&after, limit))
+            .await
+    }
+
+    pub async fn waiting(
+        &mut self,
+        host: &str,
+        after: i64,
+        limit: usize,
+    ) -> Result<Vec<Queued>, StoreError> {
+        let host = host.to_owned();
+        self.call(move |w| w.waiting(&host, after, limit)).await
+    }
+
+    pub async fn count(&mut self, state: UrlState) -> Result<u64, StoreError> {
+        self.call(move |w| w.count(state)).await
+    }
+
+    pub async fn held_elsewhere(&mut self) -> Result<Option<i64>, StoreError> {
+        self.call(|w| w.held_elsewhere()).await
+    }
+
+    pub async fn total(&mut self) -> Result<u64, StoreError> {
+        self.call(|w| w.total()).await
+    }
+
+    pub async fn requeue_failed(&mut self) -> Result<usize, StoreError> {
+        self.call(|w| w.requeue_failed()).await
+    }
+
+    /// Ends the thread and waits until it has closed the connection.
+    pub async fn close(self) {
+        let Frontier { calls, closed, .. } = self;
+        drop(calls);
+        let _ = closed.await;
     }
 }
 
 const SET_META: &str = "INSERT INTO crawl_meta (job, key, value) VALUES (?1, ?2, ?3)
      ON CONFLICT (job, key) DO UPDATE SET value = excluded.value";
 
-impl Frontier {
-    pub(crate) fn lease_pages(&mut self, node: &str, ttl: std::time::Duration) {
-        self.lease = Some((node.to_owned(), ttl));
-    }
-
+impl Worker {
     /// The lease's node and its end from now, or NULLs.
     fn lease_now(&self) -> (Option<&str>, Option<i64>) {
         match &self.lease {
@@ -106,7 +325,7 @@ impl Frontier {
 
     /// Commits what was written since the last commit, with `meta` (the
     /// output lengths that include the lines of the pages it finishes).
-    pub fn commit(&mut self, meta: &[(&str, String)]) -> Result<(), StoreError> {
+    pub fn commit(&mut self, meta: &[(String, String)]) -> Result<(), StoreError> {
         if !self.open {
             return Ok(());
         }
@@ -123,11 +342,6 @@ impl Frontier {
             let _ = self.conn.execute_batch("ROLLBACK");
         }
         Ok(r?)
-    }
-
-    /// True while writes wait for [`Frontier::commit`].
-    pub fn dirty(&self) -> bool {
-        self.open
     }
 
     /// Adds `urls` not seen before and commits; returns those it added.
@@ -351,51 +565,55 @@ mod tests {
         }
     }
 
-    #[test]
-    fn urls_are_added_once_per_job_and_survive_a_reopen() {
+    #[tokio::test]
+    async fn urls_are_added_once_per_job_and_survive_a_reopen() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("c.db");
         let store = Store::open(&path).unwrap();
-        let mut f = store.frontier(1).unwrap();
+        let mut f = store.frontier(1).await.unwrap();
         let added = f
             .add(&[new("http://h/a", 0), new("http://h/b", 0)])
+            .await
             .unwrap();
         assert_eq!(added.len(), 2);
-        assert!(f.add(&[new("http://h/a", 1)]).unwrap().is_empty());
+        assert!(f.add(&[new("http://h/a", 1)]).await.unwrap().is_empty());
         let more = f
             .finish(added[0].id, UrlState::Done, 2, &[new("http://h/c", 1)])
+            .await
             .unwrap();
         assert_eq!(more[0].url, "http://h/c");
-        f.commit(&[("out_len", "10".into())]).unwrap();
+        f.commit(&[("out_len", "10".into())]).await.unwrap();
         // A batch never committed (a crash) is not kept.
         f.finish(added[1].id, UrlState::Done, 1, &[new("http://h/d", 1)])
+            .await
             .unwrap();
         assert!(f.dirty());
         drop(f);
         // Another job's frontier is its own.
-        let mut other = store.frontier(2).unwrap();
-        assert_eq!(other.add(&[new("http://h/a", 0)]).unwrap().len(), 1);
-        assert_eq!(other.meta("out_len").unwrap(), None);
+        let mut other = store.frontier(2).await.unwrap();
+        assert_eq!(other.add(&[new("http://h/a", 0)]).await.unwrap().len(), 1);
+        assert_eq!(other.meta("out_len").await.unwrap(), None);
         drop((other, store));
 
         let store = Store::open(&path).unwrap();
-        let mut f = store.frontier(1).unwrap();
-        assert_eq!(f.meta("out_len").unwrap().as_deref(), Some("10"));
-        assert_eq!(f.hosts_with_work_after("", 10).unwrap(), ["h"]);
-        assert!(f.hosts_with_work_after("h", 10).unwrap().is_empty());
+        let mut f = store.frontier(1).await.unwrap();
+        assert_eq!(f.meta("out_len").await.unwrap().as_deref(), Some("10"));
+        assert_eq!(f.hosts_with_work_after("", 10).await.unwrap(), ["h"]);
+        assert!(f.hosts_with_work_after("h", 10).await.unwrap().is_empty());
         let waiting: Vec<String> = f
             .waiting("h", 0, 10)
+            .await
             .unwrap()
             .into_iter()
             .map(|q| q.url)
             .collect();
         assert_eq!(waiting, ["http://h/b", "http://h/c"]);
-        assert_eq!(f.count(UrlState::Done).unwrap(), 1);
-        let b = f.waiting("h", 0, 1).unwrap().remove(0);
-        f.finish(b.id, UrlState::Failed, 1, &[]).unwrap();
-        assert_eq!(f.requeue_failed().unwrap(), 1);
-        f.mark_seen_done("http://h/c", "h", 1).unwrap();
-        assert_eq!(f.waiting("h", 0, 10).unwrap().len(), 1);
-        assert_eq!(f.total().unwrap(), 3);
+        assert_eq!(f.count(UrlState::Done).await.unwrap(), 1);
+        let b = f.waiting("h", 0, 1).await.unwrap().remove(0);
+        f.finish(b.id, UrlState::Failed, 1, &[]).await.unwrap();
+        assert_eq!(f.requeue_failed().await.unwrap(), 1);
+        f.mark_seen_done("http://h/c", "h", 1).await.unwrap();
+        assert_eq!(f.waiting("h", 0, 10).await.unwrap().len(), 1);
+        assert_eq!(f.total().await.unwrap(), 3);
     }
 }
