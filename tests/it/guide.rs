@@ -31,7 +31,7 @@ const SKIPPED: &[(&str, usize, &str)] = &[
         2,
         "creates a PostgreSQL role and database",
     ),
-    ("benches", 14, "the benchmarks take minutes each"),
+    ("benches", 16, "the benchmarks take minutes each"),
     ("scrapy", 1, "needs Scrapy and a spider"),
 ];
 
