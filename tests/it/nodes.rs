@@ -176,7 +176,8 @@ fn json_list(proxies: &[FakeHttpProxy]) -> String {
 /// `concurrency` checks in flight per node, leases of `lease`, and
 /// served proxies re-checked only after ten minutes, so that a second
 /// check of a proxy within the test would be a check twice in one
-/// interval.
+/// interval. Every proxy works, so checks get long timeouts: a check cut
+/// short by a loaded machine would be re-checked and counted twice.
 fn base(
     dir: &Path,
     source: &str,
@@ -190,6 +191,8 @@ fn base(
             judge.url()
         ))
         .set("check", "https", "false")
+        .set("check", "connect_timeout", "\"10s\"")
+        .set("check", "timeout", "\"10s\"")
         .set("check", "concurrency", &concurrency.to_string())
         .set("check", "serve_recheck_min", "\"10m\"")
         .set("check", "recheck_alive", "\"10m\"")
