@@ -379,39 +379,16 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::proxy::{Anonymity, Proxy};
+    use crate::proxy::Anonymity;
 
     fn rec(id: i64, country: &str, latency: i64, scheme: Scheme) -> ProxyRecord {
-        ProxyRecord {
-            id,
-            proxy: Proxy {
-                scheme,
-                host: format!("10.0.0.{id}").parse().unwrap(),
-                port: 8080,
-                auth: None,
-            },
-            scheme_detect: false,
-            status: Status::Alive,
-            country: Country::parse(country),
-            country_source: Some("source".into()),
-            anonymity: Some(Anonymity::Anonymous),
-            https: Some(id % 2 == 0),
-            latency_ms: Some(latency),
-            exit_ip: None,
-            last_checked: Some(1_000),
-            last_alive: Some(1_000),
-            first_seen: 0,
-            last_seen: 0,
-            reason: None,
-            hint_anonymity: None,
-            hint_https: None,
-            checks_total: 1,
-            checks_ok: 1,
-            consecutive_failures: 0,
-            next_check_at: 0,
-            sources: Vec::new(),
-            failed_in_use_at: None,
-        }
+        let mut r = ProxyRecord::alive_for_test(id, latency);
+        r.proxy.scheme = scheme;
+        r.country = Country::parse(country);
+        r.country_source = Some("source".into());
+        r.anonymity = Some(Anonymity::Anonymous);
+        r.https = Some(id % 2 == 0);
+        r
     }
 
     fn pick(index: &HealthIndex, q: &ProxyQuery, now: i64) -> Option<Arc<Entry>> {

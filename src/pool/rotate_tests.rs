@@ -12,36 +12,7 @@ use crate::store::ProxyRecord;
 const SITE: &str = "shop.test";
 
 fn rec(id: i64) -> ProxyRecord {
-    ProxyRecord {
-        id,
-        proxy: Proxy {
-            scheme: Scheme::Http,
-            host: format!("10.2.0.{id}").parse().unwrap(),
-            port: 8080,
-            auth: None,
-        },
-        scheme_detect: false,
-        status: Status::Alive,
-        country: None,
-        country_source: None,
-        anonymity: None,
-        https: None,
-        latency_ms: Some(100),
-        exit_ip: None,
-        last_checked: Some(1_000),
-        last_alive: Some(1_000),
-        first_seen: 0,
-        last_seen: 0,
-        reason: None,
-        hint_anonymity: None,
-        hint_https: None,
-        checks_total: 1,
-        checks_ok: 1,
-        consecutive_failures: 0,
-        next_check_at: 0,
-        sources: Vec::new(),
-        failed_in_use_at: None,
-    }
+    ProxyRecord::alive_for_test(id, 100)
 }
 
 /// A round-robin pool of proxies 1..=n on an index of its own.

@@ -8,44 +8,12 @@ use std::collections::{HashMap, HashSet};
 use proptest::prelude::*;
 
 use super::*;
-use crate::proxy::Proxy;
 use crate::store::ProxyRecord;
 
 const SITE: &str = "shop.test";
 
 fn rec(id: i64, latency: i64) -> ProxyRecord {
-    ProxyRecord {
-        id,
-        proxy: Proxy {
-            scheme: Scheme::Http,
-            host: format!("10.1.{}.{}", id / 250, id % 250 + 1)
-                .parse()
-                .unwrap(),
-            port: 8080,
-            auth: None,
-        },
-        scheme_detect: false,
-        status: Status::Alive,
-        country: None,
-        country_source: None,
-        anonymity: None,
-        https: None,
-        latency_ms: Some(latency),
-        exit_ip: None,
-        last_checked: Some(1_000),
-        last_alive: Some(1_000),
-        first_seen: 0,
-        last_seen: 0,
-        reason: None,
-        hint_anonymity: None,
-        hint_https: None,
-        checks_total: 1,
-        checks_ok: 1,
-        consecutive_failures: 0,
-        next_check_at: 0,
-        sources: Vec::new(),
-        failed_in_use_at: None,
-    }
+    ProxyRecord::alive_for_test(id, latency)
 }
 
 /// A pool of `n` proxies (ids 1..=n, check latencies from `latencies`)

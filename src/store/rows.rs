@@ -59,6 +59,46 @@ pub struct ProxyRecord {
     pub failed_in_use_at: Option<i64>,
 }
 
+#[cfg(test)]
+impl ProxyRecord {
+    /// An alive plain-HTTP proxy for unit tests: `id` at an address of its
+    /// own (`10.a.b.c` from the id's bytes), checked once, successfully,
+    /// at 1,000 ms, in `latency_ms`.
+    pub(crate) fn alive_for_test(id: i64, latency_ms: i64) -> ProxyRecord {
+        ProxyRecord {
+            id,
+            proxy: Proxy {
+                scheme: crate::proxy::Scheme::Http,
+                host: std::net::Ipv4Addr::new(10, (id >> 16) as u8, (id >> 8) as u8, id as u8)
+                    .into(),
+                port: 8080,
+                auth: None,
+            },
+            scheme_detect: false,
+            status: Status::Alive,
+            country: None,
+            country_source: None,
+            anonymity: None,
+            https: None,
+            latency_ms: Some(latency_ms),
+            exit_ip: None,
+            last_checked: Some(1_000),
+            last_alive: Some(1_000),
+            first_seen: 0,
+            last_seen: 0,
+            reason: None,
+            hint_anonymity: None,
+            hint_https: None,
+            checks_total: 1,
+            checks_ok: 1,
+            consecutive_failures: 0,
+            next_check_at: 0,
+            sources: Vec::new(),
+            failed_in_use_at: None,
+        }
+    }
+}
+
 impl ProxyRecord {
     /// True when it failed in use after its last check: no node serves it
     /// until a newer check passes.
