@@ -17,12 +17,19 @@ fn git(args: &[&str]) -> Option<String> {
 
 fn main() {
     println!("cargo:rerun-if-env-changed=PROXYWARDEN_COMMIT");
-    let commit = std::env::var("PROXYWARDEN_COMMIT")
+    let given = std::env::var("PROXYWARDEN_COMMIT")
         .ok()
-        .filter(|c| !c.is_empty())
-        .or_else(|| git(&["rev-parse", "--short=12", "HEAD"]))
-        .unwrap_or_else(|| "unknown".to_owned());
+        .filter(|c| !c.is_empty());
+    let (commit, from) = match given {
+        Some(c) => (c, "env"),
+        None => match git(&["rev-parse", "--short=12", "HEAD"]) {
+            Some(c) => (c, "git"),
+            None => ("unknown".to_owned(), "none"),
+        },
+    };
     println!("cargo:rustc-env=PROXYWARDEN_COMMIT={commit}");
+    // Where the name came from, for the test that checks it.
+    println!("cargo:rustc-env=PROXYWARDEN_COMMIT_FROM={from}");
     // Run again when HEAD moves: HEAD itself names the branch, the branch's
     // ref file (or packed-refs) holds the commit.
     if let Some(dir) = git(&["rev-parse", "--git-dir"]) {

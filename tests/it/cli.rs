@@ -1773,3 +1773,28 @@ async fn check_list_gives_country_and_https_as_the_daemon_does() {
     assert_eq!(t["https"], true, "{t}");
     assert_eq!(row(plain_only.addr())["https"], false);
 }
+
+/// `--version` names the commit the binary was built from: the one
+/// checked out here when the build read it from git (not from
+/// `PROXYWARDEN_COMMIT`, and not outside a checkout).
+#[tokio::test]
+async fn version_names_the_commit_the_binary_was_built_from() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = proxywarden(dir.path(), &["--version"]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let built = env!("PROXYWARDEN_COMMIT");
+    assert_eq!(
+        stdout(&out).trim(),
+        format!("proxywarden {} ({built})", env!("CARGO_PKG_VERSION"))
+    );
+    if env!("PROXYWARDEN_COMMIT_FROM") != "git" {
+        return;
+    }
+    let head = std::process::Command::new("git")
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .unwrap();
+    let head = String::from_utf8_lossy(&head.stdout).trim().to_owned();
+    assert_eq!(built, head, "the binary names another commit than HEAD");
+}
