@@ -95,12 +95,15 @@ async fn verify_never_hands_out_a_proxy_at_its_cap() {
         .unwrap();
     let hold = tokio::spawn(async move { holder.get(&format!("http://{silent_addr}/")).await });
     let pool = service.pool.clone();
+    // The lease is taken before the request reaches the proxy: wait for
+    // both, so that the holder's own request is not counted as a check.
     common::until(
         "the busy proxy carries a request",
         Duration::from_secs(30),
         || {
             let pool = pool.clone();
-            async move { pool.in_flight(busy_id) == 1 }
+            let arrived = busy.requests() >= 1;
+            async move { arrived && pool.in_flight(busy_id) == 1 }
         },
     )
     .await;
