@@ -833,8 +833,15 @@ async fn verify_works_from_the_first_second_and_hides_what_it_finds_dead() {
     drop(doomed);
     let (status, e) = d.json("/proxy?verify=true&country=DE").await;
     assert_eq!(status, 404, "{e}");
+    // Verify's own check found it dead, or the re-checks that keep served
+    // proxies fresh after a start found it first: either way it is not
+    // handed out. (`verify::a_failed_verification_is_charged_as_a_failure_in_use`
+    // holds the message of the first case on its own.)
     let message = e["error"]["message"].as_str().unwrap();
-    assert!(message.contains("the 1 tried failed"), "{message}");
+    assert!(
+        message.contains("the 1 tried failed") || message.contains("no alive proxy matches"),
+        "{message}"
+    );
     assert_eq!(
         d.json("/proxy?country=DE").await.0,
         404,
