@@ -232,28 +232,11 @@ impl Postgres {
         filter: ProxyFilter,
     ) -> Result<Vec<ProxyRecord>, StoreError> {
         let (clause, args) = filter_sql(&filter);
-        let mut c = self.client().await?;
-        // One snapshot for the proxies and their links.
-        let tx = c
-            .build_transaction()
-            .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
-            .read_only(true)
-            .start()
-            .await?;
-        let rows = tx
-            .query(
-                &format!("SELECT {PROXY_COLUMNS_OWN} FROM proxies p WHERE {clause} ORDER BY p.id"),
-                &refs(&args),
-            )
-            .await?;
-        let mut records = rows
-            .iter()
-            .map(proxy_from_row)
-            .collect::<Result<Vec<_>, _>>()?;
-        drop(rows);
-        attach_sources(&tx, &mut records).await?;
-        tx.commit().await?;
-        Ok(records)
+        self.proxies_with_sources(
+            &format!("SELECT {PROXY_COLUMNS_OWN} FROM proxies p WHERE {clause} ORDER BY p.id"),
+            &args,
+        )
+        .await
     }
 
     pub(crate) async fn list_proxies_after(
@@ -266,6 +249,23 @@ impl Postgres {
         args.push(Box::new(after));
         args.push(Box::new(i64::try_from(limit).unwrap_or(i64::MAX)));
         let n = args.len();
+        self.proxies_with_sources(
+            &format!(
+                "SELECT {PROXY_COLUMNS_OWN} FROM proxies p WHERE {clause} AND p.id > ${}
+                 ORDER BY p.id LIMIT ${n}",
+                n - 1
+            ),
+            &args,
+        )
+        .await
+    }
+
+    /// The proxies `sql` selects, with their sources, read in one snapshot.
+    async fn proxies_with_sources(
+        &self,
+        sql: &str,
+        args: &Args,
+    ) -> Result<Vec<ProxyRecord>, StoreError> {
         let mut c = self.client().await?;
         let tx = c
             .build_transaction()
@@ -273,16 +273,7 @@ impl Postgres {
             .read_only(true)
             .start()
             .await?;
-        let rows = tx
-            .query(
-                &format!(
-                    "SELECT {PROXY_COLUMNS_OWN} FROM proxies p WHERE {clause} AND p.id > ${}
-                     ORDER BY p.id LIMIT ${n}",
-                    n - 1
-                ),
-                &refs(&args),
-            )
-            .await?;
+        let rows = tx.query(sql, &refs(args)).await?;
         let mut records = rows
             .iter()
             .map(proxy_from_row)
