@@ -41,17 +41,15 @@ impl Sqlite {
         // Sorting millions of entries is CPU work: off the runtime. A list
         // that fits one transaction keeps its order, so its new proxies
         // are numbered (and first checked) in the order the source gives.
-        let list = match tokio::task::spawn_blocking(move || {
-            if list.len() > SOURCE_CHUNK {
-                list.sort_by_identity_text();
-            }
-            list
-        })
-        .await
-        {
-            Ok(l) => l,
-            Err(e) => std::panic::resume_unwind(e.into_panic()),
-        };
+        let list = super::joined_blocking(
+            tokio::task::spawn_blocking(move || {
+                if list.len() > SOURCE_CHUNK {
+                    list.sort_by_identity_text();
+                }
+                list
+            })
+            .await,
+        )?;
         // The proxies this list names, to unlist the source's others.
         let mut seen: Vec<i64> = Vec::with_capacity(list.len());
         {

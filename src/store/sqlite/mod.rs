@@ -222,10 +222,7 @@ impl Sqlite {
             Ok::<bool, rusqlite::Error>(busy == 0)
         })
         .await;
-        match joined {
-            Ok(r) => Ok(r?),
-            Err(e) => std::panic::resume_unwind(e.into_panic()),
-        }
+        Ok(joined_blocking(joined)??)
     }
 
     pub(crate) async fn schema_version(&self) -> Result<i64, StoreError> {
@@ -254,24 +251,24 @@ impl Sqlite {
             .expect("a permit guarantees an idle reader");
         let guard = InterruptOnDrop(Arc::new(Mutex::new(Some(conn.get_interrupt_handle()))));
         let handle = guard.0.clone();
-        let shared = self.inner.clone();
+        let lent = Lent {
+            conn: Some(conn),
+            shared: self.inner.clone(),
+            _permit: permit,
+        };
         let joined = tokio::task::spawn_blocking(move || {
             let result = if lock(&handle).is_some() {
-                f(&conn)
+                f(lent.conn())
             } else {
                 Err(StoreError::Cancelled)
             };
             // Disarmed before the connection can serve anyone else.
             lock(&handle).take();
-            lock(&shared.readers).push(conn);
-            drop(permit);
+            drop(lent);
             result
         })
         .await;
-        match joined {
-            Ok(r) => r,
-            Err(e) => std::panic::resume_unwind(e.into_panic()),
-        }
+        joined_blocking(joined)?
     }
 
     /// Runs `f` on the writer's connection, inside a transaction it may
@@ -313,6 +310,42 @@ impl Sqlite {
         let (job, done) = writer::Call::job(weight, f);
         writer.send(job).await.map_err(|_| StoreError::Closed)?;
         Ok(async move { done.await.map_err(|_| StoreError::Closed)? })
+    }
+}
+
+/// A reader connection out of the pool, with the permit that let it out:
+/// dropped (its read over, or its blocking task dropped unrun because the
+/// runtime is shutting down), it puts the connection back before the
+/// permit goes, so a permit always finds an idle reader.
+struct Lent {
+    conn: Option<Connection>,
+    shared: Arc<Shared>,
+    _permit: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl Lent {
+    fn conn(&self) -> &Connection {
+        self.conn.as_ref().expect("held until dropped")
+    }
+}
+
+impl Drop for Lent {
+    fn drop(&mut self) {
+        if let Some(conn) = self.conn.take() {
+            lock(&self.shared.readers).push(conn);
+        }
+    }
+}
+
+/// A blocking task's outcome: its panic goes on up; a task the runtime
+/// dropped unrun (it is shutting down) is a closed store, not a panic.
+pub(super) fn joined_blocking<T>(
+    joined: Result<T, tokio::task::JoinError>,
+) -> Result<T, StoreError> {
+    match joined {
+        Ok(r) => Ok(r),
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        Err(_) => Err(StoreError::Closed),
     }
 }
 
@@ -464,4 +497,51 @@ fn immutable_uri(path: &Path) -> Result<String, StoreError> {
     let url = url::Url::from_file_path(&abs)
         .map_err(|()| fail("the path cannot be written as a URI".into()))?;
     Ok(format!("{url}?mode=ro&immutable=1"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A runtime shut down takes no more blocking tasks: a read asked of
+    /// it then is a closed store to its caller (not a panic), and its
+    /// connection goes back, so the store still serves every reader at
+    /// once from the next runtime.
+    #[test]
+    fn a_read_the_runtime_cannot_run_gives_its_connection_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Sqlite::open(&dir.path().join("p.db")).unwrap();
+
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let handle = rt.handle().clone();
+        rt.shutdown_background();
+        let refused = handle.block_on(store.read(|_| Ok(())));
+        assert!(matches!(refused, Err(StoreError::Closed)), "{refused:?}");
+
+        let next = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .max_blocking_threads(READERS)
+            .build()
+            .unwrap();
+        next.block_on(async {
+            let barrier = Arc::new(std::sync::Barrier::new(READERS));
+            let reads = (0..READERS).map(|_| {
+                let store = store.clone();
+                let barrier = barrier.clone();
+                tokio::spawn(async move {
+                    store
+                        .read(move |c| {
+                            barrier.wait();
+                            Ok(c.query_row("SELECT 1", [], |r| r.get::<_, i64>(0))?)
+                        })
+                        .await
+                })
+            });
+            for read in futures::future::join_all(reads).await {
+                assert_eq!(read.unwrap().unwrap(), 1);
+            }
+        });
+    }
 }
