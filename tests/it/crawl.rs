@@ -560,7 +560,7 @@ async fn crawl_row(dir: &Path, alive: &[AliveProxy], row: Politeness) -> Result<
         per_host_concurrency: row.per_host,
         ..options(dir, &site.url("/"))
     };
-    let bound = row.bound(timeout);
+    let bound = Politeness::HUNG;
     let Ok(summary) = tokio::time::timeout(bound, run(&pool, crawl_opts)).await else {
         return Err(format!(
             "still running after {bound:?} with {} requests made",
