@@ -54,7 +54,7 @@ use common::fakes::{Behavior, FakeHttpProxy, HttpProxyOpts, closed_port, raise_n
 use common::site::{RateLimit, Reply, Site, SiteOpts};
 use common::{AliveProxy, store_with_alive};
 use proxywarden::crawl::{CrawlOptions, Progress, crawl};
-use proxywarden::pool::{NoProxy, Pool, PoolOptions};
+use proxywarden::pool::{NoProxy, Pool, PoolOptions, SharedOptions};
 use tokio_util::sync::CancellationToken;
 
 const MEASURE_ARG: &str = "--measure";
@@ -402,6 +402,7 @@ fn measure(pass: Pass) {
         let (store, _) = store_with_alive(&dir.path().join("p.db"), &alive).await;
         let pool = Pool::from_store(
             &store,
+            SharedOptions::default(),
             PoolOptions {
                 connect_timeout: Duration::from_secs(1),
                 first_byte_timeout: Duration::from_secs(2),

@@ -190,7 +190,6 @@ impl CrawlArgs {
             // --no-proxy-wait, read by the validator.
             (_, NoProxyArg::Wait) => {}
         }
-        pool.extra_ca = self.ca_file.clone();
         if let Some(t) = self.connect_timeout {
             pool.connect_timeout = t;
         }
@@ -239,13 +238,17 @@ pub(super) async fn run(config_path: Option<&Path>, args: CrawlArgs) -> anyhow::
         pool: opts,
     } = args.validate(config.api.max_age)?;
     let store = open_store(&config).await?;
+    let shared = crate::pool::SharedOptions {
+        extra_ca: args.ca_file.clone(),
+        ..crate::pool::SharedOptions::default()
+    };
     let pool = if args.direct {
         // No proxy at all: an empty index, so every request goes direct.
         let feedback =
             crate::health::Feedback::new(crate::health::HealthIndex::new(), store.clone());
-        Pool::new(feedback, opts)?
+        Pool::new(feedback, shared, opts)?
     } else {
-        Pool::from_store(&store, opts)?
+        Pool::from_store(&store, shared, opts)?
     };
     if let Some(state) = &args.state
         && !args.urls.is_empty()

@@ -9,9 +9,7 @@ mod query;
 mod sites;
 mod spread;
 
-pub use feedback::{
-    BAN_FOR, Feedback, RATE_LIMIT_REST, REFUSAL_REST, Reported, SERVED_RECHECK_AFTER,
-};
+pub use feedback::{Feedback, Reported};
 pub use index::{BestOfTwo, Entry, HealthIndex, Matches, Strategy, score};
 pub use query::ProxyQuery;
 pub use spread::{SPREAD_SITES, SPREAD_USES, SPREAD_WINDOW, SiteSpread};

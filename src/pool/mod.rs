@@ -4,13 +4,13 @@
 //! reports it on the one feedback path and retries on other proxies.
 //!
 //! ```no_run
-//! use proxywarden::pool::{Pool, PoolOptions};
+//! use proxywarden::pool::{Pool, PoolOptions, SharedOptions};
 //! use proxywarden::store::Store;
 //!
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 //! let store = Store::open("proxywarden.db".as_ref())?;
-//! // Or `Pool::new(feedback, opts)` on the daemon's live health index.
-//! let pool = Pool::from_store(&store, PoolOptions::default())?;
+//! // Or `Pool::new(feedback, shared, opts)` on the daemon's live health index.
+//! let pool = Pool::from_store(&store, SharedOptions::default(), PoolOptions::default())?;
 //! let page = pool.get("http://example.com/a").await?; // retried on other proxies
 //! println!("{} via {}", page.status(), page.proxy());
 //! # Ok(())
@@ -83,23 +83,15 @@ pub enum NoProxy {
     Queue(Duration),
 }
 
-/// How a pool behaves. `Default` gives short timeouts and the budgets the
-/// crawler uses.
+/// How one client of a pool behaves (each [`Pool::client`] sets its own;
+/// what the clients share is in [`SharedOptions`]). `Default` gives short
+/// timeouts and the budgets the crawler uses.
 #[derive(Clone, Debug)]
 pub struct PoolOptions {
     /// Which proxies (the same filters as the API's).
     pub query: ProxyQuery,
     /// How one is chosen among those usable.
     pub strategy: StrategyKind,
-    /// Requests through one proxy at once, for every client of the pool
-    /// together (taken from the options the pool was built with, not from
-    /// those of a [`Pool::client`]).
-    pub max_in_flight: u32,
-    /// How long a proxy that failed rests; doubled for each failure in a
-    /// row, up to `max_cooldown` (as `max_in_flight`, the pool's).
-    pub cooldown: Duration,
-    /// The longest rest (the pool's).
-    pub max_cooldown: Duration,
     /// TCP connect to the proxy.
     pub connect_timeout: Duration,
     /// From the connection to the answer's head (proxy handshake and TLS
@@ -126,20 +118,57 @@ pub struct PoolOptions {
     pub session_uses: u32,
     /// …or once it is this old.
     pub session_age: Duration,
-    /// Sticky sessions kept at once, for every client together (the
-    /// pool's): a new session beyond it evicts the oldest, counted in
-    /// [`SessionCounts::evicted`].
-    pub max_sessions: usize,
     /// The `User-Agent` sent.
     pub user_agent: String,
     /// Which answers are blocks or proxy lies.
     pub classifier: Classifier,
-    /// PEM roots trusted besides the built-in ones (private sites, tests;
-    /// the pool's).
+}
+
+/// What one pool holds for every client together, given once when it is
+/// built ([`Pool::new`], [`Pool::shared`], [`Pool::from_store`]); a
+/// [`Pool::client`] shares them and sets only its own [`PoolOptions`].
+#[derive(Clone, Debug)]
+pub struct SharedOptions {
+    /// Requests and tunnels through one proxy at once, for every client of
+    /// the pool together.
+    pub max_in_flight: u32,
+    /// How long a proxy that failed rests; doubled for each failure in a
+    /// row, up to `max_cooldown`.
+    pub cooldown: Duration,
+    /// The longest rest.
+    pub max_cooldown: Duration,
+    /// Sticky sessions kept at once: a new session beyond it evicts the
+    /// oldest, counted in [`SessionCounts::evicted`].
+    pub max_sessions: usize,
+    /// PEM roots trusted besides the built-in ones (private sites, tests).
     pub extra_ca: Option<PathBuf>,
     /// How often a pool made by [`Pool::from_store`] reloads the alive
-    /// proxies from the store (the pool's).
+    /// proxies from the store.
     pub refresh_every: Duration,
+}
+
+impl Default for SharedOptions {
+    fn default() -> SharedOptions {
+        SharedOptions {
+            max_in_flight: 4,
+            cooldown: Duration::from_secs(30),
+            max_cooldown: Duration::from_secs(30 * 60),
+            max_sessions: DEFAULT_MAX_SESSIONS,
+            extra_ca: None,
+            refresh_every: Duration::from_secs(30),
+        }
+    }
+}
+
+/// The caps `[pool]` sets for every client of the daemon's pool.
+impl From<&crate::config::PoolConfig> for SharedOptions {
+    fn from(config: &crate::config::PoolConfig) -> SharedOptions {
+        SharedOptions {
+            max_in_flight: config.max_per_proxy,
+            max_sessions: config.max_sessions,
+            ..SharedOptions::default()
+        }
+    }
 }
 
 /// The user agent unless one is given.
@@ -150,9 +179,6 @@ impl Default for PoolOptions {
         PoolOptions {
             query: ProxyQuery::default(),
             strategy: StrategyKind::default(),
-            max_in_flight: 4,
-            cooldown: Duration::from_secs(30),
-            max_cooldown: Duration::from_secs(30 * 60),
             connect_timeout: Duration::from_secs(4),
             first_byte_timeout: Duration::from_secs(8),
             total_timeout: Duration::from_secs(20),
@@ -165,11 +191,8 @@ impl Default for PoolOptions {
             no_proxy: NoProxy::Wait(Duration::from_secs(60)),
             session_uses: 100,
             session_age: Duration::from_secs(600),
-            max_sessions: DEFAULT_MAX_SESSIONS,
             user_agent: DEFAULT_USER_AGENT.to_owned(),
             classifier: Classifier::default(),
-            extra_ca: None,
-            refresh_every: Duration::from_secs(30),
         }
     }
 }
@@ -481,7 +504,7 @@ pub struct PoolStats {
 
 /// Proxies refused alike (bare 403) before the answer is the page.
 const REFUSAL_QUORUM: u32 = 3;
-/// Sticky sessions kept unless [`PoolOptions::max_sessions`] says
+/// Sticky sessions kept unless [`SharedOptions::max_sessions`] says
 /// otherwise.
 pub const DEFAULT_MAX_SESSIONS: usize = 100_000;
 /// Sites whose bans are counted for the stats.
@@ -520,7 +543,7 @@ struct Session {
 pub struct SessionCounts {
     /// Sessions held now (some may have expired and wait to be dropped).
     pub open: u64,
-    /// The most held at once ([`PoolOptions::max_sessions`]).
+    /// The most held at once ([`SharedOptions::max_sessions`]).
     pub max: u64,
     /// Live sessions dropped, oldest first, to make room for a new one:
     /// each such client moved to another proxy.
@@ -679,9 +702,14 @@ pub struct Want<'a> {
 
 impl Pool {
     /// A pool on a live index: `feedback` is the daemon's feedback path,
-    /// whose index the checker keeps current.
-    pub fn new(feedback: Feedback, opts: PoolOptions) -> Result<Pool, PoolError> {
-        Pool::build(feedback, opts, true)
+    /// whose index the checker keeps current; `shared` holds for every
+    /// client of it, `opts` for this handle.
+    pub fn new(
+        feedback: Feedback,
+        shared: SharedOptions,
+        opts: PoolOptions,
+    ) -> Result<Pool, PoolError> {
+        Pool::build(feedback, shared, opts, true)
     }
 
     /// The daemon's one pool on the live index behind `feedback`, with the
@@ -691,19 +719,17 @@ impl Pool {
         feedback: Feedback,
         config: &crate::config::PoolConfig,
     ) -> Result<Pool, PoolError> {
-        Pool::new(
-            feedback,
-            PoolOptions {
-                max_in_flight: config.max_per_proxy,
-                max_sessions: config.max_sessions,
-                ..PoolOptions::default()
-            },
-        )
+        Pool::new(feedback, config.into(), PoolOptions::default())
     }
 
-    fn build(feedback: Feedback, opts: PoolOptions, loaded: bool) -> Result<Pool, PoolError> {
+    fn build(
+        feedback: Feedback,
+        shared: SharedOptions,
+        opts: PoolOptions,
+        loaded: bool,
+    ) -> Result<Pool, PoolError> {
         let tls =
-            crate::net::tls::client_config(opts.extra_ca.as_deref(), crate::net::tls::ALPN_H1)?;
+            crate::net::tls::client_config(shared.extra_ca.as_deref(), crate::net::tls::ALPN_H1)?;
         let shared = Arc::new(Shared {
             feedback,
             client: Client::new(tls),
@@ -715,10 +741,10 @@ impl Pool {
             loaded: watch::Sender::new(loaded),
             load_error: Mutex::new(None),
             refresher: Mutex::new(None),
-            max_in_flight: opts.max_in_flight,
-            cooldown: opts.cooldown,
-            max_cooldown: opts.max_cooldown,
-            max_sessions: opts.max_sessions.max(1),
+            max_in_flight: shared.max_in_flight,
+            cooldown: shared.cooldown,
+            max_cooldown: shared.max_cooldown,
+            max_sessions: shared.max_sessions.max(1),
             sessions_evicted: AtomicU64::new(0),
         });
         Pool::handle(shared, opts)
@@ -740,10 +766,8 @@ impl Pool {
     /// Another client of the same pool, with options of its own (filters,
     /// strategy, timeouts, budgets, sessions, user agent, what to do
     /// without a proxy) and counters of its own. What holds for every
-    /// client together comes from this pool and is not taken from `opts`:
-    /// the proxies' in-flight cap (`max_in_flight`), cooldowns, sessions,
-    /// the line of waiting requests, the extra TLS roots and the store
-    /// refresh.
+    /// client together (the [`SharedOptions`], the proxies' use and the
+    /// line of waiting requests) is this pool's.
     pub fn client(&self, opts: PoolOptions) -> Result<Pool, PoolError> {
         Pool::handle(self.inner.shared.clone(), opts)
     }

@@ -6,14 +6,18 @@ use super::*;
 
 impl Pool {
     /// A pool on the alive proxies of `store`, reloaded every
-    /// [`PoolOptions::refresh_every`], so that a daemon checking the same
+    /// [`SharedOptions::refresh_every`], so that a daemon checking the same
     /// store keeps it fresh. Must be called inside a tokio runtime; the
     /// first load runs in the background and the first request waits for it.
-    pub fn from_store(store: &Store, opts: PoolOptions) -> Result<Pool, PoolError> {
+    pub fn from_store(
+        store: &Store,
+        shared: SharedOptions,
+        opts: PoolOptions,
+    ) -> Result<Pool, PoolError> {
         let handle = tokio::runtime::Handle::try_current().map_err(|_| PoolError::NoRuntime)?;
         let feedback = Feedback::new(HealthIndex::new(), store.clone());
-        let every = opts.refresh_every.max(Duration::from_millis(10));
-        let pool = Pool::build(feedback, opts, false)?;
+        let every = shared.refresh_every.max(Duration::from_millis(10));
+        let pool = Pool::build(feedback, shared, opts, false)?;
         let weak = Arc::downgrade(&pool.inner.shared);
         let store = store.clone();
         let task = handle.spawn(async move {

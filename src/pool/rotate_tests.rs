@@ -21,6 +21,7 @@ fn pool_of(dir: &std::path::Path, n: i64) -> Pool {
     let index = HealthIndex::from_records((1..=n).map(rec).collect());
     Pool::new(
         Feedback::new(index, store),
+        SharedOptions::default(),
         PoolOptions {
             strategy: StrategyKind::RoundRobin,
             ..PoolOptions::default()

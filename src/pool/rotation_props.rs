@@ -27,6 +27,7 @@ fn pool(dir: &std::path::Path, n: i64, latencies: &[i64], strategy: StrategyKind
     );
     Pool::new(
         Feedback::new(index, store),
+        SharedOptions::default(),
         PoolOptions {
             strategy,
             ..PoolOptions::default()

@@ -1351,6 +1351,12 @@ impl FakeFarm {
     pub fn requests(&self) -> usize {
         self.alive.iter().map(FakeHttpProxy::requests).sum()
     }
+
+    /// Requests received by each working proxy, in the order of
+    /// [`FakeFarm::alive_addrs`].
+    pub fn alive_requests(&self) -> Vec<usize> {
+        self.alive.iter().map(FakeHttpProxy::requests).collect()
+    }
 }
 
 // ---------------------------------------------------------------------------

@@ -4,11 +4,13 @@
 
 #![allow(dead_code)]
 
+pub mod app;
 pub mod backend;
 pub mod binary;
 pub mod config;
 pub mod daemon;
 pub mod fakes;
+pub mod gateway;
 pub mod judges;
 pub mod node;
 pub mod postgres;

@@ -8,8 +8,6 @@
 use crate::common;
 
 use std::net::SocketAddr;
-use std::path::Path;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
@@ -17,26 +15,17 @@ use axum::http::{Request, StatusCode, header};
 use http_body_util::BodyExt;
 use proxywarden::api::{self, AppState};
 use proxywarden::config::Config;
-use proxywarden::daemon::Service;
 use proxywarden::harvest::harvest_all;
-use proxywarden::health::{Feedback, load_index};
 use proxywarden::store::{ProxyFilter, Store};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
+use common::app::{request, serve, state};
 use common::daemon::{Daemon, client, status_json};
 use common::site::{Reply, Site};
 use common::{TestConfig, store_with_alive, working_proxies};
-
-/// State over an empty store in `dir`, its config tuned by `tune`.
-async fn state(dir: &Path, tune: impl FnOnce(TestConfig) -> TestConfig) -> AppState {
-    let config = tune(TestConfig::new(dir).db("attacks.db")).build();
-    let store = Store::open(&config.database.path).unwrap();
-    let index = load_index(&store).await.unwrap();
-    Service::new(store.clone(), Feedback::new(index, store), Arc::new(config)).api()
-}
 
 /// One request through the router: its status, headers and JSON body.
 async fn call(
@@ -54,24 +43,6 @@ async fn call(
         )
     });
     (parts.status, parts.headers, json)
-}
-
-/// `method path` with `headers` and `body`.
-fn request(method: &str, path: &str, headers: &[(&str, &str)], body: &str) -> Request<Body> {
-    let mut req = Request::builder().method(method).uri(path);
-    for (n, v) in headers {
-        req = req.header(*n, *v);
-    }
-    req.body(Body::from(body.to_owned())).unwrap()
-}
-
-/// `api::serve` on 127.0.0.1:0 over `state`: its address and its stop.
-async fn serve(state: AppState) -> (SocketAddr, CancellationToken) {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let stop = CancellationToken::new();
-    tokio::spawn(api::serve(listener, state, stop.clone()));
-    (addr, stop)
 }
 
 /// Everything a connection gets back until the server closes it.

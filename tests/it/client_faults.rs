@@ -7,78 +7,15 @@ use crate::common;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use common::{AliveProxy, TestConfig, store_with_alive, within, working_proxies};
+use common::gateway::Gw;
+use common::{within, working_proxies};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
-use proxywarden::gateway::{self, Gateway};
-use proxywarden::health::{Feedback, load_index};
-use proxywarden::pool::Pool;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio_util::sync::CancellationToken;
-
-/// A gateway on 127.0.0.1:0 over a store holding `proxies` as alive.
-struct Gw {
-    addr: SocketAddr,
-    gateway: Gateway,
-    feedback: Feedback,
-    ids: Vec<i64>,
-    shutdown: CancellationToken,
-}
-
-impl Drop for Gw {
-    fn drop(&mut self) {
-        self.shutdown.cancel();
-    }
-}
-
-impl Gw {
-    async fn start(
-        dir: &Path,
-        proxies: &[AliveProxy],
-        tune: impl FnOnce(TestConfig) -> TestConfig,
-    ) -> Gw {
-        let (store, ids) = store_with_alive(&dir.join("gw.db"), proxies).await;
-        let feedback = Feedback::new(load_index(&store).await.unwrap(), store);
-        let config = tune(
-            TestConfig::new(dir)
-                .set("gateway", "connect_timeout", "\"1s\"")
-                .set("gateway", "timeout", "\"3s\""),
-        )
-        .build();
-        let pool = Pool::shared(feedback.clone(), &config.pool).unwrap();
-        let gateway = Gateway::new(&pool, &config.gateway, config.api.max_age).unwrap();
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let shutdown = CancellationToken::new();
-        tokio::spawn(gateway::serve(listener, gateway.clone(), shutdown.clone()));
-        Gw {
-            addr,
-            gateway,
-            feedback,
-            ids,
-            shutdown,
-        }
-    }
-
-    /// Asserts that no proxy was charged: each still served, none resting,
-    /// no upstream failure counted.
-    fn none_charged(&self) {
-        let stats = self.gateway.metrics().snapshot();
-        assert!(stats.upstream_failures.is_empty(), "{stats:?}");
-        for id in &self.ids {
-            assert!(
-                self.feedback.index().get(*id).is_some(),
-                "proxy {id} was taken out"
-            );
-            assert!(!self.gateway.pool().is_cooling(*id), "proxy {id} rests");
-        }
-    }
-}
 
 /// A site that reads every request body to its end before it answers
 /// (`read N`), as servers behind a form or an upload do.
@@ -170,7 +107,7 @@ async fn each_malformed_chunked_body_is_a_400_and_costs_no_proxy() {
         let dir = tempfile::tempdir().unwrap();
         let site = reading_site().await;
         let (proxies, alive) = working_proxies(3).await;
-        let gw = Gw::start(dir.path(), &alive, |c| c).await;
+        let gw = Gw::start(dir.path(), &alive).await;
         let url = format!("http://{site}/form");
         for (name, body) in malformed_bodies() {
             let mut req = chunked_head(&url);
@@ -201,7 +138,7 @@ async fn a_flood_of_malformed_bodies_leaves_every_proxy_to_the_clients_that_beha
         let dir = tempfile::tempdir().unwrap();
         let site = reading_site().await;
         let (_proxies, alive) = working_proxies(20).await;
-        let gw = Gw::start(dir.path(), &alive, |c| c).await;
+        let gw = Gw::start(dir.path(), &alive).await;
         let url = format!("http://{site}/form");
         let done = Arc::new(AtomicBool::new(false));
         let bodies = Arc::new(malformed_bodies());
@@ -260,7 +197,7 @@ async fn a_body_that_stalls_halfway_is_a_408_and_costs_no_proxy() {
         let dir = tempfile::tempdir().unwrap();
         let site = reading_site().await;
         let (proxies, alive) = working_proxies(2).await;
-        let gw = Gw::start(dir.path(), &alive, |c| {
+        let gw = Gw::start_with(dir.path(), &alive, |c| {
             c.set("gateway", "header_timeout", "\"1s\"")
         })
         .await;

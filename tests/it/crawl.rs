@@ -22,7 +22,7 @@ use common::site::{CAPTCHA_PAGE, Politeness, Reply, Site, SiteOpts, tree_page};
 use common::{AliveProxy, store_with_alive, within, working_proxies};
 use proxywarden::crawl::{CrawlOptions, Progress, Select, Summary, crawl};
 use proxywarden::health::{Feedback, load_index};
-use proxywarden::pool::{NoProxy, Pool, PoolOptions};
+use proxywarden::pool::{NoProxy, Pool, PoolOptions, SharedOptions};
 use tokio_util::sync::CancellationToken;
 
 /// Limits short enough for failing proxies, long enough for a loaded
@@ -41,7 +41,7 @@ fn quick() -> PoolOptions {
 async fn pool_of(dir: &Path, proxies: &[AliveProxy], opts: PoolOptions) -> Pool {
     let (store, _) = store_with_alive(&dir.join("p.db"), proxies).await;
     let index = load_index(&store).await.unwrap();
-    Pool::new(Feedback::new(index, store), opts).unwrap()
+    Pool::new(Feedback::new(index, store), SharedOptions::default(), opts).unwrap()
 }
 
 fn options(dir: &Path, seed: &str) -> CrawlOptions {
@@ -560,7 +560,7 @@ async fn crawl_row(dir: &Path, alive: &[AliveProxy], row: Politeness) -> Result<
         per_host_concurrency: row.per_host,
         ..options(dir, &site.url("/"))
     };
-    let bound = row.bound(timeout);
+    let bound = Politeness::HUNG;
     let Ok(summary) = tokio::time::timeout(bound, run(&pool, crawl_opts)).await else {
         return Err(format!(
             "still running after {bound:?} with {} requests made",

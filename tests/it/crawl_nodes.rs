@@ -199,7 +199,7 @@ async fn a_cancel_asked_on_either_node_stops_the_job_where_it_runs() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_taken_over_waits_out_the_crawl_delay_of_the_last_node_s_request() {
     use proxywarden::crawl::{CrawlOptions, Progress, crawl};
-    use proxywarden::pool::{NoProxy, Pool, PoolOptions};
+    use proxywarden::pool::{NoProxy, Pool, PoolOptions, SharedOptions};
     use tokio_util::sync::CancellationToken;
 
     tokio::time::timeout(Duration::from_secs(120), async {
@@ -239,7 +239,7 @@ async fn a_job_taken_over_waits_out_the_crawl_delay_of_the_last_node_s_request()
                 .len(),
             1
         );
-        let pool_a = Pool::from_store(&store, pool_opts()).unwrap();
+        let pool_a = Pool::from_store(&store, SharedOptions::default(), pool_opts()).unwrap();
         {
             // Node a: robots.txt and two pages, then it is gone at once.
             let a = crawl(
@@ -267,7 +267,7 @@ async fn a_job_taken_over_waits_out_the_crawl_delay_of_the_last_node_s_request()
                 .len(),
             1
         );
-        let pool_b = Pool::from_store(&store, pool_opts()).unwrap();
+        let pool_b = Pool::from_store(&store, SharedOptions::default(), pool_opts()).unwrap();
         let summary = crawl(
             &pool_b,
             crawl_opts("b", "b.jsonl"),

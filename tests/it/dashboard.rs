@@ -20,18 +20,54 @@ use fantoccini::{Client, ClientBuilder, Locator};
 
 const TOKEN: &str = "dashboard-test-token-0123456789";
 
-/// A chromedriver process and a Chromium session on it; the driver is
-/// killed when dropped.
+/// A chromedriver process and a Chromium session on it, its profile in a
+/// folder of its own; when dropped the driver is killed, Chromium follows
+/// it out, and the profile folder is removed.
 struct Browser {
     client: Client,
     driver: Child,
+    profile: tempfile::TempDir,
 }
 
 impl Drop for Browser {
     fn drop(&mut self) {
         let _ = self.driver.kill();
         let _ = self.driver.wait();
+        // Chromium quits once its driver is gone; its folder is removed
+        // after it has (the folder is removed when `profile` drops).
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let left = processes_using(self.profile.path());
+            if left.is_empty() {
+                break;
+            }
+            if Instant::now() > deadline {
+                for pid in left {
+                    let _ = Command::new("kill").arg("-9").arg(pid.to_string()).status();
+                }
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
+}
+
+/// The processes whose command line names `dir` (the Chromium processes of
+/// one profile).
+fn processes_using(dir: &Path) -> Vec<u32> {
+    let needle = dir.to_string_lossy().into_owned();
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+            let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
+            String::from_utf8_lossy(&cmdline)
+                .contains(needle.as_str())
+                .then_some(pid)
+        })
+        .collect()
 }
 
 fn which(names: &[&str]) -> Option<PathBuf> {
@@ -56,9 +92,19 @@ impl Browser {
         );
         let chromium = which(&["chromium", "chromium-browser"])
             .expect("chromium is not installed: apt-get install chromium (.ci/run does)");
+        // Chromium's profile, cache and temporary files in a folder this
+        // browser owns: left to chromedriver, each run would leave new
+        // folders in /tmp, never removed since the driver is killed.
+        let profile = tempfile::Builder::new()
+            .prefix("proxywarden-chromium-")
+            .tempdir()
+            .unwrap();
         let port = common::free_port();
         let mut driver = Command::new(driver_bin)
             .arg(format!("--port={port}"))
+            // Chromium's own temporary folders (its singleton socket and
+            // scoped folders) go there too.
+            .env("TMPDIR", profile.path())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
@@ -89,6 +135,8 @@ impl Browser {
                 "args": [
                     "--headless", "--no-sandbox", "--disable-gpu",
                     "--disable-background-networking", format!("--window-size={width},2400"),
+                    format!("--user-data-dir={}", profile.path().display()),
+                    format!("--disk-cache-dir={}", profile.path().join("cache").display()),
                 ],
                 // The page must work without script.
                 "prefs": { "profile.managed_default_content_settings.javascript": if script { 1 } else { 2 } },
@@ -109,7 +157,11 @@ impl Browser {
             .connect(&format!("http://127.0.0.1:{port}"))
             .await
             .expect("cannot open a Chromium session");
-        Browser { client, driver }
+        Browser {
+            client,
+            driver,
+            profile,
+        }
     }
 
     /// The visible text of the first element matching `css`.

@@ -15,7 +15,7 @@ use common::{TestConfig, store_with_alive, within, working_proxies};
 use proxywarden::crawl::{CrawlOptions, Progress, crawl};
 use proxywarden::harvest::harvest_all;
 use proxywarden::health::{Feedback, load_index};
-use proxywarden::pool::{FetchError, NoProxy, Pool, PoolOptions};
+use proxywarden::pool::{FetchError, NoProxy, Pool, PoolOptions, SharedOptions};
 use proxywarden::store::{ProxyFilter, Store};
 use std::sync::Arc;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -59,6 +59,7 @@ async fn a_dripping_page_ends_at_the_deadline_and_charges_no_proxy() {
         let feedback = Feedback::new(load_index(&store).await.unwrap(), store);
         let pool = Pool::new(
             feedback.clone(),
+            SharedOptions::default(),
             PoolOptions {
                 connect_timeout: Duration::from_secs(1),
                 first_byte_timeout: Duration::from_secs(1),
@@ -104,6 +105,7 @@ async fn a_robots_txt_that_drips_ends_at_the_deadline_and_charges_no_proxy() {
         let feedback = Feedback::new(load_index(&store).await.unwrap(), store);
         let pool = Pool::new(
             feedback.clone(),
+            SharedOptions::default(),
             PoolOptions {
                 connect_timeout: Duration::from_secs(1),
                 first_byte_timeout: Duration::from_secs(1),

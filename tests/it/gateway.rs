@@ -8,7 +8,6 @@ use crate::common;
 
 use std::collections::HashSet;
 use std::net::{IpAddr, SocketAddr};
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,77 +15,12 @@ use common::daemon::Daemon;
 use common::fakes::{
     FakeHttpProxy, FakeSocks4, FakeSocks5, HttpProxyOpts, SocksOpts, closed_port, http_proxy, ip,
 };
+use common::gateway::Gw;
 use common::judges::{Judge, JudgeEcho};
 use common::site::{Reply, Site, SiteOpts};
 use common::{AliveProxy, TestConfig, ThreeCountries, store_with_alive, within, working_proxies};
-use proxywarden::gateway::{self, Gateway};
-use proxywarden::health::{Feedback, load_index};
-use proxywarden::pool::Pool;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
-use tokio_util::sync::CancellationToken;
-
-/// A gateway on 127.0.0.1:0 over a store holding `proxies` as alive.
-struct Gw {
-    addr: SocketAddr,
-    gateway: Gateway,
-    feedback: Feedback,
-    ids: Vec<i64>,
-    shutdown: CancellationToken,
-}
-
-impl Drop for Gw {
-    fn drop(&mut self) {
-        self.shutdown.cancel();
-    }
-}
-
-impl Gw {
-    async fn start(dir: &Path, proxies: &[AliveProxy]) -> Gw {
-        Gw::start_with(dir, proxies, |c| c).await
-    }
-
-    async fn start_with(
-        dir: &Path,
-        proxies: &[AliveProxy],
-        tune: impl FnOnce(TestConfig) -> TestConfig,
-    ) -> Gw {
-        let (store, ids) = store_with_alive(&dir.join("gw.db"), proxies).await;
-        let feedback = Feedback::new(load_index(&store).await.unwrap(), store);
-        let config = tune(
-            TestConfig::new(dir)
-                .set("gateway", "connect_timeout", "\"1s\"")
-                .set("gateway", "timeout", "\"3s\""),
-        )
-        .build();
-        let pool = Pool::shared(feedback.clone(), &config.pool).unwrap();
-        let gateway = Gateway::new(&pool, &config.gateway, config.api.max_age).unwrap();
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let shutdown = CancellationToken::new();
-        tokio::spawn(gateway::serve(listener, gateway.clone(), shutdown.clone()));
-        Gw {
-            addr,
-            gateway,
-            feedback,
-            ids,
-            shutdown,
-        }
-    }
-
-    fn url(&self) -> String {
-        format!("http://{}", self.addr)
-    }
-
-    /// A reqwest client using the gateway as its proxy for everything.
-    fn client(&self, auth: Option<(&str, &str)>) -> reqwest::Client {
-        let mut proxy = reqwest::Proxy::all(self.url()).unwrap();
-        if let Some((u, p)) = auth {
-            proxy = proxy.basic_auth(u, p);
-        }
-        common::daemon::proxied_client(proxy)
-    }
-}
+use tokio::net::TcpStream;
 
 /// Runs curl with `args` (always silent but for errors, bounded); status,
 /// stdout, stderr.

@@ -5,7 +5,6 @@
 use crate::common;
 
 use std::net::SocketAddr;
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,28 +14,16 @@ use http_body_util::BodyExt;
 use proxywarden::api::{self, AppState};
 use proxywarden::daemon::Service;
 use proxywarden::health::{Feedback, load_index};
-use proxywarden::store::{SourceRun, Store};
+use proxywarden::store::SourceRun;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
 use common::TestConfig;
+use common::app::{request, serve, service, state};
 
 const TOKEN: &str = "a-token-of-sixteen-or-more";
-
-/// The service over an empty store in `dir`, its config tuned by `tune`.
-async fn service(dir: &Path, tune: impl FnOnce(TestConfig) -> TestConfig) -> Service {
-    let config = tune(TestConfig::new(dir).db("guards.db")).build();
-    let store = Store::open(&config.database.path).unwrap();
-    let index = load_index(&store).await.unwrap();
-    Service::new(store.clone(), Feedback::new(index, store), Arc::new(config))
-}
-
-/// The API's state over an empty store in `dir`, its config tuned by `tune`.
-async fn state(dir: &Path, tune: impl FnOnce(TestConfig) -> TestConfig) -> AppState {
-    service(dir, tune).await.api()
-}
 
 /// One request through the router: its status, headers and body.
 async fn call(state: &AppState, req: Request<Body>) -> (StatusCode, header::HeaderMap, String) {
@@ -48,15 +35,6 @@ async fn call(state: &AppState, req: Request<Body>) -> (StatusCode, header::Head
         parts.headers,
         String::from_utf8_lossy(&body).into_owned(),
     )
-}
-
-/// `method path` with `headers` and `body`.
-fn request(method: &str, path: &str, headers: &[(&str, &str)], body: &str) -> Request<Body> {
-    let mut req = Request::builder().method(method).uri(path);
-    for (n, v) in headers {
-        req = req.header(*n, *v);
-    }
-    req.body(Body::from(body.to_owned())).unwrap()
 }
 
 fn code(body: &str) -> String {
@@ -192,15 +170,6 @@ async fn a_log_out_ends_the_session_on_the_server() {
     // The cookie a browser (or whoever copied it) kept is no session now.
     let (status, _, body) = call(&s, stats(&cookie)).await;
     assert_eq!(status, 401, "{body}");
-}
-
-/// `api::serve` on 127.0.0.1:0 over `state`: its address and its stop.
-async fn serve(state: AppState) -> (SocketAddr, CancellationToken) {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let stop = CancellationToken::new();
-    tokio::spawn(api::serve(listener, state, stop.clone()));
-    (addr, stop)
 }
 
 #[tokio::test]

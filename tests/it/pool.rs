@@ -19,7 +19,9 @@ use common::fakes::{
 use common::site::{CAPTCHA_PAGE, Reply, Site, SiteOpts};
 use common::{AliveProxy, ThreeCountries, store_with_alive, within, working_proxies};
 use proxywarden::health::{Feedback, ProxyQuery, load_index};
-use proxywarden::pool::{Carrier, FetchError, NoProxy, Pool, PoolOptions, Request, StrategyKind};
+use proxywarden::pool::{
+    Carrier, FetchError, NoProxy, Pool, PoolOptions, Request, SharedOptions, StrategyKind,
+};
 use proxywarden::proxy::{Country, Scheme};
 use proxywarden::store::{DueCursor, DueLane, Store};
 
@@ -67,9 +69,19 @@ async fn live_pool(
     proxies: &[AliveProxy],
     opts: PoolOptions,
 ) -> (Pool, Store, Vec<i64>) {
+    live_pool_sharing(dir, proxies, SharedOptions::default(), opts).await
+}
+
+/// [`live_pool`] with `shared` options of its own.
+async fn live_pool_sharing(
+    dir: &std::path::Path,
+    proxies: &[AliveProxy],
+    shared: SharedOptions,
+    opts: PoolOptions,
+) -> (Pool, Store, Vec<i64>) {
     let (store, ids) = store_with_alive(&dir.join("p.db"), proxies).await;
     let index = load_index(&store).await.unwrap();
-    let pool = Pool::new(Feedback::new(index, store.clone()), opts).unwrap();
+    let pool = Pool::new(Feedback::new(index, store.clone()), shared, opts).unwrap();
     (pool, store, ids)
 }
 
@@ -117,7 +129,8 @@ async fn the_library_example_fetches_through_a_stored_proxy() {
         )
         .await;
 
-        let pool = Pool::from_store(&store, PoolOptions::default()).unwrap();
+        let pool =
+            Pool::from_store(&store, SharedOptions::default(), PoolOptions::default()).unwrap();
         let page = pool.get(&site.url("/a")).await.unwrap();
         println!("{} via {}", page.status(), page.proxy());
 
@@ -175,11 +188,14 @@ async fn every_scheme_carries_plain_and_tls_targets_with_credentials() {
                     schemes: vec![scheme],
                     ..ProxyQuery::default()
                 },
-                extra_ca: Some(tls.ca_file().to_owned()),
                 ..quick()
             };
             let pool = Pool::new(
                 Feedback::new(load_index(&store).await.unwrap(), store.clone()),
+                SharedOptions {
+                    extra_ca: Some(tls.ca_file().to_owned()),
+                    ..SharedOptions::default()
+                },
                 opts,
             )
             .unwrap();
@@ -202,6 +218,7 @@ async fn every_scheme_carries_plain_and_tls_targets_with_credentials() {
         // whichever proxy tries.
         let pool = Pool::new(
             Feedback::new(load_index(&store).await.unwrap(), store.clone()),
+            SharedOptions::default(),
             PoolOptions {
                 rotations: 2,
                 ..quick()
@@ -285,11 +302,14 @@ async fn a_proxy_at_its_in_flight_cap_is_not_handed_out() {
         opts.latency = Duration::from_millis(200);
         let site = Site::start(opts).await;
         let (_proxies, alive) = working_proxies(2).await;
-        let (pool, _, _) = live_pool(
+        let (pool, _, _) = live_pool_sharing(
             dir.path(),
             &alive,
-            PoolOptions {
+            SharedOptions {
                 max_in_flight: 1,
+                ..SharedOptions::default()
+            },
+            PoolOptions {
                 no_proxy: NoProxy::Wait(Duration::from_secs(10)),
                 ..quick()
             },
@@ -413,7 +433,9 @@ async fn a_429_with_retry_after_is_waited_out_on_another_proxy() {
             err,
             FetchError::RetryAfterTooLong(Duration::from_secs(3600))
         );
-        assert!(started.elapsed() < Duration::from_secs(2));
+        // One request, no retry, and no wait for the hour asked.
+        assert_eq!(site.hits("/forever"), 1);
+        assert!(started.elapsed() < PoolOptions::default().max_retry_after);
     })
     .await;
 }
@@ -532,6 +554,7 @@ async fn without_a_proxy_the_caller_chooses_wait_fail_or_direct() {
 
         let waiting = Pool::new(
             pool.feedback().clone(),
+            SharedOptions::default(),
             PoolOptions {
                 no_proxy: NoProxy::Wait(Duration::from_millis(300)),
                 ..quick()
@@ -548,6 +571,7 @@ async fn without_a_proxy_the_caller_chooses_wait_fail_or_direct() {
         let a = http_proxy(2).await;
         let patient = Pool::new(
             pool.feedback().clone(),
+            SharedOptions::default(),
             PoolOptions {
                 no_proxy: NoProxy::Wait(Duration::from_secs(10)),
                 ..quick()
@@ -702,8 +726,11 @@ async fn a_pool_from_the_store_follows_it() {
         let (store, _) = store_with_alive(&path, &[]).await;
         let pool = Pool::from_store(
             &store,
-            PoolOptions {
+            SharedOptions {
                 refresh_every: Duration::from_millis(50),
+                ..SharedOptions::default()
+            },
+            PoolOptions {
                 no_proxy: NoProxy::Wait(Duration::from_secs(10)),
                 ..quick()
             },
@@ -740,6 +767,7 @@ async fn a_pool_from_the_store_follows_it() {
         let hits = a.requests();
         let strict = Pool::new(
             pool.feedback().clone(),
+            SharedOptions::default(),
             PoolOptions {
                 no_proxy: NoProxy::Fail,
                 ..quick()
@@ -767,8 +795,11 @@ async fn a_proxy_that_failed_in_use_is_not_put_back_by_the_next_refresh() {
             store_with_alive(&path, &[AliveProxy::new(format!("http://{}", dead.addr()))]).await;
         let pool = Pool::from_store(
             &store,
-            PoolOptions {
+            SharedOptions {
                 refresh_every: Duration::from_millis(20),
+                ..SharedOptions::default()
+            },
+            PoolOptions {
                 rotations: 0,
                 ..quick()
             },
@@ -836,6 +867,7 @@ async fn a_connection_is_kept_alive_per_proxy_and_target() {
         let index = load_index(&store).await.unwrap();
         let socks_pool = Pool::new(
             Feedback::new(index.clone(), store.clone()),
+            SharedOptions::default(),
             PoolOptions {
                 query: ProxyQuery {
                     schemes: vec![Scheme::Socks5],
@@ -865,12 +897,15 @@ async fn a_connection_is_kept_alive_per_proxy_and_target() {
         // A TLS tunnel through an HTTP proxy is kept too: one CONNECT.
         let http_pool = Pool::new(
             Feedback::new(index, store.clone()),
+            SharedOptions {
+                extra_ca: Some(tls.ca_file().to_owned()),
+                ..SharedOptions::default()
+            },
             PoolOptions {
                 query: ProxyQuery {
                     schemes: vec![Scheme::Http],
                     ..ProxyQuery::default()
                 },
-                extra_ca: Some(tls.ca_file().to_owned()),
                 ..quick()
             },
         )
@@ -1019,11 +1054,14 @@ async fn a_broken_tunnel_asks_for_an_https_retest() {
         let proxy = odd_proxy(Behavior::ResetTunnels).await;
         let mut alive = AliveProxy::new(proxy.url());
         alive.https = Some(true);
-        let (pool, store, ids) = live_pool(
+        let (pool, store, ids) = live_pool_sharing(
             dir.path(),
             &[alive],
-            PoolOptions {
+            SharedOptions {
                 extra_ca: Some(tls.ca_file().to_owned()),
+                ..SharedOptions::default()
+            },
+            PoolOptions {
                 rotations: 0,
                 ..quick()
             },

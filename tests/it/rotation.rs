@@ -21,7 +21,7 @@ use proxywarden::api::{self, AppState};
 use proxywarden::daemon::Service;
 use proxywarden::gateway::{self, Gateway};
 use proxywarden::health::{Feedback, load_index};
-use proxywarden::pool::{Carrier, Pool, PoolOptions, StrategyKind};
+use proxywarden::pool::{Carrier, Pool, PoolOptions, SharedOptions, StrategyKind};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
@@ -358,7 +358,7 @@ async fn the_pool_as_a_library_rotates_over_every_proxy() {
                 strategy,
                 ..PoolOptions::default()
             };
-            let pool = Pool::from_store(&store, opts).unwrap();
+            let pool = Pool::from_store(&store, SharedOptions::default(), opts).unwrap();
             let mut ids = Vec::new();
             for _ in 0..requests(strategy.as_str(), N as usize) {
                 let page = pool.get(&site.url("/p")).await.unwrap();
@@ -441,7 +441,7 @@ async fn a_crawl_spreads_one_sites_pages_over_every_proxy() {
             strategy: StrategyKind::RoundRobin,
             ..PoolOptions::default()
         };
-        let pool = Pool::new(feedback, opts).unwrap();
+        let pool = Pool::new(feedback, SharedOptions::default(), opts).unwrap();
         let summary = crawl(
             &pool,
             CrawlOptions {

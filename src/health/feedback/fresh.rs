@@ -41,7 +41,7 @@ impl Feedback {
     /// at once, and a burst of failures among served proxies puts every
     /// other served proxy up for an early re-check and under suspicion
     /// until it passes one.
-    pub fn checked(&self, id: i64, outcome: &Outcome, now: i64) {
+    pub(crate) fn checked(&self, id: i64, outcome: &Outcome, now: i64) {
         let served = if outcome.alive() {
             self.inner.index.get(id).is_some()
         } else {
@@ -106,7 +106,7 @@ impl Feedback {
     /// old news (another process checked it; it may have died since).
     /// Suspect proxies are served only while none matching has passed a
     /// check since.
-    pub fn reverify_all(&self, now: i64) {
+    pub(crate) fn reverify_all(&self, now: i64) {
         let ids = self.inner.index.ids();
         if ids.is_empty() {
             // Nothing served is nothing to suspect, and no sweep whose
@@ -128,7 +128,7 @@ impl Feedback {
 
     /// Sets the freshness window: proxies whose last check is older are
     /// never served (`Duration::ZERO`: no window).
-    pub fn set_fresh_within(&self, window: Duration) {
+    pub(crate) fn set_fresh_within(&self, window: Duration) {
         let ms = i64::try_from(window.as_millis()).unwrap_or(i64::MAX);
         self.inner.fresh_within.store(ms, Ordering::Relaxed);
     }
@@ -137,7 +137,7 @@ impl Feedback {
     /// [`Feedback::apply`]) and queues the alive ones for the check loop to
     /// put on the served proxies' re-check cycle: their next check may be
     /// as far away as `check.recheck_alive`, long past the freshness window.
-    pub fn adopt(&self, records: Vec<ProxyRecord>) {
+    pub(crate) fn adopt(&self, records: Vec<ProxyRecord>) {
         let ids: Vec<i64> = records
             .iter()
             .filter(|r| r.status == crate::proxy::Status::Alive)
@@ -159,7 +159,7 @@ impl Feedback {
     }
 
     /// Takes the adopted proxies still in the index.
-    pub fn take_adopted(&self) -> Vec<Arc<Entry>> {
+    pub(crate) fn take_adopted(&self) -> Vec<Arc<Entry>> {
         let ids = std::mem::take(&mut *lock(&self.inner.adopted));
         ids.into_iter()
             .filter_map(|id| self.inner.index.get(id))
@@ -174,7 +174,7 @@ impl Feedback {
     /// Makes the proxies queued for an early re-check due at `now` in the
     /// store; how many there were (an error loses them: each is queued
     /// again by its next failure).
-    pub async fn queue_rechecks(&self, now: i64) -> Result<usize, StoreError> {
+    pub(crate) async fn queue_rechecks(&self, now: i64) -> Result<usize, StoreError> {
         let ids = self.take_rechecks();
         let n = ids.len();
         if n > 0 {
@@ -185,26 +185,26 @@ impl Feedback {
 
     /// Brings the next check of each `(proxy id, time)` forward to that
     /// time (unix ms): adopted proxies put on the served cycle.
-    pub async fn schedule_checks(&self, due: Vec<(i64, i64)>) -> Result<(), StoreError> {
+    pub(crate) async fn schedule_checks(&self, due: Vec<(i64, i64)>) -> Result<(), StoreError> {
         self.inner.store.pull_checks_in(due).await
     }
 
     /// Puts off the next check of proxies whose check reached no verdict
     /// (every judge was unreachable) to `at` (unix ms), recording nothing
     /// about them.
-    pub async fn defer_checks(&self, ids: Vec<i64>, at: i64) -> Result<(), StoreError> {
+    pub(crate) async fn defer_checks(&self, ids: Vec<i64>, at: i64) -> Result<(), StoreError> {
         self.inner.store.defer_checks(ids, at).await
     }
 
     /// Resolves when a verdict asked for an early re-check.
-    pub async fn recheck_wanted(&self) {
+    pub(crate) async fn recheck_wanted(&self) {
         self.inner.wake.notified().await
     }
 
     /// Commits a batch of check results and brings the index in line with
     /// what was committed: proxies found alive are (re)indexed with their
     /// stored record, the others leave it.
-    pub async fn commit_checks(
+    pub(crate) async fn commit_checks(
         &self,
         batch: Vec<CheckRecord>,
         policy: RecheckPolicy,
@@ -238,7 +238,7 @@ impl Feedback {
 
     /// The change numbers after `after` whose rows this feedback brought
     /// into the index itself, sorted; those up to `after` are forgotten.
-    pub fn applied_after(&self, after: i64) -> Vec<i64> {
+    pub(crate) fn applied_after(&self, after: i64) -> Vec<i64> {
         let mut applied = lock(&self.inner.applied);
         *applied = applied.split_off(&(after + 1));
         applied.iter().copied().collect()
@@ -279,7 +279,7 @@ impl Feedback {
     /// proxies), as their stored records say. Without this they stayed
     /// out of `/proxy` and `/export` while `proxywarden export`, reading
     /// the same records, listed them.
-    pub async fn restore(&self, ids: Vec<i64>) -> Result<(), StoreError> {
+    pub(crate) async fn restore(&self, ids: Vec<i64>) -> Result<(), StoreError> {
         if ids.is_empty() {
             return Ok(());
         }
@@ -304,7 +304,7 @@ impl Feedback {
     /// loop: proxies not among them leave, the rest are (re)indexed as
     /// [`Feedback::apply`] does, so one hidden by a failure in use since its
     /// last check stays out until a newer check finds it alive.
-    pub fn reload(&self, records: Vec<ProxyRecord>) {
+    pub(crate) fn reload(&self, records: Vec<ProxyRecord>) {
         let keep: HashSet<i64> = records.iter().map(|r| r.id).collect();
         for id in self.inner.index.ids() {
             if !keep.contains(&id) {

@@ -4,6 +4,16 @@
 //! re-checks are queued, what each site taught about each proxy is kept
 //! (see `sites`), and counters reach the store. Nothing else changes the
 //! index or a proxy's schedule.
+//!
+//! Its public face is small: it is built on an index and a store
+//! ([`Feedback::new`]), read ([`Feedback::index`], [`Feedback::select`],
+//! [`Feedback::is_banned`], [`Feedback::rotation`]) and told what a use or
+//! a check taught ([`Feedback::report`], [`Feedback::worked_at`],
+//! [`Feedback::apply`]).
+//! What the pool, the checker and the daemon's loops need besides is
+//! crate-private, grouped by job: `pick` (choosing and serving), `fresh`
+//! (check results, freshness, re-checks), `sites` (what each site taught)
+//! and `worked` (uses that worked, written in batches).
 
 mod fresh;
 mod pick;
@@ -32,23 +42,23 @@ const MAX_RECHECK_QUEUE: usize = 10_000;
 
 /// A proxy handed out whose last check is older than this is re-checked
 /// early, so that what clients use stays verified.
-pub const SERVED_RECHECK_AFTER: Duration = Duration::from_secs(30);
+pub(crate) const SERVED_RECHECK_AFTER: Duration = Duration::from_secs(30);
 
 /// Uses that worked are written to the store together, this long after the
 /// first of them: a fetch or a tunnel that went through costs a map update,
 /// not a write. Failures never wait: they change the index at once.
-pub const WORKED_FLUSH_AFTER: Duration = Duration::from_secs(1);
+pub(crate) const WORKED_FLUSH_AFTER: Duration = Duration::from_secs(1);
 
 /// How long a (proxy, site) pair stays banned after the site blocked it.
-pub const BAN_FOR: Duration = Duration::from_secs(600);
+pub(crate) const BAN_FOR: Duration = Duration::from_secs(600);
 
 /// How long a (proxy, site) pair rests after a bare refusal (403): shorter
 /// than a ban, since the refusal may be the page's, not the proxy's.
-pub const REFUSAL_REST: Duration = Duration::from_secs(120);
+pub(crate) const REFUSAL_REST: Duration = Duration::from_secs(120);
 
 /// How long a (proxy, site) pair rests after a rate limit that gave no
 /// `Retry-After`.
-pub const RATE_LIMIT_REST: Duration = Duration::from_secs(30);
+pub(crate) const RATE_LIMIT_REST: Duration = Duration::from_secs(30);
 
 /// What a report changed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -163,12 +173,12 @@ impl Feedback {
     /// Verdicts and uses that took effect in memory (a proxy that failed
     /// stopped being served) but were not written because the disk refused
     /// the write: dropped, not queued, so memory stays bounded.
-    pub fn unrecorded(&self) -> u64 {
+    pub(crate) fn unrecorded(&self) -> u64 {
         self.inner.unrecorded.load(Ordering::Relaxed)
     }
 
     /// Counts `n` verdicts dropped because the disk refused them.
-    pub fn count_unrecorded(&self, n: usize) {
+    pub(crate) fn count_unrecorded(&self, n: usize) {
         self.inner.unrecorded.fetch_add(n as u64, Ordering::Relaxed);
     }
 

@@ -11,7 +11,7 @@ impl Feedback {
     /// the proxies that worked there never narrow the set. During a burst,
     /// proxies re-checked since it began are preferred. `exclude` must not
     /// call back into this `Feedback`.
-    pub fn pick(
+    pub(crate) fn pick(
         &self,
         q: &ProxyQuery,
         site: Option<&str>,
@@ -62,7 +62,7 @@ impl Feedback {
     /// Leaves out of `items` (proxies, by `id`) those `site` bans or rests
     /// now, and moves those that worked there to the front, fastest there
     /// first; the others keep their order.
-    pub fn for_site<T>(&self, site: &str, items: &mut Vec<T>, id: impl Fn(&T) -> i64) {
+    pub(crate) fn for_site<T>(&self, site: &str, items: &mut Vec<T>, id: impl Fn(&T) -> i64) {
         if self.inner.site_pairs.load(Ordering::Relaxed) == 0 {
             return;
         }
@@ -78,7 +78,7 @@ impl Feedback {
     /// Notes that `entry` was handed out at `now` (unix ms): one whose last
     /// check is older than [`SERVED_RECHECK_AFTER`] is queued for an early
     /// re-check.
-    pub fn served(&self, entry: &Entry, now: i64) {
+    pub(crate) fn served(&self, entry: &Entry, now: i64) {
         let stale = entry
             .last_checked
             .is_none_or(|t| now - t > SERVED_RECHECK_AFTER.as_millis() as i64);

@@ -51,7 +51,7 @@ impl Feedback {
     /// through one proxy to it widens (see [`Feedback::site_gap`]).
     /// `sent` is when the limited request was sent: one sent before the
     /// gap last widened says nothing of the wider gap.
-    pub fn rate_limited(&self, site: &str, sent: Instant) {
+    pub(super) fn rate_limited(&self, site: &str, sent: Instant) {
         let mut gaps = lock(&self.inner.gaps);
         if let Some(g) = gaps.get_mut(site) {
             if sent > g.raised && g.raised.elapsed() >= GAP_RAISE_EVERY {
@@ -82,7 +82,7 @@ impl Feedback {
     /// pair for the gap after every request, so that a site limiting each
     /// address is sent no more than it takes by any of them, by the
     /// gateway, crawl jobs and the pool together.
-    pub fn site_gap(&self, site: &str) -> Duration {
+    pub(crate) fn site_gap(&self, site: &str) -> Duration {
         // Asked at every pick: no lock while no site ever rate-limited.
         if !self.inner.any_gap.load(Ordering::Relaxed) {
             return Duration::ZERO;
@@ -95,7 +95,7 @@ impl Feedback {
     }
 
     /// Until when `site` bans or rests proxy `id`, if it does now.
-    pub fn banned_until(&self, id: i64, site: &str) -> Option<Instant> {
+    pub(crate) fn banned_until(&self, id: i64, site: &str) -> Option<Instant> {
         // Asked for every candidate of every pick: no lock while no site
         // taught anything, no allocation ever.
         if self.inner.site_pairs.load(Ordering::Relaxed) == 0 {
@@ -109,7 +109,7 @@ impl Feedback {
     /// rate-limited the proxy (429 or 503, with its Retry-After), or for the
     /// site's gap after a pick. Shorter than a block's ban, since the same
     /// proxy is welcome again once the limit passes; kept in memory only.
-    pub fn rest(&self, id: i64, site: &str, rest: Duration) {
+    pub(crate) fn rest(&self, id: i64, site: &str, rest: Duration) {
         let rest = rest.min(BAN_FOR);
         self.note(id, site, Taught::blocked(Block::RateLimited, rest));
     }
@@ -136,7 +136,7 @@ impl Feedback {
     /// [`REFUSAL_REST`], a rate limit rests it for its `Retry-After`
     /// (`wait`, else [`RATE_LIMIT_REST`]) and widens the site's gap between
     /// requests through one proxy.
-    pub fn blocked(
+    pub(crate) fn blocked(
         &self,
         id: i64,
         site: &str,
@@ -170,7 +170,7 @@ impl Feedback {
 
     /// Brings back what sites taught in the last week (bans still running,
     /// proxies that worked there), as the store kept it. How many pairs.
-    pub async fn load_sites(&self) -> Result<usize, StoreError> {
+    pub(crate) async fn load_sites(&self) -> Result<usize, StoreError> {
         let now_ms = crate::store::now_ms();
         let records = self
             .inner

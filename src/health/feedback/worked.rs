@@ -10,7 +10,7 @@ impl Feedback {
     /// is counted in memory and written with others within
     /// [`WORKED_FLUSH_AFTER`] (or at [`Feedback::flush`]), so that the
     /// request path never waits for the store.
-    pub fn worked(&self, id: i64) {
+    pub(crate) fn worked(&self, id: i64) {
         let now = crate::store::now_ms();
         // It counts as checked now: served within the freshness bounds on
         // the strength of this use (and, once written, in the store too).
@@ -50,7 +50,7 @@ impl Feedback {
     /// Writes the worked uses counted so far to the store. The daemon and
     /// the crawler call it before they stop. Uses the disk refuses are
     /// dropped and counted as unrecorded: they already count in memory.
-    pub async fn flush(&self) -> Result<(), StoreError> {
+    pub(crate) async fn flush(&self) -> Result<(), StoreError> {
         // Cleared before the take: a use counted after it schedules the
         // next flush itself.
         self.inner.flush_scheduled.store(false, Ordering::Release);
@@ -90,7 +90,7 @@ impl Feedback {
     /// support is tested again at once, whatever `check.https_recheck`
     /// says, so a proxy that stopped tunnelling stops being offered for
     /// https targets.
-    pub async fn tunnel_failed(&self, id: i64) -> Result<(), StoreError> {
+    pub(crate) async fn tunnel_failed(&self, id: i64) -> Result<(), StoreError> {
         let now = crate::store::now_ms();
         match self.inner.store.request_https_recheck(vec![id], now).await {
             Err(e) if e.write_failure().is_some() => self.count_unrecorded(1),
