@@ -272,7 +272,7 @@ pub fn servable(feedback: &Feedback, config: &Config) -> usize {
         max_age: Some(config.api.max_age),
         ..crate::health::ProxyQuery::default()
     };
-    feedback.select(&q, None, crate::store::now_ms()).len()
+    feedback.count(&q, crate::store::now_ms())
 }
 
 /// The router with every route and layer.
