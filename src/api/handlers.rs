@@ -104,7 +104,7 @@ async fn empty_pool(state: &AppState) -> Option<ApiError> {
     if !state.index().is_empty() {
         return None;
     }
-    let presence = state.store.presence().await.ok()?;
+    let presence = presence(state).await?;
     let message = if !presence.stored {
         let harvest = state.rounds.last().last_harvest;
         match harvest {
@@ -123,6 +123,24 @@ async fn empty_pool(state: &AppState) -> Option<ApiError> {
             .to_string()
     };
     Some(ApiError::NotFound(message))
+}
+
+/// Whether the store holds any proxy, and any checked one. Once both
+/// hold they are kept in memory until the next round ends (a purge is one),
+/// rather than read for every 404: what the answer then says (nothing
+/// alive) stays true whatever else changes meanwhile.
+async fn presence(state: &AppState) -> Option<crate::store::Presence> {
+    let ended = state.rounds.ended();
+    if let Some((at, p)) = *crate::lock(&state.presence)
+        && at == ended
+    {
+        return Some(p);
+    }
+    let p = state.store.presence().await.ok()?;
+    if p.stored && p.checked {
+        *crate::lock(&state.presence) = Some((ended, p));
+    }
+    Some(p)
 }
 
 /// A page of `/proxies`.
@@ -406,6 +424,13 @@ pub async fn report(
 pub(super) struct StatsView {
     /// Stored proxies.
     total: i64,
+    /// When the stored proxies were counted (RFC 3339): `total`, the
+    /// `by_*` counts and `/sources`' counts are of that moment, all of one
+    /// snapshot. Counted for each answer while that is cheap; in a big
+    /// store, after each harvest, check round and purge.
+    counted_at: String,
+    /// How long ago that was, in milliseconds.
+    counted_age_ms: u64,
     /// Proxies that can be served now (see [`AppState::servable`]).
     servable: usize,
     /// What keeps the daemon from doing its whole job now.
@@ -471,10 +496,13 @@ pub(super) struct WriteTroubleView {
         super::schema::Errors))]
 pub async fn stats(State(state): State<AppState>) -> Result<Json<StatsView>, ApiError> {
     // The counts, not the per-source table (`/sources` has that).
-    let stats = state.store.counts().await?;
+    let counts = state.counted.get().await?;
+    let stats = counts.stats.clone();
     let rounds = state.rounds.last();
     Ok(Json(StatsView {
         total: stats.total,
+        counted_at: rfc3339(counts.at_ms),
+        counted_age_ms: u64::try_from(now_ms() - counts.at_ms).unwrap_or(0),
         servable: state.servable(),
         degraded: state.conditions.all(),
         store: store_view(&state),
@@ -625,10 +653,20 @@ fn shown_text(text: &str) -> String {
     responses((status = 200, description = "Each source's last fetch", body = Vec<SourceView>),
         super::schema::Errors))]
 pub async fn sources(State(state): State<AppState>) -> Result<Response, ApiError> {
-    let sources = state.store.list_sources().await?;
-    let view: Vec<SourceView> = sources.into_iter().map(SourceView::from).collect();
-    Ok(Json(view).into_response())
+    let counts = state.counted.get().await?;
+    let view: Vec<SourceView> = counts
+        .stats
+        .sources
+        .iter()
+        .cloned()
+        .map(SourceView::from)
+        .collect();
+    // When the counts were taken (see `/stats`' `counted_at`).
+    Ok(([(COUNTED_AT, rfc3339(counts.at_ms))], Json(view)).into_response())
 }
+
+/// The header of `/sources` that says when its counts were taken.
+pub(super) const COUNTED_AT: &str = "x-counted-at";
 
 /// `GET /metrics`: Prometheus text.
 #[utoipa::path(get, path = "/metrics", tag = "stats",

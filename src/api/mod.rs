@@ -9,6 +9,7 @@ mod answers;
 pub mod browse;
 mod browser;
 pub mod conditions;
+pub mod counted;
 mod crawls;
 pub mod dashboard;
 mod error;
@@ -161,6 +162,11 @@ pub struct AppState {
     dashboard_keys: Arc<Mutex<Arc<dashboard::Keys>>>,
     /// Wrong tokens per client address.
     pub auth: Arc<AuthFailures>,
+    /// The store's counts for `/stats`, `/sources` and the dashboard.
+    pub counted: Arc<counted::Counted>,
+    /// The latest store presence the empty pool's 404 read, with the
+    /// rounds ended then.
+    presence: Arc<Mutex<Option<(u64, crate::store::Presence)>>>,
 }
 
 impl std::fmt::Debug for AppState {
@@ -190,7 +196,14 @@ impl AppState {
         } = served;
         let per_minute = NonZeroU32::new(config.api.judge_per_minute).unwrap_or(NonZeroU32::MIN);
         let token = live.get().api.token.as_ref().map(|t| t.0.clone());
+        let counted = Arc::new(counted::Counted::new(
+            store.clone(),
+            rounds.clone(),
+            counted::LIVE_BELOW,
+        ));
         AppState {
+            counted,
+            presence: Arc::default(),
             crawls,
             store,
             feedback,
@@ -228,6 +241,17 @@ impl AppState {
         keys.clone()
     }
 
+    /// The same state with counting done afresh for every answer only
+    /// while it takes under `live_below` (see [`counted`]).
+    pub fn counting_live_below(mut self, live_below: std::time::Duration) -> AppState {
+        self.counted = Arc::new(counted::Counted::new(
+            self.store.clone(),
+            self.rounds.clone(),
+            live_below,
+        ));
+        self
+    }
+
     /// How many proxies can be served now (see [`servable`]).
     pub fn servable(&self) -> usize {
         servable(&self.feedback, &self.config)
@@ -248,7 +272,7 @@ pub fn servable(feedback: &Feedback, config: &Config) -> usize {
         max_age: Some(config.api.max_age),
         ..crate::health::ProxyQuery::default()
     };
-    feedback.select(&q, None, crate::store::now_ms()).len()
+    feedback.count(&q, crate::store::now_ms())
 }
 
 /// The router with every route and layer.
@@ -393,6 +417,7 @@ pub async fn serve(
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
     let limits = server::Limits::from(&state.config.api);
+    state.counted.follow(shutdown.clone());
     server::run(listener, router(state), limits, shutdown).await
 }
 

@@ -188,6 +188,7 @@ pub async fn run_reloading(
             config: config.clone(),
             store: store.clone(),
             triggers: purge_rx,
+            rounds: service.rounds.clone(),
         }
         .run(stop.clone()),
     );

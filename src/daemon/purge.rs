@@ -5,6 +5,7 @@ use std::sync::Arc;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use crate::api::LastRounds;
 use crate::config::Config;
 use crate::store::{Store, now_ms};
 
@@ -16,6 +17,8 @@ pub struct Purger {
     pub store: Store,
     /// Purge requests from the daily schedule.
     pub triggers: mpsc::Receiver<()>,
+    /// Told when a purge ended (the counts follow it).
+    pub rounds: LastRounds,
 }
 
 impl Purger {
@@ -30,7 +33,10 @@ impl Purger {
                     }
                     let after = self.config.check.purge_after;
                     match self.store.purge(now_ms(), after).await {
-                        Ok(n) => tracing::info!(purged = n, "purge finished"),
+                        Ok(n) => {
+                            tracing::info!(purged = n, "purge finished");
+                            self.rounds.purged();
+                        }
                         Err(e) => tracing::error!(error = %e, "purge failed"),
                     }
                 }

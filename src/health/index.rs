@@ -358,6 +358,19 @@ impl HealthIndex {
         strategy.choose(&mut matches)
     }
 
+    /// How many proxies match `q` and `keep`, counted in place: what
+    /// `select(q, now)` then `retain(keep)` would leave, without copying
+    /// or sorting them.
+    pub fn count(&self, q: &ProxyQuery, now: i64, keep: impl Fn(&Entry) -> bool) -> usize {
+        let inner = self.read();
+        inner
+            .groups_for(q)
+            .iter()
+            .flat_map(|g| g.iter())
+            .filter(|e| q.matches_entry(e, now) && keep(e))
+            .count()
+    }
+
     /// Every proxy matching `q`, by id.
     pub fn select(&self, q: &ProxyQuery, now: i64) -> Vec<Arc<Entry>> {
         let inner = self.read();
@@ -420,6 +433,38 @@ mod tests {
             ..ProxyQuery::default()
         };
         assert!(pick(&index, &none, 1_000).is_none());
+    }
+
+    #[test]
+    fn counting_in_place_gives_what_a_selection_holds() {
+        let index = HealthIndex::from_records(
+            (1..=60)
+                .map(|i| {
+                    let scheme = [Scheme::Http, Scheme::Socks4, Scheme::Socks5][i as usize % 3];
+                    rec(i, ["DE", "US", "BR"][i as usize % 3 / 2], i * 10, scheme)
+                })
+                .collect(),
+        );
+        let queries = [
+            ProxyQuery::default(),
+            ProxyQuery {
+                countries: vec![Country::parse("de").unwrap()],
+                ..ProxyQuery::default()
+            },
+            ProxyQuery {
+                schemes: vec![Scheme::Socks5],
+                max_latency_ms: Some(300),
+                ..ProxyQuery::default()
+            },
+        ];
+        for q in &queries {
+            for keep in [|_: &Entry| true, |e: &Entry| e.id % 2 == 0] {
+                let mut selected = index.select(q, 1_000);
+                selected.retain(|e| keep(e));
+                assert_eq!(index.count(q, 1_000, keep), selected.len(), "{q:?}");
+            }
+        }
+        assert_eq!(index.count(&ProxyQuery::default(), 1_000, |_| true), 60);
     }
 
     #[test]

@@ -246,7 +246,15 @@ fn stat(stats: &serde_json::Value, key: &str) -> Option<i64> {
 /// ends between two reads must make them read again.
 fn stable(stats: &serde_json::Value) -> serde_json::Value {
     let mut s = stats.clone();
-    for k in ["last_harvest", "degraded", "store", "gateway", "rotation"] {
+    for k in [
+        "last_harvest",
+        "degraded",
+        "store",
+        "gateway",
+        "rotation",
+        "counted_at",
+        "counted_age_ms",
+    ] {
         s.as_object_mut().unwrap().remove(k);
     }
     s

@@ -12,6 +12,7 @@ mod browse;
 mod check;
 mod cli;
 mod client_faults;
+mod counts;
 mod crawl;
 mod crawl_jobs;
 mod crawl_nodes;

@@ -178,7 +178,9 @@ async fn gather(
             latencies.push(l);
         }
     }
-    let stats = state.store.counts().await?;
+    // The counts and the sources of one snapshot.
+    let counts = state.counted.get().await?;
+    let mut stats = counts.stats.clone();
     let day = state
         .store
         .snapshots(now - 24 * 3_600_000, DAY_BUCKET)
@@ -187,13 +189,14 @@ async fn gather(
         .store
         .snapshots(now - 7 * 24 * 3_600_000, WEEK_BUCKET)
         .await?;
-    let sources = state.store.list_sources().await?;
+    let sources = std::mem::take(&mut stats.sources);
     let crawls = state.crawls.list(CRAWLS_SHOWN, None).await?;
     let rounds = state.rounds.last();
     let history = state.rounds.checks();
     Ok(page::View {
         now,
         stats,
+        counted_at: counts.at_ms,
         servable: entries.len(),
         servable_by: by,
         latencies,

@@ -25,6 +25,8 @@ pub struct View {
     pub now: i64,
     /// Stored proxies by status, scheme, country, anonymity, reason.
     pub stats: Stats,
+    /// When `stats` and `sources` were counted (unix ms).
+    pub counted_at: i64,
     /// Servable proxies now: the count, then by scheme, country,
     /// anonymity and HTTPS, and their latencies (ms).
     pub servable: usize,
@@ -350,6 +352,7 @@ fn pool_now(v: &View) -> Markup {
                 (counts_table("HTTPS (CONNECT)", &https, None, 10))
             }
             h3 { "Stored, every status" }
+            p.muted #counted { "Counted " (ago(v.counted_at, v.now)) ", as the sources below." }
             div.cols {
                 (counts_table("Status", &v.stats.by_status, Some("by_status"), 10))
                 (counts_table("Scheme", &v.stats.by_scheme, Some("by_scheme"), 10))

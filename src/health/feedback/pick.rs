@@ -59,6 +59,15 @@ impl Feedback {
         all
     }
 
+    /// How many proxies [`Feedback::select`] gives for `q` at `now` with
+    /// no site, counted without copying them.
+    pub fn count(&self, q: &ProxyQuery, now: i64) -> usize {
+        let fresh = self.inner.fresh_within.load(Ordering::Relaxed);
+        self.inner.index.count(q, now, |e| {
+            fresh == 0 || e.proven_at().is_some_and(|t| t >= now - fresh)
+        })
+    }
+
     /// Leaves out of `items` (proxies, by `id`) those `site` bans or rests
     /// now, and moves those that worked there to the front, fastest there
     /// first; the others keep their order.

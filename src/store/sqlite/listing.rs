@@ -297,7 +297,13 @@ fn count_by_status_scheme(conn: &Connection) -> Result<Vec<(String, String, i64)
 fn list_sources(conn: &Connection) -> Result<Vec<SourceRecord>, StoreError> {
     // One snapshot for the sources and the counts of their links.
     let tx = conn.unchecked_transaction()?;
-    let counts = link_counts(&tx)?;
+    sources_in(&tx)
+}
+
+/// Every source with the counts of its links, read in the transaction the
+/// caller holds.
+fn sources_in(tx: &Connection) -> Result<Vec<SourceRecord>, StoreError> {
+    let counts = link_counts(tx)?;
     let mut stmt = tx.prepare(
         "SELECT s.name, s.url, s.format, s.last_fetch_at, s.last_ok_at, s.last_http_status,
                     s.last_duration_ms, s.last_found, s.last_new, s.last_error,
@@ -399,10 +405,13 @@ fn link_counts(
     Ok(sources.into_iter().zip(counts).collect())
 }
 
+/// The counts and the sources, read in one snapshot: what one answer
+/// shows never mixes two moments.
 fn stats(conn: &Connection) -> Result<Stats, StoreError> {
+    let tx = conn.unchecked_transaction()?;
     Ok(Stats {
-        sources: list_sources(conn)?,
-        ..counts(conn)?
+        sources: sources_in(&tx)?,
+        ..counts(&tx)?
     })
 }
 
