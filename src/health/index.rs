@@ -2,7 +2,8 @@
 //! so that serving one never touches SQLite. It knows nothing of the store:
 //! whoever loads or commits records hands them to it.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
+use std::ops::Bound::{Excluded, Unbounded};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
@@ -66,6 +67,9 @@ static VERSIONS: AtomicU64 = AtomicU64::new(1);
 struct Inner {
     groups: HashMap<Key, Vec<Arc<Entry>>>,
     pos: super::IdMap<(Key, usize)>,
+    /// Every entry by id, so that a round-robin pick walks from the last
+    /// id to the next match instead of scanning every match.
+    order: BTreeMap<i64, Arc<Entry>>,
 }
 
 impl Inner {
@@ -77,17 +81,20 @@ impl Inner {
         let key = key_of(&r);
         let group = self.groups.entry(key).or_default();
         self.pos.insert(r.id, (key, group.len()));
-        group.push(Arc::new(Entry {
+        let entry = Arc::new(Entry {
             record: Arc::new(r),
             version: VERSIONS.fetch_add(1, Ordering::Relaxed),
             worked_at: AtomicI64::new(0),
-        }));
+        });
+        self.order.insert(entry.id, entry.clone());
+        group.push(entry);
     }
 
     fn remove(&mut self, id: i64) -> bool {
         let Some((key, i)) = self.pos.remove(&id) else {
             return false;
         };
+        self.order.remove(&id);
         let Some(group) = self.groups.get_mut(&key) else {
             return false;
         };
@@ -168,6 +175,10 @@ pub struct Matches<'a> {
     /// Where each group ends in the concatenation of all of them, so a
     /// random position finds its group by binary search.
     ends: Vec<usize>,
+    /// Every entry of the index by id. `accept` holds the query's scheme
+    /// and country too, so a walk of it finds the same matches as the
+    /// groups do.
+    order: &'a BTreeMap<i64, Arc<Entry>>,
     accept: &'a dyn Fn(&Entry) -> bool,
     /// What the request's site taught of a proxy (see
     /// [`Matches::site_rank`]).
@@ -234,6 +245,45 @@ impl<'a> Matches<'a> {
     /// site bans or rests is never among the matches.
     pub fn site_rank(&self, id: i64) -> (u8, u64) {
         (self.rank)(id)
+    }
+
+    /// The match with the lowest id above `last`, else the lowest of all:
+    /// the next in turn after `last` for a round-robin. Walked in id order
+    /// from `last`, so it costs the non-matches passed on the way rather
+    /// than a scan of every match; a scan when the query's groups hold
+    /// under a quarter of the index, where a walk would pass more
+    /// non-matches than a scan looks at.
+    pub fn next_after(&self, last: i64) -> Option<&'a Arc<Entry>> {
+        if self.total().saturating_mul(4) >= self.order.len() {
+            self.walk_after(last)
+        } else {
+            self.scan_after(last)
+        }
+    }
+
+    /// [`Matches::next_after`] walking the index in id order.
+    fn walk_after(&self, last: i64) -> Option<&'a Arc<Entry>> {
+        let order = self.order;
+        order
+            .range((Excluded(last), Unbounded))
+            .chain(order.range(..=last))
+            .map(|(_, e)| e)
+            .find(|e| (self.accept)(e))
+    }
+
+    /// [`Matches::next_after`] by a scan of every match.
+    fn scan_after(&self, last: i64) -> Option<&'a Arc<Entry>> {
+        let mut next: Option<&'a Arc<Entry>> = None;
+        let mut lowest: Option<&'a Arc<Entry>> = None;
+        for e in self.iter() {
+            if lowest.is_none_or(|l| e.id < l.id) {
+                lowest = Some(e);
+            }
+            if e.id > last && next.is_none_or(|n| e.id < n.id) {
+                next = Some(e);
+            }
+        }
+        next.or(lowest)
     }
 
     /// Every match, in no particular order.
@@ -352,6 +402,7 @@ impl HealthIndex {
         let mut matches = Matches {
             groups,
             ends,
+            order: &inner.order,
             accept: &accept,
             rank,
         };
@@ -385,6 +436,9 @@ impl HealthIndex {
         out
     }
 }
+
+#[cfg(test)]
+mod rr_props;
 
 #[cfg(test)]
 mod tests {

@@ -62,20 +62,8 @@ impl Strategy for Bound<'_> {
     fn choose(&self, matches: &mut Matches<'_>) -> Option<Arc<Entry>> {
         match self.kind {
             StrategyKind::Random => matches.sample(1).pop(),
-            StrategyKind::RoundRobin => {
-                // The next id after the last one, wrapping to the lowest.
-                let mut next: Option<&Arc<Entry>> = None;
-                let mut lowest: Option<&Arc<Entry>> = None;
-                for e in matches.iter() {
-                    if lowest.is_none_or(|l| e.id < l.id) {
-                        lowest = Some(e);
-                    }
-                    if e.id > self.last && next.is_none_or(|n| e.id < n.id) {
-                        next = Some(e);
-                    }
-                }
-                next.or(lowest).cloned()
-            }
+            // The next id after the last one, wrapping to the lowest.
+            StrategyKind::RoundRobin => matches.next_after(self.last).cloned(),
             StrategyKind::LeastUsed => matches
                 .iter()
                 .min_by_key(|e| {
