@@ -2721,6 +2721,158 @@ async fn postgres_a_purge_racing_a_harvest_leaves_no_link_to_a_gone_proxy() {
     assert_eq!(links, 2, "10.0.0.1's links to a and b");
 }
 
+/// On PostgreSQL a check that finds a placeholder's scheme already stored
+/// under another row merges the placeholder into that row and deletes it;
+/// a harvest's chunk that links the placeholder meanwhile (found, not yet
+/// committed) loses no link to it: the merge waits for the chunk, as a
+/// purge does, and then moves its link over with the others. The
+/// interleaving is made as in the purge's test: the chunk is held after
+/// writing its links, waiting for the change counter the test holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_scheme_merge_racing_a_harvest_leaves_no_link_to_a_gone_proxy() {
+    use proxywarden::model::{Outcome, RecheckPolicy};
+    use proxywarden::store::CheckRecord;
+    let server = tokio::task::spawn_blocking(common::postgres::PgServer::start)
+        .await
+        .unwrap();
+    let store = Store::connect(&server.url()).await.unwrap();
+    // Source a: 10.0.0.0:8080 with its scheme to detect (a placeholder
+    // row) and http://10.0.0.1:8080.
+    let mut first = entries(2, SourceScheme::Detect, Hints::default());
+    first[1] = candidates(2).remove(1);
+    store
+        .record_source_run(run("a", 1_000), first)
+        .await
+        .unwrap();
+    let (mut client, conn) = tokio_postgres::connect(&server.url(), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let placeholder: i64 = client
+        .query_one("SELECT id FROM proxies WHERE scheme_detect", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let (probe, conn) = tokio_postgres::connect(&server.url(), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let waiting = async || -> i64 {
+        probe
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0)
+    };
+    // The change counter held: a chunk that changes a country stops
+    // before its commit, its links written.
+    let held = client.transaction().await.unwrap();
+    held.execute("UPDATE meta SET change_seq = change_seq", &[])
+        .await
+        .unwrap();
+    // Source b lists the placeholder (found at its address, unchanged)
+    // and gives 10.0.0.1 a country.
+    let mut listed = entries(2, SourceScheme::Detect, Hints::default());
+    listed[1] = candidates(2).remove(1);
+    listed[1].hints.country = proxywarden::proxy::Country::parse("DE");
+    let harvest = tokio::spawn({
+        let store = store.clone();
+        async move { store.record_source_run(run("b", 3_000), listed).await }
+    });
+    common::until(
+        "the chunk waits for the counter",
+        Duration::from_secs(30),
+        || async { waiting().await == 1 },
+    )
+    .await;
+    // Source c lists socks5://10.0.0.0:8080: a row of its own, written
+    // beside the held chunk.
+    let socks = Candidate::new(
+        IpAddr::from([10, 0, 0, 0]),
+        8080,
+        None,
+        Some(Scheme::Socks5),
+        SourceScheme::Detect,
+        Hints::default(),
+    );
+    store
+        .record_source_run(run("c", 3_000), vec![socks])
+        .await
+        .unwrap();
+    // The check finds the placeholder speaks socks5: it is merged into
+    // c's row. The merge is done at once or waits.
+    let outcome = Outcome {
+        failure: None,
+        latency: Some(Duration::from_millis(20)),
+        anonymity: None,
+        https: None,
+        exit_ip: None,
+        country: None,
+        detected: Some(Scheme::Socks5),
+    };
+    let check = tokio::spawn({
+        let store = store.clone();
+        async move {
+            store
+                .record_checks(
+                    vec![CheckRecord {
+                        id: placeholder,
+                        checked_at: 4_000,
+                        outcome,
+                    }],
+                    RecheckPolicy {
+                        alive: Duration::from_secs(600),
+                        alive_jitter: Duration::ZERO,
+                        dead: Duration::from_secs(60),
+                        dead_max: Duration::from_secs(3600),
+                    },
+                )
+                .await
+        }
+    });
+    common::until(
+        "the merge is done or waits",
+        Duration::from_secs(30),
+        || async { check.is_finished() || waiting().await == 2 },
+    )
+    .await;
+    held.rollback().await.unwrap();
+    harvest.await.unwrap().unwrap();
+    check.await.unwrap().unwrap();
+    let orphans: i64 = probe
+        .query_one(
+            "SELECT count(*) FROM proxy_sources ps
+             WHERE NOT EXISTS (SELECT 1 FROM proxies p WHERE p.id = ps.proxy_id)",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(orphans, 0, "links to a merged placeholder");
+    let all = store.list_proxies(ProxyFilter::default()).await.unwrap();
+    let sources: BTreeSet<(String, Vec<String>)> = all
+        .iter()
+        .map(|r| (r.proxy.to_string(), r.sources.clone()))
+        .collect();
+    assert_eq!(
+        sources,
+        BTreeSet::from([
+            (
+                "http://10.0.0.1:8080".to_owned(),
+                vec!["a".to_owned(), "b".to_owned()]
+            ),
+            (
+                "socks5://10.0.0.0:8080".to_owned(),
+                vec!["a".to_owned(), "b".to_owned(), "c".to_owned()]
+            ),
+        ]),
+        "every source's link reaches the merged row"
+    );
+}
+
 /// On PostgreSQL a source whose first run was cut short after some of its
 /// links were written (its row never recorded a list) is stored whole by
 /// the next run: the links met again are taken as they are, not refused.

@@ -143,6 +143,14 @@ impl Postgres {
     ) -> Result<Recorded, StoreError> {
         let mut c = self.client().await?;
         let tx = c.transaction().await?;
+        if batch.iter().any(|r| r.outcome.detected.is_some()) {
+            // A detected scheme may merge a row into another and delete
+            // it: alone against the harvests' link writes, as a purge (see
+            // `LINKS_LOCK`), and before any row is locked, as a chunk
+            // takes it.
+            tx.execute("SELECT pg_advisory_xact_lock($1)", &[&LINKS_LOCK])
+                .await?;
+        }
         let alive = tx
             .prepare_cached(
                 "UPDATE proxies SET status = 'alive', last_checked = $2::bigint, last_alive = $2,

@@ -394,9 +394,12 @@ async fn upsert_batched(
         // the same new proxies never wait on each other crosswise.
         let mut taken: Vec<i64> = tx
             .query(
-                // The sequence is named once, not once per id.
+                // The sequence is named once, not once per id: without
+                // `OFFSET 0` the planner folds the subquery into the
+                // outer one and looks the name up in the catalog for
+                // every id, a tenth of a first harvest's time.
                 "SELECT nextval(q.seq) FROM
-                     (SELECT pg_get_serial_sequence('proxies', 'id')::regclass AS seq) q,
+                     (SELECT pg_get_serial_sequence('proxies', 'id')::regclass AS seq OFFSET 0) q,
                      generate_series(1, $1::bigint)",
                 &[&(fresh.len() as i64)],
             )
