@@ -216,6 +216,24 @@ impl PgServer {
     pub fn url(&self) -> String {
         format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
     }
+
+    /// A store on a new, empty database `name` of this server (a test
+    /// running many cases gives each its own).
+    pub async fn fresh_store(&self, name: &str) -> proxywarden::store::Store {
+        let (client, connection) = tokio_postgres::connect(&self.url(), tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        let driver = tokio::spawn(connection);
+        client
+            .batch_execute(&format!("CREATE DATABASE {name}"))
+            .await
+            .unwrap();
+        drop(client);
+        let _ = driver.await;
+        proxywarden::store::Store::connect(&self.url_as("postgres", name))
+            .await
+            .unwrap()
+    }
 }
 
 impl Drop for PgServer {

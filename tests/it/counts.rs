@@ -351,24 +351,6 @@ fn sqlite_counts_shown_equal_a_full_count_after_any_harvests_verdicts_and_purges
     }
 }
 
-/// A fresh database on `server` per case.
-async fn fresh_postgres(server: &common::postgres::PgServer, case: u32) -> Store {
-    let name = format!("counts{case}");
-    let (client, connection) = tokio_postgres::connect(&server.url(), tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    let driver = tokio::spawn(connection);
-    client
-        .batch_execute(&format!("CREATE DATABASE {name}"))
-        .await
-        .unwrap();
-    drop(client);
-    let _ = driver.await;
-    Store::connect(&server.url_as("postgres", &name))
-        .await
-        .unwrap()
-}
-
 #[test]
 fn postgres_counts_shown_equal_a_full_count_after_any_harvests_verdicts_and_purges() {
     let server = common::postgres::PgServer::start();
@@ -379,7 +361,9 @@ fn postgres_counts_shown_equal_a_full_count_after_any_harvests_verdicts_and_purg
     });
     let result = runner.run(&proptest::collection::vec(op(), 1..40), |ops| {
         runtime().block_on(async {
-            let store = fresh_postgres(&server, cases.fetch_add(1, Ordering::Relaxed)).await;
+            let store = server
+                .fresh_store(&format!("counts{}", cases.fetch_add(1, Ordering::Relaxed)))
+                .await;
             run_case(store, &ops).await
         })
     });

@@ -450,24 +450,6 @@ async fn observe(store: &Store) -> String {
     out
 }
 
-/// A fresh database on `server`, named after the case's number.
-async fn fresh_postgres(server: &common::postgres::PgServer, case: u32) -> Store {
-    let name = format!("case{case}");
-    let (client, connection) = tokio_postgres::connect(&server.url(), tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    let driver = tokio::spawn(connection);
-    client
-        .batch_execute(&format!("CREATE DATABASE {name}"))
-        .await
-        .unwrap();
-    drop(client);
-    let _ = driver.await;
-    let url = server.url();
-    let url = format!("{}/{name}", url.strip_suffix("/postgres").unwrap());
-    Store::connect(&url).await.unwrap()
-}
-
 /// One PostgreSQL server for every case, a fresh database per case. The
 /// server belongs to the test, not to a static: a static is never
 /// dropped, so its server would outlive the run with its folder.
@@ -490,7 +472,7 @@ fn sqlite_and_postgres_answer_the_same_work_alike() {
             let dir = tempfile::tempdir().unwrap();
             let sqlite = Store::open(&dir.path().join("store.db")).unwrap();
             let case = cases.fetch_add(1, Ordering::Relaxed);
-            let postgres = fresh_postgres(&server, case).await;
+            let postgres = server.fresh_store(&format!("case{case}")).await;
             for (i, op) in ops.iter().enumerate() {
                 let at = 1_000_000 + i as i64 * 1_000;
                 let a = apply(&sqlite, op, at).await;
