@@ -1827,11 +1827,18 @@ fn measure_scale(size: usize) -> anyhow::Result<()> {
     let rt = tokio::runtime::Runtime::new()?;
     let result = rt.block_on(round(&config, concurrency, &farm.pids()));
     drop(rt);
+    // With the HTTPS probe on, monosans checks through the TLS judge (our
+    // round checks plain and probes HTTPS), trusting the judges' CA.
+    let their_judge = if https {
+        (farm.tls_judges[0].as_str(), Some(ca_file.as_path()))
+    } else {
+        (farm.judges[0].as_str(), None)
+    };
     let theirs = match std::env::var_os(MONOSANS_ENV) {
         Some(bin) => Some(run_monosans(
             Path::new(&bin),
             dir.path(),
-            &farm.judges[0],
+            their_judge,
             &entries,
             concurrency,
         )?),
@@ -1971,14 +1978,15 @@ struct TheirRound {
 }
 
 /// Runs monosans/proxy-scraper-checker (`bin`) on the farm: the list of
-/// `entries` from a file, `judge` as its check URL, the same concurrency
-/// and timeouts; no ASN or geolocation (they would download databases),
-/// nothing else named, so it reaches nothing beyond loopback. CPU is its
-/// own, read from our reaped children's times around it.
+/// `entries` from a file, `judge` as its check URL (an HTTPS one trusted
+/// through the CA file given with it), the same concurrency and timeouts;
+/// no ASN or geolocation (they would download databases), nothing else
+/// named, so it reaches nothing beyond loopback. CPU is its own, read from
+/// our reaped children's times around it.
 fn run_monosans(
     bin: &Path,
     dir: &Path,
-    judge: &str,
+    (judge, ca_file): (&str, Option<&Path>),
     entries: &[String],
     concurrency: usize,
 ) -> anyhow::Result<TheirRound> {
@@ -2041,7 +2049,11 @@ urls = []
     std::fs::write(&config_path, config)?;
     let before = children_cpu().unwrap_or_default();
     let started = Instant::now();
-    let output = Command::new(bin)
+    let mut command = Command::new(bin);
+    if let Some(ca) = ca_file {
+        command.env("SSL_CERT_FILE", ca);
+    }
+    let output = command
         .env("PROXY_SCRAPER_CHECKER_CONFIG", &config_path)
         .current_dir(&home)
         .stdin(Stdio::null())
