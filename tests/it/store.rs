@@ -2654,17 +2654,6 @@ async fn postgres_a_purge_racing_a_harvest_leaves_no_link_to_a_gone_proxy() {
         )
         .await
         .unwrap();
-    let waiting = async |client: &tokio_postgres::Client, what: &str| -> i64 {
-        client
-            .query_one(
-                "SELECT count(*) FROM pg_stat_activity
-                 WHERE wait_event_type = 'Lock' AND query LIKE '%' || $1 || '%'",
-                &[&what],
-            )
-            .await
-            .unwrap()
-            .get(0)
-    };
     // The change counter held: a chunk that changes a country stops
     // before its commit, its links written.
     let held = client.transaction().await.unwrap();
@@ -2684,7 +2673,7 @@ async fn postgres_a_purge_racing_a_harvest_leaves_no_link_to_a_gone_proxy() {
     common::until(
         "the chunk waits for the counter",
         Duration::from_secs(30),
-        || async { waiting(&probe, "UPDATE meta SET change_seq = change_seq + 1").await == 1 },
+        || async { lock_waits(&probe, "UPDATE meta SET change_seq = change_seq + 1").await == 1 },
     )
     .await;
     // A purge of what was last alive or listed before 5 s runs meanwhile
@@ -2697,7 +2686,7 @@ async fn postgres_a_purge_racing_a_harvest_leaves_no_link_to_a_gone_proxy() {
     common::until(
         "the purge is done or waits",
         Duration::from_secs(30),
-        || async { purge.is_finished() || waiting(&probe, "pg_advisory_xact_lock(").await == 1 },
+        || async { purge.is_finished() || lock_waits(&probe, "pg_advisory_xact_lock(").await == 1 },
     )
     .await;
     held.rollback().await.unwrap();
@@ -2757,16 +2746,6 @@ async fn postgres_a_scheme_merge_racing_a_harvest_leaves_no_link_to_a_gone_proxy
         .await
         .unwrap();
     tokio::spawn(conn);
-    let waiting = async || -> i64 {
-        probe
-            .query_one(
-                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'",
-                &[],
-            )
-            .await
-            .unwrap()
-            .get(0)
-    };
     // The change counter held: a chunk that changes a country stops
     // before its commit, its links written.
     let held = client.transaction().await.unwrap();
@@ -2785,7 +2764,7 @@ async fn postgres_a_scheme_merge_racing_a_harvest_leaves_no_link_to_a_gone_proxy
     common::until(
         "the chunk waits for the counter",
         Duration::from_secs(30),
-        || async { waiting().await == 1 },
+        || async { lock_waits(&probe, "").await == 1 },
     )
     .await;
     // Source c lists socks5://10.0.0.0:8080: a row of its own, written
@@ -2836,7 +2815,7 @@ async fn postgres_a_scheme_merge_racing_a_harvest_leaves_no_link_to_a_gone_proxy
     common::until(
         "the merge is done or waits",
         Duration::from_secs(30),
-        || async { check.is_finished() || waiting().await == 2 },
+        || async { check.is_finished() || lock_waits(&probe, "").await == 2 },
     )
     .await;
     held.rollback().await.unwrap();
@@ -2913,4 +2892,18 @@ async fn postgres_a_run_after_one_cut_short_meets_its_links_and_stores_whole() {
         .unwrap();
     let got: (i64, i64, i64, i64) = (row.get(0), row.get(1), row.get(2), row.get(3));
     assert_eq!(got, (12_000, 12_000, 1_000, 2_000));
+}
+
+/// How many PostgreSQL sessions wait for a lock in a statement containing
+/// `what` (any statement for "").
+async fn lock_waits(client: &tokio_postgres::Client, what: &str) -> i64 {
+    client
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity
+             WHERE wait_event_type = 'Lock' AND query LIKE '%' || $1 || '%'",
+            &[&what],
+        )
+        .await
+        .unwrap()
+        .get(0)
 }

@@ -267,12 +267,7 @@ impl Postgres {
         args: &Args,
     ) -> Result<Vec<ProxyRecord>, StoreError> {
         let mut c = self.client().await?;
-        let tx = c
-            .build_transaction()
-            .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
-            .read_only(true)
-            .start()
-            .await?;
+        let tx = snapshot(&mut c).await?;
         let rows = tx.query(sql, &refs(args)).await?;
         let mut records = rows
             .iter()
@@ -358,12 +353,7 @@ impl Postgres {
 
     pub(crate) async fn list_sources(&self) -> Result<Vec<SourceRecord>, StoreError> {
         let mut c = self.client().await?;
-        let tx = c
-            .build_transaction()
-            .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
-            .read_only(true)
-            .start()
-            .await?;
+        let tx = snapshot(&mut c).await?;
         let sources = sources_in(&tx).await?;
         tx.commit().await?;
         Ok(sources)
@@ -408,17 +398,24 @@ impl Postgres {
     /// shows never mixes two moments.
     pub(crate) async fn stats(&self) -> Result<Stats, StoreError> {
         let mut c = self.client().await?;
-        let tx = c
-            .build_transaction()
-            .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
-            .read_only(true)
-            .start()
-            .await?;
+        let tx = snapshot(&mut c).await?;
         let counts = counts_in(&tx).await?;
         let sources = sources_in(&tx).await?;
         tx.commit().await?;
         Ok(Stats { sources, ..counts })
     }
+}
+
+/// A read-only transaction on one snapshot of the store (repeatable
+/// read), so that what one answer reads never mixes two moments.
+async fn snapshot(
+    c: &mut deadpool_postgres::Object,
+) -> Result<deadpool_postgres::Transaction<'_>, StoreError> {
+    Ok(c.build_transaction()
+        .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+        .read_only(true)
+        .start()
+        .await?)
 }
 
 async fn counts_in(c: &impl GenericClient) -> Result<Stats, StoreError> {
