@@ -14,7 +14,6 @@ use http::request::Parts;
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper::body::{Body as HttpBody, Frame, Incoming, SizeHint};
-use hyper_util::rt::TokioIo;
 use tokio::time::Instant;
 
 use super::Gateway;
@@ -24,10 +23,12 @@ use super::metrics::{GatewayMetrics, Kind};
 use super::rewrite::clean;
 use super::tunnel;
 use super::upload::{ClientFault, ReadAhead, Upload, UploadState, read_ahead};
-use super::upstream::{Body, Kept, Key, keeps_alive};
+use super::upstream::Body;
 use crate::model::{Reason, UseVerdict};
 use crate::net::{DialError, DialOptions, Target, hyper_reason, proxy_authorization};
-use crate::pool::{Attempt, End, Lease, Rotated, Tried, Want, dial_failed};
+use crate::pool::{
+    Attempt, Conn, ConnKey, End, Lease, Rotated, Tried, Want, dial_failed, keeps_alive,
+};
 use crate::proxy::Proxy;
 
 /// Names the upstream proxy (by id) on every forwarded answer.
@@ -228,6 +229,9 @@ struct Forward<'a> {
 /// connection it came on when that may carry another request.
 type Reply = (http::response::Parts, Answered, Option<Kept>);
 
+/// The upstream connection an answer came on, kept once its body is read.
+type Kept = Conn<Body>;
+
 impl Attempt for Forward<'_> {
     type Answer = Reply;
     /// The client's body was at fault: no proxy is charged.
@@ -281,7 +285,7 @@ impl Attempt for Forward<'_> {
             Err(Failure::Dial(e)) => dial_failed(e, true),
             Err(Failure::Proxy(reason)) => Tried::ended(UseVerdict::failed(reason)),
             Err(Failure::Sent(reason)) => {
-                gw.inner.upstreams.forget(lease.id());
+                gw.pool().forwards().forget(lease.id());
                 Tried::failed_after_sending(reason)
             }
             Ok((rparts, rbody, kept)) => {
@@ -296,7 +300,7 @@ impl Attempt for Forward<'_> {
                     )) => Tried::ended(verdict),
                     // A proxy's own 502/504, or its answer cut short.
                     UseVerdict::ProxyFailed(reason) => {
-                        gw.inner.upstreams.forget(lease.id());
+                        gw.pool().forwards().forget(lease.id());
                         Tried::failed_after_sending(reason.unwrap_or(Reason::ProtocolError))
                     }
                     _ => Tried::answered(verdict, (rparts, rbody, kept), wait),
@@ -348,25 +352,22 @@ async fn send(
 ) -> Result<Answer, Failure> {
     let s = gw.settings();
     let proxy = lease.proxy();
-    let key = Key::new(lease.id(), proxy, target);
-    if let Some(bytes) = held.filter(|_| idempotent(&parts.method)) {
-        while let Some(mut kept) = gw.inner.upstreams.take(&key) {
-            // Ready at once unless the proxy closed it meanwhile.
-            match tokio::time::timeout(s.connect_timeout, kept.sender.ready()).await {
-                Ok(Ok(())) => {}
-                _ => continue,
+    let key = ConnKey::forward(lease.id(), proxy, target);
+    let forwards = gw.pool().forwards();
+    if let Some(bytes) = held.filter(|_| idempotent(&parts.method))
+        && let Some(mut kept) = forwards.reuse(&key, s.connect_timeout).await
+    {
+        let again = Full::new(bytes.clone()).map_err(|n| match n {}).boxed();
+        let req = request(proxy, target, parts, path, again, kept.forward)?;
+        match kept.sender.send_request(req).await {
+            Ok(resp) => {
+                let (rparts, rbody) = resp.into_parts();
+                return Ok((rparts, rbody, kept));
             }
-            let again = Full::new(bytes.clone()).map_err(|n| match n {}).boxed();
-            let req = request(proxy, target, parts, path, again, kept.forward)?;
-            match kept.sender.send_request(req).await {
-                Ok(resp) => {
-                    let (rparts, rbody) = resp.into_parts();
-                    return Ok((rparts, rbody, kept));
-                }
-                // Closed by the proxy as the request went: no one's
-                // fault; a new connection carries it.
-                Err(_) => break,
-            }
+            // Closed by the proxy as the request went: no one's
+            // fault; a new connection carries it.
+            Err(e) if kept.closed_when_reused(&e) => {}
+            Err(e) => return Err(Failure::Sent(hyper_reason(&e))),
         }
     }
     let opts = DialOptions {
@@ -375,42 +376,21 @@ async fn send(
         forward: true,
     };
     let dialed = lease.dial(target, &opts).await.map_err(Failure::Dial)?;
-    let forward = dialed.forward;
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(dialed.stream))
+    // Its task ends once the sender is gone (the connection was not kept,
+    // or left the idle set) and the answer's body is read, or at the
+    // client's fault in the body it carries.
+    let faulted = upload.map(UploadState::faulted_token);
+    let mut conn = Conn::open(key, dialed.stream, dialed.forward, false, (), faulted)
         .await
         .map_err(|e| Failure::Proxy(hyper_reason(&e)))?;
-    // Ends once the sender is gone (the connection was not kept, or left
-    // the idle set) and the answer's body is read, or at the client's
-    // fault in the body it carries.
-    let faulted = upload.map(UploadState::faulted_token);
-    tokio::spawn(async move {
-        match faulted {
-            Some(token) => {
-                tokio::select! {
-                    _ = conn => {}
-                    _ = token.cancelled() => {}
-                }
-            }
-            None => {
-                let _ = conn.await;
-            }
-        }
-    });
-    let req = request(proxy, target, parts, path, body, forward)?;
-    let resp = sender
+    let req = request(proxy, target, parts, path, body, conn.forward)?;
+    let resp = conn
+        .sender
         .send_request(req)
         .await
         .map_err(|e| Failure::Sent(hyper_reason(&e)))?;
     let (rparts, rbody) = resp.into_parts();
-    Ok((
-        rparts,
-        rbody,
-        Kept {
-            key,
-            sender,
-            forward,
-        },
-    ))
+    Ok((rparts, rbody, conn))
 }
 
 /// The request for the upstream: absolute-form for an HTTP proxy (with
@@ -501,7 +481,7 @@ fn respond(
         Answered::Whole(b) => {
             metrics.received(b.len() as u64);
             if let Some(kept) = kept {
-                gw.inner.upstreams.put(kept);
+                gw.pool().forwards().put(kept);
             }
             Full::new(b).map_err(|n| match n {}).boxed()
         }
@@ -543,7 +523,7 @@ impl Counted {
     /// request.
     fn ended(&mut self) {
         if let Some((gw, kept)) = self.kept.take() {
-            gw.inner.upstreams.put(kept);
+            gw.pool().forwards().put(kept);
         }
     }
 }

@@ -100,8 +100,6 @@ struct Inner {
     pool: Pool,
     settings: Settings,
     metrics: Arc<GatewayMetrics>,
-    /// Idle connections to upstream proxies, for plain requests.
-    upstreams: upstream::Upstreams,
     /// Wrong tokens per client address.
     auth: Arc<AuthFailures>,
 }
@@ -165,7 +163,6 @@ impl Gateway {
                 pool,
                 settings,
                 metrics,
-                upstreams: upstream::Upstreams::default(),
                 auth,
             }),
         })

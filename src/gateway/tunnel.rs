@@ -217,7 +217,7 @@ pub(super) fn charged(gw: &Gateway, lease: &Lease, verdict: UseVerdict) {
         gw.inner
             .metrics
             .upstream_failed(reason.unwrap_or(Reason::ProtocolError));
-        gw.inner.upstreams.forget(lease.id());
+        gw.pool().forwards().forget(lease.id());
     }
 }
 

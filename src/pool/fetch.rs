@@ -14,19 +14,15 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, StatusCode, header};
 use http_body_util::{BodyExt, Empty, Limited};
-use hyper::client::conn::http1::SendRequest;
-use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Instant;
 use url::Url;
 
 use crate::model::Reason;
-use crate::net::{
-    self, DialError, DialOptions, IdleConns, IdleLimits, Reusable, hyper_reason,
-    proxy_authorization,
-};
+use crate::net::{self, DialError, DialOptions, IdleLimits, hyper_reason, proxy_authorization};
 use crate::proxy::{Proxy, Scheme};
 
+use super::http1::{Body, Conn, ConnKey, Http1, keeps_alive};
 use super::{Lease, Pacer};
 use crate::lock;
 
@@ -37,6 +33,15 @@ const IDLE: IdleLimits = IdleLimits {
     per_key: 2,
     total: 1024,
     keep_for: Duration::from_secs(15),
+};
+
+/// Idle connections kept for the gateway's forwards: about the requests
+/// one proxy carries at once under load per key, 1024 in all, each for at
+/// most 10 s (proxies drop quiet connections after some seconds).
+pub(crate) const FORWARDS: IdleLimits = IdleLimits {
+    per_key: 32,
+    total: 1024,
+    keep_for: Duration::from_secs(10),
 };
 
 /// Limits of one request, and the user agent it is sent with (the
@@ -84,43 +89,29 @@ pub(crate) enum Failure {
     SlowBody,
 }
 
-type Key = (Option<i64>, String);
+/// A fetch's connection, with the mark its request's bytes fire.
+type FetchConn = Conn<Empty<Bytes>, SendMark>;
 
-/// A connection ready for a request: its sender, whether it is TLS end to
-/// end, whether it speaks to a forward proxy, its send mark, and whether it
-/// is new.
-type Conn = (SendRequest<Empty<Bytes>>, bool, bool, SendMark, bool);
-
-/// A new connection: its sender, TLS end to end, to a forward proxy, and
-/// its send mark.
-type Dialed = (SendRequest<Empty<Bytes>>, bool, bool, SendMark);
-
-/// A connection kept for the next request to the same place.
-struct Idle {
-    sender: SendRequest<Empty<Bytes>>,
-    tls: bool,
-    forward: bool,
-    mark: SendMark,
-}
-
-impl Reusable for Idle {
-    fn usable(&self) -> bool {
-        self.sender.is_ready()
-    }
-}
-
-/// Sends requests; holds the TLS configuration and idle connections.
+/// Sends requests; holds the TLS configuration and the idle connections,
+/// the fetches' and the gateway's forwards'.
 pub(crate) struct Client {
     tls: Arc<rustls::ClientConfig>,
-    idle: IdleConns<Key, Idle>,
+    fetches: Http1<Empty<Bytes>, SendMark>,
+    forwards: Http1<Body>,
 }
 
 impl Client {
     pub fn new(tls: Arc<rustls::ClientConfig>) -> Client {
         Client {
             tls,
-            idle: IdleConns::new(IDLE),
+            fetches: Http1::new(IDLE),
+            forwards: Http1::new(FORWARDS),
         }
+    }
+
+    /// The connections the gateway's plain forwards go on.
+    pub fn forwards(&self) -> &Http1<Body> {
+        &self.forwards
     }
 
     /// GETs `url` through the leased proxy, or directly when `lease` is
@@ -144,24 +135,23 @@ impl Client {
             .port_or_known_default()
             .ok_or(Failure::Proxy(Reason::ProtocolError))?;
         let target = net::Target::new(host, port).map_err(|_| Failure::Unreached)?;
-        let key: Key = (lease.map(Lease::id), origin(url));
+        let key = ConnKey::origin(lease.map(Lease::id), origin(url));
         let t0 = Instant::now();
-        let mut conn: Conn = match self.idle.take(&key) {
-            Some(idle) => (idle.sender, idle.tls, idle.forward, idle.mark, false),
-            None => {
-                let c =
-                    tokio::time::timeout(limits.total, self.connect(lease, &target, https, limits))
-                        .await
-                        .map_err(|_| Failure::Proxy(Reason::Timeout))??;
-                (c.0, c.1, c.2, c.3, true)
-            }
+        let mut conn = match self.fetches.reuse(&key, limits.connect).await {
+            Some(conn) => conn,
+            None => tokio::time::timeout(
+                limits.total,
+                self.connect(lease, &key, &target, https, limits),
+            )
+            .await
+            .map_err(|_| Failure::Proxy(Reason::Timeout))??,
         };
         let connecting = t0.elapsed();
         if let Some(p) = pacer {
             p.wait(url).await;
             // The turn counts from when the request's bytes leave, which a
             // busy connection task or a redial (below) may put off.
-            conn.3.arm(p.clone(), url.clone());
+            conn.mark.arm(p.clone(), url.clone());
         }
         let left = limits.total.saturating_sub(connecting);
         let headed = AtomicBool::new(false);
@@ -171,19 +161,15 @@ impl Client {
         };
         let exchange = async {
             loop {
-                match self
-                    .exchange(conn, key.clone(), url, &target, proxy, limits)
-                    .await
-                {
+                match self.exchange(conn, url, &target, proxy, limits).await {
                     // A kept-alive connection the peer closed meanwhile: no
                     // one's fault, open a new one, once (the turn is still
                     // ours: the request got no answer).
                     Err(None) => {
-                        let c = self.connect(lease, &target, https, limits).await?;
+                        conn = self.connect(lease, &key, &target, https, limits).await?;
                         if let Some(p) = pacer {
-                            c.3.arm(p.clone(), url.clone());
+                            conn.mark.arm(p.clone(), url.clone());
                         }
-                        conn = (c.0, c.1, c.2, c.3, true);
                     }
                     Err(Some(f)) => return Err(f),
                     Ok(a) => return Ok(a),
@@ -201,21 +187,19 @@ impl Client {
     /// out closed before the request left.
     async fn exchange(
         &self,
-        conn: Conn,
-        key: Key,
+        mut conn: FetchConn,
         url: &Url,
         target: &net::Target,
         proxy: Option<&Proxy>,
         limits: Limits<'_>,
     ) -> Result<Answer, Option<Failure>> {
-        let (mut sender, tls, forward, mark, fresh) = conn;
-        let req = self.request(url, target, forward, proxy, limits.user_agent)?;
-        let sent = tokio::time::timeout(limits.first_byte, sender.send_request(req)).await;
+        let req = self.request(url, target, conn.forward, proxy, limits.user_agent)?;
+        let sent = tokio::time::timeout(limits.first_byte, conn.sender.send_request(req)).await;
         // Unfired (the request never left): the turn stays as granted.
-        mark.disarm();
+        conn.mark.disarm();
         let resp = match sent {
             Err(_) => return Err(Some(Failure::Proxy(Reason::Timeout))),
-            Ok(Err(e)) if !fresh && closed_when_reused(&e) => return Err(None),
+            Ok(Err(e)) if conn.closed_when_reused(&e) => return Err(None),
             Ok(Err(e)) => return Err(Some(Failure::Proxy(hyper_reason(&e)))),
             Ok(Ok(resp)) => resp,
         };
@@ -231,16 +215,9 @@ impl Client {
                 None => Failure::TooLarge,
             })?
             .to_bytes();
-        if sender.is_ready() && keep_alive(&parts.headers) {
-            self.idle.put(
-                key,
-                Idle {
-                    sender,
-                    tls,
-                    forward,
-                    mark,
-                },
-            );
+        let (forward, tls) = (conn.forward, conn.tls);
+        if keeps_alive(&parts) {
+            self.fetches.put(conn);
         }
         let body = decode(&parts.headers, raw, limits.max_body)?;
         Ok(Answer {
@@ -256,10 +233,11 @@ impl Client {
     async fn connect(
         &self,
         lease: Option<&Lease>,
+        key: &ConnKey,
         target: &net::Target,
         https: bool,
         limits: Limits<'_>,
-    ) -> Result<Dialed, Failure> {
+    ) -> Result<FetchConn, Failure> {
         let opts = DialOptions {
             connect_timeout: limits.connect,
             handshake_timeout: limits.first_byte,
@@ -287,11 +265,11 @@ impl Client {
             .await
             .map_err(|_| Failure::Dial(DialError::tls(Reason::Timeout)))?
             .map_err(|r| Failure::Dial(DialError::tls(r)))?;
-            Ok((handshake(tls).await?, true, false, mark))
+            Conn::open(key.clone(), tls, false, true, mark, None).await
         } else {
-            let forward = dialed.forward;
-            Ok((handshake(stream).await?, false, forward, mark))
+            Conn::open(key.clone(), stream, dialed.forward, false, mark, None).await
         }
+        .map_err(|e| Failure::Proxy(hyper_reason(&e)))
     }
 
     fn request(
@@ -331,9 +309,11 @@ impl Client {
             .map_err(|_| Failure::Proxy(Reason::ProtocolError))
     }
 
-    /// Drops the idle connections through proxy `id` (it failed).
+    /// Drops the idle connections through proxy `id` (it failed), the
+    /// fetches' and the forwards'.
     pub fn forget(&self, id: i64) {
-        self.idle.forget(|(p, _)| *p == Some(id));
+        self.fetches.forget(id);
+        self.forwards.forget(id);
     }
 }
 
@@ -430,53 +410,6 @@ fn origin(url: &Url) -> String {
         url.host_str().unwrap_or_default(),
         url.port_or_known_default().unwrap_or(0)
     )
-}
-
-async fn handshake<S>(stream: S) -> Result<SendRequest<Empty<Bytes>>, Failure>
-where
-    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-{
-    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .map_err(|e| Failure::Proxy(hyper_reason(&e)))?;
-    // The connection task ends when the sender is dropped or the peer
-    // closes; errors reach the request through the sender.
-    tokio::spawn(async move {
-        let _ = conn.await;
-    });
-    Ok(sender)
-}
-
-/// True when a request on a kept-alive connection failed because the peer
-/// had closed it: before the request left, or with the connection ending
-/// (FIN or reset) before any answer came. Proxies that serve one request
-/// per connection without saying so do this; the request is sent again on
-/// a new connection and blamed on no one. (GET is idempotent.)
-fn closed_when_reused(e: &hyper::Error) -> bool {
-    if e.is_closed() || e.is_canceled() || e.is_incomplete_message() {
-        return true;
-    }
-    let mut source = std::error::Error::source(e);
-    while let Some(s) = source {
-        if let Some(io) = s.downcast_ref::<std::io::Error>() {
-            return matches!(
-                io.kind(),
-                std::io::ErrorKind::ConnectionReset
-                    | std::io::ErrorKind::ConnectionAborted
-                    | std::io::ErrorKind::BrokenPipe
-                    | std::io::ErrorKind::UnexpectedEof
-            );
-        }
-        source = s.source();
-    }
-    false
-}
-
-fn keep_alive(headers: &HeaderMap) -> bool {
-    !headers.get_all(header::CONNECTION).iter().any(|v| {
-        v.to_str()
-            .is_ok_and(|s| s.to_ascii_lowercase().contains("close"))
-    })
 }
 
 /// The body with its `Content-Encoding` (gzip, deflate, br) undone, at

@@ -21,6 +21,7 @@ mod attempt;
 mod classify;
 mod dial;
 mod fetch;
+mod http1;
 mod learn;
 mod refresh;
 mod rotate;
@@ -38,6 +39,7 @@ pub use strategy::StrategyKind;
 pub use verify::{Verifier, VerifyError};
 
 pub(crate) use dial::dial_failed;
+pub(crate) use http1::{Body, Conn, ConnKey, keeps_alive};
 pub(crate) use rotate::{Answered, Attempt, End, RateLimits, Rotated, Rotation, Tried};
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
