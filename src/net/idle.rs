@@ -72,18 +72,17 @@ impl<K: Hash + Eq + Clone, C: Reusable> IdleConns<K, C> {
         let mut guard = lock(&self.conns);
         let conns = &mut *guard;
         let list = conns.by_key.get_mut(key)?;
-        let mut found = None;
+        // An emptied list stays for the connection put back after the
+        // request (no allocation, no second hash of the key): with requests
+        // spread over many proxies most lists hold one connection at a
+        // time. A sweep lets empty lists go.
         while let Some(c) = list.pop() {
             conns.count -= 1;
             if c.since.elapsed() < self.limits.keep_for && c.conn.usable() {
-                found = Some(c.conn);
-                break;
+                return Some(c.conn);
             }
         }
-        if list.is_empty() {
-            conns.by_key.remove(key);
-        }
-        found
+        None
     }
 
     /// Keeps `conn` for the next request to `key`, room allowing.
@@ -94,7 +93,12 @@ impl<K: Hash + Eq + Clone, C: Reusable> IdleConns<K, C> {
         let keep_for = self.limits.keep_for;
         let mut guard = lock(&self.conns);
         let conns = &mut *guard;
-        if conns.count >= self.limits.total || conns.swept.elapsed() >= keep_for {
+        // Swept too once the keys (empty lists among them) outnumber the
+        // connections kept in all twice over: the map stays bounded.
+        if conns.count >= self.limits.total
+            || conns.by_key.len() >= 2 * self.limits.total
+            || conns.swept.elapsed() >= keep_for
+        {
             conns.by_key.retain(|_, list| {
                 list.retain(|c| c.since.elapsed() < keep_for && c.conn.usable());
                 !list.is_empty()
@@ -165,6 +169,28 @@ mod tests {
         assert_eq!(idle.len(), 1);
         assert!(idle.take(&(2, "a")).is_some());
         assert!(idle.is_empty());
+    }
+
+    #[test]
+    fn lists_emptied_by_takes_stay_bounded() {
+        let idle = IdleConns::new(IdleLimits {
+            per_key: 2,
+            total: 3,
+            keep_for: Duration::from_secs(60),
+        });
+        for proxy in 0..100 {
+            idle.put((proxy, "a"), Fake(true));
+            assert!(idle.take(&(proxy, "a")).is_some());
+            assert!(idle.take(&(proxy, "a")).is_none());
+            assert!(
+                lock(&idle.conns).by_key.len() <= 6,
+                "at most twice the total"
+            );
+        }
+        assert!(idle.is_empty());
+        // An emptied list takes the next connection put back.
+        idle.put((99, "a"), Fake(true));
+        assert!(idle.take(&(99, "a")).is_some());
     }
 
     #[test]

@@ -159,7 +159,13 @@ where
     /// that are not are let go.
     pub async fn reuse(&self, key: &ConnKey, wait: Duration) -> Option<Conn<B, M>> {
         while let Some(mut conn) = self.idle.take(key) {
-            if let Ok(Ok(())) = tokio::time::timeout(wait, conn.sender.ready()).await {
+            // Mostly ready already: no timer then.
+            if conn.sender.is_ready()
+                || matches!(
+                    tokio::time::timeout(wait, conn.sender.ready()).await,
+                    Ok(Ok(()))
+                )
+            {
                 conn.fresh = false;
                 return Some(conn);
             }
