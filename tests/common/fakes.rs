@@ -691,6 +691,11 @@ async fn forward_kept(
     else {
         return Ok(false);
     };
+    // A client that asks to close gets its answer and the close, as real
+    // proxies (and RFC 9112 §9.6) have it.
+    let client_closes = head
+        .header("connection")
+        .is_some_and(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case("close")));
     let kept = site
         .take()
         .filter(|(a, _)| opts.reuse_site && a == authority);
@@ -740,7 +745,7 @@ async fn forward_kept(
             out.push_str(&format!("{name}: {value}\r\n"));
         }
     }
-    if length.is_none() {
+    if length.is_none() || client_closes {
         out.push_str("Connection: close\r\n");
     }
     out.push_str("\r\n");
@@ -760,7 +765,7 @@ async fn forward_kept(
             if opts.reuse_site && !closes {
                 *site = Some((authority.to_owned(), upstream));
             }
-            Ok(true)
+            Ok(!client_closes)
         }
         None => {
             tokio::io::copy(&mut upstream, client).await?;
