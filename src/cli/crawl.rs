@@ -238,10 +238,7 @@ pub(super) async fn run(config_path: Option<&Path>, args: CrawlArgs) -> anyhow::
         pool: opts,
     } = args.validate(config.api.max_age)?;
     let store = open_store(&config).await?;
-    let shared = crate::pool::SharedOptions {
-        extra_ca: args.ca_file.clone(),
-        ..crate::pool::SharedOptions::default()
-    };
+    let shared = shared_options(&config.pool, &args);
     let pool = if args.direct {
         // No proxy at all: an empty index, so every request goes direct.
         let feedback =
@@ -311,6 +308,19 @@ pub(super) async fn run(config_path: Option<&Path>, args: CrawlArgs) -> anyhow::
     } else {
         ExitCode::SUCCESS
     })
+}
+
+/// The pool's caps from `[pool]` (a proxy carries at most
+/// `pool.max_per_proxy` requests at once, as in the daemon), with the
+/// command line's extra CA.
+fn shared_options(
+    config: &crate::config::PoolConfig,
+    args: &CrawlArgs,
+) -> crate::pool::SharedOptions {
+    crate::pool::SharedOptions {
+        extra_ca: args.ca_file.clone(),
+        ..crate::pool::SharedOptions::from(config)
+    }
 }
 
 /// With no URL, a `--state` file's stored command line, followed by this
@@ -386,6 +396,16 @@ mod tests {
             Command::Crawl(args) => *args,
             _ => unreachable!("a crawl command line"),
         }
+    }
+
+    #[test]
+    fn the_pool_takes_its_per_proxy_cap_from_the_config() {
+        let config =
+            crate::config::Config::from_toml("[pool]\nmax_per_proxy = 1\n", "t.toml").unwrap();
+        let args = crawl_args(&["--ca-file", "ca.pem", "http://a/"]);
+        let shared = shared_options(&config.pool, &args);
+        assert_eq!(shared.max_in_flight, 1);
+        assert_eq!(shared.extra_ca.as_deref(), Some(Path::new("ca.pem")));
     }
 
     #[test]
