@@ -16,7 +16,7 @@ use crate::check::{
     self, CheckError, CheckLease, CheckOptions, Checker, CommitHook, JudgeHook, RoundProgress,
 };
 use crate::config::{Config, Live};
-use crate::health::Feedback;
+use crate::health::{Entry, Feedback};
 use crate::store::{Store, StoreError, now_ms, rfc3339};
 
 use super::outage::Outage;
@@ -250,8 +250,16 @@ impl CheckLoop {
         stop: &CancellationToken,
         last_round: Option<std::time::Instant>,
     ) -> bool {
-        self.schedule_adopted().await;
-        let urgent = match self.feedback.queue_rechecks(now_ms()).await {
+        let queued = self
+            .feedback
+            .queue_due(now_ms(), |served, adopted| {
+                self.adopted_due(served, adopted)
+            })
+            .await;
+        if let Err(e) = &queued.adopted {
+            log_store_error(e, "cannot schedule re-checks of the proxies loaded");
+        }
+        let urgent = match queued.rechecks {
             Ok(n) => n > 0,
             Err(e) => {
                 log_store_error(&e, "cannot queue proxies for an early re-check");
@@ -260,7 +268,7 @@ impl CheckLoop {
         };
         let gap = match last_round {
             Some(at) if !urgent => {
-                let cycle = self.config.check.serve_cycle(self.feedback.index().len());
+                let cycle = self.config.check.serve_cycle(queued.served);
                 ROUND_GAP.min(cycle / 20).saturating_sub(at.elapsed())
             }
             _ => Duration::ZERO,
@@ -287,49 +295,40 @@ impl CheckLoop {
         false
     }
 
-    /// Puts the proxies that entered the index on a schedule this daemon
-    /// did not make (those another process checked, read back by the
-    /// index sync) on the served proxies' re-check cycle. Without this a
-    /// proxy `proxywarden check` found alive keeps its next check up to
-    /// `check.recheck_alive` away: it is served unverified until the
-    /// freshness window passes, then not served at all.
-    async fn schedule_adopted(&self) {
-        let adopted = self.feedback.take_adopted();
-        if adopted.is_empty() {
-            return;
-        }
+    /// When to check the proxies that entered the index on a schedule this
+    /// daemon did not make (those another process checked, read back by
+    /// the index sync), with `served` proxies served: on the served
+    /// proxies' re-check cycle. Without this a proxy `proxywarden check`
+    /// found alive keeps its next check up to `check.recheck_alive` away:
+    /// it is served unverified until the freshness window passes, then not
+    /// served at all.
+    fn adopted_due(&self, served: usize, adopted: &[Arc<Entry>]) -> Vec<(i64, i64)> {
         let check = &self.config.check;
-        let served = self.feedback.index().len();
         let now = now_ms();
         // Many at once (a `proxywarden check` round beside the daemon):
         // spread over the cycle from now, or they would all come back
         // together, and nothing would be re-checked until then.
         let bulk = check.is_bulk(served, adopted.len());
-        let due: Vec<(i64, i64)> = {
-            let mut rng = rand::rng();
-            adopted
-                .iter()
-                .filter_map(|e| {
-                    let spread: f64 = rng.random();
-                    if bulk {
-                        check.bulk_check_at(served, e.next_check_at, now, spread)
-                    } else {
-                        check.served_check_at(served, e.last_checked, e.next_check_at, now, spread)
-                    }
-                    .map(|at| (e.id, at))
-                })
-                .collect()
-        };
-        if due.is_empty() {
-            return;
+        let mut rng = rand::rng();
+        let due: Vec<(i64, i64)> = adopted
+            .iter()
+            .filter_map(|e| {
+                let spread: f64 = rng.random();
+                if bulk {
+                    check.bulk_check_at(served, e.next_check_at, now, spread)
+                } else {
+                    check.served_check_at(served, e.last_checked, e.next_check_at, now, spread)
+                }
+                .map(|at| (e.id, at))
+            })
+            .collect();
+        if !due.is_empty() {
+            tracing::debug!(
+                proxies = due.len(),
+                "re-checks of adopted proxies scheduled"
+            );
         }
-        tracing::debug!(
-            proxies = due.len(),
-            "re-checks of adopted proxies scheduled"
-        );
-        if let Err(e) = self.feedback.schedule_checks(due).await {
-            log_store_error(&e, "cannot schedule re-checks of the proxies loaded");
-        }
+        due
     }
 
     /// The re-check policy for the next round: served proxies come round

@@ -98,11 +98,10 @@ pub async fn run_reloading(
     // What was loaded is served only while its last check is fresh, from
     // the first request on, and is re-checked at once: it may have died
     // since another process checked it. Until then, what has passed a
-    // check since the start is served first.
-    feedback.set_fresh_within(config.check.fresh_window(index.len()));
-    feedback.reverify_all(crate::store::now_ms());
-    // Bans sites made and the proxies they took, from earlier runs.
-    match feedback.load_sites().await {
+    // check since the start is served first. Bans sites made and the
+    // proxies they took come back from earlier runs.
+    let window = config.check.fresh_window(index.len());
+    match feedback.serve_loaded(window, crate::store::now_ms()).await {
         Ok(0) => {}
         Ok(pairs) => tracing::debug!(pairs, "what sites taught about proxies loaded"),
         Err(e) => tracing::warn!(error = %e, "cannot load what sites taught about proxies"),

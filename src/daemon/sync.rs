@@ -76,13 +76,7 @@ impl IndexSync {
             match self.store.changed_since(self.mark, PAGE, known).await {
                 Ok((records, mark, full)) => {
                     // Rows no longer alive leave the index; alive ones are
-                    // (re)indexed with what the record says now. Other own
-                    // writes are indexed already too.
-                    let index = self.feedback.index();
-                    let records: Vec<_> = records
-                        .into_iter()
-                        .filter(|r| index.get(r.id).is_none_or(|e| *e.record != *r))
-                        .collect();
+                    // (re)indexed with what the record says now.
                     self.feedback.adopt(records);
                     let moved = mark != self.mark;
                     self.mark = mark;

@@ -861,7 +861,8 @@ async fn check_stops_on(signal: &str) {
 }
 
 /// Issue 10, Must 9: a second Ctrl-C ends `check` at once, even with
-/// checks in flight that would take half a minute to time out.
+/// checks in flight that would take an hour to time out (so only the second
+/// Ctrl-C ends it before the test's own bound).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_ctrl_c_ends_the_check_command_at_once() {
     use tokio::io::AsyncBufReadExt;
@@ -870,7 +871,7 @@ async fn a_second_ctrl_c_ends_the_check_command_at_once() {
     // A proxy that takes the request and never answers.
     let silent = FakeHttpProxy::start(with_behavior(fakes::Behavior::Hang)).await;
     let list = format!("{}\n", silent.addr());
-    let mut child = harvested_check(dir.path(), &judge, &list, "10s", "60s").await;
+    let mut child = harvested_check(dir.path(), &judge, &list, "10s", "1h").await;
     let pid = child.id().unwrap();
     common::until("a check started", Duration::from_secs(30), || async {
         silent.connections() > 0
@@ -888,15 +889,9 @@ async fn a_second_ctrl_c_ends_the_check_command_at_once() {
         panic!("no word of the interruption");
     })
     .await;
-    let second = std::time::Instant::now();
     send_signal("INT", pid);
     let status = common::within(child.wait()).await.unwrap();
-    let took = second.elapsed();
     assert_eq!(status.code(), Some(130));
-    assert!(
-        took < Duration::from_secs(5),
-        "exited {took:?} after the second Ctrl-C"
-    );
 }
 
 /// A judge that dies mid-round must not make proxies look dead: failures

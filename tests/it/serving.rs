@@ -248,8 +248,12 @@ async fn gateway_requests_wait_their_turn_when_every_proxy_is_at_its_cap() {
         opts.latency = Duration::from_millis(150);
         let site = Site::start(opts).await;
         cli_filled(dir.path(), &proxies).await;
+        // A request that waits for a slot waits as long as it takes, so
+        // one that should fail at once and waits instead fails the test.
         let (daemon, gw) = Daemon::start_with_gateway(dir.path(), "", |c| {
-            short_cycles(c.db("test.db")).set("pool", "max_per_proxy", "2")
+            short_cycles(c.db("test.db"))
+                .set("pool", "max_per_proxy", "2")
+                .set("gateway", "queue_wait", "\"1h\"")
         })
         .await;
         let all = crowd(gw, 16, SECS, None, |k| site.url(&format!("/c{k}"))).await;
@@ -261,14 +265,12 @@ async fn gateway_requests_wait_their_turn_when_every_proxy_is_at_its_cap() {
         );
         // A request no proxy can take at all is not kept waiting, and the
         // answer says why.
-        let t0 = Instant::now();
         let resp = gateway_client_as(gw, Some("country-xx"))
             .get(site.url("/none"))
             .send()
             .await
             .unwrap();
         assert_eq!(resp.status(), 503);
-        assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
         let body = resp.text().await.unwrap();
         assert!(
             body.contains("no servable proxy matches the filters"),

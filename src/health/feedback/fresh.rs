@@ -137,7 +137,13 @@ impl Feedback {
     /// [`Feedback::apply`]) and queues the alive ones for the check loop to
     /// put on the served proxies' re-check cycle: their next check may be
     /// as far away as `check.recheck_alive`, long past the freshness window.
+    /// Rows the index holds as they are (other own writes) are left alone.
     pub(crate) fn adopt(&self, records: Vec<ProxyRecord>) {
+        let index = &self.inner.index;
+        let records: Vec<ProxyRecord> = records
+            .into_iter()
+            .filter(|r| index.get(r.id).is_none_or(|e| *e.record != *r))
+            .collect();
         let ids: Vec<i64> = records
             .iter()
             .filter(|r| r.status == crate::proxy::Status::Alive)

@@ -12,12 +12,14 @@
 //! [`Feedback::apply`]).
 //! What the pool, the checker and the daemon's loops need besides is
 //! crate-private, grouped by job: `pick` (choosing and serving), `fresh`
-//! (check results, freshness, re-checks), `sites` (what each site taught)
-//! and `worked` (uses that worked, written in batches).
+//! (check results, freshness, re-checks), `sites` (what each site taught),
+//! `worked` (uses that worked, written in batches) and `steps` (the
+//! daemon's re-check steps, each one call).
 
 mod fresh;
 mod pick;
 mod sites;
+mod steps;
 mod worked;
 
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
