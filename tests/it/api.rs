@@ -426,10 +426,10 @@ async fn closed_within(
 #[tokio::test]
 async fn idle_and_slow_header_clients_do_not_starve_healthz_and_are_closed() {
     use tokio::io::AsyncWriteExt;
-    let header_timeout = std::time::Duration::from_secs(3);
-    let idle_timeout = std::time::Duration::from_secs(2);
+    let header_timeout = std::time::Duration::from_secs(5);
+    let idle_timeout = std::time::Duration::from_secs(4);
     let server =
-        Server::start("header_timeout = \"3s\"\nidle_timeout = \"2s\"\nmax_connections = 1000")
+        Server::start("header_timeout = \"5s\"\nidle_timeout = \"4s\"\nmax_connections = 1000")
             .await;
     let opened = std::time::Instant::now();
     let mut idle = Vec::new();
@@ -451,26 +451,33 @@ async fn idle_and_slow_header_clients_do_not_starve_healthz_and_are_closed() {
         });
         slow.push((read, trickle));
     }
-    let mut times = Vec::new();
     for _ in 0..5 {
-        let (took, status) = server.healthz().await;
+        let (_, status) = server.healthz().await;
         assert_eq!(status, "HTTP/1.1 200 OK");
-        times.push(took);
     }
-    assert!(
-        opened.elapsed() < idle_timeout,
-        "setting up took {:?}: the clients were not all held while /healthz was asked",
+    // Not starved: /healthz was answered while every one of them was still
+    // held, rather than once their timeouts had made room.
+    let reads = idle
+        .iter()
+        .map(|(r, _)| r)
+        .chain(slow.iter().map(|(r, _)| r));
+    let still_open = reads
+        .filter(|r| {
+            let mut byte = [0u8; 1];
+            matches!(r.try_read(&mut byte), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+        })
+        .count();
+    assert_eq!(
+        still_open,
+        350,
+        "/healthz answered only after {} held clients were let go ({:?} after they connected)",
+        350 - still_open,
         opened.elapsed()
-    );
-    times.sort();
-    assert!(
-        times[2] < std::time::Duration::from_millis(100),
-        "/healthz took {times:?}"
     );
 
     // Silent clients go at the idle timeout, trickling ones at the header
     // timeout; none before.
-    let deadline = std::time::Duration::from_secs(8);
+    let deadline = std::time::Duration::from_secs(12);
     for (read, _) in &mut idle {
         closed_within(read, deadline)
             .await
