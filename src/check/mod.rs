@@ -162,7 +162,7 @@ impl Checker {
         let mut failed = Vec::new();
         for jc in &config.check.judges {
             let target = match Target::resolve(&jc.url).await {
-                Ok(t) => t,
+                Ok(t) => prober.own_sessions(t),
                 Err(e) => {
                     failed.push((jc, e.to_string()));
                     continue;

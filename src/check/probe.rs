@@ -39,6 +39,9 @@ pub struct Target {
     named: net::Target,
     /// `named` for Host headers and absolute-form (IPv6 in brackets).
     authority: String,
+    /// This judge's own TLS configurations (see [`Prober::own_sessions`]);
+    /// the prober's shared ones when `None`.
+    sessions: Option<net::tls::ProbeTls>,
 }
 
 impl Target {
@@ -72,6 +75,7 @@ impl Target {
             tls12: false,
             authority: named.to_string(),
             named,
+            sessions: None,
         })
     }
 
@@ -181,6 +185,15 @@ impl Prober {
         }
     }
 
+    /// `target` with TLS sessions kept for it alone (when https): judges
+    /// sharing a host name do not take each other's sessions.
+    pub fn own_sessions(&self, mut target: Target) -> Target {
+        if target.tls {
+            target.sessions = Some(self.tls.own_sessions());
+        }
+        target
+    }
+
     /// GETs the judge `target` (with `nonce` in the query) by `route`,
     /// within the connect and total timeouts. A failure names the phase it
     /// happened in (for a timeout, the phase it interrupted).
@@ -279,9 +292,10 @@ impl Prober {
     ) -> Result<(u16, Bytes), Failure> {
         if target.tls {
             *phase = Phase::Tls;
+            let tls = target.sessions.as_ref().unwrap_or(&self.tls);
             let config = match target.tls12 {
-                true => &self.tls.tls12,
-                false => &self.tls.any,
+                true => &tls.tls12,
+                false => &tls.any,
             };
             let tls = net::tls::connect(config, &target.host, stream)
                 .await

@@ -210,6 +210,26 @@ pub struct ProbeTls {
     pub tls12: Arc<rustls::ClientConfig>,
 }
 
+impl ProbeTls {
+    /// These configurations with a session store of their own, for one
+    /// judge. Stores are keyed by server name alone, and two judges on one
+    /// host (different ports, different certificates) would otherwise take
+    /// each other's sessions, which the other refuses: every probe then
+    /// pays a full handshake, its certificate verified again.
+    pub fn own_sessions(&self) -> ProbeTls {
+        let tickets = Arc::new(JudgeTickets::default());
+        let with_store = |config: &Arc<rustls::ClientConfig>| {
+            let mut config = rustls::ClientConfig::clone(config);
+            config.resumption = rustls::client::Resumption::store(tickets.clone());
+            Arc::new(config)
+        };
+        ProbeTls {
+            any: with_store(&self.any),
+            tls12: with_store(&self.tls12),
+        }
+    }
+}
+
 /// Builds the [`ProbeTls`] configurations.
 pub fn probe_configs(extra_ca: Option<&Path>) -> Result<ProbeTls, TlsSetupError> {
     let mut provider = rustls::crypto::ring::default_provider();
@@ -257,4 +277,96 @@ where
         .connect(name, stream)
         .await
         .map_err(|e| super::io_reason(&e).unwrap_or(Reason::TlsError))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rustls::{ClientConnection, HandshakeKind, ServerConfig, ServerConnection};
+
+    /// A TLS server for 127.0.0.1 (its own CA, written into `dir`).
+    fn server(dir: &Path, name: &str) -> (Arc<ServerConfig>, PathBuf) {
+        use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+        let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let ca_key = KeyPair::generate().unwrap();
+        let ca = ca_params.self_signed(&ca_key).unwrap();
+        let issuer = Issuer::new(ca_params, ca_key);
+        let leaf_key = KeyPair::generate().unwrap();
+        let leaf = CertificateParams::new(vec!["127.0.0.1".to_string()])
+            .unwrap()
+            .signed_by(&leaf_key, &issuer)
+            .unwrap();
+        let ca_file = dir.join(name);
+        std::fs::write(&ca_file, ca.pem()).unwrap();
+        let key = rustls_pki_types::PrivateKeyDer::Pkcs8(leaf_key.serialize_der().into());
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let config = ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(vec![leaf.der().clone()], key)
+            .unwrap();
+        (Arc::new(config), ca_file)
+    }
+
+    /// One handshake in memory; how the client ended it.
+    fn handshake(client: &Arc<rustls::ClientConfig>, server: &Arc<ServerConfig>) -> HandshakeKind {
+        let name = ServerName::try_from("127.0.0.1").unwrap();
+        let mut c = ClientConnection::new(client.clone(), name).unwrap();
+        let mut s = ServerConnection::new(server.clone()).unwrap();
+        let mut wire = Vec::new();
+        while c.is_handshaking() || s.is_handshaking() || c.wants_write() || s.wants_write() {
+            wire.clear();
+            while c.wants_write() {
+                c.write_tls(&mut wire).unwrap();
+            }
+            s.read_tls(&mut wire.as_slice()).unwrap();
+            s.process_new_packets().unwrap();
+            wire.clear();
+            while s.wants_write() {
+                s.write_tls(&mut wire).unwrap();
+            }
+            c.read_tls(&mut wire.as_slice()).unwrap();
+            c.process_new_packets().unwrap();
+        }
+        c.handshake_kind().unwrap()
+    }
+
+    #[test]
+    /// Two judges on one host name, each with its own certificate: with
+    /// one store each takes the other's ticket and pays a full handshake;
+    /// with a store each, both resume.
+    fn judges_on_one_host_resume_their_own_sessions() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, ca_a) = server(dir.path(), "a.pem");
+        let (b, ca_b) = server(dir.path(), "b.pem");
+        let both = dir.path().join("both.pem");
+        let cas =
+            std::fs::read_to_string(&ca_a).unwrap() + &std::fs::read_to_string(&ca_b).unwrap();
+        std::fs::write(&both, cas).unwrap();
+        let shared = probe_configs(Some(&both)).unwrap();
+        // One store for both: each takes the other's ticket, refused.
+        let kinds = [&a, &b, &a, &b].map(|server| handshake(&shared.any, server));
+        assert_eq!(kinds, [HandshakeKind::Full; 4]);
+        let (own_a, own_b) = (shared.own_sessions(), shared.own_sessions());
+        {
+            let (ca, cb) = (&own_a.any, &own_b.any);
+            let kinds = [
+                handshake(ca, &a),
+                handshake(cb, &b),
+                handshake(ca, &a),
+                handshake(cb, &b),
+            ];
+            assert_eq!(
+                kinds,
+                [
+                    HandshakeKind::Full,
+                    HandshakeKind::Full,
+                    HandshakeKind::Resumed,
+                    HandshakeKind::Resumed
+                ]
+            );
+        }
+    }
 }
