@@ -25,7 +25,9 @@
 //!
 //! `BENCH_BIN=<path>` measures another build of `proxywarden` (an older
 //! one, say) on the same data; `BENCH_BACKEND=sqlite|postgres` runs one
-//! backend; `BENCH_SECONDS` sets the load's length.
+//! backend; `BENCH_SECONDS` sets the load's length; `BENCH_LOG=<filter>`
+//! runs `serve` with that `RUST_LOG` and keeps its log in the temporary
+//! folder.
 //!
 //! The PostgreSQL server runs as the tests run it (`fsync=off`): the
 //! figures are the daemon's work, not the disk's.
@@ -124,6 +126,9 @@ fn proxywarden(dir: &Path, config: &Path) -> Command {
         .env_remove("RUST_LOG")
         .env("NO_COLOR", "1")
         .stdin(Stdio::null());
+    if let Some(filter) = std::env::var_os("BENCH_LOG") {
+        c.env("RUST_LOG", filter);
+    }
     c
 }
 
@@ -208,8 +213,9 @@ fn verdict(ok: bool) -> &'static str {
 }
 
 /// `proxy?country=..` at [`RATE`] a second for `seconds`, open loop: the
-/// latencies from each request's due time, and the requests that failed.
-async fn load(addr: SocketAddr, seconds: u64) -> anyhow::Result<(Vec<Duration>, usize)> {
+/// latencies from each request's due time, by the second of the load it
+/// was due in, and the requests that failed.
+async fn load(addr: SocketAddr, seconds: u64) -> anyhow::Result<(Vec<Vec<Duration>>, usize)> {
     let total = (RATE * seconds) as usize;
     let period = Duration::from_nanos(1_000_000_000 / RATE);
     let start = tokio::time::Instant::now() + Duration::from_millis(200);
@@ -233,21 +239,25 @@ async fn load(addr: SocketAddr, seconds: u64) -> anyhow::Result<(Vec<Duration>, 
                 let resp = sender.send_request(req).await?;
                 let ok = resp.status().is_success();
                 resp.into_body().collect().await?;
-                lat.push(due.elapsed());
+                lat.push((i / RATE as usize, due.elapsed()));
                 errors += usize::from(!ok);
             }
             anyhow::Ok((lat, errors))
         }));
     }
-    let mut all = Vec::with_capacity(total);
+    let mut by_second = vec![Vec::with_capacity(RATE as usize); seconds as usize];
     let mut errors = 0;
     for t in tasks {
         let (lat, e) = t.await??;
-        all.extend(lat);
+        for (second, l) in lat {
+            by_second[second].push(l);
+        }
         errors += e;
     }
-    all.sort();
-    Ok((all, errors))
+    for s in &mut by_second {
+        s.sort();
+    }
+    Ok((by_second, errors))
 }
 
 fn pct(sorted: &[Duration], p: f64) -> Duration {
@@ -389,7 +399,9 @@ fn measure(
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(20);
-    let (lat, errors) = rt.block_on(load(addr, seconds))?;
+    let (by_second, errors) = rt.block_on(load(addr, seconds))?;
+    let mut lat: Vec<Duration> = by_second.concat();
+    lat.sort();
     let (p50, p99, max) = (pct(&lat, 0.5), pct(&lat, 0.99), pct(&lat, 1.0));
     println!(
         "{name}: /proxy?country=XX at {RATE}/s for {seconds} s ({} requests, {errors} not 2xx): \
@@ -399,6 +411,14 @@ fn measure(
         ms(p99),
         ms(max),
         verdict(ms(p99) <= P99_MS && errors == 0)
+    );
+    let seconds: Vec<String> = by_second
+        .iter()
+        .map(|s| format!("{:.1}", ms(pct(s, 0.99))))
+        .collect();
+    println!(
+        "{name}: /proxy's p99 (ms) in each second of the load: {}",
+        seconds.join(" ")
     );
     let (rss1, hwm1) = rss(pid).unwrap_or_default();
     println!("{name}: after the load RSS {rss1:.0} MB, peak {hwm1:.0} MB");
@@ -458,6 +478,11 @@ fn measure(
         verdict(hwm2 <= RSS_MB)
     );
     drop(daemon);
+    if std::env::var_os("BENCH_LOG").is_some() {
+        let kept = std::env::temp_dir().join(format!("proxywarden-million-{name}-serve.log"));
+        std::fs::copy(dir.join(format!("{name}-serve.log")), &kept)?;
+        println!("{name}: serve's log kept in {}", kept.display());
+    }
     Ok(())
 }
 

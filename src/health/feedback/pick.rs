@@ -34,7 +34,7 @@ impl Feedback {
         let verified = |e: &Entry| !suspect_until || e.proven_at().is_some_and(|t| t >= before);
         let index = &self.inner.index;
         let rank = |id: i64| at_site.map_or((1, 0), |s| s.rank(id));
-        if suspect_until {
+        if suspect_until && self.inner.proven_since_suspect.load(Ordering::Acquire) {
             let verified =
                 index.pick_ranked(q, now, strategy, &|e| !(usable(e) && verified(e)), &rank);
             if verified.is_some() {

@@ -358,3 +358,47 @@ async fn served_proxies_with_old_checks_are_queued_for_recheck() {
     feedback.served(&fresh, now);
     assert!(feedback.take_rechecks().is_empty());
 }
+
+/// Right after a start every served proxy is suspect and none has passed
+/// a check yet: a pick looks for a re-checked one only once one may
+/// exist, instead of scanning every match for it at each request (at a
+/// million stored, most of the CPU of `/proxy` then). Once one passes,
+/// it is the one served.
+#[tokio::test]
+async fn a_pick_after_a_start_does_not_scan_for_a_re_checked_proxy_before_one_passed() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, ids) = store_with(dir.path(), 400).await;
+    let before = now_ms() - 60_000;
+    let alive = ids.iter().map(|id| checked(*id, before, None)).collect();
+    store.record_checks(alive, POLICY).await.unwrap();
+    let index = crate::health::load_index(&store).await.unwrap();
+    let feedback = Feedback::new(index, store);
+    feedback.set_fresh_within(Duration::from_secs(600));
+    let start = now_ms();
+    feedback.reverify_all(start);
+    let q = ProxyQuery::default();
+    let looked = std::cell::Cell::new(0usize);
+    let count = |_: &Entry| {
+        looked.set(looked.get() + 1);
+        false
+    };
+    for _ in 0..10 {
+        let picked = feedback.pick(&q, None, start + 5, &crate::health::BestOfTwo, &count);
+        assert!(picked.is_some(), "a suspect proxy is served meanwhile");
+    }
+    assert!(
+        looked.get() < ids.len(),
+        "10 picks looked at {} proxies of {}",
+        looked.get(),
+        ids.len()
+    );
+
+    feedback
+        .commit_checks(vec![checked(ids[7], start + 10, None)], POLICY)
+        .await
+        .unwrap();
+    for _ in 0..10 {
+        let picked = feedback.pick(&q, None, start + 20, &crate::health::BestOfTwo, &|_| false);
+        assert_eq!(picked.map(|e| e.id), Some(ids[7]), "the re-checked one");
+    }
+}
