@@ -197,9 +197,9 @@ impl ClientSessionStore for JudgeTickets {
 
 /// The configurations of every check's TLS to a judge: [`client_config`]
 /// with HTTP/1.1 only, AES-128 with SHA-256 preferred (the cheapest suite
-/// every TLS 1.3 server has), and sessions resumed from one
-/// [`JudgeTickets`] store, so a tunnel to a judge seldom verifies its
-/// certificate again.
+/// every TLS 1.3 server has), and sessions resumed, each configuration
+/// from a [`JudgeTickets`] store of its own, so a tunnel to a judge seldom
+/// verifies its certificate again.
 #[derive(Clone, Debug)]
 pub struct ProbeTls {
     /// TLS 1.3 or 1.2, as the judge prefers.
@@ -211,16 +211,15 @@ pub struct ProbeTls {
 }
 
 impl ProbeTls {
-    /// These configurations with a session store of their own, for one
+    /// These configurations with session stores of their own, for one
     /// judge. Stores are keyed by server name alone, and two judges on one
     /// host (different ports, different certificates) would otherwise take
     /// each other's sessions, which the other refuses: every probe then
     /// pays a full handshake, its certificate verified again.
     pub fn own_sessions(&self) -> ProbeTls {
-        let tickets = Arc::new(JudgeTickets::default());
         let with_store = |config: &Arc<rustls::ClientConfig>| {
             let mut config = rustls::ClientConfig::clone(config);
-            config.resumption = rustls::client::Resumption::store(tickets.clone());
+            config.resumption = sessions();
             Arc::new(config)
         };
         ProbeTls {
@@ -230,6 +229,15 @@ impl ProbeTls {
     }
 }
 
+/// A session store of its own for one configuration. rustls resumes a
+/// session only with the configuration (its certificate verifier) that
+/// made it, and takes a TLS 1.3 ticket before looking for a TLS 1.2
+/// session: in a store both configurations shared, every ticket of a TLS
+/// 1.3 handshake would cost the next TLS 1.2 probe a full handshake.
+fn sessions() -> rustls::client::Resumption {
+    rustls::client::Resumption::store(Arc::new(JudgeTickets::default()))
+}
+
 /// Builds the [`ProbeTls`] configurations.
 pub fn probe_configs(extra_ca: Option<&Path>) -> Result<ProbeTls, TlsSetupError> {
     let mut provider = rustls::crypto::ring::default_provider();
@@ -237,17 +245,15 @@ pub fn probe_configs(extra_ca: Option<&Path>) -> Result<ProbeTls, TlsSetupError>
         .cipher_suites
         .sort_by_key(|s| s.suite() != rustls::CipherSuite::TLS13_AES_128_GCM_SHA256);
     let roots = roots(extra_ca)?;
-    let tickets = Arc::new(JudgeTickets::default());
-    let resumption = || rustls::client::Resumption::store(tickets.clone());
     let mut any = build(provider.clone(), roots.clone(), ALPN_H1)?;
-    any.resumption = resumption();
+    any.resumption = sessions();
     let mut tls12 = rustls::ClientConfig::builder_with_provider(Arc::new(provider))
         .with_protocol_versions(&[&rustls::version::TLS12])
         .map_err(TlsSetupError::Protocol)?
         .with_root_certificates(roots)
         .with_no_client_auth();
     tls12.alpn_protocols = any.alpn_protocols.clone();
-    tls12.resumption = resumption();
+    tls12.resumption = sessions();
     Ok(ProbeTls {
         any: Arc::new(any),
         tls12: Arc::new(tls12),
@@ -367,6 +373,22 @@ mod tests {
                     HandshakeKind::Resumed
                 ]
             );
+        }
+    }
+
+    #[test]
+    /// A judge that speaks both is first asked in TLS 1.3 (which leaves
+    /// tickets), then probed in TLS 1.2: the probes resume from the second
+    /// on, both with the configurations built and with a judge's own.
+    fn tls12_probes_resume_after_a_tls13_handshake_with_the_judge() {
+        let dir = tempfile::tempdir().unwrap();
+        let (server, ca) = server(dir.path(), "ca.pem");
+        let built = probe_configs(Some(&ca)).unwrap();
+        for tls in [built.own_sessions(), built] {
+            assert_eq!(handshake(&tls.any, &server), HandshakeKind::Full);
+            let kinds = [0, 1, 2].map(|_| handshake(&tls.tls12, &server));
+            let resumed = HandshakeKind::Resumed;
+            assert_eq!(kinds, [HandshakeKind::Full, resumed, resumed]);
         }
     }
 }
