@@ -676,7 +676,9 @@ pub(super) const COUNTED_AT: &str = "x-counted-at";
 pub async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError> {
     let metrics = state.metrics.clone();
     let len = state.servable();
-    let counts = state.store.count_by_status_scheme().await?;
+    // The store's counts as `/stats` has them: for a big store, the latest
+    // count rather than nine scans per scrape.
+    let counts = state.counted.get().await?.stats.by_status_and_scheme();
     metrics.observe_store(&state.store.write_failures(), state.feedback.unrecorded());
     metrics.observe_rotation(&state.feedback.rotation());
     let text = metrics.render(&counts, len);

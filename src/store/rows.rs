@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use crate::proxy::{Anonymity, Country, Proxy, Status};
+use crate::proxy::{Anonymity, Country, Proxy, Scheme, Status};
 
 /// Everything stored about one proxy.
 #[derive(Clone, Debug, PartialEq)]
@@ -174,6 +174,9 @@ pub struct Stats {
     pub by_reason: BTreeMap<String, i64>,
     /// Per source.
     pub sources: Vec<SourceRecord>,
+    /// By status and scheme together (for `/metrics`).
+    #[serde(skip)]
+    pub by_status_scheme: BTreeMap<(String, String), i64>,
 }
 
 impl Stats {
@@ -188,6 +191,10 @@ impl Stats {
             country
         };
         *self.by_country.entry(country).or_default() += n;
+        *self
+            .by_status_scheme
+            .entry((status.clone(), scheme.clone()))
+            .or_default() += n;
         *self.by_scheme.entry(scheme).or_default() += n;
         if status == "alive" && !anonymity.is_empty() {
             *self.by_anonymity.entry(anonymity).or_default() += n;
@@ -196,6 +203,19 @@ impl Stats {
             *self.by_reason.entry(reason).or_default() += n;
         }
         *self.by_status.entry(status).or_default() += n;
+    }
+
+    /// The proxies of every (status, scheme), 0 for those no proxy has.
+    pub fn by_status_and_scheme(&self) -> Vec<(String, String, i64)> {
+        let mut out = Vec::with_capacity(9);
+        for status in [Status::Unknown, Status::Alive, Status::Dead] {
+            for scheme in [Scheme::Http, Scheme::Socks4, Scheme::Socks5] {
+                let key = (status.as_str().to_owned(), scheme.as_str().to_owned());
+                let n = self.by_status_scheme.get(&key).copied().unwrap_or(0);
+                out.push((key.0, key.1, n));
+            }
+        }
+        out
     }
 
     /// Names every status in `by_status`, with 0 for those no proxy has.

@@ -140,6 +140,46 @@ async fn full_count(store: &Store) -> (Value, Value) {
     (stats, json!(sources))
 }
 
+/// The proxies of each (status, scheme) `/metrics` shows.
+async fn metrics_shown(state: &AppState) -> BTreeMap<(String, String), i64> {
+    let resp = api::router(state.clone())
+        .oneshot(Request::get("/metrics").body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let text = resp.into_body().collect().await.unwrap().to_bytes();
+    let text = String::from_utf8(text.to_vec()).unwrap();
+    let mut shown = BTreeMap::new();
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix("proxywarden_proxies{status=\"") else {
+            continue;
+        };
+        let (status, rest) = rest.split_once("\",scheme=\"").unwrap();
+        let (scheme, n) = rest.split_once("\"} ").unwrap();
+        shown.insert((status.to_owned(), scheme.to_owned()), n.parse().unwrap());
+    }
+    shown
+}
+
+/// The proxies of each (status, scheme), counted from the full listing,
+/// every pair named.
+async fn full_count_by_status_scheme(store: &Store) -> BTreeMap<(String, String), i64> {
+    let mut by = BTreeMap::new();
+    for status in ["unknown", "alive", "dead"] {
+        for scheme in ["http", "socks4", "socks5"] {
+            by.insert((status.to_owned(), scheme.to_owned()), 0);
+        }
+    }
+    for r in store.list_proxies(ProxyFilter::default()).await.unwrap() {
+        let key = (
+            r.status.as_str().to_owned(),
+            r.proxy.scheme.as_str().to_owned(),
+        );
+        *by.get_mut(&key).unwrap() += 1;
+    }
+    by
+}
+
 /// The counts of a `/stats` answer and of a `/sources` answer, in
 /// [`full_count`]'s shape.
 fn shown(stats: &Value, sources: &Value) -> (Value, Value) {
@@ -296,7 +336,7 @@ async fn apply(store: &Store, op: &Op, step: usize) {
 /// Runs `ops` on `store`, ending a round after each purge and where the
 /// sequence says (as the daemon does after harvests, check rounds and
 /// purges), and after the last step: each time, once counted again, what
-/// `/stats` and `/sources` show is the full count.
+/// `/stats`, `/sources` and `/metrics` show is the full count.
 async fn run_case(store: Store, ops: &[Op]) -> Result<(), TestCaseError> {
     let dir = tempfile::tempdir().unwrap();
     let state = big_store_api(&store, dir.path()).await;
@@ -322,6 +362,18 @@ async fn run_case(store: Store, ops: &[Op]) -> Result<(), TestCaseError> {
             "step {}",
             i
         );
+        // `/metrics` shows the same count, and so does the store's own
+        // count by status and scheme (the minute snapshot's).
+        let by_pair = full_count_by_status_scheme(&store).await;
+        prop_assert_eq!(&metrics_shown(&state).await, &by_pair, "step {}", i);
+        let stored: BTreeMap<_, _> = store
+            .count_by_status_scheme()
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|(status, scheme, n)| ((status, scheme), n))
+            .collect();
+        prop_assert_eq!(&stored, &by_pair, "step {}", i);
     }
     Ok(())
 }

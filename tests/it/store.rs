@@ -1046,6 +1046,13 @@ fn scanned(path: &std::path::Path) -> proxywarden::store::Stats {
              WHERE status = 'dead' AND last_reason IS NOT NULL GROUP BY 1",
         ),
         sources: Vec::new(),
+        by_status_scheme: c
+            .prepare("SELECT status, scheme, count(*) FROM proxies GROUP BY 1, 2")
+            .unwrap()
+            .query_map([], |r| Ok(((r.get(0)?, r.get(1)?), r.get(2)?)))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap(),
     }
 }
 

@@ -333,22 +333,21 @@ impl Postgres {
     pub(crate) async fn count_by_status_scheme(
         &self,
     ) -> Result<Vec<(String, String, i64)>, StoreError> {
+        // One scan, where a count per pair would take nine.
         let rows = self
             .client()
             .await?
             .query(
-                "SELECT st.s, sc.s, (SELECT count(*) FROM proxies p
-                                     WHERE p.status = st.s AND p.scheme = sc.s)
-                 FROM (VALUES (1, 'unknown'), (2, 'alive'), (3, 'dead')) st(o, s),
-                      (VALUES (1, 'http'), (2, 'socks4'), (3, 'socks5')) sc(o, s)
-                 ORDER BY st.o, sc.o",
+                "SELECT status, scheme, count(*) FROM proxies GROUP BY status, scheme",
                 &[],
             )
             .await?;
-        Ok(rows
-            .iter()
-            .map(|r| (r.get(0), r.get(1), r.get(2)))
-            .collect())
+        let mut stats = Stats::default();
+        for r in &rows {
+            let (status, scheme, n): (String, String, i64) = (r.get(0), r.get(1), r.get(2));
+            stats.by_status_scheme.insert((status, scheme), n);
+        }
+        Ok(stats.by_status_and_scheme())
     }
 
     pub(crate) async fn list_sources(&self) -> Result<Vec<SourceRecord>, StoreError> {
