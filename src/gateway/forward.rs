@@ -23,9 +23,9 @@ use super::metrics::{GatewayMetrics, Kind};
 use super::rewrite::clean;
 use super::tunnel;
 use super::upload::{ClientFault, ReadAhead, Upload, UploadState, read_ahead};
-use super::upstream::Body;
 use crate::model::{Reason, UseVerdict};
 use crate::net::{DialError, DialOptions, Target, hyper_reason, proxy_authorization};
+use crate::pool::Body;
 use crate::pool::{
     Attempt, Conn, ConnKey, End, Lease, Rotated, Tried, Want, dial_failed, keeps_alive,
 };

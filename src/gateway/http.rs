@@ -27,10 +27,10 @@ use super::metrics::Kind;
 use super::slots::{ConnState, Slot};
 use super::tunnel::{self, TunnelError};
 use super::upload::ClientFault;
-use super::upstream::Body;
 use super::{Gateway, TokenCheck};
 use crate::model::Reason;
 use crate::net::Target;
+use crate::pool::Body;
 
 /// Serves HTTP on one client connection until it closes, goes quiet past
 /// the header timeout, or the gateway stops. Request heads are held to

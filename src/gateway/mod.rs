@@ -13,7 +13,6 @@ mod slots;
 mod socks;
 mod tunnel;
 mod upload;
-mod upstream;
 
 pub use controls::{ControlError, Controls, HEADER_PREFIX, admits, basic_credentials};
 pub use metrics::{GatewayMetrics, GatewayStats};
