@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use proxywarden::model::{Candidate, Hints, Outcome, Reason, SourceScheme};
-use proxywarden::proxy::{Anonymity, Country, Scheme};
+use proxywarden::proxy::{Anonymity, Country, Scheme, Status};
 use proxywarden::store::{DueLane, NewUrl, ProxyFilter, SiteRecord, SourceRun, Store, UrlState};
 
 /// Addresses the lists draw from: few, so that lists overlap and repeat.
@@ -394,6 +394,36 @@ async fn observe(store: &Store) -> String {
         r.next_check_at = 0;
         r.sources.sort();
         out.push_str(&format!("{r:?}\n"));
+    }
+    // The alive and the dead alone (records scattered among the ids), and
+    // the listing in small pages as the CLI's export reads it: each reads
+    // its records' sources its own way.
+    for status in [Status::Alive, Status::Dead] {
+        let filter = ProxyFilter {
+            status: Some(status),
+            ..ProxyFilter::default()
+        };
+        for mut r in store.list_proxies(filter).await.unwrap() {
+            r.id = 0;
+            r.next_check_at = 0;
+            r.sources.sort();
+            out.push_str(&format!("{status:?}: {r:?}\n"));
+        }
+    }
+    let mut after = 0;
+    loop {
+        let page = store
+            .list_proxies_after(ProxyFilter::default(), after, 3)
+            .await
+            .unwrap();
+        let Some(last) = page.last() else { break };
+        after = last.id;
+        for mut r in page {
+            r.id = 0;
+            r.next_check_at = 0;
+            r.sources.sort();
+            out.push_str(&format!("page: {r:?}\n"));
+        }
     }
     let mut records = Vec::new();
     proxywarden::export::write(

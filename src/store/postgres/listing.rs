@@ -46,14 +46,34 @@ async fn attach_sources(
     let at: std::collections::HashMap<i64, usize> =
         records.iter().enumerate().map(|(i, r)| (r.id, i)).collect();
     let ids: Vec<i64> = records.iter().map(|r| r.id).collect();
-    let links = c
-        .query(
+    let (low, high) = ids
+        .iter()
+        .fold((i64::MAX, i64::MIN), |(l, h), &id| (l.min(id), h.max(id)));
+    // Links are keyed by (source, proxy). Records close together in id (a
+    // page of an export) are read as one range per source, which costs the
+    // links in that range; scattered records as one probe per source and
+    // record, which costs the same whatever the range. A range over more
+    // than a few times as many ids as there are records reads the links of
+    // proxies not asked for, so it takes the probes; the map above skips
+    // the links of proxies in the range but not in the records.
+    let span = u64::try_from(high.saturating_sub(low)).unwrap_or(u64::MAX);
+    let links = if span < 4 * ids.len() as u64 {
+        c.query(
+            "SELECT ps.proxy_id, s.name, ps.listed, s.listed_at
+               FROM proxy_sources ps JOIN sources s ON s.id = ps.source_id
+              WHERE ps.proxy_id BETWEEN $1 AND $2",
+            &[&low, &high],
+        )
+        .await?
+    } else {
+        c.query(
             "SELECT ps.proxy_id, s.name, ps.listed, s.listed_at
                FROM proxy_sources ps JOIN sources s ON s.id = ps.source_id
               WHERE ps.proxy_id = ANY($1::bigint[])",
             &[&ids],
         )
-        .await?;
+        .await?
+    };
     for l in links {
         let Some(&i) = at.get(&l.try_get::<_, i64>(0)?) else {
             continue;
