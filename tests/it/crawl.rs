@@ -944,13 +944,9 @@ async fn a_page_nested_too_deep_is_parsed_up_to_the_cap_and_its_links_kept() {
         .await;
         let (_proxies, alive) = working_proxies(1).await;
         let pool = pool_of(dir.path(), &alive, quick()).await;
-        let started = Instant::now();
+        // The cap is seen in what the parse kept and said, not in a time:
+        // an unbounded parse would also run past `within`'s minute.
         let summary = run(&pool, options(dir.path(), &site.url("/"))).await;
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "{:?}",
-            started.elapsed()
-        );
         assert_eq!((summary.ok(), summary.failed()), (2, 0), "{summary}");
         assert_eq!(site.hits("/before"), 1, "a link read before the cap");
         assert_eq!(site.hits("/after"), 0, "a link past the cap");
