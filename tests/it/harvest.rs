@@ -532,15 +532,11 @@ async fn deeply_nested_html_fails_its_source_instead_of_pinning_a_core() {
         site.url("/list.txt")
     );
     let config = Config::from_toml(&config_toml(dir.path(), &sources), "t").unwrap();
-    let started = std::time::Instant::now();
+    // Refused by the depth cap, as the error below says, not parsed until
+    // the harvest's time ran out (which would say so instead).
     let (store, report) = tokio::time::timeout(Duration::from_secs(20), harvest(&config))
         .await
         .expect("the harvest waited on a nested page for 20 s");
-    assert!(
-        started.elapsed() < config.harvest.timeout + Duration::from_secs(2),
-        "took {:?}",
-        started.elapsed()
-    );
     let nested = source(&report, "nested");
     assert_eq!(
         nested.error.as_deref(),
