@@ -1,14 +1,24 @@
 //! The gateway in-process: `gateway::serve` on 127.0.0.1:0 over a store
-//! holding given proxies as alive, with the daemon's one shared pool.
+//! holding given proxies as alive, with the daemon's one shared pool, and
+//! the API over the same store and feedback path.
 
 use std::net::SocketAddr;
 use std::path::Path;
+use std::sync::{Arc, OnceLock};
 
+use axum::body::Body;
+use axum::http::Request;
+use http_body_util::BodyExt;
+use proxywarden::api::{self, AppState};
+use proxywarden::config::Config;
+use proxywarden::daemon::Service;
 use proxywarden::gateway::{self, Gateway};
 use proxywarden::health::{Feedback, load_index};
 use proxywarden::pool::Pool;
+use proxywarden::store::Store;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
+use tower::ServiceExt;
 
 use super::{AliveProxy, TestConfig, store_with_alive};
 
@@ -23,6 +33,10 @@ pub struct Gw {
     pub feedback: Feedback,
     /// The stored proxies' ids, in the order given.
     pub ids: Vec<i64>,
+    store: Store,
+    config: Arc<Config>,
+    /// The API's state, made at its first use by [`Gw::api`].
+    api: OnceLock<AppState>,
     shutdown: CancellationToken,
 }
 
@@ -45,9 +59,10 @@ impl Gw {
         tune: impl FnOnce(TestConfig) -> TestConfig,
     ) -> Gw {
         let (store, ids) = store_with_alive(&dir.join("gw.db"), proxies).await;
-        let feedback = Feedback::new(load_index(&store).await.unwrap(), store);
+        let feedback = Feedback::new(load_index(&store).await.unwrap(), store.clone());
         let config = tune(
             TestConfig::new(dir)
+                .db("gw.db")
                 .set("gateway", "connect_timeout", "\"1s\"")
                 .set("gateway", "timeout", "\"3s\""),
         )
@@ -63,8 +78,40 @@ impl Gw {
             gateway,
             feedback,
             ids,
+            store,
+            config: Arc::new(config),
+            api: OnceLock::new(),
             shutdown,
         }
+    }
+
+    /// The API's answer to `GET path` (which must be a 200), as text: an
+    /// API over the same store and feedback path as the gateway.
+    pub async fn api(&self, path: &str) -> String {
+        let state = self
+            .api
+            .get_or_init(|| {
+                Service::new(
+                    self.store.clone(),
+                    self.feedback.clone(),
+                    self.config.clone(),
+                )
+                .api()
+            })
+            .clone();
+        let mut req = Request::get(path)
+            .header("host", "127.0.0.1")
+            .body(Body::empty())
+            .unwrap();
+        req.extensions_mut()
+            .insert(axum::extract::ConnectInfo(SocketAddr::from((
+                [127, 0, 0, 1],
+                1,
+            ))));
+        let resp = api::router(state).oneshot(req).await.unwrap();
+        assert_eq!(resp.status(), 200, "{path}");
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        String::from_utf8_lossy(&body).into_owned()
     }
 
     /// `http://` and its address.

@@ -7,90 +7,30 @@
 use crate::common;
 
 use std::collections::{HashMap, HashSet};
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::path::Path;
 use std::sync::Arc;
 
-use axum::body::Body;
-use axum::http::Request;
 use common::fakes::ip;
+use common::gateway::Gw;
 use common::site::{Reply, Site, SiteOpts};
-use common::{TestConfig, store_with_alive, within, working_proxies};
-use http_body_util::BodyExt;
-use proxywarden::api::{self, AppState};
-use proxywarden::daemon::Service;
-use proxywarden::gateway::{self, Gateway};
+use common::{store_with_alive, within, working_proxies};
 use proxywarden::health::{Feedback, load_index};
 use proxywarden::pool::{Carrier, Pool, PoolOptions, SharedOptions, StrategyKind};
-use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
-use tower::ServiceExt;
 
 /// Upstreams in every test here.
 const N: u8 = 40;
 
 /// A gateway with `strategy` over a store of `alive` upstreams, and the
-/// API's state on the same feedback path.
-struct Gw {
-    addr: SocketAddr,
-    feedback: Feedback,
-    state: AppState,
-    shutdown: CancellationToken,
-}
-
-impl Drop for Gw {
-    fn drop(&mut self) {
-        self.shutdown.cancel();
-    }
-}
-
-impl Gw {
-    async fn start(dir: &Path, alive: &[common::AliveProxy], strategy: &str) -> Gw {
-        let (store, _) = store_with_alive(&dir.join("gw.db"), alive).await;
-        let feedback = Feedback::new(load_index(&store).await.unwrap(), store.clone());
-        let config = TestConfig::new(dir)
-            .db("gw.db")
-            .set("gateway", "strategy", &format!("{strategy:?}"))
+/// API on the same feedback path.
+async fn gw(dir: &Path, alive: &[common::AliveProxy], strategy: &str) -> Gw {
+    Gw::start_with(dir, alive, |c| {
+        c.set("gateway", "strategy", &format!("{strategy:?}"))
             .set("gateway", "connect_timeout", "\"2s\"")
             .set("gateway", "timeout", "\"5s\"")
-            .build();
-        let pool = Pool::shared(feedback.clone(), &config.pool).unwrap();
-        let gateway = Gateway::new(&pool, &config.gateway, config.api.max_age).unwrap();
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let shutdown = CancellationToken::new();
-        tokio::spawn(gateway::serve(listener, gateway, shutdown.clone()));
-        let state = Service::new(store, feedback.clone(), Arc::new(config)).api();
-        Gw {
-            addr,
-            feedback,
-            state,
-            shutdown,
-        }
-    }
-
-    fn client(&self) -> reqwest::Client {
-        let proxy = reqwest::Proxy::all(format!("http://{}", self.addr)).unwrap();
-        common::daemon::proxied_client(proxy)
-    }
-
-    /// The API's answer to `GET path`, as text.
-    async fn api(&self, path: &str) -> String {
-        let req = Request::get(path)
-            .header("host", "127.0.0.1")
-            .body(Body::empty())
-            .unwrap();
-        let mut req = req;
-        req.extensions_mut()
-            .insert(axum::extract::ConnectInfo(SocketAddr::from((
-                [127, 0, 0, 1],
-                1,
-            ))));
-        let resp = api::router(self.state.clone()).oneshot(req).await.unwrap();
-        assert_eq!(resp.status(), 200, "{path}");
-        let body = resp.into_body().collect().await.unwrap().to_bytes();
-        String::from_utf8_lossy(&body).into_owned()
-    }
+    })
+    .await
 }
 
 /// `k` GETs of `url` through `client`, `concurrency` at a time; the
@@ -192,8 +132,8 @@ async fn spreads_on_an_open_site(strategy: &str) {
         let dir = tempfile::tempdir().unwrap();
         let site = Site::start(SiteOpts::routes(vec![("/p", Reply::text("page"))])).await;
         let (_proxies, alive) = working_proxies(N).await;
-        let gw = Gw::start(dir.path(), &alive, strategy).await;
-        let client = gw.client();
+        let gw = gw(dir.path(), &alive, strategy).await;
+        let client = gw.client(None);
         let usable = N as usize;
 
         let k = requests(strategy, usable);
@@ -268,8 +208,8 @@ async fn skips_banned_and_spreads_over_the_rest(strategy: &str) {
         opts.banned = banned.iter().copied().collect();
         let site = Site::start(opts).await;
         let (_proxies, alive) = working_proxies(N).await;
-        let gw = Gw::start(dir.path(), &alive, strategy).await;
-        let client = gw.client();
+        let gw = gw(dir.path(), &alive, strategy).await;
+        let client = gw.client(None);
         let usable = N as usize - banned.len();
 
         // Learning: until the site has banned every banned upstream once.
@@ -387,7 +327,7 @@ async fn proxy_answers_the_better_of_two_independent_draws() {
             ..common::AliveProxy::new(format!("http://127.0.0.{}:3128", i + 2))
         })
         .collect();
-    let gw = Gw::start(dir.path(), &alive, "round-robin").await;
+    let gw = gw(dir.path(), &alive, "round-robin").await;
     let answered = |path: &'static str| {
         let gw = &gw;
         async move {
