@@ -33,6 +33,8 @@ pub mod crawl;
 pub mod daemon;
 pub mod export;
 pub mod gateway;
+#[cfg(test)]
+mod growth;
 pub mod harvest;
 pub mod health;
 pub mod html;

@@ -767,7 +767,7 @@ mod tests {
         // 20,000 levels cost, not ten times as much.
         let (small, big) = (at(20_000), at(200_000));
         assert_eq!(bounded(&big, None), Err(HtmlError::TooDeep));
-        let ratio = crate::harvest::growth::ratio(
+        let ratio = crate::growth::ratio(
             || assert_eq!(bounded(&small, None), Err(HtmlError::TooDeep)),
             || assert_eq!(bounded(&big, None), Err(HtmlError::TooDeep)),
         );

@@ -761,7 +761,7 @@ mod tests {
         let body = |n: usize| format!("{}{}{}", "1.".repeat(n), ":1".repeat(n), "a:".repeat(n));
         let (small, big) = (body(20_000), body(80_000));
         assert!(run(&big).is_empty());
-        let ratio = crate::harvest::growth::ratio(
+        let ratio = crate::growth::ratio(
             || assert!(run(&small).is_empty()),
             || assert!(run(&big).is_empty()),
         );
