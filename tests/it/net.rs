@@ -394,8 +394,11 @@ async fn a_proxy_that_never_answers_hits_the_handshake_timeout() {
         let echo = EchoServer::start().await;
         let target = Target::from(echo.addr());
         let each = OneOfEach::start(Behavior::Hang, SocksBehavior::Hang).await;
+        // The connect may take an hour: only the handshake's own timeout
+        // can end these dials within the test's limit.
         let opts = DialOptions {
             handshake_timeout: HANDSHAKE,
+            connect_timeout: Duration::from_secs(3600),
             ..tunnel()
         };
         for p in &each.proxies {
@@ -408,12 +411,7 @@ async fn a_proxy_that_never_answers_hits_the_handshake_timeout() {
                 "{:?}",
                 p.scheme
             );
-            // The other timeouts are 2 s: well before that, it was this one.
-            assert!(
-                took >= HANDSHAKE && took < HANDSHAKE * 5,
-                "{:?} took {took:?}",
-                p.scheme
-            );
+            assert!(took >= HANDSHAKE, "{:?} took {took:?}", p.scheme);
         }
     })
     .await;
