@@ -118,6 +118,18 @@ impl Node {
 /// A judge answering the checker's direct requests at once and those
 /// through proxies (from 127.0.0.2) `delay` late, counting the latter.
 async fn judge(delay: Duration, proxied: Arc<AtomicUsize>) -> Judge {
+    let open = Arc::new(tokio::sync::Semaphore::new(
+        tokio::sync::Semaphore::MAX_PERMITS,
+    ));
+    judge_gated(delay, proxied, open).await
+}
+
+/// [`judge`], answering through a proxy only while `gate` has permits.
+async fn judge_gated(
+    delay: Duration,
+    proxied: Arc<AtomicUsize>,
+    gate: Arc<tokio::sync::Semaphore>,
+) -> Judge {
     let app = axum::Router::new().route(
         "/judge",
         get(
@@ -126,8 +138,10 @@ async fn judge(delay: Duration, proxied: Arc<AtomicUsize>) -> Judge {
                 if through_proxy {
                     proxied.fetch_add(1, Ordering::SeqCst);
                 }
+                let gate = gate.clone();
                 async move {
                     if through_proxy {
+                        drop(gate.acquire().await);
                         tokio::time::sleep(delay).await;
                     }
                     proxywarden::api::judge::judge(info, m, u, h)
@@ -218,7 +232,11 @@ async fn two_nodes_split_checks_serve_one_pool_and_drop_a_failed_proxy_within_a_
     let dir = tempfile::tempdir().unwrap();
     let server = pg().await;
     let proxied = Arc::new(AtomicUsize::new(0));
-    let judge = judge(Duration::from_millis(200), proxied.clone()).await;
+    // No check passes before both nodes are up: a node that started after
+    // the other had checked a proxy would re-check it at once, as a node
+    // does what it loads, and count it twice.
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let judge = judge_gated(Duration::from_millis(200), proxied.clone(), gate.clone()).await;
     let proxies = farm(N).await;
     let site = Site::routes(vec![("/list.json", Reply::ok(json_list(&proxies)))]).await;
     let base = base(dir.path(), &site.url("/list.json"), &judge, 4, "20s");
@@ -227,6 +245,7 @@ async fn two_nodes_split_checks_serve_one_pool_and_drop_a_failed_proxy_within_a_
         Node::start(dir.path(), "a", &url, &base),
         Node::start(dir.path(), "b", &url, &base)
     );
+    gate.add_permits(tokio::sync::Semaphore::MAX_PERMITS);
     common::until(
         "both nodes serve every proxy",
         Duration::from_secs(60),
