@@ -31,12 +31,17 @@
 //!   (where haproxy too takes a new upstream per request); then new CONNECT
 //!   tunnels from 32 clients. It prints both rates, each process's CPU per
 //!   request or tunnel, and the ratios gateway ÷ haproxy (targets: rate ≥ 1,
-//!   CPU ≤ 1, tunnels/s ≥ 1).
+//!   CPU ≤ 1, tunnels/s ≥ 1). With `GATEWAY_BENCH_OLD_BIN` an older build's
+//!   daemon is a third side, and new ÷ old is printed too.
 //!
 //! When `GATEWAY_BENCH_OLD_BIN` names an older `proxywarden` binary (e.g.
 //! commit f7b9d6a built in a worktree), a daemon of it runs beside this
 //! build's, and both passes take turns between the two: the ratios new ÷
-//! old of the rates (tunnels/s target ≥ 1.5) and of the CPU per request.
+//! old of the rates (tunnels/s target ≥ 1.5) and of the CPU per request,
+//! as totals and as the median (and range) of the ratios of the slices
+//! run next to each other. Every path gets a warm-up first, and 6 slices
+//! by default, so that each of relay, new and old goes first, second and
+//! third equally often; a run with the same binary as old shows the noise.
 //!
 //! The judge, the site, a TCP echo target and 8 upstream proxies (kept-alive
 //! connections to clients and to the site, as most real proxies keep them)
@@ -45,7 +50,7 @@
 //! rate ratio is bounded by that sharing, and the daemon's CPU per request
 //! is its own cost. `GATEWAY_BENCH_PASS=plain|connect|spread` runs one pass;
 //! `GATEWAY_BENCH_SECS` sets the seconds per path (6), run in 3 alternating
-//! slices. wrk is Debian's package `wrk`; without it the plain pass says so
+//! slices (6 with an old binary; `GATEWAY_BENCH_SLICES` sets them). wrk is Debian's package `wrk`; without it the plain pass says so
 //! and is skipped. Files are kept in `target/tmp/gateway_wrk/`.
 
 #[path = "../tests/common/mod.rs"]
@@ -73,8 +78,26 @@ const OLD_BIN_ENV: &str = "GATEWAY_BENCH_OLD_BIN";
 const UPSTREAMS: usize = 8;
 /// wrk's connections, and the concurrent tunnel clients.
 const CONNECTIONS: usize = 32;
-/// Alternating slices per path.
+/// Alternating slices per path, unless `GATEWAY_BENCH_SLICES` says.
 const SLICES: u32 = 3;
+/// Alternating slices per path when an older binary runs beside this
+/// build's: a multiple of the three hops (relay, new, old) so each goes
+/// first, second and third equally often.
+const SLICES_OLD: u32 = 6;
+
+/// Slices per path: `GATEWAY_BENCH_SLICES`, else `SLICES_OLD` when an older
+/// binary is compared, else `SLICES`.
+fn slices() -> u32 {
+    std::env::var("GATEWAY_BENCH_SLICES")
+        .ok()
+        .and_then(|v| v.parse::<u32>().ok())
+        .filter(|n| *n > 0)
+        .unwrap_or(if std::env::var_os(OLD_BIN_ENV).is_some() {
+            SLICES_OLD
+        } else {
+            SLICES
+        })
+}
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
@@ -353,8 +376,9 @@ async fn measure() -> anyhow::Result<()> {
     let relay = Relay { pid, addr };
     println!(
         "[farm] {UPSTREAMS} upstream proxies keeping connections to clients and to the site; \
-         {:.0} s per path in {SLICES} alternating slices",
-        run_for().as_secs_f64()
+         {:.0} s per path in {} alternating slices",
+        run_for().as_secs_f64(),
+        slices()
     );
     if runs("plain") {
         plain(&farm, &relay, &new, old.as_ref(), &dir).await?;
@@ -483,6 +507,8 @@ async fn wrk(script: &Path, proxy: SocketAddr, secs: f64) -> anyhow::Result<WrkR
 #[derive(Default)]
 struct Side {
     runs: Vec<WrkRun>,
+    /// The daemon's (or relay's) CPU seconds in each slice.
+    cpu_slices: Vec<f64>,
     cpu_daemon: f64,
     cpu_farm: f64,
     cpu_wrk: f64,
@@ -511,6 +537,60 @@ impl Side {
     fn us_per(&self, cpu: f64) -> f64 {
         cpu * 1e6 / self.requests().max(1) as f64
     }
+
+    /// Each slice's rate and the daemon's CPU per request in it.
+    fn per_slice(&self) -> Vec<(f64, f64)> {
+        self.runs
+            .iter()
+            .zip(&self.cpu_slices)
+            .map(|(r, cpu)| {
+                (
+                    r.requests as f64 / r.secs.max(1e-9),
+                    cpu / r.requests.max(1) as f64,
+                )
+            })
+            .collect()
+    }
+}
+
+/// Each slice's rate and CPU per request or tunnel.
+type PerSlice = Vec<(f64, f64)>;
+
+/// The median and the range of `v`.
+fn median_range(mut v: Vec<f64>) -> (f64, f64, f64) {
+    v.sort_by(f64::total_cmp);
+    let (Some(lo), Some(hi)) = (v.first(), v.last()) else {
+        return (0.0, 0.0, 0.0);
+    };
+    let mid = v.len() / 2;
+    let median = if v.len().is_multiple_of(2) {
+        (v[mid - 1] + v[mid]) / 2.0
+    } else {
+        v[mid]
+    };
+    (median, *lo, *hi)
+}
+
+/// new ÷ old as the median of the ratios of slices run next to each other
+/// (each pair in one round, on the machine as it was then), with their
+/// range: a slow spell on the shared cores moves one pair, not the sum.
+/// `per_slice` gives each slice's rate and CPU per request or tunnel.
+fn paired_ratios(new: &[(f64, f64)], old: &[(f64, f64)]) -> String {
+    let ratio = |f: fn(&(f64, f64)) -> f64| {
+        median_range(
+            new.iter()
+                .zip(old)
+                .map(|(n, o)| f(n) / f(o).max(1e-12))
+                .collect(),
+        )
+    };
+    let (rate, rate_lo, rate_hi) = ratio(|s| s.0);
+    let (cpu, cpu_lo, cpu_hi) = ratio(|s| s.1);
+    format!(
+        "{rate:.2}× (slices {rate_lo:.2}–{rate_hi:.2}), {cpu:.2}× CPU per one (slices \
+         {cpu_lo:.2}–{cpu_hi:.2}); median of {} paired slices",
+        new.len().min(old.len())
+    )
 }
 
 async fn plain(
@@ -536,7 +616,7 @@ async fn plain(
             site = farm.site
         ),
     )?;
-    let slice = run_for().as_secs_f64() / f64::from(SLICES);
+    let slice = run_for().as_secs_f64() / f64::from(slices());
     let daemons: Vec<&Daemon> = std::iter::once(new).chain(old).collect();
     // The relay first, then the daemons: the paths through one more hop.
     let hops: Vec<(u32, SocketAddr)> = std::iter::once((relay.pid, relay.addr))
@@ -556,7 +636,7 @@ async fn plain(
             children_cpu(),
         )
     };
-    for i in 0..SLICES as usize {
+    for i in 0..slices() as usize {
         // The direct path first, then the others, taking turns going first.
         let (d0, f0, w0) = cpu(new.pid);
         direct
@@ -572,6 +652,7 @@ async fn plain(
             let (d0, f0, w0) = cpu(pid);
             via[k].runs.push(wrk(&script, addr, slice).await?);
             let (d1, f1, w1) = cpu(pid);
+            via[k].cpu_slices.push(d1 - d0);
             via[k].cpu_daemon += d1 - d0;
             via[k].cpu_farm += f1 - f0;
             via[k].cpu_wrk += w1 - w0;
@@ -622,9 +703,11 @@ async fn plain(
     }
     if let [new, old] = via {
         println!(
-            "[plain] new ÷ old: {:.2}× requests/s, {:.2}× daemon CPU per request",
+            "[plain] new ÷ old: {:.2}× requests/s, {:.2}× daemon CPU per request (totals); \
+             requests/s {}",
             new.rate() / old.rate().max(1e-9),
-            new.us_per(new.cpu_daemon) / old.us_per(old.cpu_daemon).max(1e-9)
+            new.us_per(new.cpu_daemon) / old.us_per(old.cpu_daemon).max(1e-9),
+            paired_ratios(&new.per_slice(), &old.per_slice()),
         );
     }
     Ok(())
@@ -709,18 +792,22 @@ async fn tunnels(
 }
 
 async fn connect(farm: &Farm, relay: &Relay, new: &Daemon, old: Option<&Daemon>) {
-    let slice = run_for() / SLICES;
+    let slice = run_for() / slices();
     let mut direct = Tunnels::default();
     // The relay, then the daemons.
-    let mut hops: Vec<(&str, u32, SocketAddr, Tunnels)> =
+    let mut hops: Vec<(&str, u32, SocketAddr, Tunnels, PerSlice)> =
         std::iter::once(("bare TCP relay", relay.pid, relay.addr))
             .chain(
                 std::iter::once(new)
                     .chain(old)
                     .map(|d| (d.name, d.pid, d.gateway)),
             )
-            .map(|(name, pid, addr)| (name, pid, addr, Tunnels::default()))
+            .map(|(name, pid, addr)| (name, pid, addr, Tunnels::default(), Vec::new()))
             .collect();
+    // Warm-up: each path's connections and picks, as the plain pass does.
+    for (_, pid, addr, _, _) in &hops {
+        tunnels(vec![*addr], farm, Some(*pid), Duration::from_secs(1)).await;
+    }
     let add = |into: &mut Tunnels, t: Tunnels| {
         into.done += t.done;
         into.failed += t.failed;
@@ -729,7 +816,7 @@ async fn connect(farm: &Farm, relay: &Relay, new: &Daemon, old: Option<&Daemon>)
         into.cpu_farm += t.cpu_farm;
         into.cpu_clients += t.cpu_clients;
     };
-    for i in 0..SLICES {
+    for i in 0..slices() {
         add(
             &mut direct,
             tunnels(vec![farm.proxies[0]], farm, None, slice).await,
@@ -737,8 +824,10 @@ async fn connect(farm: &Farm, relay: &Relay, new: &Daemon, old: Option<&Daemon>)
         // The others take turns going first.
         let n = hops.len();
         for k in 0..n {
-            let (_, pid, addr, into) = &mut hops[(k + i as usize) % n];
-            add(into, tunnels(vec![*addr], farm, Some(*pid), slice).await);
+            let (_, pid, addr, into, per) = &mut hops[(k + i as usize) % n];
+            let t = tunnels(vec![*addr], farm, Some(*pid), slice).await;
+            per.push((t.rate(), t.us_per()));
+            add(into, t);
         }
     }
     println!(
@@ -749,7 +838,7 @@ async fn connect(farm: &Farm, relay: &Relay, new: &Daemon, old: Option<&Daemon>)
         direct.per(direct.cpu_farm),
         direct.per(direct.cpu_clients),
     );
-    for (name, _, _, t) in &hops {
+    for (name, _, _, t, _) in &hops {
         let name = match *name {
             "new" | "old" => format!("gateway ({name})"),
             other => format!("{other} (the floor of any hop)"),
@@ -765,13 +854,19 @@ async fn connect(farm: &Farm, relay: &Relay, new: &Daemon, old: Option<&Daemon>)
             t.per(t.cpu_clients),
         );
     }
-    if let [(_, _, _, relayed), (_, _, _, new), (_, _, _, old)] = hops.as_slice() {
+    if let [
+        (_, _, _, relayed, _),
+        (_, _, _, new, new_slices),
+        (_, _, _, old, old_slices),
+    ] = hops.as_slice()
+    {
         println!(
-            "[connect] new ÷ old: {:.2}× tunnels/s (target ≥ 1.5), {:.2}× CPU per tunnel; \
-             bare relay ÷ old: {:.2}× tunnels/s (what a hop costing nothing above the kernel's \
-             work reaches)",
+            "[connect] new ÷ old: {:.2}× tunnels/s (target ≥ 1.5), {:.2}× CPU per tunnel \
+             (totals); tunnels/s {}; bare relay ÷ old: {:.2}× tunnels/s (what a hop costing \
+             nothing above the kernel's work reaches)",
             new.rate() / old.rate().max(1e-9),
             new.us_per() / old.us_per().max(1e-9),
+            paired_ratios(new_slices, old_slices),
             relayed.rate() / old.rate().max(1e-9),
         );
     }
@@ -865,14 +960,27 @@ async fn spread(dir: &Path) -> anyhow::Result<()> {
     println!(
         "[spread] {SPREAD_UPSTREAMS} upstream proxies; the gateway (round-robin: each plain request \
          and each tunnel a new upstream) vs haproxy 2 in tcp mode, balance roundrobin over the \
-         same upstreams; {:.0} s per side in {SLICES} alternating slices",
-        run_for().as_secs_f64()
+         same upstreams; {:.0} s per side in {} alternating slices",
+        run_for().as_secs_f64(),
+        slices()
     );
-    let slice = run_for().as_secs_f64() / f64::from(SLICES);
-    let sides = [
+    // An older build's daemon as a third side, on the same farm.
+    let old = match std::env::var_os(OLD_BIN_ENV) {
+        Some(bin) => {
+            let bin = PathBuf::from(bin);
+            let bin = bin.to_str().context("the old binary's path is not UTF-8")?;
+            Some(start_daemon("old", bin, &dir.join("old"), &farm).await?)
+        }
+        None => None,
+    };
+    let slice = run_for().as_secs_f64() / f64::from(slices());
+    let sides: Vec<(&str, u32, SocketAddr)> = [
         ("gateway", daemon.pid, daemon.gateway),
         ("haproxy", haproxy_pid, haproxy),
-    ];
+    ]
+    .into_iter()
+    .chain(old.as_ref().map(|d| ("gateway (old)", d.pid, d.gateway)))
+    .collect();
     for (mode, extra) in [
         ("keep-alive", ""),
         ("close", "wrk.headers[\"Connection\"] = \"close\"\n"),
@@ -885,11 +993,11 @@ async fn spread(dir: &Path) -> anyhow::Result<()> {
                 site = farm.site
             ),
         )?;
-        for (_, _, addr) in sides {
-            wrk(&script, addr, 1.0).await?;
+        for (_, _, addr) in &sides {
+            wrk(&script, *addr, 1.0).await?;
         }
         let mut measured: Vec<Side> = sides.iter().map(|_| Side::default()).collect();
-        for i in 0..SLICES as usize {
+        for i in 0..slices() as usize {
             for k in 0..sides.len() {
                 let k = (k + i) % sides.len();
                 let (_, pid, addr) = sides[k];
@@ -899,6 +1007,9 @@ async fn spread(dir: &Path) -> anyhow::Result<()> {
                     children_cpu(),
                 );
                 measured[k].runs.push(wrk(&script, addr, slice).await?);
+                measured[k]
+                    .cpu_slices
+                    .push(common::cpu_seconds(pid) - before.0);
                 measured[k].cpu_daemon += common::cpu_seconds(pid) - before.0;
                 measured[k].cpu_farm += common::cpu_seconds(farm.pid) - before.1;
                 measured[k].cpu_wrk += children_cpu() - before.2;
@@ -924,14 +1035,25 @@ async fn spread(dir: &Path) -> anyhow::Result<()> {
             g.rate() / h.rate().max(1e-9),
             g.us_per(g.cpu_daemon) / h.us_per(h.cpu_daemon).max(1e-9),
         );
+        if let Some(o) = measured.get(2) {
+            println!(
+                "[spread {mode}] new ÷ old: {:.2}× requests/s, {:.2}× CPU per request (totals); \
+                 requests/s {}",
+                g.rate() / o.rate().max(1e-9),
+                g.us_per(g.cpu_daemon) / o.us_per(o.cpu_daemon).max(1e-9),
+                paired_ratios(&g.per_slice(), &o.per_slice()),
+            );
+        }
     }
     // Tunnels: a new one each time, through each side in turn.
     let mut tunneled: Vec<Tunnels> = sides.iter().map(|_| Tunnels::default()).collect();
-    for i in 0..SLICES as usize {
+    let mut tunnel_slices: Vec<Vec<(f64, f64)>> = sides.iter().map(|_| Vec::new()).collect();
+    for i in 0..slices() as usize {
         for k in 0..sides.len() {
             let k = (k + i) % sides.len();
             let (_, pid, addr) = sides[k];
-            let t = tunnels(vec![addr], &farm, Some(pid), run_for() / SLICES).await;
+            let t = tunnels(vec![addr], &farm, Some(pid), run_for() / slices()).await;
+            tunnel_slices[k].push((t.rate(), t.us_per()));
             let into = &mut tunneled[k];
             into.done += t.done;
             into.failed += t.failed;
@@ -958,5 +1080,14 @@ async fn spread(dir: &Path) -> anyhow::Result<()> {
         g.rate() / h.rate().max(1e-9),
         g.us_per() / h.us_per().max(1e-9),
     );
+    if let Some(o) = tunneled.get(2) {
+        println!(
+            "[spread connect] new ÷ old: {:.2}× tunnels/s, {:.2}× CPU per tunnel (totals); \
+             tunnels/s {}",
+            g.rate() / o.rate().max(1e-9),
+            g.us_per() / o.us_per().max(1e-9),
+            paired_ratios(&tunnel_slices[0], &tunnel_slices[2]),
+        );
+    }
     Ok(())
 }
