@@ -34,9 +34,11 @@ impl Feedback {
         let verified = |e: &Entry| !suspect_until || e.proven_at().is_some_and(|t| t >= before);
         let index = &self.inner.index;
         let rank = |id: i64| at_site.map_or((1, 0), |s| s.rank(id));
-        if suspect_until && self.inner.proven_since_suspect.load(Ordering::Acquire) {
+        if suspect_until {
+            // Among the proxies proven since the suspicion began alone (the
+            // index keeps them apart): none of the suspect ones is looked at.
             let verified =
-                index.pick_ranked(q, now, strategy, &|e| !(usable(e) && verified(e)), &rank);
+                index.pick_proven_ranked(q, now, strategy, &|e| !(usable(e) && verified(e)), &rank);
             if verified.is_some() {
                 return verified;
             }
