@@ -533,7 +533,7 @@ impl HealthIndex {
     /// How many proxies match `q` and `keep`, counted in place: what
     /// `select(q, now)` then `retain(keep)` would leave, without copying
     /// or sorting them.
-    pub fn count(&self, q: &ProxyQuery, now: i64, keep: impl Fn(&Entry) -> bool) -> usize {
+    pub fn count(&self, q: &ProxyQuery, now: i64, mut keep: impl FnMut(&Entry) -> bool) -> usize {
         let inner = self.read();
         inner
             .groups

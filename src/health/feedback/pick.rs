@@ -70,6 +70,21 @@ impl Feedback {
         })
     }
 
+    /// Calls `f` with each proxy [`Feedback::select`] gives for `q` at
+    /// `now` with no site, in no particular order, under the index's read
+    /// lock (so `f` should be quick): what they hold, without copying or
+    /// sorting them. How many there were.
+    pub fn each(&self, q: &ProxyQuery, now: i64, mut f: impl FnMut(&Entry)) -> usize {
+        let fresh = self.inner.fresh_within.load(Ordering::Relaxed);
+        self.inner.index.count(q, now, |e| {
+            let keep = fresh == 0 || e.proven_at().is_some_and(|t| t >= now - fresh);
+            if keep {
+                f(e);
+            }
+            keep
+        })
+    }
+
     /// Leaves out of `items` (proxies, by `id`) those `site` bans or rests
     /// now, and moves those that worked there to the front, fastest there
     /// first; the others keep their order.

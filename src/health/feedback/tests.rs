@@ -484,3 +484,32 @@ async fn a_pick_after_a_start_does_not_scan_for_a_re_checked_proxy_once_some_pas
     }
     assert!(looked.get() < ids.len(), "{} looked at", looked.get());
 }
+
+/// What the dashboard counts in place is what `select` gives: the same
+/// proxies, the freshness window applied.
+#[tokio::test]
+async fn each_visits_what_select_gives() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, ids) = store_with(dir.path(), 40).await;
+    let now = now_ms();
+    let checks = ids.iter().enumerate().map(|(i, id)| {
+        let age = if i % 3 == 0 { 900_000 } else { 1_000 };
+        checked(*id, now - age, None)
+    });
+    store.record_checks(checks.collect(), POLICY).await.unwrap();
+    let index = crate::health::load_index(&store).await.unwrap();
+    let feedback = Feedback::new(index, store);
+    feedback.set_fresh_within(Duration::from_secs(600));
+    let q = ProxyQuery::default();
+    let mut seen = Vec::new();
+    let n = feedback.each(&q, now, |e| seen.push(e.id));
+    seen.sort();
+    let selected: Vec<i64> = feedback
+        .select(&q, None, now)
+        .iter()
+        .map(|e| e.id)
+        .collect();
+    assert_eq!(seen, selected);
+    assert_eq!(n, selected.len());
+    assert!(n > 0 && n < ids.len(), "{n} of {}", ids.len());
+}
