@@ -63,30 +63,19 @@ fn key_of(r: &ProxyRecord) -> Key {
 /// Source of entry versions.
 static VERSIONS: AtomicU64 = AtomicU64::new(1);
 
+/// Entries grouped by [`Key`], each with its place, so that one leaves in
+/// O(1).
 #[derive(Default)]
-struct Inner {
-    groups: HashMap<Key, Vec<Arc<Entry>>>,
+struct Groups {
+    by_key: HashMap<Key, Vec<Arc<Entry>>>,
     pos: super::IdMap<(Key, usize)>,
-    /// Every entry by id, so that a round-robin pick walks from the last
-    /// id to the next match instead of scanning every match.
-    order: BTreeMap<i64, Arc<Entry>>,
 }
 
-impl Inner {
-    fn put(&mut self, r: ProxyRecord) {
-        self.remove(r.id);
-        if r.status != Status::Alive {
-            return;
-        }
-        let key = key_of(&r);
-        let group = self.groups.entry(key).or_default();
-        self.pos.insert(r.id, (key, group.len()));
-        let entry = Arc::new(Entry {
-            record: Arc::new(r),
-            version: VERSIONS.fetch_add(1, Ordering::Relaxed),
-            worked_at: AtomicI64::new(0),
-        });
-        self.order.insert(entry.id, entry.clone());
+impl Groups {
+    fn insert(&mut self, entry: Arc<Entry>) {
+        let key = key_of(&entry.record);
+        let group = self.by_key.entry(key).or_default();
+        self.pos.insert(entry.id, (key, group.len()));
         group.push(entry);
     }
 
@@ -94,8 +83,7 @@ impl Inner {
         let Some((key, i)) = self.pos.remove(&id) else {
             return false;
         };
-        self.order.remove(&id);
-        let Some(group) = self.groups.get_mut(&key) else {
+        let Some(group) = self.by_key.get_mut(&key) else {
             return false;
         };
         group.swap_remove(i);
@@ -103,15 +91,24 @@ impl Inner {
             self.pos.insert(moved.id, (key, i));
         }
         if group.is_empty() {
-            self.groups.remove(&key);
+            self.by_key.remove(&key);
         }
         true
+    }
+
+    fn get(&self, id: i64) -> Option<&Arc<Entry>> {
+        let (key, i) = self.pos.get(&id)?;
+        self.by_key.get(key)?.get(*i)
+    }
+
+    fn contains(&self, id: i64) -> bool {
+        self.pos.contains_key(&id)
     }
 
     /// The groups `q` can match.
     fn groups_for<'a>(&'a self, q: &ProxyQuery) -> Vec<&'a [Arc<Entry>]> {
         if q.countries.is_empty() {
-            self.groups
+            self.by_key
                 .iter()
                 .filter(|((scheme, _), _)| q.schemes.is_empty() || q.schemes.contains(scheme))
                 .map(|(_, g)| g.as_slice())
@@ -125,9 +122,68 @@ impl Inner {
             schemes
                 .iter()
                 .flat_map(|s| q.countries.iter().map(move |c| (*s, Some(*c))))
-                .filter_map(|k| self.groups.get(&k).map(Vec::as_slice))
+                .filter_map(|k| self.by_key.get(&k).map(Vec::as_slice))
                 .collect()
         }
+    }
+}
+
+struct Inner {
+    groups: Groups,
+    /// The entries proven (see [`Entry::proven_at`]) at or after
+    /// `proven_since`, grouped as `groups` are: while every other proxy is
+    /// suspect (after a start or a burst of failures), a pick for the
+    /// re-checked ones samples these alone instead of looking through the
+    /// suspect ones for them.
+    proven: Groups,
+    /// Since when (unix ms) a proxy counts as proven; `i64::MAX` until
+    /// [`HealthIndex::suspect_all`] first sets it.
+    proven_since: i64,
+    /// Every entry by id, so that a round-robin pick walks from the last
+    /// id to the next match instead of scanning every match.
+    order: BTreeMap<i64, Arc<Entry>>,
+}
+
+impl Default for Inner {
+    fn default() -> Inner {
+        Inner {
+            groups: Groups::default(),
+            proven: Groups::default(),
+            proven_since: i64::MAX,
+            order: BTreeMap::new(),
+        }
+    }
+}
+
+impl Inner {
+    fn put(&mut self, r: ProxyRecord) {
+        self.remove(r.id);
+        if r.status != Status::Alive {
+            return;
+        }
+        let entry = Arc::new(Entry {
+            record: Arc::new(r),
+            version: VERSIONS.fetch_add(1, Ordering::Relaxed),
+            worked_at: AtomicI64::new(0),
+        });
+        self.order.insert(entry.id, entry.clone());
+        if self.is_proven(&entry) {
+            self.proven.insert(entry.clone());
+        }
+        self.groups.insert(entry);
+    }
+
+    fn remove(&mut self, id: i64) -> bool {
+        if !self.groups.remove(id) {
+            return false;
+        }
+        self.order.remove(&id);
+        self.proven.remove(id);
+        true
+    }
+
+    fn is_proven(&self, e: &Entry) -> bool {
+        e.proven_at().is_some_and(|t| t >= self.proven_since)
     }
 }
 
@@ -347,12 +403,12 @@ impl HealthIndex {
 
     /// The ids of every indexed proxy.
     pub fn ids(&self) -> Vec<i64> {
-        self.read().pos.keys().copied().collect()
+        self.read().groups.pos.keys().copied().collect()
     }
 
     /// How many alive proxies are indexed.
     pub fn len(&self) -> usize {
-        self.read().pos.len()
+        self.read().groups.pos.len()
     }
 
     /// True when no proxy is indexed.
@@ -362,9 +418,44 @@ impl HealthIndex {
 
     /// The indexed entry of `id`.
     pub fn get(&self, id: i64) -> Option<Arc<Entry>> {
-        let inner = self.read();
-        let (key, i) = inner.pos.get(&id)?;
-        inner.groups.get(key)?.get(*i).cloned()
+        self.read().groups.get(id).cloned()
+    }
+
+    /// Counts as proven only what proves itself at or after `since` (unix
+    /// ms): a passed check or a use that worked (see [`Entry::proven_at`]).
+    /// Until the next call, [`HealthIndex::pick_proven_ranked`] picks among
+    /// those alone. One look at every entry.
+    pub(super) fn suspect_all(&self, since: i64) {
+        let mut inner = self.write();
+        let inner = &mut *inner;
+        inner.proven_since = since;
+        inner.proven = Groups::default();
+        for e in inner.order.values() {
+            if e.proven_at().is_some_and(|t| t >= since) {
+                inner.proven.insert(e.clone());
+            }
+        }
+    }
+
+    /// Notes that `id` may have just proved itself (a use of it worked):
+    /// it joins the proven ones if it is proven since
+    /// [`HealthIndex::suspect_all`]'s time. The write lock only for one
+    /// that joins.
+    pub(super) fn prove(&self, id: i64) {
+        {
+            let inner = self.read();
+            match inner.groups.get(id) {
+                Some(e) if !inner.proven.contains(id) && inner.is_proven(e) => {}
+                _ => return,
+            }
+        }
+        let mut inner = self.write();
+        if let Some(e) = inner.groups.get(id).cloned()
+            && !inner.proven.contains(id)
+            && inner.is_proven(&e)
+        {
+            inner.proven.insert(e);
+        }
     }
 
     /// One proxy matching `q` at `now` and not refused by `exclude`, chosen
@@ -389,9 +480,39 @@ impl HealthIndex {
         exclude: &dyn Fn(&Entry) -> bool,
         rank: &dyn Fn(i64) -> (u8, u64),
     ) -> Option<Arc<Entry>> {
+        self.pick_among(false, q, now, strategy, exclude, rank)
+    }
+
+    /// As [`HealthIndex::pick_ranked`], among the proxies proven since
+    /// [`HealthIndex::suspect_all`]'s time alone: what it costs depends on
+    /// how many of them match, not on how many suspect ones do.
+    pub(super) fn pick_proven_ranked(
+        &self,
+        q: &ProxyQuery,
+        now: i64,
+        strategy: &dyn Strategy,
+        exclude: &dyn Fn(&Entry) -> bool,
+        rank: &dyn Fn(i64) -> (u8, u64),
+    ) -> Option<Arc<Entry>> {
+        self.pick_among(true, q, now, strategy, exclude, rank)
+    }
+
+    fn pick_among(
+        &self,
+        proven: bool,
+        q: &ProxyQuery,
+        now: i64,
+        strategy: &dyn Strategy,
+        exclude: &dyn Fn(&Entry) -> bool,
+        rank: &dyn Fn(i64) -> (u8, u64),
+    ) -> Option<Arc<Entry>> {
         let inner = self.read();
         let accept = |e: &Entry| q.matches_entry(e, now) && !exclude(e);
-        let groups = inner.groups_for(q);
+        let groups = if proven {
+            inner.proven.groups_for(q)
+        } else {
+            inner.groups.groups_for(q)
+        };
         let ends = groups
             .iter()
             .scan(0, |end, g| {
@@ -412,9 +533,10 @@ impl HealthIndex {
     /// How many proxies match `q` and `keep`, counted in place: what
     /// `select(q, now)` then `retain(keep)` would leave, without copying
     /// or sorting them.
-    pub fn count(&self, q: &ProxyQuery, now: i64, keep: impl Fn(&Entry) -> bool) -> usize {
+    pub fn count(&self, q: &ProxyQuery, now: i64, mut keep: impl FnMut(&Entry) -> bool) -> usize {
         let inner = self.read();
         inner
+            .groups
             .groups_for(q)
             .iter()
             .flat_map(|g| g.iter())
@@ -426,6 +548,7 @@ impl HealthIndex {
     pub fn select(&self, q: &ProxyQuery, now: i64) -> Vec<Arc<Entry>> {
         let inner = self.read();
         let mut out: Vec<Arc<Entry>> = inner
+            .groups
             .groups_for(q)
             .iter()
             .flat_map(|g| g.iter())
@@ -439,6 +562,9 @@ impl HealthIndex {
 
 #[cfg(test)]
 mod rr_props;
+
+#[cfg(test)]
+mod proven_props;
 
 #[cfg(test)]
 mod tests {

@@ -116,25 +116,13 @@ impl Feedback {
         }
         let fresh = self.inner.fresh_within.load(Ordering::Relaxed);
         let hold = if fresh > 0 { fresh } else { 60_000 };
+        // The index's proven proxies first: a pick that sees the new
+        // suspicion finds among them only what proved itself since.
+        self.inner.index.suspect_all(now);
         self.inner.suspect_before.store(now, Ordering::Relaxed);
         self.inner
             .suspect_until
             .store(now + hold, Ordering::Relaxed);
-        // Cleared before the index is looked at: a proxy proven meanwhile
-        // sets it again after it entered the index.
-        self.inner
-            .proven_since_suspect
-            .store(false, Ordering::Release);
-        let index = &self.inner.index;
-        if ids.iter().any(|id| {
-            index
-                .get(*id)
-                .is_some_and(|e| e.proven_at().is_some_and(|t| t >= now))
-        }) {
-            self.inner
-                .proven_since_suspect
-                .store(true, Ordering::Release);
-        }
         let mut queue = lock(&self.inner.recheck);
         queue.extend(ids);
         drop(queue);
@@ -292,22 +280,7 @@ impl Feedback {
             })
             .collect();
         drop(hidden);
-        let before = self.inner.suspect_before.load(Ordering::Relaxed);
-        let proven = records.iter().any(|r| {
-            r.status == crate::proxy::Status::Alive && r.last_alive.is_some_and(|t| t >= before)
-        });
         self.inner.index.apply(records);
-        if proven {
-            self.proven_now();
-        }
-    }
-
-    /// Notes that a proxy in the index has just proved itself (passed a
-    /// check or carried a request).
-    pub(super) fn proven_now(&self) {
-        self.inner
-            .proven_since_suspect
-            .store(true, Ordering::Release);
     }
 
     /// Serves again proxies a failed check hid whose verdict was dropped

@@ -83,12 +83,6 @@ struct Inner {
     suspect_before: AtomicI64,
     /// When the current burst's suspicion ends (unix ms).
     suspect_until: AtomicI64,
-    /// False while no proxy can have proved itself since `suspect_before`:
-    /// a pick then looks for none, instead of scanning every match for one
-    /// (at a million stored, most of the CPU of `/proxy` in the minutes
-    /// after a start). Set, maybe too early but never too late, by
-    /// whatever makes a proxy proven.
-    proven_since_suspect: AtomicBool,
     /// When the last sweep a burst started began (unix ms).
     burst_swept: AtomicI64,
     /// The freshness window in ms (0: none): a proxy whose last check is
@@ -154,7 +148,6 @@ impl Feedback {
                 recent: Mutex::default(),
                 suspect_before: AtomicI64::new(0),
                 suspect_until: AtomicI64::new(0),
-                proven_since_suspect: AtomicBool::new(false),
                 burst_swept: AtomicI64::new(i64::MIN / 2),
                 fresh_within: AtomicI64::new(0),
                 hidden: Mutex::default(),

@@ -34,9 +34,11 @@ impl Feedback {
         let verified = |e: &Entry| !suspect_until || e.proven_at().is_some_and(|t| t >= before);
         let index = &self.inner.index;
         let rank = |id: i64| at_site.map_or((1, 0), |s| s.rank(id));
-        if suspect_until && self.inner.proven_since_suspect.load(Ordering::Acquire) {
+        if suspect_until {
+            // Among the proxies proven since the suspicion began alone (the
+            // index keeps them apart): none of the suspect ones is looked at.
             let verified =
-                index.pick_ranked(q, now, strategy, &|e| !(usable(e) && verified(e)), &rank);
+                index.pick_proven_ranked(q, now, strategy, &|e| !(usable(e) && verified(e)), &rank);
             if verified.is_some() {
                 return verified;
             }
@@ -65,6 +67,21 @@ impl Feedback {
         let fresh = self.inner.fresh_within.load(Ordering::Relaxed);
         self.inner.index.count(q, now, |e| {
             fresh == 0 || e.proven_at().is_some_and(|t| t >= now - fresh)
+        })
+    }
+
+    /// Calls `f` with each proxy [`Feedback::select`] gives for `q` at
+    /// `now` with no site, in no particular order, under the index's read
+    /// lock (so `f` should be quick): what they hold, without copying or
+    /// sorting them. How many there were.
+    pub fn each(&self, q: &ProxyQuery, now: i64, mut f: impl FnMut(&Entry)) -> usize {
+        let fresh = self.inner.fresh_within.load(Ordering::Relaxed);
+        self.inner.index.count(q, now, |e| {
+            let keep = fresh == 0 || e.proven_at().is_some_and(|t| t >= now - fresh);
+            if keep {
+                f(e);
+            }
+            keep
         })
     }
 

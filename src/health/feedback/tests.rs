@@ -402,3 +402,114 @@ async fn a_pick_after_a_start_does_not_scan_for_a_re_checked_proxy_before_one_pa
         assert_eq!(picked.map(|e| e.id), Some(ids[7]), "the re-checked one");
     }
 }
+
+/// Once some proxies passed their re-check after a start, a pick takes
+/// one of them without looking at the suspect ones: the index keeps the
+/// re-checked apart. Before, each pick looked through every match for
+/// them until enough had passed for random draws to find one (at a
+/// million stored, the slow /proxy of the first seconds). A proxy that
+/// carried a request joins them, one whose re-check failed is never
+/// served, and the next sweep makes them all suspect again.
+#[tokio::test]
+async fn a_pick_after_a_start_does_not_scan_for_a_re_checked_proxy_once_some_passed() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, ids) = store_with(dir.path(), 400).await;
+    let before = now_ms() - 60_000;
+    let alive = ids.iter().map(|id| checked(*id, before, None)).collect();
+    store.record_checks(alive, POLICY).await.unwrap();
+    let index = crate::health::load_index(&store).await.unwrap();
+    let feedback = Feedback::new(index, store);
+    feedback.set_fresh_within(Duration::from_secs(600));
+    let start = now_ms();
+    feedback.reverify_all(start);
+    let passed = [ids[7], ids[150], ids[333]];
+    let rechecks = passed.iter().map(|id| checked(*id, start + 10, None));
+    feedback
+        .commit_checks(rechecks.collect(), POLICY)
+        .await
+        .unwrap();
+
+    let q = ProxyQuery::default();
+    let looked = std::cell::Cell::new(0usize);
+    let count = |_: &Entry| {
+        looked.set(looked.get() + 1);
+        false
+    };
+    let best = &crate::health::BestOfTwo;
+    for _ in 0..10 {
+        let picked = feedback.pick(&q, None, start + 20, best, &count);
+        let picked = picked.map(|e| e.id);
+        assert!(
+            picked.is_some_and(|id| passed.contains(&id)),
+            "{picked:?} is not one of the re-checked {passed:?}"
+        );
+    }
+    assert!(
+        looked.get() < ids.len(),
+        "10 picks looked at {} proxies of {}",
+        looked.get(),
+        ids.len()
+    );
+
+    // A use that worked proves a suspect proxy as a check would.
+    let others = |e: &Entry| passed.contains(&e.id);
+    feedback.worked(ids[42]);
+    for _ in 0..10 {
+        let picked = feedback.pick(&q, None, start + 30, best, &others);
+        assert_eq!(picked.map(|e| e.id), Some(ids[42]), "the one that worked");
+    }
+    // Its re-check fails: never served again, suspect ones are meanwhile.
+    let failed = checked(ids[42], now_ms(), Some(Reason::Refused));
+    feedback.commit_checks(vec![failed], POLICY).await.unwrap();
+    for _ in 0..50 {
+        let picked = feedback.pick(&q, None, start + 40, best, &others);
+        let picked = picked.map(|e| e.id);
+        assert!(picked.is_some_and(|id| id != ids[42]), "{picked:?}");
+    }
+
+    // A sweep: what passed before it is suspect again, what passes after
+    // it is served first.
+    let sweep = now_ms() + 100;
+    feedback.reverify_all(sweep);
+    let again = checked(ids[200], sweep + 10, None);
+    feedback.commit_checks(vec![again], POLICY).await.unwrap();
+    looked.set(0);
+    for _ in 0..10 {
+        let picked = feedback.pick(&q, None, sweep + 20, best, &count);
+        assert_eq!(
+            picked.map(|e| e.id),
+            Some(ids[200]),
+            "re-checked after the sweep"
+        );
+    }
+    assert!(looked.get() < ids.len(), "{} looked at", looked.get());
+}
+
+/// What the dashboard counts in place is what `select` gives: the same
+/// proxies, the freshness window applied.
+#[tokio::test]
+async fn each_visits_what_select_gives() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, ids) = store_with(dir.path(), 40).await;
+    let now = now_ms();
+    let checks = ids.iter().enumerate().map(|(i, id)| {
+        let age = if i % 3 == 0 { 900_000 } else { 1_000 };
+        checked(*id, now - age, None)
+    });
+    store.record_checks(checks.collect(), POLICY).await.unwrap();
+    let index = crate::health::load_index(&store).await.unwrap();
+    let feedback = Feedback::new(index, store);
+    feedback.set_fresh_within(Duration::from_secs(600));
+    let q = ProxyQuery::default();
+    let mut seen = Vec::new();
+    let n = feedback.each(&q, now, |e| seen.push(e.id));
+    seen.sort();
+    let selected: Vec<i64> = feedback
+        .select(&q, None, now)
+        .iter()
+        .map(|e| e.id)
+        .collect();
+    assert_eq!(seen, selected);
+    assert_eq!(n, selected.len());
+    assert!(n > 0 && n < ids.len(), "{n} of {}", ids.len());
+}

@@ -16,7 +16,7 @@ impl Feedback {
         // the strength of this use (and, once written, in the store too).
         if let Some(e) = self.inner.index.get(id) {
             e.worked(now);
-            self.proven_now();
+            self.inner.index.prove(id);
         }
         {
             let mut worked = lock(&self.inner.worked);

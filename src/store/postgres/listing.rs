@@ -582,6 +582,11 @@ async fn link_counts(
     let mut next_alive = alive.next().await?;
     let mut listing = Vec::new();
     while let Some(Reverse((proxy, _))) = heads.peek().copied() {
+        // A million links are merged on the runtime's workers, between
+        // reads that come back at once: without a turn now and then for
+        // the tasks waiting behind it, `/proxy` answers queued for tens of
+        // milliseconds while a count ran (at start-up, after each round).
+        tokio::task::coop::consume_budget().await;
         // Every source listing this proxy.
         listing.clear();
         while let Some(&Reverse((p, i))) = heads.peek() {
