@@ -73,7 +73,7 @@ impl Harvester {
     /// [`Harvester::retry_after`]), until `stop`. A harvest in progress is dropped at `stop`; what it already
     /// stored is committed, the rest is harvested after the restart.
     pub async fn run(mut self, stop: CancellationToken) {
-        let last = match self.store.list_sources().await {
+        let last = match self.store.source_runs().await {
             Ok(records) => self.last_runs(&records),
             Err(e) => {
                 tracing::error!(error = %e, "cannot read the sources' last harvests; harvesting all");

@@ -125,6 +125,13 @@ impl Store {
         dispatch!(self.list_sources())
     }
 
+    /// Every source's record by name, without its proxy counts (zero): the
+    /// last harvests a start-up needs, from the sources alone, without the
+    /// pass over every link that counting takes (a million at scale).
+    pub async fn source_runs(&self) -> Result<Vec<SourceRecord>, StoreError> {
+        dispatch!(self.source_runs())
+    }
+
     /// How many distinct proxies were listed at or after `since` (unix ms).
     pub async fn count_seen_since(&self, since: i64) -> Result<i64, StoreError> {
         dispatch!(self.count_seen_since(since))

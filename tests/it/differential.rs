@@ -16,7 +16,9 @@ use std::time::Duration;
 use proptest::prelude::*;
 use proxywarden::model::{Candidate, Hints, Outcome, Reason, SourceScheme};
 use proxywarden::proxy::{Anonymity, Country, Scheme, Status};
-use proxywarden::store::{DueLane, NewUrl, ProxyFilter, SiteRecord, SourceRun, Store, UrlState};
+use proxywarden::store::{
+    DueLane, NewUrl, ProxyFilter, SiteRecord, SourceRecord, SourceRun, Store, UrlState,
+};
 
 /// Addresses the lists draw from: few, so that lists overlap and repeat.
 const ADDRESSES: u8 = 24;
@@ -388,6 +390,23 @@ async fn observe(store: &Store) -> String {
     let mut out = String::new();
     let stats = store.stats().await.unwrap();
     out.push_str(&format!("{stats:#?}\n"));
+    // The sources' last runs as a start-up reads them: the records
+    // without their counts.
+    let runs = store.source_runs().await.unwrap();
+    let uncounted: Vec<SourceRecord> = store
+        .list_sources()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|s| SourceRecord {
+            proxies: 0,
+            alive: 0,
+            unique: 0,
+            ..s
+        })
+        .collect();
+    assert_eq!(format!("{runs:?}"), format!("{uncounted:?}"));
+    out.push_str(&format!("{runs:#?}\n"));
     // The listing in its own order, as the API and export give it.
     for mut r in store.list_proxies(ProxyFilter::default()).await.unwrap() {
         r.id = 0;

@@ -1,6 +1,8 @@
 //! PostgreSQL: proxy records, filtered listings, pages, sources and the
 //! counts for `stats`.
 
+use std::collections::HashMap;
+
 use deadpool_postgres::GenericClient;
 use tokio_postgres::Row;
 use tokio_postgres::types::ToSql;
@@ -378,6 +380,14 @@ impl Postgres {
         Ok(sources)
     }
 
+    pub(crate) async fn source_runs(&self) -> Result<Vec<SourceRecord>, StoreError> {
+        let mut c = self.client().await?;
+        let tx = snapshot(&mut c).await?;
+        let sources = source_rows(&tx, &HashMap::new()).await?;
+        tx.commit().await?;
+        Ok(sources)
+    }
+
     pub(crate) async fn presence(&self) -> Result<Presence, StoreError> {
         let r = self
             .client()
@@ -457,7 +467,16 @@ async fn counts_in(c: &impl GenericClient) -> Result<Stats, StoreError> {
 /// Every source with the counts of its links, in the transaction `tx`.
 async fn sources_in(tx: &tokio_postgres::Transaction<'_>) -> Result<Vec<SourceRecord>, StoreError> {
     let counts = link_counts(tx).await?;
-    let rows = tx
+    source_rows(tx, &counts).await
+}
+
+/// Every source's record, with its counts from `counts` (by source id;
+/// zero for a source not in it).
+async fn source_rows(
+    c: &tokio_postgres::Transaction<'_>,
+    counts: &HashMap<i64, (i64, i64, i64)>,
+) -> Result<Vec<SourceRecord>, StoreError> {
+    let rows = c
         .query(
             "SELECT s.name, s.url, s.format, s.last_fetch_at, s.last_ok_at, s.last_http_status,
                     s.last_duration_ms, s.last_found, s.last_new, s.last_error,

@@ -1,5 +1,7 @@
 //! SQLite: filtered listings, pages and counts.
 
+use std::collections::HashMap;
+
 use rusqlite::Connection;
 
 use super::Sqlite;
@@ -141,6 +143,10 @@ impl Sqlite {
 
     pub(crate) async fn list_sources(&self) -> Result<Vec<SourceRecord>, StoreError> {
         self.read(list_sources).await
+    }
+
+    pub(crate) async fn source_runs(&self) -> Result<Vec<SourceRecord>, StoreError> {
+        self.read(|c| source_rows(c, &HashMap::new())).await
     }
 
     pub(crate) async fn count_seen_since(&self, since: i64) -> Result<i64, StoreError> {
@@ -304,6 +310,15 @@ fn list_sources(conn: &Connection) -> Result<Vec<SourceRecord>, StoreError> {
 /// caller holds.
 fn sources_in(tx: &Connection) -> Result<Vec<SourceRecord>, StoreError> {
     let counts = link_counts(tx)?;
+    source_rows(tx, &counts)
+}
+
+/// Every source's record, with its counts from `counts` (by source id;
+/// zero for a source not in it).
+fn source_rows(
+    tx: &Connection,
+    counts: &HashMap<i64, (i64, i64, i64)>,
+) -> Result<Vec<SourceRecord>, StoreError> {
     let mut stmt = tx.prepare(
         "SELECT s.name, s.url, s.format, s.last_fetch_at, s.last_ok_at, s.last_http_status,
                     s.last_duration_ms, s.last_found, s.last_new, s.last_error,
