@@ -853,6 +853,49 @@ async fn each_source_counts_its_alive_and_unique_proxies(db: TestDb) {
     );
 }
 
+/// Sources listing tens of thousands of proxies each count them all: the
+/// counts read links in batches of thousands, and every batch's edge
+/// counts once.
+async fn source_counts_hold_across_many_thousand_links(db: TestDb) {
+    let store = db.store;
+    let all = candidates(30_000);
+    for (name, range) in [("a", 0..25_000), ("b", 5_000..30_000)] {
+        store
+            .record_source_run(run(name, 1_000), all[range].to_vec())
+            .await
+            .unwrap();
+    }
+    let by_ip = store.list_proxies(ProxyFilter::default()).await.unwrap();
+    assert_eq!(by_ip.len(), 30_000);
+    // Every 7th address is alive.
+    let index = |r: &proxywarden::store::ProxyRecord| match r.proxy.host {
+        IpAddr::V4(ip) => u32::from(ip) - 0x0a00_0000,
+        IpAddr::V6(_) => unreachable!(),
+    };
+    let now = proxywarden::store::now_ms();
+    let verdicts = by_ip
+        .iter()
+        .filter(|r| index(r) % 7 == 0)
+        .map(|r| common::alive_at(r.id, now))
+        .collect();
+    store.record_checks(verdicts, policy()).await.unwrap();
+    let alive_in = |range: std::ops::Range<u32>| range.filter(|i| i % 7 == 0).count() as i64;
+    let got: Vec<(String, i64, i64, i64)> = store
+        .list_sources()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|s| (s.name, s.proxies, s.alive, s.unique))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("a".to_owned(), 25_000, alive_in(0..25_000), 5_000),
+            ("b".to_owned(), 25_000, alive_in(5_000..30_000), 5_000),
+        ]
+    );
+}
+
 /// An entry whose scheme is to be detected is the proxy already stored at
 /// its address, whatever scheme that row has, and only an address no row
 /// holds is new.
@@ -1796,6 +1839,7 @@ on_both_backends!(
     a_proxy_left_out_keeps_its_last_sighting,
     proxies_seen_by_two_sources_count_once,
     each_source_counts_its_alive_and_unique_proxies,
+    source_counts_hold_across_many_thousand_links,
     a_detected_entry_is_the_proxy_known_at_its_address,
     verdicts_are_listed_counted_and_followed,
     a_minimum_anonymity_lists_that_level_and_above,

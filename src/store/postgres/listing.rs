@@ -513,13 +513,19 @@ async fn source_rows(
 }
 
 /// Ids read per round trip by [`Ids`].
-const IDS_BATCH: i32 = 20_000;
+const IDS_BATCH: i64 = 20_000;
 
-/// The ids a query yields in order, read through a portal a batch at a
-/// time: several of them are read side by side in one transaction.
+/// The ids a query yields in order, a batch at a time, each batch one
+/// array (a row per id cost more to decode than the merge that reads
+/// them): the statement takes the last id read (`$1`), the batch's size
+/// (`$2`) and the stream's key (`$3`, when it has one), and answers one
+/// `bigint[]` of the next ids in order, or NULL past the end. Several are
+/// read side by side in one transaction.
 struct Ids<'t, 'c> {
     tx: &'t tokio_postgres::Transaction<'c>,
-    portal: tokio_postgres::Portal,
+    statement: tokio_postgres::Statement,
+    key: Option<i64>,
+    after: i64,
     batch: std::vec::IntoIter<i64>,
     done: bool,
 }
@@ -528,12 +534,14 @@ impl<'t, 'c> Ids<'t, 'c> {
     async fn open(
         tx: &'t tokio_postgres::Transaction<'c>,
         sql: &str,
-        args: &[&(dyn ToSql + Sync)],
+        key: Option<i64>,
     ) -> Result<Ids<'t, 'c>, StoreError> {
-        let portal = tx.bind(sql, args).await?;
+        let statement = tx.prepare(sql).await?;
         Ok(Ids {
             tx,
-            portal,
+            statement,
+            key,
+            after: i64::MIN,
             batch: Vec::new().into_iter(),
             done: false,
         })
@@ -542,18 +550,27 @@ impl<'t, 'c> Ids<'t, 'c> {
     async fn next(&mut self) -> Result<Option<i64>, StoreError> {
         loop {
             if let Some(id) = self.batch.next() {
+                self.after = id;
                 return Ok(Some(id));
             }
             if self.done {
                 return Ok(None);
             }
-            let rows = self.tx.query_portal(&self.portal, IDS_BATCH).await?;
-            self.done = rows.len() < IDS_BATCH as usize;
-            self.batch = rows
-                .iter()
-                .map(|r| r.try_get(0))
-                .collect::<Result<Vec<i64>, _>>()?
-                .into_iter();
+            let row = match self.key {
+                Some(key) => {
+                    self.tx
+                        .query_one(&self.statement, &[&self.after, &IDS_BATCH, &key])
+                        .await?
+                }
+                None => {
+                    self.tx
+                        .query_one(&self.statement, &[&self.after, &IDS_BATCH])
+                        .await?
+                }
+            };
+            let ids: Vec<i64> = row.try_get::<_, Option<Vec<i64>>>(0)?.unwrap_or_default();
+            self.done = ids.len() < IDS_BATCH as usize;
+            self.batch = ids.into_iter();
         }
     }
 }
@@ -576,8 +593,10 @@ async fn link_counts(
         .collect::<Result<_, _>>()?;
     let mut alive = Ids::open(
         tx,
-        "SELECT id FROM proxies WHERE status = 'alive' ORDER BY id",
-        &[],
+        "SELECT array_agg(id ORDER BY id) FROM (
+             SELECT id FROM proxies WHERE status = 'alive' AND id > $1 ORDER BY id LIMIT $2
+         ) batch",
+        None,
     )
     .await?;
     let mut streams = Vec::with_capacity(sources.len());
@@ -585,8 +604,11 @@ async fn link_counts(
         streams.push(
             Ids::open(
                 tx,
-                "SELECT proxy_id FROM proxy_sources WHERE source_id = $1 ORDER BY proxy_id",
-                &[source],
+                "SELECT array_agg(proxy_id ORDER BY proxy_id) FROM (
+                     SELECT proxy_id FROM proxy_sources
+                     WHERE source_id = $3 AND proxy_id > $1 ORDER BY proxy_id LIMIT $2
+                 ) batch",
+                Some(*source),
             )
             .await?,
         );
