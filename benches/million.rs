@@ -21,6 +21,8 @@
 //!   (`--status all --format csv`: the million; `--status alive --format
 //!   json`): time to the first byte, the whole, bytes, and the peak RSS
 //!   (VmHWM) of the process that exports;
+//! - a full count of the store as `/stats` takes one (the CLI's `stats`, a
+//!   process of its own): wall and CPU, the median of 3;
 //! - the RSS of `serve` after all of it.
 //!
 //! `BENCH_BIN=<path>` measures another build of `proxywarden` (an older
@@ -337,6 +339,28 @@ fn cli_export(
     Ok((first, took, bytes, peak))
 }
 
+/// The CLI's `stats` (a full count of the store): its wall and CPU (user
+/// and system, from the rusage of the reaped child), in seconds.
+fn cli_stats(dir: &Path, config: &Path) -> anyhow::Result<(f64, f64)> {
+    use nix::sys::resource::{UsageWho, getrusage};
+    let cpu = || {
+        getrusage(UsageWho::RUSAGE_CHILDREN).map(|u| {
+            let t = |v: nix::sys::time::TimeVal| v.tv_sec() as f64 + v.tv_usec() as f64 / 1e6;
+            t(u.user_time()) + t(u.system_time())
+        })
+    };
+    let before = cpu()?;
+    let started = Instant::now();
+    let out = proxywarden(dir, config).arg("stats").output()?;
+    let wall = started.elapsed().as_secs_f64();
+    anyhow::ensure!(
+        out.status.success(),
+        "stats failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok((wall, cpu()? - before))
+}
+
 /// Every figure of one backend.
 fn measure(
     rt: &tokio::runtime::Runtime,
@@ -472,6 +496,12 @@ fn measure(
             verdict(peak <= RSS_MB)
         );
     }
+    let mut counts: Vec<(f64, f64)> = (0..3)
+        .map(|_| cli_stats(dir, &config))
+        .collect::<anyhow::Result<_>>()?;
+    counts.sort_by(|a, b| a.1.total_cmp(&b.1));
+    let (wall, cpu) = counts[1];
+    println!("{name}: a full count (CLI stats): wall {wall:.2} s, CPU {cpu:.2} s (median of 3)");
     let (rss2, hwm2) = rss(pid).unwrap_or_default();
     println!(
         "{name}: serve at the end RSS {rss2:.0} MB, peak {hwm2:.0} MB (target <= {RSS_MB} MB: {})",
