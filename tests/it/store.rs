@@ -836,13 +836,7 @@ async fn each_source_counts_its_alive_and_unique_proxies(db: TestDb) {
         })
         .collect();
     store.record_checks(verdicts, policy()).await.unwrap();
-    let got: Vec<(String, i64, i64, i64)> = store
-        .list_sources()
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|s| (s.name, s.proxies, s.alive, s.unique))
-        .collect();
+    let got = source_counts(&store).await;
     assert_eq!(
         got,
         [
@@ -851,6 +845,17 @@ async fn each_source_counts_its_alive_and_unique_proxies(db: TestDb) {
             ("c".to_owned(), 5, 1, 5),
         ]
     );
+}
+
+/// Each source's name, proxies, alive and unique counts, by name.
+async fn source_counts(store: &Store) -> Vec<(String, i64, i64, i64)> {
+    store
+        .list_sources()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|s| (s.name, s.proxies, s.alive, s.unique))
+        .collect()
 }
 
 /// Sources listing tens of thousands of proxies each count them all: the
@@ -880,13 +885,7 @@ async fn source_counts_hold_across_many_thousand_links(db: TestDb) {
         .collect();
     store.record_checks(verdicts, policy()).await.unwrap();
     let alive_in = |range: std::ops::Range<u32>| range.filter(|i| i % 7 == 0).count() as i64;
-    let got: Vec<(String, i64, i64, i64)> = store
-        .list_sources()
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|s| (s.name, s.proxies, s.alive, s.unique))
-        .collect();
+    let got = source_counts(&store).await;
     assert_eq!(
         got,
         [
