@@ -696,22 +696,22 @@ fn committed_lines(state: &Path, out: &Path) -> (HashSet<String>, usize) {
         });
     let len: usize = len.map_or(0, |l| l.parse().unwrap());
     let text = std::fs::read(out).unwrap_or_default();
-    let lines = |bytes: &[u8]| -> Vec<Vec<u8>> {
+    let (done, after) = text.split_at(len);
+    fn lines(bytes: &[u8]) -> Vec<&[u8]> {
         bytes
             .split(|&b| b == b'\n')
             .filter(|l| !l.is_empty())
-            .map(<[u8]>::to_vec)
             .collect()
-    };
-    let committed = lines(&text[..len])
-        .iter()
+    }
+    let committed = lines(done)
+        .into_iter()
         .map(|l| {
             let v: serde_json::Value = serde_json::from_slice(l).unwrap();
             v["url"].as_str().unwrap().to_owned()
         })
         .collect();
     // A line after the commit may still be on its way, torn.
-    (committed, lines(&text[len..]).len())
+    (committed, lines(after).len())
 }
 
 fn urls_once(out: &[serde_json::Value]) -> HashSet<String> {
