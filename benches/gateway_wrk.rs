@@ -30,7 +30,8 @@
 //!   kept-alive client connections and once with `Connection: close`
 //!   (where haproxy too takes a new upstream per request); then new CONNECT
 //!   tunnels from 32 clients. It prints both rates, each process's CPU per
-//!   request or tunnel, and the ratios gateway ÷ haproxy (targets: rate ≥ 1,
+//!   request or tunnel (per request also split into user space and kernel,
+//!   with context switches), and the ratios gateway ÷ haproxy (targets: rate ≥ 1,
 //!   CPU ≤ 1, tunnels/s ≥ 1). With `GATEWAY_BENCH_OLD_BIN` an older build's
 //!   daemon is a third side, and new ÷ old is printed too.
 //!
@@ -243,6 +244,47 @@ fn children_cpu() -> f64 {
     };
     let secs = |t: nix::sys::time::TimeVal| t.tv_sec() as f64 + t.tv_usec() as f64 / 1e6;
     secs(usage.user_time()) + secs(usage.system_time())
+}
+
+/// Process `pid`'s CPU seconds so far in user space and in the kernel
+/// (from /proc, in clock ticks of 10 ms), and the context switches of all
+/// its threads (voluntary and not); zeros once it is gone. What a request
+/// costs a forwarding process splits so: its own work, and the kernel's
+/// (socket calls, wake-ups) that any hop pays.
+fn cpu_parts(pid: u32) -> (f64, f64, u64) {
+    let ticks: Vec<u64> = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            // utime and stime are the 14th and 15th fields, after the
+            // command name (which may hold spaces).
+            let after = s.rsplit_once(')')?.1.to_owned();
+            Some(
+                after
+                    .split_whitespace()
+                    .skip(11)
+                    .take(2)
+                    .filter_map(|v| v.parse().ok())
+                    .collect(),
+            )
+        })
+        .unwrap_or_default();
+    let switches = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("status")).ok())
+        .flat_map(|status| {
+            status
+                .lines()
+                .filter(|l| l.contains("ctxt_switches:"))
+                .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+                .collect::<Vec<_>>()
+        })
+        .sum();
+    match ticks[..] {
+        [user, sys] => (user as f64 / 100.0, sys as f64 / 100.0, switches),
+        _ => (0.0, 0.0, switches),
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -512,6 +554,11 @@ struct Side {
     cpu_daemon: f64,
     cpu_farm: f64,
     cpu_wrk: f64,
+    /// The daemon's CPU in user space and in the kernel, and its context
+    /// switches (the spread pass).
+    cpu_user: f64,
+    cpu_sys: f64,
+    switches: u64,
 }
 
 impl Side {
@@ -1006,7 +1053,12 @@ async fn spread(dir: &Path) -> anyhow::Result<()> {
                     common::cpu_seconds(farm.pid),
                     children_cpu(),
                 );
+                let parts = cpu_parts(pid);
                 measured[k].runs.push(wrk(&script, addr, slice).await?);
+                let (user, sys, switches) = cpu_parts(pid);
+                measured[k].cpu_user += user - parts.0;
+                measured[k].cpu_sys += sys - parts.1;
+                measured[k].switches += switches.saturating_sub(parts.2);
                 measured[k]
                     .cpu_slices
                     .push(common::cpu_seconds(pid) - before.0);
@@ -1026,6 +1078,15 @@ async fn spread(dir: &Path) -> anyhow::Result<()> {
                 side.us_per(side.cpu_daemon),
                 side.us_per(side.cpu_farm),
                 side.us_per(side.cpu_wrk),
+            );
+        }
+        for ((name, _, _), side) in sides.iter().zip(&measured) {
+            println!(
+                "[spread {mode}] {name}: its CPU per request in user space {:.1} µs, in the kernel \
+                 {:.1} µs; {:.2} context switches per request",
+                side.us_per(side.cpu_user),
+                side.us_per(side.cpu_sys),
+                side.switches as f64 / side.requests().max(1) as f64,
             );
         }
         let (g, h) = (&measured[0], &measured[1]);

@@ -22,6 +22,8 @@ use common::{AliveProxy, TestConfig, ThreeCountries, store_with_alive, within, w
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+mod kept;
+
 /// Runs curl with `args` (always silent but for errors, bounded); status,
 /// stdout, stderr.
 async fn curl(args: &[&str]) -> (i32, String, String) {
