@@ -3,8 +3,7 @@
 //! Lines of a batch of pages are written whole just before the batch's
 //! commit, which records the lengths written; a resumed crawl cuts the
 //! files back to them, so no line is ever doubled or torn. Lines wait in
-//! memory and are written off the async workers: by the frontier's thread
-//! in the call that commits them (SQLite), or on the blocking pool.
+//! memory and are written on the blocking pool, never from an async worker.
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
@@ -64,6 +63,15 @@ impl Target {
             Target::File { len, pending, .. } => {
                 pending.extend_from_slice(line);
                 *len += line.len() as u64;
+            }
+        }
+    }
+
+    /// True when lines wait to be written.
+    fn pending(&self) -> bool {
+        match self {
+            Target::Stdout(p) | Target::Unopened(_, p) | Target::File { pending: p, .. } => {
+                !p.is_empty()
             }
         }
     }
@@ -179,31 +187,30 @@ impl Sink {
         Ok(())
     }
 
-    /// Writes the queued lines on the blocking pool.
-    #[cfg(test)]
+    /// Writes the queued lines, before the commit of their pages, on the
+    /// blocking pool.
     pub async fn flush(&mut self) -> io::Result<()> {
-        let lines = self.take_lines();
-        let (lines, written) = tokio::task::spawn_blocking(move || lines.write())
-            .await
-            .map_err(io::Error::other)?;
-        self.put_back(lines);
-        written
-    }
-
-    /// The outputs with their queued lines, to be written on a thread that
-    /// may block ([`Lines::write`]) and then given back
-    /// ([`Sink::put_back`]).
-    pub fn take_lines(&mut self) -> Lines {
-        Lines {
-            out: std::mem::replace(&mut self.out, Target::Stdout(Vec::new())),
-            failed: self.failed.take(),
+        if !self.out.pending() && !self.failed.as_ref().is_some_and(Target::pending) {
+            return Ok(());
         }
-    }
-
-    /// Takes back the outputs [`Sink::take_lines`] gave out.
-    pub fn put_back(&mut self, lines: Lines) {
-        self.out = lines.out;
-        self.failed = lines.failed;
+        let mut out = std::mem::replace(&mut self.out, Target::Stdout(Vec::new()));
+        let mut failed = self.failed.take();
+        let (out, failed, written) = tokio::task::spawn_blocking(move || {
+            let mut write = || -> io::Result<()> {
+                out.flush()?;
+                if let Some(f) = &mut failed {
+                    f.flush()?;
+                }
+                Ok(())
+            };
+            let written = write();
+            (out, failed, written)
+        })
+        .await
+        .map_err(io::Error::other)?;
+        self.out = out;
+        self.failed = failed;
+        written
     }
 
     /// The lengths to commit with the pages written.
@@ -221,25 +228,6 @@ impl Sink {
     /// Where failed pages go, when they go to a file.
     pub fn failed_path(&self) -> Option<&Path> {
         self.failed_path.as_deref()
-    }
-}
-
-/// A sink's outputs with the lines queued for them, away from the crawl's
-/// loop while they are written.
-pub struct Lines {
-    out: Target,
-    failed: Option<Target>,
-}
-
-impl Lines {
-    /// Writes the queued lines, before the commit of their pages; gives
-    /// the outputs back with the outcome. Blocks.
-    pub fn write(mut self) -> (Lines, io::Result<()>) {
-        let written = self.out.flush().and_then(|()| match &mut self.failed {
-            Some(f) => f.flush(),
-            None => Ok(()),
-        });
-        (self, written)
     }
 }
 

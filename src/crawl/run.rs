@@ -373,23 +373,17 @@ impl Crawler {
         if !self.frontier.dirty() {
             return Ok(());
         }
-        // The lengths include the lines about to be written; the lines are
-        // written, and the batch committed, in one hand-over.
+        sink.flush().await.map_err(|source| CrawlError::Output {
+            what: "the output".into(),
+            source,
+        })?;
         let mut meta = sink.offsets();
         meta.push((
             summary::COUNTS_META,
             self.summary.kept(self.started.elapsed()),
         ));
-        let lines = sink.take_lines();
-        let (lines, written) = self
-            .frontier
-            .write_then_commit(move || lines.write(), &meta)
-            .await?;
-        sink.put_back(lines);
-        written.map_err(|source| CrawlError::Output {
-            what: "the output".into(),
-            source,
-        })
+        self.frontier.commit(&meta).await?;
+        Ok(())
     }
     /// When request `e` found no proxy: why none can be found at all
     /// (nothing servable matches the pool's filters), or `None` when some

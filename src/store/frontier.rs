@@ -137,32 +137,6 @@ impl Frontier {
         on_backend!(mut self.commit(meta))
     }
 
-    /// Runs `write` (blocking I/O: the lines of the pages this batch
-    /// finishes), then, when it succeeded, commits the batch with `meta`
-    /// (lengths that include those lines), as [`Frontier::commit`]. On
-    /// SQLite both run in one call on the frontier's thread, so a page
-    /// costs the crawl one hand-over to it; on PostgreSQL the write runs on
-    /// the blocking pool first. Returns what `write` gave back and whether
-    /// it wrote; when it did not, nothing was committed.
-    pub async fn write_then_commit<T: Send + 'static>(
-        &mut self,
-        write: impl FnOnce() -> (T, std::io::Result<()>) + Send + 'static,
-        meta: &[(&str, String)],
-    ) -> Result<(T, std::io::Result<()>), StoreError> {
-        match &mut self.backend {
-            FrontierBackend::Sqlite(f) => f.write_then_commit(write, meta).await,
-            FrontierBackend::Postgres(f) => {
-                let (t, written) = tokio::task::spawn_blocking(write)
-                    .await
-                    .map_err(|_| StoreError::Cancelled)?;
-                if written.is_ok() {
-                    f.commit(meta).await?;
-                }
-                Ok((t, written))
-            }
-        }
-    }
-
     /// True while writes wait for [`Frontier::commit`].
     pub fn dirty(&self) -> bool {
         on_backend!(self.dirty())

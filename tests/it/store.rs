@@ -1843,7 +1843,6 @@ on_both_backends!(
     verdicts_are_listed_counted_and_followed,
     a_minimum_anonymity_lists_that_level_and_above,
     crawl_frontiers_batch_their_writes_and_resume,
-    a_batch_is_committed_only_once_its_lines_are_written,
     crawl_pages_are_leased_to_one_node_until_they_end,
     crawl_jobs_are_leased_renewed_taken_over_and_cancelled_from_any_node,
     crawl_turns_at_a_host_are_a_delay_apart_across_nodes,
@@ -2288,59 +2287,6 @@ async fn crawl_frontiers_batch_their_writes_and_resume(db: TestDb) {
         );
     }
     .await;
-}
-
-/// A batch's lines are written, then the batch committed, in one call:
-/// page ends beyond the frontier's queue of calls all land in it; a write
-/// that fails commits nothing (the pages are fetched again after a
-/// restart), and what the write was handed comes back either way.
-async fn a_batch_is_committed_only_once_its_lines_are_written(db: TestDb) {
-    let store = db.store.clone();
-    let job = store.insert_crawl_job("{}".into()).await.unwrap().id;
-    let s = store.clone();
-    let pages = 150;
-    async move {
-        let mut f = s.frontier(job).await.unwrap();
-        let urls: Vec<NewUrl> = (0..pages)
-            .map(|i| new_url(&format!("http://h/{i}"), 0))
-            .collect();
-        let added = f.add(&urls).await.unwrap();
-        assert_eq!(added.len(), pages);
-        // More ends without links than calls the frontier queues.
-        for q in &added[..pages - 1] {
-            f.finish(q.id, UrlState::Done, 1, &[]).await.unwrap();
-        }
-        let (back, written) = f
-            .write_then_commit(|| (7u8, Ok(())), &[("output_len", "149".into())])
-            .await
-            .unwrap();
-        assert_eq!((back, written.is_ok()), (7, true));
-        assert!(!f.dirty());
-        let last = added[pages - 1].id;
-        f.finish(last, UrlState::Done, 1, &[]).await.unwrap();
-        let (back, written) = f
-            .write_then_commit(
-                || (8u8, Err(std::io::Error::other("disk full"))),
-                &[("output_len", "150".into())],
-            )
-            .await
-            .unwrap();
-        assert_eq!(back, 8);
-        assert_eq!(written.unwrap_err().to_string(), "disk full");
-        // Dropped with that batch uncommitted.
-    }
-    .await;
-    let mut f = store.frontier(job).await.unwrap();
-    assert_eq!(f.meta("output_len").await.unwrap().as_deref(), Some("149"));
-    assert_eq!(f.count(UrlState::Done).await.unwrap(), pages as u64 - 1);
-    let waiting: Vec<String> = f
-        .waiting("h", 0, 10)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|q| q.url)
-        .collect();
-    assert_eq!(waiting, [format!("http://h/{}", pages - 1)]);
 }
 
 /// Pages a node's frontier hands out are leased to it: another node's

@@ -12,8 +12,8 @@ use super::BUSY_TIMEOUT;
 use super::Sqlite;
 use crate::store::{NewUrl, Queued, StoreError, UrlState, now_ms};
 
-/// Calls waiting for a frontier's thread, and calls that need no reply (a
-/// page's end without links) held for the next that does.
+/// Calls waiting for a frontier's thread; the crawl awaits each reply, so
+/// only calls that need none (a page's end without links) ever queue.
 const QUEUE: usize = 64;
 
 /// A call for the frontier's thread.
@@ -26,10 +26,6 @@ pub(crate) struct Frontier {
     closed: oneshot::Receiver<()>,
     /// A transaction is open on the thread (as of the last call).
     open: bool,
-    /// Calls that need no reply, held until the next call that does (or
-    /// until [`QUEUE`] of them wait), which runs them first: a page's end
-    /// and its batch's commit wake the thread once.
-    held: Vec<Call>,
     path: std::path::PathBuf,
     job: i64,
 }
@@ -96,7 +92,6 @@ impl Sqlite {
             calls,
             closed,
             open: false,
-            held: Vec::new(),
             path,
             job,
         }
@@ -136,11 +131,7 @@ impl Frontier {
         f: impl FnOnce(&mut Worker) -> Result<T, StoreError> + Send + 'static,
     ) -> Result<T, StoreError> {
         let (tx, rx) = oneshot::channel();
-        let held = std::mem::take(&mut self.held);
         let call: Call = Box::new(move |w: &mut Worker| {
-            for call in held {
-                call(w);
-            }
             let r = match w.failed.take() {
                 Some(e) => Err(e),
                 None => f(w),
@@ -156,51 +147,20 @@ impl Frontier {
         r
     }
 
-    /// Hands `f` to the frontier's thread without waiting for it: it runs
-    /// before the next call that waits (held until then, unless [`QUEUE`]
-    /// calls are held already), and a failure is that call's answer.
+    /// Sends `f` to the frontier's thread without waiting for it: a
+    /// failure is the answer to the next call.
     async fn send(
         &mut self,
         f: impl FnOnce(&mut Worker) -> Result<(), StoreError> + Send + 'static,
     ) -> Result<(), StoreError> {
-        self.held.push(Box::new(move |w: &mut Worker| {
+        let call: Call = Box::new(move |w: &mut Worker| {
             if w.failed.is_none()
                 && let Err(e) = f(w)
             {
                 w.failed = Some(e);
             }
-        }));
-        if self.held.len() < QUEUE {
-            return Ok(());
-        }
-        let held = std::mem::take(&mut self.held);
-        let call: Call = Box::new(move |w: &mut Worker| {
-            for call in held {
-                call(w);
-            }
         });
         self.calls.send(call).await.map_err(|_| StoreError::Closed)
-    }
-
-    /// See [`crate::store::Frontier::write_then_commit`]: both in one call
-    /// on the frontier's thread.
-    pub async fn write_then_commit<T: Send + 'static>(
-        &mut self,
-        write: impl FnOnce() -> (T, std::io::Result<()>) + Send + 'static,
-        meta: &[(&str, String)],
-    ) -> Result<(T, std::io::Result<()>), StoreError> {
-        let meta: Vec<(String, String)> = meta
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), v.clone()))
-            .collect();
-        self.call(move |w| {
-            let (t, written) = write();
-            if written.is_ok() {
-                w.commit(&meta)?;
-            }
-            Ok((t, written))
-        })
-        .await
     }
 
     pub(crate) async fn lease_pages(&mut self, node: &str, ttl: std::time::Duration) {
