@@ -57,13 +57,19 @@ async fn attach_sources(
     // record, which costs the same whatever the range. A range over more
     // than a few times as many ids as there are records reads the links of
     // proxies not asked for, so it takes the probes; the map above skips
-    // the links of proxies in the range but not in the records.
+    // the links of proxies in the range but not in the records. Links are
+    // keyed by source first (there is no index by proxy): the sources are
+    // named in the condition, so that each read is index ranges of the
+    // primary key whatever the planner's statistics say (without it, a
+    // table not yet analyzed got a scan of every link for each page of an
+    // export).
     let span = u64::try_from(high.saturating_sub(low)).unwrap_or(u64::MAX);
     let links = if span < 4 * ids.len() as u64 {
         c.query(
             "SELECT ps.proxy_id, s.name, ps.listed, s.listed_at
                FROM proxy_sources ps JOIN sources s ON s.id = ps.source_id
-              WHERE ps.proxy_id BETWEEN $1 AND $2",
+              WHERE ps.source_id = ANY (ARRAY(SELECT id FROM sources))
+                AND ps.proxy_id BETWEEN $1 AND $2",
             &[&low, &high],
         )
         .await?
@@ -71,7 +77,8 @@ async fn attach_sources(
         c.query(
             "SELECT ps.proxy_id, s.name, ps.listed, s.listed_at
                FROM proxy_sources ps JOIN sources s ON s.id = ps.source_id
-              WHERE ps.proxy_id = ANY($1::bigint[])",
+              WHERE ps.source_id = ANY (ARRAY(SELECT id FROM sources))
+                AND ps.proxy_id = ANY($1::bigint[])",
             &[&ids],
         )
         .await?
