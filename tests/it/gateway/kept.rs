@@ -1,7 +1,7 @@
-//! Kept-alive upstream connections that the client connection's own task
-//! drives: a close by the proxy while one sat idle is seen before a request
-//! goes on it, and an answer a client reads slowly still comes whole, its
-//! connection kept for the next request.
+//! Kept-alive upstream connections, whatever drives them: a close by the
+//! proxy while one sat idle costs neither the client nor the proxy, and an
+//! answer a client reads slowly still comes whole, its connection kept for
+//! the next request.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -87,7 +87,7 @@ impl HalfClosing {
 }
 
 #[tokio::test]
-async fn a_kept_connection_the_proxy_closed_while_idle_is_not_used_and_costs_no_proxy() {
+async fn a_kept_connection_the_proxy_closed_while_idle_costs_the_client_and_the_proxy_nothing() {
     within(async {
         let dir = tempfile::tempdir().unwrap();
         let site = Site::routes(vec![("/a", Reply::text("unused"))]).await;
@@ -109,10 +109,13 @@ async fn a_kept_connection_the_proxy_closed_while_idle_is_not_used_and_costs_no_
             })
             .await;
         }
-        // Each request went once, on a new connection: none was sent on a
-        // connection already closed.
-        assert_eq!(proxy.requests.load(Ordering::SeqCst), 3);
+        // Each answer came on a new connection. A request may still have
+        // been sent on a closed one when the gateway had not yet read the
+        // close (nothing orders the two): it went again on a new connection,
+        // unseen by the client and charged to no one.
         assert_eq!(proxy.connections.load(Ordering::SeqCst), 3);
+        let requests = proxy.requests.load(Ordering::SeqCst);
+        assert!((3..=5).contains(&requests), "{requests} requests");
         none_charged(&gw);
     })
     .await;
