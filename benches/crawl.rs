@@ -38,7 +38,9 @@
 //! wakes every Crawl-delay, sends one request on a kept-alive connection
 //! and writes one line, and nothing else. Its CPU per wake-up is the least
 //! a polite page can cost on this machine, whatever the crawler does
-//! (`CRAWL_BENCH_FLOOR_CYCLES`, default 80).
+//! (`CRAWL_BENCH_FLOOR_CYCLES`, default 80). `CRAWL_BENCH_DELAY` sets the
+//! polite pass's Crawl-delay in seconds (default 0.25), the floor's with it;
+//! `CRAWL_BENCH_CONCURRENCY` any pass's pages in flight (and per host).
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -132,14 +134,41 @@ const PASSES: [Pass; 3] = [
     },
 ];
 
+/// `pass` with the Crawl-delay `CRAWL_BENCH_DELAY` (seconds) gives the
+/// polite pass, if set: the floor follows it, so the two can be compared at
+/// another pace (how much of a page's cost is waking up cold); and with
+/// `CRAWL_BENCH_CONCURRENCY` pages in flight (and per host), if set: one
+/// at a time without a delay shows what a page costs alone.
+fn with_delay(mut pass: Pass) -> Pass {
+    if pass.crawl_delay.is_some()
+        && let Some(d) = std::env::var("CRAWL_BENCH_DELAY")
+            .ok()
+            .and_then(|v| v.parse::<f64>().ok())
+            .filter(|d| *d > 0.0)
+    {
+        pass.crawl_delay = Some(d);
+    }
+    if let Some(n) = std::env::var("CRAWL_BENCH_CONCURRENCY")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .filter(|n| *n > 0)
+    {
+        pass.concurrency = n;
+        pass.per_host = n;
+    }
+    pass
+}
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
     let pass_named = |i: usize| -> Pass {
         let name = args.get(i + 1).map(String::as_str).unwrap_or_default();
-        *PASSES
-            .iter()
-            .find(|p| p.name == name)
-            .unwrap_or_else(|| panic!("no pass named {name:?}"))
+        with_delay(
+            *PASSES
+                .iter()
+                .find(|p| p.name == name)
+                .unwrap_or_else(|| panic!("no pass named {name:?}")),
+        )
     };
     if let Some(i) = args.iter().position(|a| a == FARM_ARG) {
         serve_farm(pass_named(i));
@@ -162,10 +191,12 @@ fn main() -> ExitCode {
     }
     if args.iter().any(|a| a == VERSUS_ARG) {
         let name = std::env::var("CRAWL_BENCH_PASS").unwrap_or_else(|_| "polite".into());
-        let pass = *PASSES
-            .iter()
-            .find(|p| p.name == name)
-            .unwrap_or_else(|| panic!("no pass named {name:?}"));
+        let pass = with_delay(
+            *PASSES
+                .iter()
+                .find(|p| p.name == name)
+                .unwrap_or_else(|| panic!("no pass named {name:?}")),
+        );
         return match versus(pass) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
