@@ -134,12 +134,17 @@ const PASSES: [Pass; 3] = [
     },
 ];
 
-/// `pass` with the Crawl-delay `CRAWL_BENCH_DELAY` (seconds) gives the
-/// polite pass, if set: the floor follows it, so the two can be compared at
-/// another pace (how much of a page's cost is waking up cold); and with
-/// `CRAWL_BENCH_CONCURRENCY` pages in flight (and per host), if set: one
-/// at a time without a delay shows what a page costs alone.
-fn with_delay(mut pass: Pass) -> Pass {
+/// The pass named `name`, with the Crawl-delay `CRAWL_BENCH_DELAY`
+/// (seconds) given the polite pass, if set: the floor follows it, so the
+/// two can be compared at another pace (how much of a page's cost is waking
+/// up cold); and with `CRAWL_BENCH_CONCURRENCY` pages in flight (and per
+/// host), if set: one at a time without a delay shows what a page costs
+/// alone.
+fn pass_named(name: &str) -> Pass {
+    let mut pass = *PASSES
+        .iter()
+        .find(|p| p.name == name)
+        .unwrap_or_else(|| panic!("no pass named {name:?}"));
     if pass.crawl_delay.is_some()
         && let Some(d) = std::env::var("CRAWL_BENCH_DELAY")
             .ok()
@@ -161,21 +166,13 @@ fn with_delay(mut pass: Pass) -> Pass {
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
-    let pass_named = |i: usize| -> Pass {
-        let name = args.get(i + 1).map(String::as_str).unwrap_or_default();
-        with_delay(
-            *PASSES
-                .iter()
-                .find(|p| p.name == name)
-                .unwrap_or_else(|| panic!("no pass named {name:?}")),
-        )
-    };
+    let pass_at = |i: usize| pass_named(args.get(i + 1).map(String::as_str).unwrap_or_default());
     if let Some(i) = args.iter().position(|a| a == FARM_ARG) {
-        serve_farm(pass_named(i));
+        serve_farm(pass_at(i));
         return ExitCode::SUCCESS;
     }
     if let Some(i) = args.iter().position(|a| a == MEASURE_ARG) {
-        measure(pass_named(i));
+        measure(pass_at(i));
         return ExitCode::SUCCESS;
     }
     if let Some(i) = args.iter().position(|a| a == FLOOR_ARG) {
@@ -191,12 +188,7 @@ fn main() -> ExitCode {
     }
     if args.iter().any(|a| a == VERSUS_ARG) {
         let name = std::env::var("CRAWL_BENCH_PASS").unwrap_or_else(|_| "polite".into());
-        let pass = with_delay(
-            *PASSES
-                .iter()
-                .find(|p| p.name == name)
-                .unwrap_or_else(|| panic!("no pass named {name:?}")),
-        );
+        let pass = pass_named(&name);
         return match versus(pass) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
