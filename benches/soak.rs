@@ -44,7 +44,10 @@
 //! lines on stdin and exits when stdin closes. The daemon's log, config and
 //! database are kept in `target/tmp/soak/`, with `gateway.csv`: every
 //! gateway answer (when it was asked, by which client, status, error code,
-//! time taken), to see within a minute when and how the gateway failed.
+//! time taken), to see within a minute when and how the gateway failed,
+//! and `proxy.csv`: each wave of deaths and each `/proxy` answer that named
+//! a proxy down, in ms since the start, to see how long after a death it
+//! was still handed out.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -386,6 +389,10 @@ struct Shared {
     /// Every gateway answer, one CSV line each, for a closer look than a
     /// minute's (when the gateway stopped, with what error).
     answers: Mutex<std::io::BufWriter<std::fs::File>>,
+    /// Every churn and every `/proxy` answer naming a proxy that was down,
+    /// one CSV line each: how long after its death a proxy was still
+    /// handed out.
+    deaths: Mutex<std::io::BufWriter<std::fs::File>>,
 }
 
 impl Shared {
@@ -401,6 +408,12 @@ impl Shared {
     fn minute(&self) -> Option<&Minute> {
         self.minutes
             .get((self.started.elapsed().as_secs() / 60) as usize)
+    }
+
+    /// A line of `proxy.csv`, stamped with the time since the start.
+    fn note(&self, event: &str, what: &str) {
+        let at = self.started.elapsed().as_millis();
+        let _ = writeln!(self.deaths.lock().unwrap(), "{at},{event},{what}");
     }
 
     fn second_of_minute(&self) -> u64 {
@@ -562,7 +575,16 @@ async fn soak(minutes: usize) -> anyhow::Result<bool> {
         answers: Mutex::new(std::io::BufWriter::new(std::fs::File::create(
             dir.join("gateway.csv"),
         )?)),
+        deaths: Mutex::new(std::io::BufWriter::new(std::fs::File::create(
+            dir.join("proxy.csv"),
+        )?)),
     });
+    writeln!(shared.deaths.lock().unwrap(), "at_ms,event,proxies")?;
+    let unix_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis());
+    // The start in the daemon log's clock, to line the two up.
+    shared.note("unix_ms", &unix_ms.to_string());
     writeln!(
         shared.answers.lock().unwrap(),
         "sent_ms,client,status,error_code,took_ms"
@@ -679,6 +701,7 @@ async fn soak(minutes: usize) -> anyhow::Result<bool> {
                         m.proxy_answers.fetch_add(1, Ordering::Relaxed);
                         if shared.down.lock().unwrap().contains(body.trim()) {
                             m.proxy_dead.fetch_add(1, Ordering::Relaxed);
+                            shared.note("dead_answer", body.trim());
                         }
                     }
                     (404, _) => {
@@ -733,6 +756,7 @@ async fn soak(minutes: usize) -> anyhow::Result<bool> {
                 up.truncate((listening as f64 * share).round() as usize);
                 farm.control("kill", &up).await?;
                 shared.mark_down(&up);
+                shared.note("killed", &up.len().to_string());
                 shared.minutes[m]
                     .killed
                     .store(up.len() as u64, Ordering::Relaxed);
@@ -838,6 +862,7 @@ async fn soak(minutes: usize) -> anyhow::Result<bool> {
     tasks.abort_all();
     while tasks.join_next().await.is_some() {}
     shared.answers.lock().unwrap().flush()?;
+    shared.deaths.lock().unwrap().flush()?;
     let farm = churn.await??;
 
     let stats = get_json(&http, &format!("http://{api}/stats")).await;
