@@ -332,10 +332,14 @@ async fn serve_on_a_full_disk_backs_off_says_so_keeps_serving_and_recovers() {
     );
     let (_, stats) = get_json(&http, &format!("{base}/stats")).await.unwrap();
     let store = &stats["store"];
-    assert_eq!(store["writable"], false, "{stats}");
+    // The daemon's log says which writes were tried, and when, if these
+    // fail.
+    let said = || log.lines().join("\n");
+    assert_eq!(store["writable"], false, "{stats}\n{}", said());
     assert!(
         store["write_failures"]["disk_full"].as_u64() >= Some(3),
-        "{stats}"
+        "{stats}\n{}",
+        said()
     );
     assert_eq!(store["write_trouble"]["kind"], "disk_full", "{stats}");
     assert_eq!(stats["degraded"][0]["component"], "store", "{stats}");
