@@ -332,8 +332,8 @@ async fn serve_on_a_full_disk_backs_off_says_so_keeps_serving_and_recovers() {
     );
     let (_, stats) = get_json(&http, &format!("{base}/stats")).await.unwrap();
     let store = &stats["store"];
-    // The daemon's log says which writes were tried, and when, if these
-    // fail.
+    // If these fail, the daemon's log goes with them: its failure, and
+    // whether it said the database took writes again.
     let said = || log.lines().join("\n");
     assert_eq!(store["writable"], false, "{stats}\n{}", said());
     assert!(
