@@ -40,6 +40,17 @@ impl Frontier {
     /// The frontier of the crawl state at `path` (created if needed), or
     /// of a temporary state removed when the frontier is dropped.
     pub async fn open(path: Option<&Path>) -> Result<Frontier, FrontierError> {
+        Frontier::open_at(path, false).await
+    }
+
+    /// [`Frontier::open`] for a crawl on a thread of its own: the
+    /// connection is that thread's, and each call runs on it
+    /// ([`Store::frontier_here`]).
+    pub async fn open_here(path: Option<&Path>) -> Result<Frontier, FrontierError> {
+        Frontier::open_at(path, true).await
+    }
+
+    async fn open_at(path: Option<&Path>, here: bool) -> Result<Frontier, FrontierError> {
         let (path, temp) = match path {
             Some(p) => (p.to_path_buf(), None),
             None => {
@@ -60,7 +71,11 @@ impl Frontier {
             .await
             .map_err(|_| err(StoreError::Cancelled))?
             .map_err(err)?;
-        let state = store.frontier(STANDALONE).await.map_err(err)?;
+        let state = match here {
+            true => store.frontier_here(STANDALONE).await,
+            false => store.frontier(STANDALONE).await,
+        }
+        .map_err(err)?;
         Ok(Frontier { state, _temp: temp })
     }
 
@@ -117,6 +132,66 @@ mod tests {
         assert!(dir.join("crawl.db").exists());
         f.close().await;
         assert!(!dir.exists());
+    }
+
+    #[tokio::test]
+    async fn a_frontier_on_the_crawl_s_thread_keeps_its_batch_until_commit() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("crawl.db");
+        let mut f = Frontier::open_here(Some(&path)).await.unwrap();
+        let url = |u: &str| NewUrl {
+            url: u.into(),
+            host: "h".into(),
+            depth: 0,
+            parent: None,
+        };
+        let added = f.add(&[url("http://h/")]).await.unwrap();
+        let page = added[0].id;
+        // Ended without links: not waited for, in the open batch.
+        f.finish(page, UrlState::Done, 1, &[]).await.unwrap();
+        assert!(f.dirty());
+        f.commit(&[("out_len", "7".into())]).await.unwrap();
+        assert!(!f.dirty());
+        f.finish(page, UrlState::Failed, 2, &[url("http://h/a")])
+            .await
+            .unwrap();
+        // Dropped with its batch open: rolled back, as after kill -9.
+        f.close().await;
+        let mut f = Frontier::open_here(Some(&path)).await.unwrap();
+        assert_eq!(f.count(UrlState::Done).await.unwrap(), 1);
+        assert_eq!(f.count(UrlState::Failed).await.unwrap(), 0);
+        assert_eq!(f.total().await.unwrap(), 1);
+        assert_eq!(f.meta("out_len").await.unwrap().as_deref(), Some("7"));
+    }
+
+    #[tokio::test]
+    async fn many_urls_added_on_the_crawl_s_thread_join_the_same_batch() {
+        let mut f = Frontier::open_here(None).await.unwrap();
+        let urls = |from: usize, n: usize| -> Vec<NewUrl> {
+            (from..from + n)
+                .map(|i| NewUrl {
+                    url: format!("http://h/{i}"),
+                    host: "h".into(),
+                    depth: 1,
+                    parent: None,
+                })
+                .collect()
+        };
+        // More than a call on the crawl's thread takes: the blocking pool
+        // runs these, on the same connection and batch.
+        let added = f.add(&urls(0, 300)).await.unwrap();
+        assert_eq!(added.len(), 300);
+        let linked = f
+            .finish(added[0].id, UrlState::Done, 1, &urls(200, 300))
+            .await
+            .unwrap();
+        assert_eq!(linked.len(), 200, "the 100 known already are not added");
+        assert!(f.dirty());
+        f.commit(&[]).await.unwrap();
+        assert_eq!(f.total().await.unwrap(), 500);
+        assert_eq!(f.count(UrlState::Done).await.unwrap(), 1);
+        assert_eq!(f.waiting("h", 0, 1_000).await.unwrap().len(), 499);
+        f.close().await;
     }
 
     #[tokio::test]

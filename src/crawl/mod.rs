@@ -157,6 +157,9 @@ pub enum CrawlError {
     /// The runtime shut down under the crawl; what was committed stays.
     #[error("the crawl was stopped by a shutdown")]
     RuntimeGone,
+    /// The thread a crawl runs on, or its runtime, could not be started.
+    #[error("cannot start the crawl's thread: {0}")]
+    Thread(std::io::Error),
 }
 
 impl CrawlError {

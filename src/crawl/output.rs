@@ -187,6 +187,16 @@ impl Sink {
         Ok(())
     }
 
+    /// [`Sink::flush`] on this thread, for a crawl on a thread of its own.
+    /// Blocks.
+    pub fn flush_here(&mut self) -> io::Result<()> {
+        self.out.flush()?;
+        match &mut self.failed {
+            Some(f) => f.flush(),
+            None => Ok(()),
+        }
+    }
+
     /// Writes the queued lines, before the commit of their pages, on the
     /// blocking pool.
     pub async fn flush(&mut self) -> io::Result<()> {

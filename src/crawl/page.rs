@@ -375,15 +375,23 @@ pub(super) fn is_html(page: &Page) -> bool {
             .is_none_or(|t| t.to_ascii_lowercase().contains("html"))
 }
 
+/// The largest body a crawl on a thread of its own parses there, in bytes:
+/// a small page costs less to parse than a hand-over to the blocking pool
+/// and back; a larger one would hold up the crawl's other pages.
+const PARSE_HERE_MAX: usize = 64 * 1024;
+
 /// Hashes, parses and stores a page in its own task; hashing and parsing
-/// (CPU work that grows with the page) run on the blocking pool,
-/// bounded by [`PARSE_TIME`] and the parser's caps, at most
-/// [`crate::html::parsers`] pages at once.
+/// (CPU work that grows with the page) run on the blocking pool (with
+/// `here`, for a crawl on a thread of its own, a page of at most
+/// [`PARSE_HERE_MAX`] bytes is parsed on that thread), bounded by
+/// [`PARSE_TIME`] and the parser's caps, at most [`crate::html::parsers`]
+/// pages at once.
 pub(super) async fn digest(
     page: Page,
     selects: Arc<[Select]>,
     all: bool,
     bodies: Option<&std::path::Path>,
+    here: bool,
 ) -> Fetched {
     let body = page.body().clone();
     let base = page.final_url().clone();
@@ -394,9 +402,17 @@ pub(super) async fn digest(
         true => crate::html::parsers().acquire().await.ok(),
         false => None,
     };
-    let joined =
-        tokio::task::spawn_blocking(move || hash_and_extract(&body, &base, html, &selects, all))
-            .await;
+    let joined = match here && body.len() <= PARSE_HERE_MAX {
+        true => std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            hash_and_extract(&body, &base, html, &selects, all)
+        }))
+        .map_err(|_| "the parser panicked".to_owned()),
+        false => {
+            tokio::task::spawn_blocking(move || hash_and_extract(&body, &base, html, &selects, all))
+                .await
+                .map_err(|e| e.to_string())
+        }
+    };
     let (sha256, e) = match joined {
         Ok(done) => done,
         // A parser panic is a bug; it costs the page its extraction, not

@@ -24,6 +24,10 @@ use super::{
 use crate::health::ProxyQuery;
 use crate::pool::{FetchError, Pool, Request, site_of};
 
+/// On a crawl's own thread, pages started while fewer than this many are
+/// in flight are fetched and (when small) parsed on that thread.
+const PAGES_HERE_IN_FLIGHT: usize = 4;
+
 pub(super) enum Job {
     Page(Queued),
     Robots(String, ::url::Url),
@@ -39,10 +43,21 @@ pub(super) enum Done {
 /// or `cancel` fires (then the pages in flight finish within the grace
 /// time). Returns the summary.
 ///
-/// The crawl's loop runs as a task of its own; the fetches it starts are
-/// tasks too, and pages are parsed on the blocking pool. Dropping the
-/// returned future stops the crawl at once, as a second Ctrl-C does: the
-/// batch in hand is committed and what was committed stays.
+/// A crawl with a state of its own (not a daemon's job) runs on a thread
+/// of its own, with a single-threaded runtime: its loop, the frontier's
+/// connection and the output's writes run there, and so do its fetches
+/// (with their connections) and the parse of small pages while few are in
+/// flight. A page of a polite crawl, a page or two at a time, wakes that
+/// thread and is handed to no other. With many in flight, the fetches are
+/// tasks of the caller's runtime and pages are parsed on its blocking
+/// pool, beside the crawl's thread. A daemon's job runs as a task
+/// of the daemon's runtime (its frontier shares the daemon's database and
+/// connections): its loop is a task, the fetches are tasks too, and pages
+/// are parsed on the blocking pool.
+///
+/// Dropping the returned future stops the crawl at once, as a second
+/// Ctrl-C does: the batch in hand is committed and what was committed
+/// stays.
 pub async fn crawl(
     pool: &Pool,
     opts: CrawlOptions,
@@ -52,8 +67,11 @@ pub async fn crawl(
     let pool = pool.clone();
     let dropped = CancellationToken::new();
     let _stop_when_dropped = dropped.clone().drop_guard();
+    if opts.job.is_none() {
+        return crawl_on_own_thread(pool, opts, cancel, dropped, progress).await;
+    }
     let task =
-        tokio::spawn(async move { crawl_here(&pool, opts, cancel, dropped, progress).await });
+        tokio::spawn(async move { crawl_here(&pool, opts, cancel, dropped, progress, None).await });
     match task.await {
         Ok(r) => r,
         Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
@@ -61,17 +79,67 @@ pub async fn crawl(
     }
 }
 
+/// [`crawl`] on a thread of its own with a single-threaded runtime; a
+/// panic there is resumed here.
+async fn crawl_on_own_thread(
+    pool: Pool,
+    opts: CrawlOptions,
+    cancel: CancellationToken,
+    dropped: CancellationToken,
+    progress: Arc<Progress>,
+) -> Result<Summary, CrawlError> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let outer = tokio::runtime::Handle::current();
+    let spawned = std::thread::Builder::new()
+        .name("proxywarden-crawl".into())
+        .spawn(move || {
+            let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .map_err(CrawlError::Thread)?;
+                let summary = rt.block_on(crawl_here(
+                    &pool,
+                    opts,
+                    cancel,
+                    dropped,
+                    progress,
+                    Some(outer),
+                ));
+                // The fetches' connections end with the runtime: none
+                // outlives the crawl on a thread that is gone.
+                rt.shutdown_background();
+                summary
+            }));
+            let _ = tx.send(ran);
+        });
+    if let Err(e) = spawned {
+        return Err(CrawlError::Thread(e));
+    }
+    match rx.await {
+        Ok(Ok(r)) => r,
+        Ok(Err(panic)) => std::panic::resume_unwind(panic),
+        Err(_) => Err(CrawlError::RuntimeGone),
+    }
+}
+
 /// [`crawl`] in the task it is called in; `dropped` ends it at once.
+/// `outer`: the crawl has its thread to itself (its frontier's connection
+/// and the output's writes run on it), and this is the caller's runtime,
+/// which runs its pages when many are in flight.
 async fn crawl_here(
     pool: &Pool,
     opts: CrawlOptions,
     cancel: CancellationToken,
     dropped: CancellationToken,
     progress: Arc<Progress>,
+    outer: Option<tokio::runtime::Handle>,
 ) -> Result<Summary, CrawlError> {
     let started = Instant::now();
+    let here = outer.is_some();
     let mut frontier = match &opts.job {
         Some((store, id)) => Frontier::of_job(store, *id).await?,
+        None if here => Frontier::open_here(opts.state.as_deref()).await?,
         None => Frontier::open(opts.state.as_deref()).await?,
     };
     let polite = Arc::new(Politeness::new(opts.delay));
@@ -167,6 +235,7 @@ async fn crawl_here(
         progress,
         frontier,
         selects: opts.selects.clone().into(),
+        outer,
         opts,
     };
     c.take_in_hosts().await?;
@@ -224,6 +293,11 @@ pub(super) struct Crawler {
     pub(super) frontier: Frontier,
     /// `opts.selects`, shared with the tasks that parse large pages.
     pub(super) selects: Arc<[Select]>,
+    /// The crawl has its thread to itself, and this is the caller's
+    /// runtime: the output is written on the crawl's thread, and so are
+    /// pages fetched and (when small) parsed while few are in flight; with
+    /// many, they are tasks of this runtime and parsed on its blocking pool.
+    pub(super) outer: Option<tokio::runtime::Handle>,
     pub(super) opts: CrawlOptions,
 }
 
@@ -344,7 +418,16 @@ impl Crawler {
                 let selects = self.selects.clone();
                 let all = self.opts.select_all;
                 let bodies = self.opts.bodies.clone();
-                running.spawn(async move {
+                // With few pages in flight the crawl's thread is mostly
+                // idle: a page is fetched and (when small) parsed there.
+                // With many, the caller's runtime fetches them and its
+                // blocking pool parses them, beside the crawl's thread.
+                let outer = self
+                    .outer
+                    .clone()
+                    .filter(|_| running.len() >= PAGES_HERE_IN_FLIGHT);
+                let here = self.outer.is_some() && outer.is_none();
+                let page = async move {
                     let t0 = Instant::now();
                     let result = match ::url::Url::parse(&q.url)
                         .map_err(|e| FetchError::InvalidUrl {
@@ -356,14 +439,18 @@ impl Crawler {
                         Ok(req) => pool.fetch(req.pacer(polite).follow(follow)).await,
                         Err(e) => Err(e),
                     };
-                    // Parsed on the blocking pool, and stored bodies written,
-                    // from here: off the crawl's loop and the async workers.
+                    // Parsed (on the blocking pool unless `here`), and
+                    // stored bodies written, from here: off the crawl's loop.
                     let result = match result {
-                        Ok(page) => Ok(digest(page, selects, all, bodies.as_deref()).await),
+                        Ok(page) => Ok(digest(page, selects, all, bodies.as_deref(), here).await),
                         Err(e) => Err(e),
                     };
                     Done::Page(q, Box::new(result), t0.elapsed())
-                });
+                };
+                match outer {
+                    Some(rt) => running.spawn_on(page, &rt),
+                    None => running.spawn(page),
+                };
             }
         }
     }
@@ -373,7 +460,11 @@ impl Crawler {
         if !self.frontier.dirty() {
             return Ok(());
         }
-        sink.flush().await.map_err(|source| CrawlError::Output {
+        let flushed = match self.outer.is_some() {
+            true => sink.flush_here(),
+            false => sink.flush().await,
+        };
+        flushed.map_err(|source| CrawlError::Output {
             what: "the output".into(),
             source,
         })?;

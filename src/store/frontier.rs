@@ -63,6 +63,18 @@ impl Store {
             super::Backend::Postgres(db) => db.frontier(job).await,
         }
     }
+
+    /// [`Store::frontier`] for a crawl on a thread of its own, in a
+    /// database no one else writes: on SQLite the connection is the
+    /// calling thread's, and each call blocks it while it runs (no
+    /// hand-over to another thread and back); on PostgreSQL it is
+    /// [`Store::frontier`].
+    pub async fn frontier_here(&self, job: i64) -> Result<Frontier, StoreError> {
+        match &self.backend {
+            super::Backend::Sqlite(db) => db.frontier_here(job),
+            super::Backend::Postgres(db) => db.frontier(job).await,
+        }
+    }
 }
 
 /// One crawl's frontier and seen set, on a connection of its own. Calls

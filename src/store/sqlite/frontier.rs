@@ -4,6 +4,13 @@
 //! worker; calls run in the order sent, and a batch is one open transaction
 //! on that connection, so what a turn of the crawl's loop wrote is seen by
 //! its next reads and committed whole.
+//!
+//! A crawl that runs on a thread of its own, with its frontier in a
+//! database of its own (no other writer to wait for), keeps the connection
+//! on that thread instead ([`Sqlite::frontier_here`]): each call is a
+//! plain function call, with no hand-over to another thread and back, but
+//! for one that adds many URLs, which the blocking pool runs while the
+//! crawl's thread goes on.
 
 use rusqlite::{Connection, OptionalExtension, params};
 use tokio::sync::{mpsc, oneshot};
@@ -16,18 +23,36 @@ use crate::store::{NewUrl, Queued, StoreError, UrlState, now_ms};
 /// only calls that need none (a page's end without links) ever queue.
 const QUEUE: usize = 64;
 
+/// On a connection owned by the crawl's thread, calls that add at most
+/// this many URLs run there; larger ones on the blocking pool.
+const ADD_HERE_MAX: usize = 64;
+
 /// A call for the frontier's thread.
 type Call = Box<dyn FnOnce(&mut Worker) + Send>;
 
-/// One crawl's frontier: a handle to the thread that owns its connection.
+/// One crawl's frontier: a handle to the thread that owns its connection,
+/// or the connection itself.
 pub(crate) struct Frontier {
-    calls: mpsc::Sender<Call>,
-    /// Ends when the thread has closed the connection.
-    closed: oneshot::Receiver<()>,
+    home: Home,
     /// A transaction is open on the thread (as of the last call).
     open: bool,
     path: std::path::PathBuf,
     job: i64,
+}
+
+/// Where a frontier's connection lives.
+enum Home {
+    /// On a thread of its own, reached over a channel.
+    Thread {
+        calls: mpsc::Sender<Call>,
+        /// Ends when the thread has closed the connection.
+        closed: oneshot::Receiver<()>,
+    },
+    /// On the caller's thread: calls block it while they run, but for
+    /// large ones, which the blocking pool runs (the connection goes there
+    /// and back; `None` while it is away, or after a call was dropped
+    /// there).
+    Here(Option<Box<Worker>>),
 }
 
 impl std::fmt::Debug for Frontier {
@@ -89,8 +114,29 @@ impl Sqlite {
             .map_err(StoreError::Thread)?;
         ready.await.map_err(|_| StoreError::Closed)??;
         Ok(Frontier {
-            calls,
-            closed,
+            home: Home::Thread { calls, closed },
+            open: false,
+            path,
+            job,
+        }
+        .into())
+    }
+}
+
+impl Sqlite {
+    /// Job `job`'s frontier on a connection owned by the calling thread:
+    /// a call blocks it while SQLite works (and while it waits for another
+    /// writer, up to the busy timeout), but for one adding more than
+    /// [`ADD_HERE_MAX`] URLs. For a crawl on a thread of its own whose
+    /// database no one else writes.
+    pub(crate) fn frontier_here(&self, job: i64) -> Result<crate::store::Frontier, StoreError> {
+        if self.inner.writer.is_none() {
+            return Err(StoreError::ReadOnly);
+        }
+        let path = self.path().to_path_buf();
+        let worker = Worker::open(&path, job, self.clone())?;
+        Ok(Frontier {
+            home: Home::Here(Some(Box::new(worker))),
             open: false,
             path,
             job,
@@ -130,6 +176,18 @@ impl Frontier {
         &mut self,
         f: impl FnOnce(&mut Worker) -> Result<T, StoreError> + Send + 'static,
     ) -> Result<T, StoreError> {
+        let calls = match &mut self.home {
+            Home::Here(w) => {
+                let w = w.as_mut().ok_or(StoreError::Closed)?;
+                let r = match w.failed.take() {
+                    Some(e) => Err(e),
+                    None => f(w),
+                };
+                self.open = w.open;
+                return r;
+            }
+            Home::Thread { calls, .. } => calls,
+        };
         let (tx, rx) = oneshot::channel();
         let call: Call = Box::new(move |w: &mut Worker| {
             let r = match w.failed.take() {
@@ -138,12 +196,39 @@ impl Frontier {
             };
             let _ = tx.send((r, w.open));
         });
-        self.calls
-            .send(call)
-            .await
-            .map_err(|_| StoreError::Closed)?;
+        calls.send(call).await.map_err(|_| StoreError::Closed)?;
         let (r, open) = rx.await.map_err(|_| StoreError::Closed)?;
         self.open = open;
+        r
+    }
+
+    /// [`Frontier::call`] for a call that adds `urls` URLs: when the
+    /// connection is the caller's and they are many, the blocking pool runs
+    /// it, so that the crawl's thread goes on with its other pages (as it
+    /// does while the frontier's own thread works).
+    async fn call_adding<T: Send + 'static>(
+        &mut self,
+        urls: usize,
+        f: impl FnOnce(&mut Worker) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let Home::Here(slot) = &mut self.home else {
+            return self.call(f).await;
+        };
+        if urls <= ADD_HERE_MAX {
+            return self.call(f).await;
+        }
+        let mut w = slot.take().ok_or(StoreError::Closed)?;
+        let (w, r) = tokio::task::spawn_blocking(move || {
+            let r = match w.failed.take() {
+                Some(e) => Err(e),
+                None => f(&mut w),
+            };
+            (w, r)
+        })
+        .await
+        .map_err(|_| StoreError::Cancelled)?;
+        self.open = w.open;
+        *slot = Some(w);
         r
     }
 
@@ -153,14 +238,23 @@ impl Frontier {
         &mut self,
         f: impl FnOnce(&mut Worker) -> Result<(), StoreError> + Send + 'static,
     ) -> Result<(), StoreError> {
-        let call: Call = Box::new(move |w: &mut Worker| {
+        let run = move |w: &mut Worker| {
             if w.failed.is_none()
                 && let Err(e) = f(w)
             {
                 w.failed = Some(e);
             }
-        });
-        self.calls.send(call).await.map_err(|_| StoreError::Closed)
+        };
+        match &mut self.home {
+            Home::Here(w) => {
+                run(w.as_mut().ok_or(StoreError::Closed)?);
+                Ok(())
+            }
+            Home::Thread { calls, .. } => calls
+                .send(Box::new(run))
+                .await
+                .map_err(|_| StoreError::Closed),
+        }
     }
 
     pub(crate) async fn lease_pages(&mut self, node: &str, ttl: std::time::Duration) {
@@ -200,7 +294,7 @@ impl Frontier {
 
     pub async fn add(&mut self, urls: &[NewUrl]) -> Result<Vec<Queued>, StoreError> {
         let urls = urls.to_vec();
-        self.call(move |w| w.add(&urls)).await
+        self.call_adding(urls.len(), move |w| w.add(&urls)).await
     }
 
     /// A page's end without links is sent without waiting for it: nothing
@@ -220,7 +314,7 @@ impl Frontier {
             return Ok(Vec::new());
         }
         let links = links.to_vec();
-        self.call(move |w| w.finish(id, state, attempts, &links))
+        self.call_adding(links.len(), move |w| w.finish(id, state, attempts, &links))
             .await
     }
 
@@ -271,11 +365,16 @@ impl Frontier {
         self.call(|w| w.requeue_failed()).await
     }
 
-    /// Ends the thread and waits until it has closed the connection.
+    /// Ends the thread and waits until it has closed the connection (or
+    /// closes the connection here).
     pub async fn close(self) {
-        let Frontier { calls, closed, .. } = self;
-        drop(calls);
-        let _ = closed.await;
+        match self.home {
+            Home::Thread { calls, closed } => {
+                drop(calls);
+                let _ = closed.await;
+            }
+            Home::Here(worker) => drop(worker),
+        }
     }
 }
 
