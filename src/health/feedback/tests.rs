@@ -273,6 +273,36 @@ fn worked_uses_are_written_together_not_one_write_each() {
     });
 }
 
+#[test]
+fn a_use_after_a_runtime_ended_under_its_scheduled_write_schedules_another() {
+    let paused = || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .start_paused(true)
+            .build()
+            .unwrap()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let main = paused();
+    let (store, ids) = main.block_on(store_with(dir.path(), 1));
+    let feedback = Feedback::new(HealthIndex::new(), store.clone());
+    // A use on a runtime that ends before its write (a crawl's own
+    // thread): the scheduled write goes with it.
+    let gone = paused();
+    gone.block_on(async { feedback.worked(ids[0]) });
+    gone.shutdown_background();
+    main.block_on(async {
+        assert_eq!(reports_ok(&store, ids[0]).await, 0);
+        // The next use schedules a write of both.
+        feedback.worked(ids[0]);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while reports_ok(&store, ids[0]).await != 2 {
+            assert!(Instant::now() < deadline, "the uses were never written");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    });
+}
+
 #[tokio::test]
 async fn a_block_bans_only_the_pair() {
     let dir = tempfile::tempdir().unwrap();

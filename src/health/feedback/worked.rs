@@ -36,8 +36,13 @@ impl Feedback {
         match tokio::runtime::Handle::try_current() {
             Ok(rt) => {
                 let feedback = self.clone();
+                // Dropped before its write (its runtime ended first, as a
+                // crawl's own thread's does): the next use schedules a
+                // write again, and the uses counted wait for it.
+                let unscheduled = FlushUnscheduled(Some(self.clone()));
                 rt.spawn(async move {
                     tokio::time::sleep(WORKED_FLUSH_AFTER).await;
+                    unscheduled.disarm();
                     if let Err(e) = feedback.flush().await {
                         tracing::warn!(error = %e, "cannot record proxies' worked uses");
                     }
@@ -46,6 +51,11 @@ impl Feedback {
             // Outside a runtime the next flush (or use inside one) takes them.
             Err(_) => self.inner.flush_scheduled.store(false, Ordering::Release),
         }
+    }
+
+    /// Clears the mark of a scheduled write.
+    fn unschedule_flush(&self) {
+        self.inner.flush_scheduled.store(false, Ordering::Release);
     }
 
     /// Writes the worked uses counted so far to the store. The daemon and
@@ -99,5 +109,24 @@ impl Feedback {
         }
         self.inner.wake.notify_one();
         Ok(())
+    }
+}
+
+/// A scheduled write of worked uses, not yet started: dropped so, it lets
+/// the next use schedule another.
+struct FlushUnscheduled(Option<Feedback>);
+
+impl FlushUnscheduled {
+    /// The write starts: it clears the mark itself.
+    fn disarm(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for FlushUnscheduled {
+    fn drop(&mut self) {
+        if let Some(f) = &self.0 {
+            f.unschedule_flush();
+        }
     }
 }
