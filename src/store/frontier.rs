@@ -66,9 +66,9 @@ impl Store {
 
     /// [`Store::frontier`] for a crawl on a thread of its own, in a
     /// database no one else writes: on SQLite the connection is the
-    /// calling thread's, and each call blocks it while it runs (no
-    /// hand-over to another thread and back); on PostgreSQL it is
-    /// [`Store::frontier`].
+    /// calling thread's, and a call blocks it while it runs (no hand-over
+    /// to another thread and back), but for one adding many URLs, which
+    /// the blocking pool runs; on PostgreSQL it is [`Store::frontier`].
     pub async fn frontier_here(&self, job: i64) -> Result<Frontier, StoreError> {
         match &self.backend {
             super::Backend::Sqlite(db) => db.frontier_here(job),
