@@ -146,6 +146,18 @@ impl Sqlite {
 }
 
 impl Worker {
+    /// Runs call `f`, unless a call sent without waiting failed: that
+    /// failure is this call's answer.
+    fn run<T>(
+        &mut self,
+        f: impl FnOnce(&mut Worker) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        match self.failed.take() {
+            Some(e) => Err(e),
+            None => f(self),
+        }
+    }
+
     fn open(path: &std::path::Path, job: i64, db: Sqlite) -> Result<Worker, StoreError> {
         let conn = Connection::open(path).map_err(|e| StoreError::Open {
             path: path.to_path_buf(),
@@ -179,10 +191,7 @@ impl Frontier {
         let calls = match &mut self.home {
             Home::Here(w) => {
                 let w = w.as_mut().ok_or(StoreError::Closed)?;
-                let r = match w.failed.take() {
-                    Some(e) => Err(e),
-                    None => f(w),
-                };
+                let r = w.run(f);
                 self.open = w.open;
                 return r;
             }
@@ -190,10 +199,7 @@ impl Frontier {
         };
         let (tx, rx) = oneshot::channel();
         let call: Call = Box::new(move |w: &mut Worker| {
-            let r = match w.failed.take() {
-                Some(e) => Err(e),
-                None => f(w),
-            };
+            let r = w.run(f);
             let _ = tx.send((r, w.open));
         });
         calls.send(call).await.map_err(|_| StoreError::Closed)?;
@@ -211,18 +217,13 @@ impl Frontier {
         urls: usize,
         f: impl FnOnce(&mut Worker) -> Result<T, StoreError> + Send + 'static,
     ) -> Result<T, StoreError> {
-        let Home::Here(slot) = &mut self.home else {
-            return self.call(f).await;
+        let slot = match &mut self.home {
+            Home::Here(slot) if urls > ADD_HERE_MAX => slot,
+            _ => return self.call(f).await,
         };
-        if urls <= ADD_HERE_MAX {
-            return self.call(f).await;
-        }
         let mut w = slot.take().ok_or(StoreError::Closed)?;
         let (w, r) = tokio::task::spawn_blocking(move || {
-            let r = match w.failed.take() {
-                Some(e) => Err(e),
-                None => f(&mut w),
-            };
+            let r = w.run(f);
             (w, r)
         })
         .await
