@@ -32,18 +32,19 @@ use crate::model::Reason;
 use crate::net::Target;
 use crate::pool::Body;
 
-/// Serves HTTP on one client connection until it closes, goes quiet past
-/// the header timeout, or the gateway stops. Request heads are held to
-/// `gateway.max_header_size` by [`Guarded`].
+/// Serves HTTP on one client connection (from `peer`) until it closes,
+/// goes quiet past the header timeout, or the gateway stops. Request heads
+/// are held to `gateway.max_header_size` by [`Guarded`].
 pub(super) async fn serve(
     gw: &Gateway,
     stream: TcpStream,
+    peer: IpAddr,
     shutdown: &CancellationToken,
     slot: Arc<Slot>,
     tasks: &TaskTracker,
 ) {
     let s = gw.settings();
-    let peer = stream.peer_addr().ok().map(|a| a.ip());
+    let peer = Some(peer);
     let io = Guarded::new(stream, slot.conn.clone(), gw.metrics(), s.max_header_size);
     let (gw2, stop, tasks) = (gw.clone(), shutdown.clone(), tasks.clone());
     let service = hyper::service::service_fn(move |req| {

@@ -271,15 +271,18 @@ pub async fn serve(
             let header_timeout = gw.settings().header_timeout;
             // With a token, a connection that has not given it within the
             // header timeout goes, however busy it keeps itself: a client
-            // without the token cannot hold a slot.
+            // without the token cannot hold a slot. Without a token every
+            // connection is admitted from the start, and needs no timer.
             let unauthenticated = async {
-                tokio::time::sleep(header_timeout).await;
+                if !conn.is_authed() {
+                    tokio::time::sleep(header_timeout).await;
+                }
                 if conn.is_authed() {
                     std::future::pending::<()>().await;
                 }
             };
             tokio::select! {
-                _ = connection(&gw, stream, &stop, slot, &tunnels) => {}
+                _ = connection(&gw, stream, peer.ip(), &stop, slot, &tunnels) => {}
                 // Closed to make room for a new connection.
                 _ = close.cancelled() => {}
                 _ = unauthenticated => {
@@ -296,12 +299,13 @@ pub async fn serve(
     Ok(())
 }
 
-/// One client connection: SOCKS5 when its first byte is 5, HTTP otherwise.
-/// `slot` is the connection's place under the cap, held by its tunnel too;
-/// tunnels are spawned on `tasks`.
+/// One client connection (from `peer`, as accepted): SOCKS5 when its first
+/// byte is 5, HTTP otherwise. `slot` is the connection's place under the
+/// cap, held by its tunnel too; tunnels are spawned on `tasks`.
 async fn connection(
     gw: &Gateway,
     stream: TcpStream,
+    peer: IpAddr,
     shutdown: &CancellationToken,
     slot: Arc<Slot>,
     tasks: &TaskTracker,
@@ -315,10 +319,10 @@ async fn connection(
         _ => return,
     }
     match first[0] {
-        socks::VERSION => socks::serve(gw, stream, shutdown, slot).await,
+        socks::VERSION => socks::serve(gw, stream, peer, shutdown, slot).await,
         // SOCKS4 is not spoken here: a clear refusal beats a hang.
         4 => socks::refuse_v4(stream).await,
-        _ => http::serve(gw, stream, shutdown, slot, tasks).await,
+        _ => http::serve(gw, stream, peer, shutdown, slot, tasks).await,
     }
 }
 

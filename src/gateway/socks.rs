@@ -3,7 +3,7 @@
 //! Written by hand: the protocol's server side is a few fixed messages, and
 //! the SOCKS crates are clients.
 
-use std::net::{Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -37,18 +37,22 @@ const ADDRESS_NOT_SUPPORTED: u8 = 0x08;
 /// How a handshake ended early, as counted.
 struct Refused(&'static str);
 
-/// Serves one SOCKS5 client: handshake (within the header timeout), then a
-/// tunnel through a proxy, then the relay.
+/// Serves one SOCKS5 client (from `peer`): handshake (within the header
+/// timeout), then a tunnel through a proxy, then the relay.
 pub(super) async fn serve(
     gw: &Gateway,
     mut stream: TcpStream,
+    peer: IpAddr,
     shutdown: &CancellationToken,
     slot: Arc<Slot>,
 ) {
     let metrics = gw.metrics();
     let s = gw.settings();
-    let shake =
-        tokio::time::timeout(s.header_timeout, handshake(gw, &mut stream, &slot.conn)).await;
+    let shake = tokio::time::timeout(
+        s.header_timeout,
+        handshake(gw, &mut stream, peer, &slot.conn),
+    )
+    .await;
     let (controls, target) = match shake {
         Ok(Ok(x)) => x,
         Ok(Err(Refused(result))) => {
@@ -88,6 +92,7 @@ pub(super) async fn serve(
 async fn handshake(
     gw: &Gateway,
     stream: &mut TcpStream,
+    peer: IpAddr,
     conn: &ConnState,
 ) -> Result<(Controls, Target), Refused> {
     let io = |_| Refused("bad_request");
@@ -119,8 +124,7 @@ async fn handshake(
             let mut pass = vec![0u8; plen[0] as usize];
             stream.read_exact(&mut pass).await.map_err(io)?;
             let pass = String::from_utf8_lossy(&pass);
-            let peer = stream.peer_addr().ok().map(|a| a.ip());
-            if gw.check_token(peer, Some(&pass)) != TokenCheck::Admitted {
+            if gw.check_token(Some(peer), Some(&pass)) != TokenCheck::Admitted {
                 let _ = stream.write_all(&[1, 1]).await;
                 return Err(Refused("denied"));
             }
