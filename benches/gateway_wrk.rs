@@ -29,11 +29,15 @@
 //!   300. The same wrk load goes to each in alternating slices, once with
 //!   kept-alive client connections and once with `Connection: close`
 //!   (where haproxy too takes a new upstream per request); then new CONNECT
-//!   tunnels from 32 clients. It prints both rates, each process's CPU per
-//!   request or tunnel (per request also split into user space and kernel,
-//!   with context switches), and the ratios gateway ÷ haproxy (targets: rate ≥ 1,
-//!   CPU ≤ 1, tunnels/s ≥ 1). With `GATEWAY_BENCH_OLD_BIN` an older build's
-//!   daemon is a third side, and new ÷ old is printed too.
+//!   tunnels from 32 clients. Plain requests also go through haproxy in
+//!   http mode (a new upstream per request, upstream connections kept for
+//!   any request: the gateway's work, where tcp mode's is a relay's). It
+//!   prints the rates, each process's CPU per request or tunnel (per
+//!   request also split into user space and kernel, with context
+//!   switches), and the ratios gateway ÷ haproxy (targets, against tcp
+//!   mode: rate ≥ 1, CPU ≤ 1, tunnels/s ≥ 1). With `GATEWAY_BENCH_OLD_BIN`
+//!   an older build's daemon is one more side, and new ÷ old is printed
+//!   too.
 //!
 //! When `GATEWAY_BENCH_OLD_BIN` names an older `proxywarden` binary (e.g.
 //! commit f7b9d6a built in a worktree), a daemon of it runs beside this
@@ -924,12 +928,17 @@ async fn connect(farm: &Farm, relay: &Relay, new: &Daemon, old: Option<&Daemon>)
 
 /// Upstreams of the spread pass.
 const SPREAD_UPSTREAMS: usize = 300;
+/// The spread pass's side of haproxy in http mode.
+const HAPROXY_HTTP: &str = "haproxy (http)";
 
-/// haproxy (Debian's package) in tcp mode, round-robin over `upstreams`, as
-/// a child with its config in `dir`: its process, pid and address; `None`
-/// when haproxy is not installed.
+/// haproxy (Debian's package) in `mode` (`tcp`, or `http`: it parses each
+/// request, takes the next upstream for it and keeps its connections to
+/// the upstreams for any request, as the gateway does), round-robin over
+/// `upstreams`, as a child with its config in `dir`: its process, pid and
+/// address; `None` when haproxy is not installed.
 async fn start_haproxy(
     dir: &Path,
+    mode: &str,
     upstreams: &[SocketAddr],
 ) -> anyhow::Result<Option<(Child, u32, SocketAddr)>> {
     if std::process::Command::new("haproxy")
@@ -940,9 +949,16 @@ async fn start_haproxy(
         return Ok(None);
     }
     let listen = free_port()?;
+    // In http mode: a kept connection to an upstream carries any
+    // client's next request (`http-reuse always`).
+    let http = if mode == "http" {
+        "    http-reuse always\n    timeout http-keep-alive 60s\n"
+    } else {
+        ""
+    };
     let mut config = format!(
         "global\n    maxconn 8000\n\n\
-         defaults\n    mode tcp\n    timeout connect 5s\n    timeout client 60s\n    timeout server 60s\n\n\
+         defaults\n    mode {mode}\n    timeout connect 5s\n    timeout client 60s\n    timeout server 60s\n{http}\n\
          listen spread\n    bind {listen}\n    balance roundrobin\n"
     );
     for (i, u) in upstreams.iter().enumerate() {
@@ -950,14 +966,15 @@ async fn start_haproxy(
     }
     // maxconn 8000: haproxy wants two descriptors a connection and
     // refuses to start above the open-file limit (20,000 here).
-    let path = dir.join("haproxy.cfg");
+    let path = dir.join(format!("haproxy-{mode}.cfg"));
     std::fs::write(&path, config)?;
+    let log = dir.join(format!("haproxy-{mode}.log"));
     let child = Command::new("haproxy")
         .arg("-db")
         .arg("-f")
         .arg(&path)
         .stdout(std::process::Stdio::null())
-        .stderr(std::fs::File::create(dir.join("haproxy.log"))?)
+        .stderr(std::fs::File::create(&log)?)
         .kill_on_drop(true)
         .spawn()
         .context("start haproxy")?;
@@ -967,7 +984,7 @@ async fn start_haproxy(
         anyhow::ensure!(
             started.elapsed() < Duration::from_secs(10),
             "haproxy did not listen within 10 s; see {}",
-            dir.join("haproxy.log").display()
+            log.display()
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -980,6 +997,8 @@ async fn start_haproxy(
 /// wrk load in alternating slices. With kept-alive client connections
 /// haproxy spreads per connection (32 upstreams carry everything); with
 /// `Connection: close` it spreads per request as the gateway does.
+/// Plain requests also go through haproxy in http mode, which spreads per
+/// request and keeps its upstream connections as the gateway does.
 async fn spread(dir: &Path) -> anyhow::Result<()> {
     if std::process::Command::new("wrk")
         .arg("--version")
@@ -992,11 +1011,15 @@ async fn spread(dir: &Path) -> anyhow::Result<()> {
     let dir = dir.join("spread");
     std::fs::create_dir_all(&dir)?;
     let (_farm_child, farm) = start_farm(SPREAD_UPSTREAMS).await?;
-    let Some((_haproxy_child, haproxy_pid, haproxy)) = start_haproxy(&dir, &farm.proxies).await?
+    let Some((_haproxy_child, haproxy_pid, haproxy)) =
+        start_haproxy(&dir, "tcp", &farm.proxies).await?
     else {
         println!("[spread] SKIPPED: haproxy is not installed (Debian: apt-get install -y haproxy)");
         return Ok(());
     };
+    let (_l7_child, l7_pid, l7) = start_haproxy(&dir, "http", &farm.proxies)
+        .await?
+        .context("haproxy was there a moment ago")?;
     let daemon = start_daemon(
         "new",
         env!("CARGO_BIN_EXE_proxywarden"),
@@ -1007,7 +1030,9 @@ async fn spread(dir: &Path) -> anyhow::Result<()> {
     println!(
         "[spread] {SPREAD_UPSTREAMS} upstream proxies; the gateway (round-robin: each plain request \
          and each tunnel a new upstream) vs haproxy 2 in tcp mode, balance roundrobin over the \
-         same upstreams; {:.0} s per side in {} alternating slices",
+         same upstreams (the target), and for plain requests haproxy in http mode too (a new \
+         upstream per request, its upstream connections kept for any request: the same work \
+         as the gateway's); {:.0} s per side in {} alternating slices",
         run_for().as_secs_f64(),
         slices()
     );
@@ -1021,9 +1046,11 @@ async fn spread(dir: &Path) -> anyhow::Result<()> {
         None => None,
     };
     let slice = run_for().as_secs_f64() / f64::from(slices());
+    // The gateway first, haproxy (tcp) second, the old build last.
     let sides: Vec<(&str, u32, SocketAddr)> = [
         ("gateway", daemon.pid, daemon.gateway),
         ("haproxy", haproxy_pid, haproxy),
+        (HAPROXY_HTTP, l7_pid, l7),
     ]
     .into_iter()
     .chain(old.as_ref().map(|d| ("gateway (old)", d.pid, d.gateway)))
@@ -1096,7 +1123,13 @@ async fn spread(dir: &Path) -> anyhow::Result<()> {
             g.rate() / h.rate().max(1e-9),
             g.us_per(g.cpu_daemon) / h.us_per(h.cpu_daemon).max(1e-9),
         );
-        if let Some(o) = measured.get(2) {
+        let l7 = &measured[2];
+        println!(
+            "[spread {mode}] gateway ÷ haproxy (http): {:.2}× requests/s, {:.2}× CPU per request",
+            g.rate() / l7.rate().max(1e-9),
+            g.us_per(g.cpu_daemon) / l7.us_per(l7.cpu_daemon).max(1e-9),
+        );
+        if let Some(o) = measured.get(3) {
             println!(
                 "[spread {mode}] new ÷ old: {:.2}× requests/s, {:.2}× CPU per request (totals); \
                  requests/s {}",
@@ -1106,7 +1139,13 @@ async fn spread(dir: &Path) -> anyhow::Result<()> {
             );
         }
     }
-    // Tunnels: a new one each time, through each side in turn.
+    // Tunnels: a new one each time, through each side in turn (haproxy in
+    // tcp mode only: in http mode it would parse CONNECT as the gateway
+    // does, but the target is the tcp relay's rate).
+    let sides: Vec<(&str, u32, SocketAddr)> = sides
+        .into_iter()
+        .filter(|(name, _, _)| *name != HAPROXY_HTTP)
+        .collect();
     let mut tunneled: Vec<Tunnels> = sides.iter().map(|_| Tunnels::default()).collect();
     let mut tunnel_slices: Vec<Vec<(f64, f64)>> = sides.iter().map(|_| Vec::new()).collect();
     for i in 0..slices() as usize {
