@@ -167,7 +167,7 @@ pub fn write<R: Borrow<ProxyRecord>>(
     out.finish()?.flush()
 }
 
-/// An export written a row at a time: what [`write`] writes, without the
+/// An export written a row at a time: what [`write()`] writes, without the
 /// whole list at hand, so that a long list streams (from the store's pages
 /// or the index's matches) in the memory of one row.
 pub struct Exporter<W: Write> {

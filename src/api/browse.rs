@@ -192,7 +192,7 @@ pub fn request(p: &Params) -> Result<Browse, ApiError> {
     })
 }
 
-/// Reads the page `browse` names, within [`DEADLINE`].
+/// Reads the page `browse` names, within `DEADLINE`.
 pub async fn read(state: &AppState, browse: Browse) -> Result<BrowseView, ApiError> {
     let sort = browse.sort;
     let limit = browse.limit;

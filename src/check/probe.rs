@@ -2,7 +2,7 @@
 //! HTTP client per proxy: a stream from the dialer (its own connect timeout,
 //! then absolute-form forwarding, CONNECT, SOCKS4 or SOCKS5), TLS from the
 //! one shared rustls configuration where the judge is https, and one GET
-//! written and its answer read over it (see [`super::answer`]).
+//! written and its answer read over it (see `super::answer`).
 
 use std::io;
 use std::net::SocketAddr;

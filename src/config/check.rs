@@ -105,8 +105,8 @@ impl CheckConfig {
     }
 
     /// True when `checked` proxies checked (or adopted) together, while
-    /// `served` are served, are a bulk check: more than [`BULK_SPAN`] of
-    /// re-checks at the served cycle's pace, and at least [`BULK_MIN`]. The
+    /// `served` are served, are a bulk check: more than `BULK_SPAN` of
+    /// re-checks at the served cycle's pace, and at least `BULK_MIN`. The
     /// start-up re-check, a sweep after a burst, a `proxywarden check`
     /// beside the daemon and a harvest's first round all are; the rounds of
     /// a steady state, a second's re-checks each, are not.

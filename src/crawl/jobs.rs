@@ -158,7 +158,7 @@ impl CrawlJobs {
     /// stops those lost or cancelled elsewhere, and takes jobs that no node
     /// holds (queued, or left by a node that stopped) while it has room;
     /// until `stop`, then stops its jobs (pages in flight finish within
-    /// [`JOB_GRACE`]) with their state kept and their leases let go.
+    /// `JOB_GRACE`) with their state kept and their leases let go.
     pub async fn run(self, stop: CancellationToken) {
         // A SQLite database is this node's alone: what its last run held is
         // its own again (or once its leases end, when the disk refuses the

@@ -190,7 +190,7 @@ mod tests {
 }
 
 /// What one run of a crawl counted, kept in its frontier's meta
-/// ([`COUNTS_META`]) with every commit, so in the same transaction as the
+/// (`COUNTS_META`) with every commit, so in the same transaction as the
 /// pages it counts: a run that dies (a node killed) leaves its counts up
 /// to its last commit, and the next run on that frontier adds them to
 /// those of the runs before.

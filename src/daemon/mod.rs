@@ -54,8 +54,8 @@ const PURGE_SCHEDULE: &str = "0 17 3 * * *";
 /// gateway, check loop, harvests, purge, the index sync, the write watch,
 /// watchdog) is a task on one tracker; the cron tasks only signal the harvest
 /// and purge components. On shutdown every component is cancelled, checks
-/// in flight get [`CHECK_GRACE`], and the whole stop takes at most
-/// [`STOP_LIMIT`].
+/// in flight get `CHECK_GRACE`, and the whole stop takes at most
+/// `STOP_LIMIT`.
 pub async fn run(
     config: Config,
     listener: TcpListener,
@@ -68,7 +68,7 @@ pub async fn run(
 
 /// [`run`], putting in force each config `reloads` brings (read again on
 /// SIGHUP, and valid): what can change at run time takes effect, the rest
-/// is named in the log as needing a restart (see [`reload`]).
+/// is named in the log as needing a restart (see `reload`).
 pub async fn run_reloading(
     config: Config,
     listener: TcpListener,

@@ -198,7 +198,7 @@ impl ClientSessionStore for JudgeTickets {
 /// The configurations of every check's TLS to a judge: [`client_config`]
 /// with HTTP/1.1 only, AES-128 with SHA-256 preferred (the cheapest suite
 /// every TLS 1.3 server has), and sessions resumed, each configuration
-/// from a [`JudgeTickets`] store of its own, so a tunnel to a judge seldom
+/// from a `JudgeTickets` store of its own, so a tunnel to a judge seldom
 /// verifies its certificate again.
 #[derive(Clone, Debug)]
 pub struct ProbeTls {

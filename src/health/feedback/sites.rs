@@ -115,8 +115,8 @@ impl Feedback {
     }
 
     /// A use of proxy `id` at `site` worked in `latency`: counted as
-    /// [`Feedback::worked`] does, and the pair is kept as one the site takes
-    /// (see [`Feedback::pick`]).
+    /// `Feedback::worked` does, and the pair is kept as one the site takes
+    /// (see `Feedback::pick`).
     pub fn worked_at(&self, id: i64, site: &str, latency: Duration) {
         self.note(id, site, Taught::worked(Some(latency)));
         lock(&self.inner.spread).note(site, id, Instant::now());
@@ -124,7 +124,7 @@ impl Feedback {
     }
 
     /// How each site's requests spread over proxies in the last
-    /// [`SPREAD_WINDOW`](super::SPREAD_WINDOW): the uses that worked there,
+    /// [`SPREAD_WINDOW`](crate::health::spread::SPREAD_WINDOW): the uses that worked there,
     /// how many distinct proxies carried them and the largest share one
     /// took; the busiest sites first.
     pub fn rotation(&self) -> Vec<SiteSpread> {
