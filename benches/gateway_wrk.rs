@@ -1046,7 +1046,8 @@ async fn spread(dir: &Path) -> anyhow::Result<()> {
         None => None,
     };
     let slice = run_for().as_secs_f64() / f64::from(slices());
-    // The gateway first, haproxy (tcp) second, the old build last.
+    // By place: the gateway, haproxy (tcp), haproxy (http), then the old
+    // build; the ratios below read them so.
     let sides: Vec<(&str, u32, SocketAddr)> = [
         ("gateway", daemon.pid, daemon.gateway),
         ("haproxy", haproxy_pid, haproxy),

@@ -44,7 +44,6 @@ pub(super) async fn serve(
     tasks: &TaskTracker,
 ) {
     let s = gw.settings();
-    let peer = Some(peer);
     let io = Guarded::new(stream, slot.conn.clone(), gw.metrics(), s.max_header_size);
     let (gw2, stop, tasks) = (gw.clone(), shutdown.clone(), tasks.clone());
     let service = hyper::service::service_fn(move |req| {
@@ -119,7 +118,7 @@ impl HttpBody for Answering {
 async fn handle(
     gw: Gateway,
     mut req: Request<Incoming>,
-    peer: Option<IpAddr>,
+    peer: IpAddr,
     shutdown: CancellationToken,
     slot: Arc<Slot>,
     tasks: TaskTracker,
@@ -138,7 +137,7 @@ async fn handle(
         Some((u, p)) => (u.as_str(), Some(p.as_str())),
         None => ("", None),
     };
-    let check = gw.check_token(peer, pass);
+    let check = gw.check_token(Some(peer), pass);
     if let TokenCheck::Locked(wait) = check {
         metrics.finished(kind, "denied");
         let mut resp = error(
