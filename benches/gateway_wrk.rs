@@ -34,8 +34,11 @@
 //!   any request: the gateway's work, where tcp mode's is a relay's). It
 //!   prints the rates, each process's CPU per request or tunnel (per
 //!   request also split into user space and kernel, with context
-//!   switches), and the ratios gateway ÷ haproxy (targets, against tcp
-//!   mode: rate ≥ 1, CPU ≤ 1, tunnels/s ≥ 1). With `GATEWAY_BENCH_OLD_BIN`
+//!   switches), how many of the 300 upstreams each side's requests reached
+//!   (the farm counts the site's requests per upstream), the ratios
+//!   gateway ÷ haproxy (targets, against tcp mode: rate ≥ 1, CPU ≤ 1,
+//!   tunnels/s ≥ 1) and haproxy's http mode ÷ its tcp mode (what
+//!   parsing each request costs haproxy itself). With `GATEWAY_BENCH_OLD_BIN`
 //!   an older build's daemon is one more side, and new ÷ old is printed
 //!   too.
 //!
@@ -61,6 +64,7 @@
 #[path = "../tests/common/mod.rs"]
 mod common;
 
+use std::collections::BTreeSet;
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -173,8 +177,27 @@ fn serve_farm(upstreams: usize) {
             writeln!(out, "ready").expect("write to the parent");
             out.flush().expect("write to the parent");
         }
+        // Each `served` line asks which upstreams forwarded a request to the
+        // site since the last one: their places, comma-separated.
+        let site = site.addr.to_string();
+        let mut last = vec![0; proxies.len()];
         let mut lines = BufReader::new(tokio::io::stdin()).lines();
-        while let Ok(Some(_)) = lines.next_line().await {}
+        while let Ok(Some(line)) = lines.next_line().await {
+            if line != SERVED {
+                continue;
+            }
+            let mut grew = Vec::new();
+            for (i, (p, last)) in proxies.iter().zip(&mut last).enumerate() {
+                let now = p.forwarded_to(&site);
+                if now > *last {
+                    grew.push(i.to_string());
+                }
+                *last = now;
+            }
+            let mut out = std::io::stdout().lock();
+            writeln!(out, "{SERVED} {}", grew.join(",")).expect("write to the parent");
+            out.flush().expect("write to the parent");
+        }
         drop(proxies);
     });
     rt.shutdown_background();
@@ -440,11 +463,41 @@ async fn measure() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The farm's line asking which upstreams forwarded a request to the site
+/// since it was last asked, and the start of its answer.
+const SERVED: &str = "served";
+
+/// The farm child, ended when dropped, and the pipes to ask it with.
+struct FarmChild {
+    _child: Child,
+    stdin: tokio::process::ChildStdin,
+    lines: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+}
+
+impl FarmChild {
+    /// The places of the upstreams that forwarded a request to the site
+    /// since the last call.
+    async fn served(&mut self) -> anyhow::Result<Vec<usize>> {
+        use tokio::io::AsyncWriteExt;
+        self.stdin
+            .write_all(format!("{SERVED}\n").as_bytes())
+            .await?;
+        self.stdin.flush().await?;
+        let line = self.lines.next_line().await?.context("the farm exited")?;
+        let list = line
+            .strip_prefix(SERVED)
+            .with_context(|| format!("unexpected farm line {line:?}"))?
+            .trim();
+        list.split(',')
+            .filter(|i| !i.is_empty())
+            .map(|i| i.parse().context("an upstream's place"))
+            .collect()
+    }
+}
+
 /// The farm child with `upstreams` upstream proxies; it ends when the
 /// returned child is dropped.
-async fn start_farm(
-    upstreams: usize,
-) -> anyhow::Result<((Child, tokio::process::ChildStdin), Farm)> {
+async fn start_farm(upstreams: usize) -> anyhow::Result<(FarmChild, Farm)> {
     let (child, stdin, mut lines) =
         common::binary::spawn_role(&[FARM_ARG, &upstreams.to_string()])?;
     let mut farm = Farm {
@@ -465,7 +518,12 @@ async fn start_farm(
             _ => anyhow::bail!("unexpected farm line {line:?}"),
         }
     }
-    Ok(((child, stdin), farm))
+    let child = FarmChild {
+        _child: child,
+        stdin,
+        lines,
+    };
+    Ok((child, farm))
 }
 
 // ---------------------------------------------------------------------------
@@ -930,6 +988,10 @@ async fn connect(farm: &Farm, relay: &Relay, new: &Daemon, old: Option<&Daemon>)
 const SPREAD_UPSTREAMS: usize = 300;
 /// The spread pass's side of haproxy in http mode.
 const HAPROXY_HTTP: &str = "haproxy (http)";
+/// The spread pass's other sides, by the names its lines print.
+const GATEWAY: &str = "gateway";
+const HAPROXY_TCP: &str = "haproxy";
+const OLD: &str = "gateway (old)";
 
 /// haproxy (Debian's package) in `mode` (`tcp`, or `http`: it parses each
 /// request, takes the next upstream for it and keeps its connections to
@@ -1010,7 +1072,7 @@ async fn spread(dir: &Path) -> anyhow::Result<()> {
     }
     let dir = dir.join("spread");
     std::fs::create_dir_all(&dir)?;
-    let (_farm_child, farm) = start_farm(SPREAD_UPSTREAMS).await?;
+    let (mut farm_child, farm) = start_farm(SPREAD_UPSTREAMS).await?;
     let Some((_haproxy_child, haproxy_pid, haproxy)) =
         start_haproxy(&dir, "tcp", &farm.proxies).await?
     else {
@@ -1046,16 +1108,18 @@ async fn spread(dir: &Path) -> anyhow::Result<()> {
         None => None,
     };
     let slice = run_for().as_secs_f64() / f64::from(slices());
-    // By place: the gateway, haproxy (tcp), haproxy (http), then the old
-    // build; the ratios below read them so.
     let sides: Vec<(&str, u32, SocketAddr)> = [
-        ("gateway", daemon.pid, daemon.gateway),
-        ("haproxy", haproxy_pid, haproxy),
+        (GATEWAY, daemon.pid, daemon.gateway),
+        (HAPROXY_TCP, haproxy_pid, haproxy),
         (HAPROXY_HTTP, l7_pid, l7),
     ]
     .into_iter()
-    .chain(old.as_ref().map(|d| ("gateway (old)", d.pid, d.gateway)))
+    .chain(old.as_ref().map(|d| (OLD, d.pid, d.gateway)))
     .collect();
+    // A side's place, by name.
+    let at = |sides: &[(&str, u32, SocketAddr)], name: &str| {
+        sides.iter().position(|(n, _, _)| *n == name)
+    };
     for (mode, extra) in [
         ("keep-alive", ""),
         ("close", "wrk.headers[\"Connection\"] = \"close\"\n"),
@@ -1071,7 +1135,9 @@ async fn spread(dir: &Path) -> anyhow::Result<()> {
         for (_, _, addr) in &sides {
             wrk(&script, *addr, 1.0).await?;
         }
+        farm_child.served().await?;
         let mut measured: Vec<Side> = sides.iter().map(|_| Side::default()).collect();
+        let mut used: Vec<BTreeSet<usize>> = sides.iter().map(|_| BTreeSet::new()).collect();
         for i in 0..slices() as usize {
             for k in 0..sides.len() {
                 let k = (k + i) % sides.len();
@@ -1093,6 +1159,7 @@ async fn spread(dir: &Path) -> anyhow::Result<()> {
                 measured[k].cpu_daemon += common::cpu_seconds(pid) - before.0;
                 measured[k].cpu_farm += common::cpu_seconds(farm.pid) - before.1;
                 measured[k].cpu_wrk += children_cpu() - before.2;
+                used[k].extend(farm_child.served().await?);
             }
         }
         for ((name, _, _), side) in sides.iter().zip(&measured) {
@@ -1117,20 +1184,38 @@ async fn spread(dir: &Path) -> anyhow::Result<()> {
                 side.switches as f64 / side.requests().max(1) as f64,
             );
         }
-        let (g, h) = (&measured[0], &measured[1]);
+        // What the target's "requests spread over all of them" asks: how
+        // many upstreams each side's requests reached.
+        for ((name, _, _), used) in sides.iter().zip(&used) {
+            println!(
+                "[spread {mode}] {name}: its requests reached {} of the {SPREAD_UPSTREAMS} upstreams",
+                used.len()
+            );
+        }
+        let side = |name| at(&sides, name).map(|k| &measured[k]);
+        let (g, h) = (
+            side(GATEWAY).context("the gateway's side")?,
+            side(HAPROXY_TCP).context("haproxy's side")?,
+        );
         println!(
             "[spread {mode}] gateway ÷ haproxy: {:.2}× requests/s (target ≥ 1.0), {:.2}× CPU per \
              request (target ≤ 1.0)",
             g.rate() / h.rate().max(1e-9),
             g.us_per(g.cpu_daemon) / h.us_per(h.cpu_daemon).max(1e-9),
         );
-        let l7 = &measured[2];
+        let l7 = side(HAPROXY_HTTP).context("haproxy's http side")?;
         println!(
             "[spread {mode}] gateway ÷ haproxy (http): {:.2}× requests/s, {:.2}× CPU per request",
             g.rate() / l7.rate().max(1e-9),
             g.us_per(g.cpu_daemon) / l7.us_per(l7.cpu_daemon).max(1e-9),
         );
-        if let Some(o) = measured.get(3) {
+        println!(
+            "[spread {mode}] haproxy (http) ÷ haproxy: {:.2}× requests/s, {:.2}× CPU per request \
+             (what parsing each request and taking an upstream for it costs haproxy itself)",
+            l7.rate() / h.rate().max(1e-9),
+            l7.us_per(l7.cpu_daemon) / h.us_per(h.cpu_daemon).max(1e-9),
+        );
+        if let Some(o) = side(OLD) {
             println!(
                 "[spread {mode}] new ÷ old: {:.2}× requests/s, {:.2}× CPU per request (totals); \
                  requests/s {}",
@@ -1175,19 +1260,24 @@ async fn spread(dir: &Path) -> anyhow::Result<()> {
             t.per(t.cpu_clients),
         );
     }
-    let (g, h) = (&tunneled[0], &tunneled[1]);
+    let (gk, hk) = (
+        at(&sides, GATEWAY).context("the gateway's side")?,
+        at(&sides, HAPROXY_TCP).context("haproxy's side")?,
+    );
+    let (g, h) = (&tunneled[gk], &tunneled[hk]);
     println!(
         "[spread connect] gateway ÷ haproxy: {:.2}× tunnels/s (target ≥ 1.0), {:.2}× CPU per tunnel",
         g.rate() / h.rate().max(1e-9),
         g.us_per() / h.us_per().max(1e-9),
     );
-    if let Some(o) = tunneled.get(2) {
+    if let Some(ok) = at(&sides, OLD) {
+        let o = &tunneled[ok];
         println!(
             "[spread connect] new ÷ old: {:.2}× tunnels/s, {:.2}× CPU per tunnel (totals); \
              tunnels/s {}",
             g.rate() / o.rate().max(1e-9),
             g.us_per() / o.us_per().max(1e-9),
-            paired_ratios(&tunnel_slices[0], &tunnel_slices[2]),
+            paired_ratios(&tunnel_slices[gk], &tunnel_slices[ok]),
         );
     }
     Ok(())

@@ -428,6 +428,8 @@ pub struct FakeHttpProxy {
     connections: Arc<AtomicUsize>,
     /// CONNECT targets asked for.
     targets: Recorder,
+    /// Plain requests forwarded, by target authority.
+    forwarded: ForwardCounts,
 }
 
 impl FakeHttpProxy {
@@ -451,6 +453,8 @@ impl FakeHttpProxy {
         let accepted = connections.clone();
         let targets = Recorder::default();
         let recorder = targets.clone();
+        let forwarded = ForwardCounts::default();
+        let forwards = forwarded.clone();
         let server = serve(listener, move |stream, peer| {
             accepted.fetch_add(1, Ordering::SeqCst);
             http_proxy_conn(
@@ -459,6 +463,7 @@ impl FakeHttpProxy {
                 opts.clone(),
                 counter.clone(),
                 recorder.clone(),
+                forwards.clone(),
             )
         });
         FakeHttpProxy {
@@ -466,6 +471,7 @@ impl FakeHttpProxy {
             count,
             connections,
             targets,
+            forwarded,
         }
     }
 
@@ -493,6 +499,36 @@ impl FakeHttpProxy {
     pub fn targets(&self) -> Vec<Requested> {
         self.targets.all()
     }
+
+    /// How many plain (absolute-form) requests for `authority`
+    /// (`host[:port]`, as the client wrote it) it has forwarded so far.
+    pub fn forwarded_to(&self, authority: &str) -> usize {
+        self.forwarded
+            .0
+            .lock()
+            .unwrap()
+            .get(authority)
+            .copied()
+            .unwrap_or(0)
+    }
+}
+
+/// Plain requests a fake proxy forwarded, counted by target authority
+/// (a few targets per test, so the map stays small).
+#[derive(Clone, Default)]
+struct ForwardCounts(Arc<Mutex<std::collections::HashMap<String, usize>>>);
+
+impl ForwardCounts {
+    fn count(&self, head: &Head) {
+        if let Ok(f) = origin_form(head) {
+            *self
+                .0
+                .lock()
+                .unwrap()
+                .entry(f.authority.to_owned())
+                .or_default() += 1;
+        }
+    }
 }
 
 fn authorized(head: &Head, (user, pass): &(String, String)) -> bool {
@@ -517,6 +553,7 @@ async fn http_proxy_conn(
     opts: Arc<HttpProxyOpts>,
     count: Arc<AtomicUsize>,
     targets: Recorder,
+    forwarded: ForwardCounts,
 ) -> io::Result<()> {
     let Some((raw_head, rest)) = read_head(&mut client).await? else {
         return Ok(());
@@ -597,6 +634,7 @@ async fn http_proxy_conn(
         let _ = client.set_nodelay(true);
         let mut served = 0;
         loop {
+            forwarded.count(&head);
             if !forward_kept(&mut client, &head, &opts, &mut site).await? {
                 return finish(client).await;
             }
@@ -619,6 +657,7 @@ async fn http_proxy_conn(
             }
         }
     } else {
+        forwarded.count(&head);
         forward(client, peer, &head, rest, &opts).await
     }
 }
