@@ -3,11 +3,21 @@
 
 use std::time::Duration;
 
-/// Parses a duration longer than zero; the error says what to write.
+/// The longest duration a config or a command line may give: ten years,
+/// beyond any use. humantime reads up to 584 billion years; past 292
+/// billion, adding one to the clock (a tunnel's idle deadline, a harvest's
+/// retry) panics, and past 292 million its milliseconds no longer fit the
+/// `i64` the freshness bounds count in. A ceiling far below both keeps
+/// every sum and product of them safe.
+pub const MAX_DURATION: Duration = Duration::from_secs(3650 * 86_400);
+
+/// Parses a duration longer than zero and at most [`MAX_DURATION`]; the
+/// error says what to write.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     const LIKE: &str = "like \"30s\", \"500ms\", \"10m\" or \"1h 30m\"";
     let text = s.trim();
     match humantime::parse_duration(text) {
+        Ok(d) if d > MAX_DURATION => Err(too_long(s)),
         Ok(d) if !d.is_zero() => Ok(d),
         Ok(_) => Err("must be longer than zero".into()),
         Err(humantime::DurationError::Empty) => Err(format!("is empty: write a duration {LIKE}")),
@@ -20,9 +30,13 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         Err(humantime::DurationError::UnknownUnit { unit, .. }) => Err(format!(
             "{s:?} has an unknown unit {unit:?}: use ms, s, m, h or d, {LIKE}"
         )),
-        Err(humantime::DurationError::NumberOverflow) => Err(format!("{s:?} is too long")),
+        Err(humantime::DurationError::NumberOverflow) => Err(too_long(s)),
         Err(_) => Err(format!("expected a duration {LIKE}, found {s:?}")),
     }
+}
+
+fn too_long(s: &str) -> String {
+    format!("{s:?} is too long: at most \"3650d\" (ten years)")
 }
 
 #[cfg(test)]
@@ -53,5 +67,27 @@ mod tests {
             assert!(e.contains("like \"30s\""), "{bad}: {e}");
         }
         assert!(parse_duration("").unwrap_err().starts_with("is empty"));
+    }
+
+    #[test]
+    fn durations_past_ten_years_are_refused_by_name() {
+        assert_eq!(parse_duration("3650d"), Ok(MAX_DURATION));
+        assert_eq!(
+            parse_duration("3649d 23h 59m 59s 999ms 1000us"),
+            Ok(MAX_DURATION)
+        );
+        // The last is past what humantime can count at all: the same words.
+        for long in [
+            "3650d 1ns",
+            "3651d",
+            "11y",
+            "300000000000y",
+            "600000000000y",
+        ] {
+            assert_eq!(
+                parse_duration(long).unwrap_err(),
+                format!("{long:?} is too long: at most \"3650d\" (ten years)")
+            );
+        }
     }
 }

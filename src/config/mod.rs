@@ -30,7 +30,7 @@ pub use api::{ApiConfig, MIN_PUBLIC_TOKEN, Secret};
 pub use check::{CheckConfig, JudgeConfig, without_userinfo};
 pub use crawls::CrawlsConfig;
 pub use database::{DatabaseConfig, PostgresUrl, redact_password};
-pub use duration::parse_duration;
+pub use duration::{MAX_DURATION, parse_duration};
 pub use gateway::GatewayConfig;
 pub use geoip::GeoipConfig;
 pub use harvest::HarvestConfig;

@@ -2,9 +2,11 @@
 //! lists' (`parsers_fuzz`) and the check's answer reader (next to it, in
 //! `check/answer_fuzz.rs`): robots.txt, the crawler's URL normaliser and
 //! link extraction, the API's query strings and bodies through its router,
-//! and the gateway's request heads, SOCKS5 greetings and username controls
-//! over real loopback connections. No panic, a bounded answer in bounded
-//! time, never a 500, and the reference's answer on valid input.
+//! the gateway's request heads, SOCKS5 greetings and username controls
+//! over real loopback connections, and the config file (edits of the
+//! shipped example; every duration key's ceiling). No panic, a bounded
+//! answer in bounded time, never a 500, and the reference's answer on
+//! valid input.
 
 use crate::common;
 
@@ -20,6 +22,7 @@ use http_body_util::BodyExt;
 use proptest::prelude::*;
 use proptest::test_runner::{Config as RunConfig, TestRunner};
 use proxywarden::api::{self, AppState};
+use proxywarden::config::{Config, MAX_DURATION};
 use proxywarden::crawl::extract::extract;
 use proxywarden::crawl::url::normalize;
 use proxywarden::daemon::Service;
@@ -466,4 +469,78 @@ async fn gateway_heads_greetings_and_controls_get_a_bounded_answer() {
     let text = String::from_utf8_lossy(&out);
     assert!(text.starts_with("HTTP/1.1 503"), "{text}");
     shutdown.cancel();
+}
+
+// ---------------------------------------------------------------------------
+// The config file
+
+const EXAMPLE: &[u8] = include_bytes!("../../config.example.toml");
+
+/// Every key the config reads as a duration, by section.
+const DURATION_KEYS: &[(&str, &str)] = &[
+    ("api", "max_age"),
+    ("api", "request_timeout"),
+    ("api", "header_timeout"),
+    ("api", "idle_timeout"),
+    ("check", "connect_timeout"),
+    ("check", "timeout"),
+    ("check", "https_recheck"),
+    ("check", "recheck_alive"),
+    ("check", "serve_recheck_min"),
+    ("check", "recheck_dead"),
+    ("check", "recheck_dead_max"),
+    ("check", "purge_after"),
+    ("crawls", "keep_ended_for"),
+    ("gateway", "connect_timeout"),
+    ("gateway", "timeout"),
+    ("gateway", "header_timeout"),
+    ("gateway", "idle_timeout"),
+    ("gateway", "queue_wait"),
+    ("gateway", "session_ttl"),
+    ("harvest", "connect_timeout"),
+    ("harvest", "timeout"),
+    ("harvest", "retry_backoff"),
+    ("harvest", "failed_retry"),
+    ("node", "lease"),
+];
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(500))]
+
+    /// Any edit of the shipped example is read as a config or refused with
+    /// problems in words, never a panic.
+    #[test]
+    fn mutated_configs_are_read_or_refused_in_words(text in mutated(EXAMPLE)) {
+        let text = String::from_utf8_lossy(&text);
+        if let Err(e) = Config::from_toml(&text, "fuzzed.toml") {
+            prop_assert!(!e.problems.is_empty(), "{text}");
+            for p in &e.problems {
+                prop_assert!(!p.message.trim().is_empty(), "{e}");
+            }
+        }
+    }
+
+    /// Every duration has a ceiling: past ten years (far below where timers
+    /// adding it to the clock overflow) the value is that key's problem,
+    /// named; nothing within it is called too long.
+    #[test]
+    fn every_duration_key_refuses_more_than_ten_years(
+        key in prop::sample::select(DURATION_KEYS),
+        amount in prop_oneof![1u64..=4_000, 1u64..=u64::MAX],
+        unit in prop::sample::select(&["ms", "s", "m", "h", "d", "y"][..]),
+    ) {
+        let value = format!("{amount}{unit}");
+        let text = format!("[{}]\n{} = \"{value}\"\n", key.0, key.1);
+        let too_long = humantime::parse_duration(&value).is_err_and(|e| {
+            e == humantime::DurationError::NumberOverflow
+        }) || humantime::parse_duration(&value).is_ok_and(|d| d > MAX_DURATION);
+        let problems = Config::from_toml(&text, "t.toml")
+            .err()
+            .map(|e| e.problems)
+            .unwrap_or_default();
+        let named = problems.iter().any(|p| {
+            p.key == format!("{}.{}", key.0, key.1) && p.message.contains("is too long")
+        });
+        prop_assert_eq!(named, too_long, "{}: {:?}", text, problems);
+    }
 }
