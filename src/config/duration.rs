@@ -6,9 +6,9 @@ use std::time::Duration;
 /// The longest duration a config or a command line may give: ten years,
 /// beyond any use. humantime reads up to 584 billion years; past 292
 /// billion, adding one to the clock (a tunnel's idle deadline, a harvest's
-/// retry) panics, and past 292 million its milliseconds no longer fit the
-/// `i64` the freshness bounds count in. A ceiling far below both keeps
-/// every sum and product of them safe.
+/// retry) panics, and past 292 million its milliseconds no longer fit an
+/// `i64`, the store's unit of time. A ceiling far below both keeps every
+/// sum and product of them safe.
 pub const MAX_DURATION: Duration = Duration::from_secs(3650 * 86_400);
 
 /// Parses a duration longer than zero and at most [`MAX_DURATION`]; the

@@ -501,7 +501,8 @@ impl FakeHttpProxy {
     }
 
     /// How many plain (absolute-form) requests for `authority`
-    /// (`host[:port]`, as the client wrote it) it has forwarded so far.
+    /// (`host[:port]`, as the client wrote it) it has taken to forward so
+    /// far.
     pub fn forwarded_to(&self, authority: &str) -> usize {
         self.forwarded
             .0
@@ -513,20 +514,21 @@ impl FakeHttpProxy {
     }
 }
 
-/// Plain requests a fake proxy forwarded, counted by target authority
-/// (a few targets per test, so the map stays small).
+/// Plain requests a fake proxy took to forward, counted by target
+/// authority (the first [`MAX_RECORDED`] authorities only).
 #[derive(Clone, Default)]
 struct ForwardCounts(Arc<Mutex<std::collections::HashMap<String, usize>>>);
 
 impl ForwardCounts {
     fn count(&self, head: &Head) {
-        if let Ok(f) = origin_form(head) {
-            *self
-                .0
-                .lock()
-                .unwrap()
-                .entry(f.authority.to_owned())
-                .or_default() += 1;
+        let Ok(f) = origin_form(head) else {
+            return;
+        };
+        let mut counts = self.0.lock().unwrap();
+        if let Some(n) = counts.get_mut(f.authority) {
+            *n += 1;
+        } else if counts.len() < MAX_RECORDED {
+            counts.insert(f.authority.to_owned(), 1);
         }
     }
 }

@@ -731,3 +731,35 @@ async fn farm_of_thousands() {
     assert_eq!(farm.requests(), 100);
     assert_eq!(judge.requests(), 100);
 }
+
+#[tokio::test]
+async fn plain_requests_are_counted_by_their_target_and_tunnels_are_not() {
+    let (a, b) = (Judge::echo().await, Judge::echo().await);
+    for keep_alive in [false, true] {
+        let proxy = FakeHttpProxy::start(HttpProxyOpts {
+            keep_alive,
+            connect: true,
+            ..opts(ProxyKind::Elite, 2)
+        })
+        .await;
+        let (a_url, b_url) = (
+            format!("http://{}/1", a.addr),
+            format!("http://{}/2", b.addr),
+        );
+        // Two URLs on one curl: with keep-alive the second request comes on
+        // the same connection.
+        let r = curl("5", &["--proxy", &proxy.url(), &a_url, &a_url]).await;
+        assert_eq!((r.exit, r.status), (0, 200), "{r:?}");
+        let r = curl("5", &["--proxy", &proxy.url(), &b_url]).await;
+        assert_eq!((r.exit, r.status), (0, 200), "{r:?}");
+        let r = curl("5", &["--proxytunnel", "--proxy", &proxy.url(), &b_url]).await;
+        assert_eq!((r.exit, r.connect_status), (0, 200), "{r:?}");
+        let (a_at, b_at) = (a.addr.to_string(), b.addr.to_string());
+        assert_eq!(
+            (proxy.forwarded_to(&a_at), proxy.forwarded_to(&b_at)),
+            (2, 1),
+            "keep-alive {keep_alive}"
+        );
+        assert_eq!(proxy.forwarded_to("127.0.0.1:1"), 0);
+    }
+}
